@@ -1,0 +1,73 @@
+//! The kernel <-> user ABI of ember's eBPF sampler: map names, key layout, counter slots.
+//!
+//! Everything the eBPF program (`src/main.rs`) and the userspace sampler both need to agree on lives
+//! here and only here. Types are `#[repr(C)]` with no padding so the kernel's byte view and Rust's
+//! agree; the `user` feature adds `aya::Pod` so the sampler can read them out of maps.
+#![no_std]
+
+/// Length of a task's `comm`, as in the kernel's `TASK_COMM_LEN`.
+pub const COMM_LEN: usize = 16;
+
+/// Deepest stack the kernel's stack-trace map stores (`PERF_MAX_STACK_DEPTH`).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Aggregation key of the in-kernel sample counts: one row per distinct (thread, stacks, name).
+///
+/// A stack id below zero is the negated errno `bpf_get_stackid` returned: `-EFAULT` means "no
+/// stack of this kind" (no user stack in a kernel thread, no kernel stack when interrupted in user
+/// mode); anything else is a lost stack that userspace reports as such, never a dropped sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    /// Process id (the kernel's tgid).
+    pub tgid: u32,
+    /// Thread id (the kernel's pid).
+    pub tid: u32,
+    /// Id in the generation's user stack-trace map, or a negated errno.
+    pub user_stack_id: i32,
+    /// Id in the generation's kernel stack-trace map, or a negated errno.
+    pub kernel_stack_id: i32,
+    /// The thread's name at sampling time, NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `SampleKey` is `repr(C)`, made only of integers and byte arrays, has no padding
+// (4 * 4 + 16 bytes) and every bit pattern is a valid value.
+unsafe impl aya::Pod for SampleKey {}
+
+/// `bpf_get_stackid` error meaning "this context has no such stack".
+pub const ERRNO_EFAULT: i32 = 14;
+/// `bpf_get_stackid` error meaning "the hash bucket holds another stack" (a collision).
+pub const ERRNO_EEXIST: i32 = 17;
+
+/// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
+/// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
+/// so samples arriving during a drain land in the fresh generation and none are lost.
+pub mod maps {
+    pub const COUNTS: [&str; 2] = ["COUNTS_0", "COUNTS_1"];
+    pub const STACKS: [&str; 2] = ["STACKS_0", "STACKS_1"];
+    pub const CONTROL: &str = "CONTROL";
+    pub const COUNTERS: &str = "COUNTERS";
+}
+
+/// Name of the program's read-only global that restricts sampling to one process (0 = all).
+pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+
+/// Slots of the per-CPU `COUNTERS` array: what the program saw and what it had to drop.
+pub mod counter {
+    /// Every time the program ran.
+    pub const SAMPLES: u32 = 0;
+    /// Samples of the idle task (pid 0), which are not recorded.
+    pub const IDLE: u32 = 1;
+    /// User stacks lost to a stack-map bucket collision or a full stack map.
+    pub const USER_STACK_LOST: u32 = 2;
+    /// Kernel stacks lost to a stack-map bucket collision or a full stack map.
+    pub const KERNEL_STACK_LOST: u32 = 3;
+    /// Samples dropped because the counts map was full.
+    pub const COUNTS_FULL: u32 = 4;
+    /// Samples skipped because a target pid filter was set and they were of another process.
+    pub const FILTERED: u32 = 5;
+    /// Number of slots.
+    pub const LEN: u32 = 6;
+}

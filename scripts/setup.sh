@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs everything ember needs to build and test on a fresh Debian 12 machine.
+# Idempotent: each step checks first and returns in well under a second when already done.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+log() { printf '[setup] %s\n' "$*"; }
+
+# 1. Debian packages: capnp compiler (protocol schema), perf + bpftrace (benchmark comparison),
+#    gcc/make (ground-truth workloads), libcap2-bin (capsh, used by tests to inspect sets).
+pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: need root to apt-get install ${missing[*]}; run as root or install them yourself" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Nightly rust-src for -Z build-std=core (the eBPF target has no prebuilt core).
+if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+  log "adding rust-src to the nightly toolchain"
+  rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+  rustup component add rust-src --toolchain nightly || {
+    echo "error: 'rustup component add rust-src --toolchain nightly' failed; the eBPF build needs it" >&2
+    exit 1
+  }
+fi
+
+# 3. bpf-linker 0.13.0 built against the nightly toolchain's own libLLVM, installed in .tools/.
+sysroot=$(rustc +nightly --print sysroot)
+llvm_real=$(find "$sysroot/lib" -maxdepth 1 -name 'libLLVM.so.*' -type f | head -n1)
+if [ -z "$llvm_real" ]; then
+  echo "error: no libLLVM.so.* under $sysroot/lib; reinstall the nightly toolchain" >&2
+  exit 1
+fi
+llvm_name=$(basename "$llvm_real")
+llvm_major=$(echo "$llvm_name" | sed -E 's/^libLLVM\.so\.([0-9]+).*/\1/')
+linker="$root/.tools/bin/bpf-linker"
+need_build=1
+if [ -x "$linker" ] && "$linker" --version 2>/dev/null | grep -q '0.13.0' \
+  && readelf -d "$linker" 2>/dev/null | grep -q "NEEDED.*\[$llvm_name\]" \
+  && readelf -d "$linker" 2>/dev/null | grep -q "$root/.tools/llvm/lib"; then
+  need_build=0
+fi
+if [ $need_build -eq 1 ]; then
+  log "building bpf-linker 0.13.0 against $llvm_name (about a minute)"
+  mkdir -p .tools/llvm/lib
+  ln -sf "$llvm_real" .tools/llvm/lib/libLLVM.so
+  ln -sf "$llvm_real" ".tools/llvm/lib/$llvm_name"
+  LLVM_PREFIX="$root/.tools/llvm" cargo +nightly install --locked --root "$root/.tools" \
+    bpf-linker@0.13.0 --no-default-features --features "llvm-$llvm_major" --force -q
+fi
+log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)"
