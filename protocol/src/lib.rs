@@ -1,1 +1,22 @@
+//! The sampler <-> relay protocol: plain Rust message types, their Cap'n Proto codec and the
+//! SOCK_SEQPACKET transport that carries one message plus its file descriptors per datagram.
+//!
+//! Nobody outside this crate touches capnp builders or readers. Decoding is bounded: a datagram
+//! larger than [`Limits::max_message_bytes`] is refused before it is parsed, and the capnp
+//! traversal limit is derived from the message size, so a hostile peer cannot make the reader
+//! allocate or walk without bound.
 
+mod codec;
+mod messages;
+pub mod transport;
+
+#[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, unused)]
+mod ember_capnp {
+    include!(concat!(env!("OUT_DIR"), "/ember_capnp.rs"));
+}
+
+pub use codec::{decode_sampler_message, encode_sampler_message, DecodeError, Limits};
+pub use messages::*;
+
+/// Version of the wire protocol this build speaks; checked by the relay on `Hello`.
+pub const PROTOCOL_VERSION: u32 = ember_capnp::PROTOCOL_VERSION;

@@ -1,1 +1,323 @@
-fn main(){}
+//! ember-sampler: the privileged half of ember. Loads the eBPF sampler, then every interval drains
+//! the in-kernel counts, reads the facts of newly seen processes and hands batches to the relay.
+//! Flags -> [`SamplerConfig`] -> load -> attach -> drain loop; nothing else lives here.
+
+mod config;
+mod drain;
+mod link;
+mod load;
+mod procfs;
+mod tracker;
+
+use std::{
+    fs::File,
+    os::fd::OwnedFd,
+    path::PathBuf,
+    rc::Rc,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use ember_protocol::{encode_sampler_message, Hello, SamplerMessage, NO_FD, PROTOCOL_VERSION};
+
+use crate::{
+    config::SamplerConfig,
+    drain::{build_batches, BatchHeader, Drainer},
+    link::{Event, Link, Outgoing, Target},
+    tracker::{state, Tracker},
+};
+
+/// Largest encoded batch part; well under the socket buffer set in `link`.
+const MAX_BATCH_BYTES: usize = 256 << 10;
+
+/// ember's privileged eBPF sampler. Samples every CPU with a CPU-clock perf event, aggregates
+/// stacks in the kernel and sends them, with the facts only a privileged process can read
+/// (mappings, open binaries, /proc/kallsyms), to ember-relay over a Unix socket.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long, visible_alias = "samples-per-second", default_value_t = SamplerConfig::default().frequency_hz,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    frequency: u32,
+    /// How often to drain the kernel maps and send a batch, e.g. 5s, 500ms, 1m.
+    #[arg(long, visible_alias = "interval", default_value = "5s", value_parser = parse_duration)]
+    reporter_interval: Duration,
+    /// Unix socket where ember-relay listens.
+    #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
+    socket: PathBuf,
+    /// Use this already connected socket (set by `ember-relay record`); exits when it closes.
+    #[arg(long, value_name = "FD", conflicts_with = "socket")]
+    fd: Option<i32>,
+    /// Sample only this process (default: every process).
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Entries in each in-kernel counts map; samples beyond it are dropped and counted.
+    #[arg(long, default_value_t = SamplerConfig::default().counts_map_size)]
+    counts_map_size: u32,
+    /// Entries in each stack-trace map; collisions lose a stack (counted), never the sample.
+    #[arg(long, default_value_t = SamplerConfig::default().stack_map_size)]
+    stack_map_size: u32,
+    /// Most bytes of batches kept while the relay is unreachable; the oldest go first, counted.
+    #[arg(long, default_value_t = SamplerConfig::default().backlog_max_bytes)]
+    backlog_max_bytes: usize,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" | "" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ms, s, m or h")),
+    };
+    if !(0.01..=86_400.0).contains(&secs) {
+        return Err(format!("`{text}` is out of range (10ms to 24h)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl Cli {
+    fn into_config(self) -> SamplerConfig {
+        SamplerConfig {
+            frequency_hz: self.frequency,
+            interval: self.reporter_interval,
+            socket: self.socket,
+            inherited_fd: self.fd,
+            target_pid: self.pid.unwrap_or(0),
+            counts_map_size: self.counts_map_size,
+            stack_map_size: self.stack_map_size,
+            backlog_max_bytes: self.backlog_max_bytes,
+        }
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> anyhow::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(signal, &action) }.with_context(|| format!("installing a {signal} handler"))?;
+    }
+    Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn now_unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Raises the open-file limit to its hard maximum: one descriptor is kept per mapped binary.
+fn raise_nofile_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!(%err, "could not raise RLIMIT_NOFILE");
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if let Err(err) = run(cli.into_config()) {
+        tracing::error!("{err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(config: SamplerConfig) -> anyhow::Result<()> {
+    install_signal_handlers()?;
+    raise_nofile_limit();
+    // Opened while privileged: the kernel shows real addresses to whoever holds this descriptor.
+    let kallsyms: Option<Rc<OwnedFd>> = match File::open("/proc/kallsyms") {
+        Ok(file) => Some(Rc::new(OwnedFd::from(file))),
+        Err(err) => {
+            tracing::warn!(%err, "cannot open /proc/kallsyms; kernel frames will be unnamed");
+            None
+        }
+    };
+    let mut loaded = load::load_and_attach(&config)?;
+    tracing::info!(
+        cpus = loaded.cpus,
+        frequency_hz = config.frequency_hz,
+        interval = ?config.interval,
+        target_pid = config.target_pid,
+        "sampling"
+    );
+
+    let (target, inherited) = match config.inherited_fd {
+        // SAFETY: `--fd` names the socket `ember-relay record` passed to this process for it alone.
+        Some(fd) => (Target::Inherited, Some(unsafe { Link::inherit(fd) })),
+        None => (Target::Path(config.socket.clone()), None),
+    };
+    let inherited_mode = inherited.is_some();
+    let mut link = Link::new(target, inherited, config.backlog_max_bytes);
+    let boot_time = procfs::boot_time_unix_ns();
+    let mut tracker = Tracker::new(boot_time);
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let hello = |kallsyms: &Option<Rc<OwnedFd>>| -> Outgoing {
+        let message = SamplerMessage::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            sampler_version: env!("CARGO_PKG_VERSION").to_owned(),
+            hostname: hostname.clone(),
+            frequency_hz: config.frequency_hz,
+            kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
+            boot_time_unix_ns: boot_time,
+            target_pid: config.target_pid,
+        });
+        state(message, kallsyms.iter().cloned().collect())
+    };
+    if inherited_mode {
+        link.prepend(vec![hello(&kallsyms)]);
+    }
+
+    let mut drainer = Drainer::new();
+    let mut sequence = 0u64;
+    let mut interval_start = now_unix_ns();
+    let mut next_tick = Instant::now() + config.interval;
+    let mut last_summary = Instant::now();
+    let mut sent_samples = 0u64;
+    loop {
+        if link.maybe_connect() == Event::Connected {
+            let mut snapshot = vec![hello(&kallsyms)];
+            snapshot.extend(tracker.snapshot());
+            link.prepend(snapshot);
+        }
+        link.flush();
+        let stopping = STOP.load(Ordering::SeqCst);
+        let now = Instant::now();
+        let peer_closed = if !stopping && now < next_tick {
+            let wait = (next_tick - now).min(Duration::from_millis(100));
+            link.wait(wait) == Event::Closed
+        } else {
+            false
+        };
+        let finishing = stopping || (peer_closed && inherited_mode);
+        if !finishing && Instant::now() < next_tick {
+            continue;
+        }
+        next_tick += config.interval;
+        if next_tick < Instant::now() {
+            next_tick = Instant::now() + config.interval;
+        }
+
+        // One interval: drain, describe new processes, queue the batch parts.
+        let drained = drainer.drain(&mut loaded).context("draining the eBPF maps")?;
+        let interval_end = now_unix_ns();
+        for message in tracker.observe(&drained) {
+            link.enqueue(message);
+        }
+        let mut losses = Drainer::counters(&loaded);
+        losses.backlog_dropped_batches = link.dropped_batches;
+        losses.backlog_dropped_samples = link.dropped_samples;
+        losses.proc_errors = tracker.errors;
+        let header = BatchHeader {
+            sequence,
+            interval_start_unix_ns: interval_start,
+            interval_end_unix_ns: interval_end,
+            frequency_hz: config.frequency_hz,
+            losses,
+        };
+        let batches = build_batches(&drained, &header, MAX_BATCH_BYTES);
+        let samples: u64 = batches.iter().map(|b| b.sample_count()).sum();
+        for batch in batches {
+            let count = batch.sample_count();
+            link.enqueue(Outgoing {
+                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
+                fds: Vec::new(),
+                batch_samples: Some(count),
+            });
+        }
+        sequence += 1;
+        interval_start = interval_end;
+        sent_samples += samples;
+        tracker.notice_exits();
+        link.flush();
+        if link.is_connected() && link.backlog_empty() {
+            for message in tracker.reap() {
+                link.enqueue(message);
+            }
+        }
+        tracing::debug!(
+            sequence,
+            samples,
+            rows = drained.rows.len(),
+            stacks = drained.stacks.len(),
+            map_read_errors = drained.read_errors,
+            "interval drained"
+        );
+        if last_summary.elapsed() >= Duration::from_secs(60) || finishing {
+            last_summary = Instant::now();
+            tracing::info!(
+                samples = sent_samples,
+                processes = tracker.len(),
+                open_files = tracker.files.len(),
+                connected = link.is_connected(),
+                backlog_bytes = link.backlog_bytes(),
+                queued = link.queued(),
+                user_stack_lost = losses.user_stack_lost,
+                kernel_stack_lost = losses.kernel_stack_lost,
+                counts_full = losses.counts_full,
+                backlog_dropped_batches = losses.backlog_dropped_batches,
+                "sampler status"
+            );
+        }
+        if finishing {
+            let delivered = link.drain_queue(Duration::from_secs(5));
+            tracing::info!(delivered, sequence, "stopping");
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+}

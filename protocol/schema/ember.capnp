@@ -1,0 +1,146 @@
+# The sampler <-> relay protocol of ember. One Cap'n Proto message per SOCK_SEQPACKET datagram;
+# open file descriptors ride in the same datagram as SCM_RIGHTS and are referenced by their index
+# in that datagram's descriptor list ("fd index"). Evolve by adding fields and union members only;
+# bump `protocolVersion` when a change is not backwards compatible.
+@0x8a66bb243be03d9d;
+
+const protocolVersion :UInt32 = 1;
+
+# Everything the sampler sends. The first message on a connection is `hello`.
+struct SamplerMessage {
+  union {
+    hello @0 :Hello;
+    files @1 :FileBatch;
+    process @2 :ProcessInfo;
+    batch @3 :Batch;
+    exited @4 :ProcessExit;
+  }
+}
+
+struct Hello {
+  protocolVersion @0 :UInt32;
+  samplerVersion @1 :Text;
+  hostname @2 :Text;
+  frequencyHz @3 :UInt32;
+  # Index of an fd of /proc/kallsyms opened by the privileged sampler; -1 when it could not open it.
+  kallsymsFd @4 :Int32;
+  # Wall-clock time of boot, to turn the kernel's monotonic times into wall-clock times.
+  bootTimeUnixNs @5 :UInt64;
+  # Only this process is sampled; 0 means all processes.
+  targetPid @6 :UInt32;
+}
+
+# Mapped files, each opened once per (device, inode) by the sampler and passed as an fd.
+struct FileBatch {
+  files @0 :List(FileInfo);
+}
+
+struct FileInfo {
+  # Sampler-assigned id, unique on this connection; mappings refer to files by it.
+  fileId @0 :UInt64;
+  device @1 :UInt64;
+  inode @2 :UInt64;
+  path @3 :Text;
+  # Index of the fd in this datagram, or -1 when the sampler could not open the file.
+  fd @4 :Int32;
+  # Why the file could not be opened (empty when `fd` is set).
+  openError @5 :Text;
+}
+
+struct Mapping {
+  start @0 :UInt64;
+  end @1 :UInt64;
+  fileOffset @2 :UInt64;
+  path @3 :Text;
+  device @4 :UInt64;
+  inode @5 :UInt64;
+  # The `FileInfo.fileId` of the mapped file; 0 when no file was passed (anonymous, vdso, ...).
+  fileId @6 :UInt64;
+  # GNU build id, when known. The sampler parses no ELF: it leaves this empty and the relay reads
+  # the build id from the passed file.
+  buildId @7 :Data;
+}
+
+struct ThreadInfo {
+  tid @0 :UInt32;
+  name @1 :Text;
+}
+
+# Facts about a process: sent when the sampler first sees it and whenever its mappings change.
+struct ProcessInfo {
+  pid @0 :UInt32;
+  # Process start, wall clock (0 when unknown); with `pid` it identifies the process across reuse.
+  startTimeUnixNs @1 :UInt64;
+  executablePath @2 :Text;
+  executableName @3 :Text;
+  # The cgroup v2 path (the `0::` line of /proc/<pid>/cgroup).
+  cgroup @4 :Text;
+  # Executable mappings only, sorted by start address.
+  mappings @5 :List(Mapping);
+  threads @6 :List(ThreadInfo);
+}
+
+struct ProcessExit {
+  pid @0 :UInt32;
+}
+
+# A stack: raw instruction addresses, leaf first.
+struct Stack {
+  frames @0 :List(UInt64);
+}
+
+struct Row {
+  pid @0 :UInt32;
+  tid @1 :UInt32;
+  comm @2 :Text;
+  # Index into `Batch.userStacks`, or -1 when there is none (see `userStackErrno`).
+  userStack @3 :Int32;
+  # When `userStack` is -1: the errno of the stack walk (14 = no user stack, e.g. kernel thread).
+  userStackErrno @4 :Int32;
+  kernelStack @5 :Int32;
+  kernelStackErrno @6 :Int32;
+  count @7 :UInt64;
+}
+
+# What the kernel side and the sampler could not keep, totals since the sampler started.
+struct Losses {
+  samples @0 :UInt64;           # every sample the program saw (not a loss; the denominator)
+  idle @1 :UInt64;              # idle-task samples, not recorded by design
+  filtered @2 :UInt64;          # other processes' samples while a target pid is set
+  userStackLost @3 :UInt64;     # stack-map collisions or full map: the sample kept, its user stack lost
+  kernelStackLost @4 :UInt64;
+  countsFull @5 :UInt64;        # samples dropped: the counts map was full
+  backlogDroppedBatches @6 :UInt64;  # batches dropped from the sampler's backlog while no relay was there
+  backlogDroppedSamples @7 :UInt64;
+  procErrors @8 :UInt64;        # processes whose facts could not be read (often: exited first)
+}
+
+# The samples of one interval. A large interval is split into several parts with the same
+# `sequence`; each part carries its own stacks table.
+struct Batch {
+  sequence @0 :UInt64;
+  part @1 :UInt32;
+  parts @2 :UInt32;
+  intervalStartUnixNs @3 :UInt64;
+  intervalEndUnixNs @4 :UInt64;
+  frequencyHz @5 :UInt32;
+  userStacks @6 :List(Stack);
+  kernelStacks @7 :List(Stack);
+  rows @8 :List(Row);
+  losses @9 :Losses;
+}
+
+# Everything the relay may send back to the sampler. Reserved: the sampler does not read it yet.
+# Planned members: compact unwind tables computed by the relay from .eh_frame, for the sampler to
+# validate as fixed-size records and load into BPF maps.
+struct RelayMessage {
+  union {
+    welcome @0 :Welcome;
+    # The relay is going away on purpose (end of a recording): flush and stop.
+    goodbye @1 :Void;
+  }
+}
+
+struct Welcome {
+  protocolVersion @0 :UInt32;
+}

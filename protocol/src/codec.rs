@@ -1,0 +1,355 @@
+//! Cap'n Proto encoding and bounded decoding of [`SamplerMessage`].
+
+use capnp::message::{Builder, ReaderOptions};
+
+use crate::{
+    ember_capnp::{batch, hello, mapping, process_info, row, sampler_message, file_info},
+    messages::*,
+};
+
+/// Bounds applied to everything read from a peer.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest datagram accepted; larger ones are refused unparsed.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 4 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// Traversal budget for a message of `len` bytes: each word may be visited a few times
+    /// (lists of structs with pointers), never more, so a crafted message cannot loop the reader.
+    fn reader_options(&self, len: usize) -> ReaderOptions {
+        let words = (len / 8) as u64;
+        let mut options = ReaderOptions::new();
+        options
+            .traversal_limit_in_words(Some((words.saturating_mul(4) + 1024) as usize))
+            .nesting_limit(16);
+        options
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    #[error("message of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { len: usize, limit: usize },
+    #[error("not a valid Cap'n Proto message: {0}")]
+    Capnp(#[from] capnp::Error),
+    #[error("unknown message kind (union discriminant {0}); is the peer a newer ember?")]
+    UnknownKind(u16),
+    #[error("invalid field `{field}`: {reason}")]
+    Invalid {
+        field: &'static str,
+        reason: &'static str,
+    },
+}
+
+/// Encodes one message as a flat byte buffer (segment table + segments).
+pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
+    let mut builder = Builder::new_default();
+    let root = builder.init_root::<sampler_message::Builder>();
+    match message {
+        SamplerMessage::Hello(hello) => write_hello(root.init_hello(), hello),
+        SamplerMessage::Files(files) => {
+            let mut list = root.init_files().init_files(len_u32(files.len()));
+            for (i, file) in files.iter().enumerate() {
+                write_file(list.reborrow().get(i as u32), file);
+            }
+        }
+        SamplerMessage::Process(process) => write_process(root.init_process(), process),
+        SamplerMessage::Batch(batch) => write_batch(root.init_batch(), batch),
+        SamplerMessage::Exited { pid } => root.init_exited().set_pid(*pid),
+    }
+    capnp::serialize::write_message_to_words(&builder)
+}
+
+/// Decodes one datagram, enforcing `limits`.
+pub fn decode_sampler_message(bytes: &[u8], limits: &Limits) -> Result<SamplerMessage, DecodeError> {
+    if bytes.len() > limits.max_message_bytes {
+        return Err(DecodeError::TooLarge {
+            len: bytes.len(),
+            limit: limits.max_message_bytes,
+        });
+    }
+    let mut slice = bytes;
+    let reader =
+        capnp::serialize::read_message_from_flat_slice(&mut slice, limits.reader_options(bytes.len()))?;
+    let root = reader.get_root::<sampler_message::Reader>()?;
+    let message = match root.which() {
+        Ok(sampler_message::Hello(hello)) => SamplerMessage::Hello(read_hello(hello?)?),
+        Ok(sampler_message::Files(files)) => {
+            let files = files?.get_files()?;
+            let mut out = Vec::with_capacity(files.len() as usize);
+            for file in files.iter() {
+                out.push(read_file(file)?);
+            }
+            SamplerMessage::Files(out)
+        }
+        Ok(sampler_message::Process(process)) => SamplerMessage::Process(read_process(process?)?),
+        Ok(sampler_message::Batch(batch)) => SamplerMessage::Batch(read_batch(batch?)?),
+        Ok(sampler_message::Exited(exited)) => SamplerMessage::Exited { pid: exited?.get_pid() },
+        Err(capnp::NotInSchema(kind)) => return Err(DecodeError::UnknownKind(kind)),
+    };
+    Ok(message)
+}
+
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+fn text(reader: capnp::Result<capnp::text::Reader<'_>>) -> Result<String, DecodeError> {
+    // Paths and thread names are bytes to the kernel; keep what we can rather than fail.
+    Ok(String::from_utf8_lossy(reader?.as_bytes()).into_owned())
+}
+
+fn write_hello(mut b: hello::Builder<'_>, hello: &Hello) {
+    b.set_protocol_version(hello.protocol_version);
+    b.set_sampler_version(&hello.sampler_version[..]);
+    b.set_hostname(&hello.hostname[..]);
+    b.set_frequency_hz(hello.frequency_hz);
+    b.set_kallsyms_fd(hello.kallsyms_fd);
+    b.set_boot_time_unix_ns(hello.boot_time_unix_ns);
+    b.set_target_pid(hello.target_pid);
+}
+
+fn read_hello(r: hello::Reader<'_>) -> Result<Hello, DecodeError> {
+    Ok(Hello {
+        protocol_version: r.get_protocol_version(),
+        sampler_version: text(r.get_sampler_version())?,
+        hostname: text(r.get_hostname())?,
+        frequency_hz: r.get_frequency_hz(),
+        kallsyms_fd: r.get_kallsyms_fd(),
+        boot_time_unix_ns: r.get_boot_time_unix_ns(),
+        target_pid: r.get_target_pid(),
+    })
+}
+
+fn write_file(mut b: file_info::Builder<'_>, file: &FileInfo) {
+    b.set_file_id(file.file_id);
+    b.set_device(file.device);
+    b.set_inode(file.inode);
+    b.set_path(&file.path[..]);
+    b.set_fd(file.fd);
+    b.set_open_error(&file.open_error[..]);
+}
+
+fn read_file(r: file_info::Reader<'_>) -> Result<FileInfo, DecodeError> {
+    Ok(FileInfo {
+        file_id: r.get_file_id(),
+        device: r.get_device(),
+        inode: r.get_inode(),
+        path: text(r.get_path())?,
+        fd: r.get_fd(),
+        open_error: text(r.get_open_error())?,
+    })
+}
+
+fn write_mapping(mut b: mapping::Builder<'_>, m: &Mapping) {
+    b.set_start(m.start);
+    b.set_end(m.end);
+    b.set_file_offset(m.file_offset);
+    b.set_path(&m.path[..]);
+    b.set_device(m.device);
+    b.set_inode(m.inode);
+    b.set_file_id(m.file_id);
+    b.set_build_id(&m.build_id);
+}
+
+fn read_mapping(r: mapping::Reader<'_>) -> Result<Mapping, DecodeError> {
+    let mapping = Mapping {
+        start: r.get_start(),
+        end: r.get_end(),
+        file_offset: r.get_file_offset(),
+        path: text(r.get_path())?,
+        device: r.get_device(),
+        inode: r.get_inode(),
+        file_id: r.get_file_id(),
+        build_id: r.get_build_id()?.to_vec(),
+    };
+    if mapping.end < mapping.start {
+        return Err(DecodeError::Invalid {
+            field: "mapping.end",
+            reason: "ends before it starts",
+        });
+    }
+    Ok(mapping)
+}
+
+fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
+    b.set_pid(p.pid);
+    b.set_start_time_unix_ns(p.start_time_unix_ns);
+    b.set_executable_path(&p.executable_path[..]);
+    b.set_executable_name(&p.executable_name[..]);
+    b.set_cgroup(&p.cgroup[..]);
+    let mut mappings = b.reborrow().init_mappings(len_u32(p.mappings.len()));
+    for (i, m) in p.mappings.iter().enumerate() {
+        write_mapping(mappings.reborrow().get(i as u32), m);
+    }
+    let mut threads = b.init_threads(len_u32(p.threads.len()));
+    for (i, t) in p.threads.iter().enumerate() {
+        let mut tb = threads.reborrow().get(i as u32);
+        tb.set_tid(t.tid);
+        tb.set_name(&t.name[..]);
+    }
+}
+
+fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError> {
+    let mappings_r = r.get_mappings()?;
+    let mut mappings = Vec::with_capacity(mappings_r.len() as usize);
+    for m in mappings_r.iter() {
+        mappings.push(read_mapping(m)?);
+    }
+    let threads_r = r.get_threads()?;
+    let mut threads = Vec::with_capacity(threads_r.len() as usize);
+    for t in threads_r.iter() {
+        threads.push(ThreadInfo {
+            tid: t.get_tid(),
+            name: text(t.get_name())?,
+        });
+    }
+    Ok(ProcessInfo {
+        pid: r.get_pid(),
+        start_time_unix_ns: r.get_start_time_unix_ns(),
+        executable_path: text(r.get_executable_path())?,
+        executable_name: text(r.get_executable_name())?,
+        cgroup: text(r.get_cgroup())?,
+        mappings,
+        threads,
+    })
+}
+
+fn write_stacks(mut list: capnp::struct_list::Builder<'_, crate::ember_capnp::stack::Owned>, stacks: &[Vec<u64>]) {
+    for (i, stack) in stacks.iter().enumerate() {
+        let mut frames = list.reborrow().get(i as u32).init_frames(len_u32(stack.len()));
+        for (j, addr) in stack.iter().enumerate() {
+            frames.set(j as u32, *addr);
+        }
+    }
+}
+
+fn read_stacks(
+    list: capnp::struct_list::Reader<'_, crate::ember_capnp::stack::Owned>,
+) -> Result<Vec<Vec<u64>>, DecodeError> {
+    let mut out = Vec::with_capacity(list.len() as usize);
+    for stack in list.iter() {
+        out.push(stack.get_frames()?.iter().collect());
+    }
+    Ok(out)
+}
+
+fn stack_ref_parts(stack: StackRef) -> (i32, i32) {
+    match stack {
+        StackRef::Index(index) => (i32::try_from(index).unwrap_or(i32::MAX), 0),
+        StackRef::Missing(errno) => (-1, errno),
+    }
+}
+
+fn stack_ref(index: i32, errno: i32, stacks: usize, field: &'static str) -> Result<StackRef, DecodeError> {
+    if index < 0 {
+        return Ok(StackRef::Missing(errno));
+    }
+    if index as usize >= stacks {
+        return Err(DecodeError::Invalid {
+            field,
+            reason: "stack index out of range",
+        });
+    }
+    Ok(StackRef::Index(index as u32))
+}
+
+fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
+    b.set_sequence(batch.sequence);
+    b.set_part(batch.part);
+    b.set_parts(batch.parts);
+    b.set_interval_start_unix_ns(batch.interval_start_unix_ns);
+    b.set_interval_end_unix_ns(batch.interval_end_unix_ns);
+    b.set_frequency_hz(batch.frequency_hz);
+    write_stacks(b.reborrow().init_user_stacks(len_u32(batch.user_stacks.len())), &batch.user_stacks);
+    write_stacks(b.reborrow().init_kernel_stacks(len_u32(batch.kernel_stacks.len())), &batch.kernel_stacks);
+    let mut rows = b.reborrow().init_rows(len_u32(batch.rows.len()));
+    for (i, row) in batch.rows.iter().enumerate() {
+        write_row(rows.reborrow().get(i as u32), row);
+    }
+    let l = &batch.losses;
+    let mut lb = b.init_losses();
+    lb.set_samples(l.samples);
+    lb.set_idle(l.idle);
+    lb.set_filtered(l.filtered);
+    lb.set_user_stack_lost(l.user_stack_lost);
+    lb.set_kernel_stack_lost(l.kernel_stack_lost);
+    lb.set_counts_full(l.counts_full);
+    lb.set_backlog_dropped_batches(l.backlog_dropped_batches);
+    lb.set_backlog_dropped_samples(l.backlog_dropped_samples);
+    lb.set_proc_errors(l.proc_errors);
+}
+
+fn write_row(mut b: row::Builder<'_>, row: &Row) {
+    b.set_pid(row.pid);
+    b.set_tid(row.tid);
+    b.set_comm(&row.comm[..]);
+    let (user, user_errno) = stack_ref_parts(row.user_stack);
+    b.set_user_stack(user);
+    b.set_user_stack_errno(user_errno);
+    let (kernel, kernel_errno) = stack_ref_parts(row.kernel_stack);
+    b.set_kernel_stack(kernel);
+    b.set_kernel_stack_errno(kernel_errno);
+    b.set_count(row.count);
+}
+
+fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
+    let user_stacks = read_stacks(r.get_user_stacks()?)?;
+    let kernel_stacks = read_stacks(r.get_kernel_stacks()?)?;
+    let rows_r = r.get_rows()?;
+    let mut rows = Vec::with_capacity(rows_r.len() as usize);
+    for row in rows_r.iter() {
+        rows.push(Row {
+            pid: row.get_pid(),
+            tid: row.get_tid(),
+            comm: text(row.get_comm())?,
+            user_stack: stack_ref(
+                row.get_user_stack(),
+                row.get_user_stack_errno(),
+                user_stacks.len(),
+                "row.userStack",
+            )?,
+            kernel_stack: stack_ref(
+                row.get_kernel_stack(),
+                row.get_kernel_stack_errno(),
+                kernel_stacks.len(),
+                "row.kernelStack",
+            )?,
+            count: row.get_count(),
+        });
+    }
+    let l = r.get_losses()?;
+    Ok(Batch {
+        sequence: r.get_sequence(),
+        part: r.get_part(),
+        parts: r.get_parts(),
+        interval_start_unix_ns: r.get_interval_start_unix_ns(),
+        interval_end_unix_ns: r.get_interval_end_unix_ns(),
+        frequency_hz: r.get_frequency_hz(),
+        user_stacks,
+        kernel_stacks,
+        rows,
+        losses: Losses {
+            samples: l.get_samples(),
+            idle: l.get_idle(),
+            filtered: l.get_filtered(),
+            user_stack_lost: l.get_user_stack_lost(),
+            kernel_stack_lost: l.get_kernel_stack_lost(),
+            counts_full: l.get_counts_full(),
+            backlog_dropped_batches: l.get_backlog_dropped_batches(),
+            backlog_dropped_samples: l.get_backlog_dropped_samples(),
+            proc_errors: l.get_proc_errors(),
+        },
+    })
+}
+

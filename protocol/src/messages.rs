@@ -1,0 +1,136 @@
+//! Plain Rust forms of the protocol messages (see `schema/ember.capnp` for field meanings).
+
+/// Every message the sampler sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SamplerMessage {
+    Hello(Hello),
+    Files(Vec<FileInfo>),
+    Process(ProcessInfo),
+    Batch(Batch),
+    Exited { pid: u32 },
+}
+
+impl SamplerMessage {
+    /// A short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "hello",
+            Self::Files(_) => "files",
+            Self::Process(_) => "process",
+            Self::Batch(_) => "batch",
+            Self::Exited { .. } => "exited",
+        }
+    }
+}
+
+/// An index into the file descriptors that came with the same datagram.
+pub type FdIndex = i32;
+
+/// Marks "no fd" in an [`FdIndex`].
+pub const NO_FD: FdIndex = -1;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub sampler_version: String,
+    pub hostname: String,
+    pub frequency_hz: u32,
+    pub kallsyms_fd: FdIndex,
+    pub boot_time_unix_ns: u64,
+    pub target_pid: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileInfo {
+    pub file_id: u64,
+    pub device: u64,
+    pub inode: u64,
+    pub path: String,
+    pub fd: FdIndex,
+    pub open_error: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub path: String,
+    pub device: u64,
+    pub inode: u64,
+    /// 0 when no file was passed for this mapping.
+    pub file_id: u64,
+    pub build_id: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadInfo {
+    pub tid: u32,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub start_time_unix_ns: u64,
+    pub executable_path: String,
+    pub executable_name: String,
+    pub cgroup: String,
+    pub mappings: Vec<Mapping>,
+    pub threads: Vec<ThreadInfo>,
+}
+
+/// Where a row's stack is: an index into the batch's stack table, or the errno of the walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackRef {
+    Index(u32),
+    /// The kernel returned this errno (positive), e.g. 14 (EFAULT) for "no such stack".
+    Missing(i32),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+    pub count: u64,
+}
+
+/// Totals since the sampler started (see `Losses` in the schema).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Losses {
+    pub samples: u64,
+    pub idle: u64,
+    pub filtered: u64,
+    pub user_stack_lost: u64,
+    pub kernel_stack_lost: u64,
+    pub counts_full: u64,
+    pub backlog_dropped_batches: u64,
+    pub backlog_dropped_samples: u64,
+    pub proc_errors: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub sequence: u64,
+    pub part: u32,
+    pub parts: u32,
+    pub interval_start_unix_ns: u64,
+    pub interval_end_unix_ns: u64,
+    pub frequency_hz: u32,
+    /// Raw user addresses, leaf first.
+    pub user_stacks: Vec<Vec<u64>>,
+    /// Raw kernel addresses, leaf first.
+    pub kernel_stacks: Vec<Vec<u64>>,
+    pub rows: Vec<Row>,
+    pub losses: Losses,
+}
+
+impl Batch {
+    /// Total samples in this part.
+    pub fn sample_count(&self) -> u64 {
+        self.rows.iter().map(|row| row.count).sum()
+    }
+}

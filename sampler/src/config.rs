@@ -1,0 +1,32 @@
+//! The sampler's settings: command-line flags only (no config file is parsed as root).
+
+use std::{path::PathBuf, time::Duration};
+
+/// Everything the sampler needs to know, with the defaults `--help` shows.
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    pub frequency_hz: u32,
+    pub interval: Duration,
+    pub socket: PathBuf,
+    /// An already connected socket inherited from `ember-relay record`.
+    pub inherited_fd: Option<i32>,
+    pub target_pid: u32,
+    pub counts_map_size: u32,
+    pub stack_map_size: u32,
+    pub backlog_max_bytes: usize,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 97,
+            interval: Duration::from_secs(5),
+            socket: PathBuf::from("/run/ember/ember.sock"),
+            inherited_fd: None,
+            target_pid: 0,
+            counts_map_size: 16384,
+            stack_map_size: 16384,
+            backlog_max_bytes: 64 << 20,
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Drains the in-kernel sample counts without losing samples that arrive meanwhile, and turns
+//! them into protocol batches. Never panics; every loss is counted.
+//!
+//! The program writes to generation `CONTROL[0]`. A drain flips it, waits for program runs that
+//! already read the old value to finish (a run takes microseconds), then reads and clears the old
+//! generation's counts and stacks, which nothing writes to any more.
+
+use std::{collections::HashMap, thread, time::Duration};
+
+use aya::maps::MapError;
+use ember_protocol::{Batch, Losses, Row, StackRef};
+use ember_sampler_ebpf::{counter, SampleKey};
+
+use crate::load::Loaded;
+
+/// How long a flip waits for in-flight program runs on the old generation.
+const FLIP_GRACE: Duration = Duration::from_millis(5);
+
+/// One generation's content, read out of the kernel.
+#[derive(Debug, Default)]
+pub struct Drained {
+    pub rows: Vec<(SampleKey, u64)>,
+    /// Frames by stack id, leaf first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+    /// Map operations that failed (the affected samples are still counted in `rows`).
+    pub read_errors: u64,
+}
+
+pub struct Drainer {
+    generation: u32,
+}
+
+impl Drainer {
+    pub fn new() -> Self {
+        Self { generation: 0 }
+    }
+
+    /// Flips generations and returns everything recorded in the old one.
+    pub fn drain(&mut self, loaded: &mut Loaded) -> Result<Drained, MapError> {
+        let old = self.generation;
+        let new = 1 - old;
+        loaded.control.set(0, new, 0)?;
+        self.generation = new;
+        thread::sleep(FLIP_GRACE);
+
+        let mut drained = Drained::default();
+        let counts = &mut loaded.counts[old as usize];
+        let keys: Vec<SampleKey> = counts.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            match counts.get(&key, 0) {
+                Ok(count) => drained.rows.push((key, count)),
+                Err(_) => drained.read_errors += 1,
+            }
+            if counts.remove(&key).is_err() {
+                drained.read_errors += 1;
+            }
+        }
+        let stacks = &mut loaded.stacks[old as usize];
+        let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+        for id in ids {
+            match stacks.get(&id, 0) {
+                Ok(trace) => {
+                    drained
+                        .stacks
+                        .insert(id, trace.frames().iter().map(|frame| frame.ip).collect());
+                }
+                Err(_) => drained.read_errors += 1,
+            }
+            if stacks.remove(&id).is_err() {
+                drained.read_errors += 1;
+            }
+        }
+        Ok(drained)
+    }
+
+    /// Sums the per-CPU loss counters (totals since load).
+    pub fn counters(loaded: &Loaded) -> Losses {
+        let read = |slot: u32| -> u64 {
+            loaded
+                .counters
+                .get(&slot, 0)
+                .map(|values| values.iter().sum())
+                .unwrap_or(0)
+        };
+        Losses {
+            samples: read(counter::SAMPLES),
+            idle: read(counter::IDLE),
+            filtered: read(counter::FILTERED),
+            user_stack_lost: read(counter::USER_STACK_LOST),
+            kernel_stack_lost: read(counter::KERNEL_STACK_LOST),
+            counts_full: read(counter::COUNTS_FULL),
+            ..Losses::default()
+        }
+    }
+}
+
+/// The fixed part of every batch built from one drain.
+pub struct BatchHeader {
+    pub sequence: u64,
+    pub interval_start_unix_ns: u64,
+    pub interval_end_unix_ns: u64,
+    pub frequency_hz: u32,
+    pub losses: Losses,
+}
+
+/// Thread name from a NUL-padded `comm`.
+pub fn comm_str(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// Splits one drain into batches of at most about `max_bytes` encoded bytes each; every part
+/// carries the stacks its rows use. Rows whose stack id vanished keep their count with the
+/// stack reported missing (ENOENT), so no sample is dropped here.
+pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) -> Vec<Batch> {
+    const ROW_BYTES: usize = 96;
+    const FRAME_BYTES: usize = 8;
+    const STACK_BYTES: usize = 16;
+    let mut parts: Vec<Batch> = Vec::new();
+    let mut current = new_part(header);
+    let mut user_index: HashMap<u32, u32> = HashMap::new();
+    let mut kernel_index: HashMap<u32, u32> = HashMap::new();
+    let mut size = 0usize;
+
+    for (key, count) in &drained.rows {
+        let mut added = ROW_BYTES + key.comm.len();
+        let user_new = key.user_stack_id >= 0 && !user_index.contains_key(&(key.user_stack_id as u32));
+        let kernel_new =
+            key.kernel_stack_id >= 0 && !kernel_index.contains_key(&(key.kernel_stack_id as u32));
+        if user_new {
+            added += STACK_BYTES + FRAME_BYTES * stack_len(drained, key.user_stack_id);
+        }
+        if kernel_new {
+            added += STACK_BYTES + FRAME_BYTES * stack_len(drained, key.kernel_stack_id);
+        }
+        if size + added > max_bytes && !current.rows.is_empty() {
+            parts.push(std::mem::replace(&mut current, new_part(header)));
+            user_index.clear();
+            kernel_index.clear();
+            size = 0;
+        }
+        size += added;
+        let user_stack = stack_ref(drained, key.user_stack_id, &mut user_index, &mut current.user_stacks);
+        let kernel_stack = stack_ref(
+            drained,
+            key.kernel_stack_id,
+            &mut kernel_index,
+            &mut current.kernel_stacks,
+        );
+        current.rows.push(Row {
+            pid: key.tgid,
+            tid: key.tid,
+            comm: comm_str(&key.comm),
+            user_stack,
+            kernel_stack,
+            count: *count,
+        });
+    }
+    parts.push(current);
+    let total = parts.len() as u32;
+    for (i, part) in parts.iter_mut().enumerate() {
+        part.part = i as u32;
+        part.parts = total;
+    }
+    parts
+}
+
+fn new_part(header: &BatchHeader) -> Batch {
+    Batch {
+        sequence: header.sequence,
+        part: 0,
+        parts: 1,
+        interval_start_unix_ns: header.interval_start_unix_ns,
+        interval_end_unix_ns: header.interval_end_unix_ns,
+        frequency_hz: header.frequency_hz,
+        losses: header.losses,
+        ..Batch::default()
+    }
+}
+
+fn stack_len(drained: &Drained, id: i32) -> usize {
+    drained.stacks.get(&(id as u32)).map_or(0, Vec::len)
+}
+
+fn stack_ref(
+    drained: &Drained,
+    id: i32,
+    index: &mut HashMap<u32, u32>,
+    table: &mut Vec<Vec<u64>>,
+) -> StackRef {
+    if id < 0 {
+        return StackRef::Missing(-id);
+    }
+    let id = id as u32;
+    if let Some(&i) = index.get(&id) {
+        return StackRef::Index(i);
+    }
+    match drained.stacks.get(&id) {
+        Some(frames) => {
+            let i = table.len() as u32;
+            table.push(frames.clone());
+            index.insert(id, i);
+            StackRef::Index(i)
+        }
+        None => StackRef::Missing(libc::ENOENT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tid: u32, user: i32, kernel: i32) -> SampleKey {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"work");
+        SampleKey {
+            tgid: 1,
+            tid,
+            user_stack_id: user,
+            kernel_stack_id: kernel,
+            comm,
+        }
+    }
+
+    fn header() -> BatchHeader {
+        BatchHeader {
+            sequence: 7,
+            interval_start_unix_ns: 1,
+            interval_end_unix_ns: 2,
+            frequency_hz: 97,
+            losses: Losses::default(),
+        }
+    }
+
+    #[test]
+    fn split_keeps_every_sample_and_its_stacks() {
+        // Given 200 rows over 50 distinct 100-frame stacks
+        let mut drained = Drained::default();
+        for id in 0..50u32 {
+            drained.stacks.insert(id, (0..100).map(|f| u64::from(id) * 1000 + f).collect());
+        }
+        for tid in 0..200u32 {
+            drained.rows.push((key(tid, (tid % 50) as i32, -14), u64::from(tid) + 1));
+        }
+        // When split into parts of at most 8 KiB
+        let parts = build_batches(&drained, &header(), 8 << 10);
+        // Then no sample is lost, and each part resolves its rows' stacks itself
+        assert!(parts.len() > 1);
+        let total: u64 = parts.iter().map(Batch::sample_count).sum();
+        assert_eq!(total, (1..=200).sum::<u64>());
+        for part in &parts {
+            assert_eq!(part.parts, parts.len() as u32);
+            for row in &part.rows {
+                match row.user_stack {
+                    StackRef::Index(i) => {
+                        let frames = &part.user_stacks[i as usize];
+                        assert_eq!(frames[0] / 1000, u64::from(row.tid % 50));
+                    }
+                    StackRef::Missing(_) => panic!("stack lost in split"),
+                }
+                assert_eq!(row.kernel_stack, StackRef::Missing(14));
+            }
+        }
+    }
+
+    #[test]
+    fn vanished_stack_is_reported_not_dropped() {
+        let drained = Drained {
+            rows: vec![(key(1, 5, -17), 3)],
+            ..Drained::default()
+        };
+        let parts = build_batches(&drained, &header(), 1 << 20);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].rows[0].user_stack, StackRef::Missing(libc::ENOENT));
+        assert_eq!(parts[0].rows[0].kernel_stack, StackRef::Missing(17));
+        assert_eq!(parts[0].rows[0].count, 3);
+    }
+}
