@@ -1,0 +1,171 @@
+//! The relay's data model between stages: symbolized frames, samples and the aggregated profile
+//! of an interval that sinks write out.
+//!
+//! Flow: `RawBatch` (protocol) -> [`SymbolizedSample`] (symbolize) -> [`Profile`] (aggregate)
+//! -> sinks. A frame that could not be named is still a frame (`[unknown]` with its module), so
+//! no sample is ever dropped between stages.
+
+use std::{collections::HashMap, sync::Arc};
+
+/// Where a frame's code lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    Kernel,
+    Native,
+    /// Not a code frame: a marker such as "[lost stack: collision]".
+    Marker,
+}
+
+impl FrameKind {
+    /// The OpenTelemetry `profile.frame.type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel",
+            Self::Native => "native",
+            Self::Marker => "abort-marker",
+        }
+    }
+}
+
+/// The module (mapped file) a frame's address belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Module {
+    /// Path as the process saw it, or "[kernel.kallsyms]", "[vdso]", "[anon]".
+    pub path: Arc<str>,
+    /// GNU build id in hex, when known.
+    pub build_id: Option<Arc<str>>,
+    /// Start and end of the mapping in the process, and the file offset of its start.
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+}
+
+impl Module {
+    /// Last path component, as shown in `[unknown]` frames.
+    pub fn base_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// One symbolized frame. Inlined functions become frames of their own (`inlined = true`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// Demangled function name; for an unnamed frame: `[unknown]`.
+    pub function: Arc<str>,
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
+    pub kind: FrameKind,
+    pub inlined: bool,
+    /// The address in the process (user) or kernel, as sampled.
+    pub address: u64,
+    pub module: Option<Arc<Module>>,
+}
+
+impl Frame {
+    /// Name for text outputs: the function, or `[unknown] module+0xoffset` when unnamed.
+    pub fn display_name(&self) -> String {
+        if !self.is_unknown() {
+            return self.function.to_string();
+        }
+        match &self.module {
+            Some(module) => {
+                let offset = self.address.wrapping_sub(module.start).wrapping_add(module.file_offset);
+                format!("[unknown] {}+{offset:#x}", module.base_name())
+            }
+            None => format!("[unknown] {:#x}", self.address),
+        }
+    }
+
+    pub fn is_unknown(&self) -> bool {
+        &*self.function == UNKNOWN
+    }
+}
+
+/// The name of a frame that could not be symbolized.
+pub const UNKNOWN: &str = "[unknown]";
+
+/// Who a sample belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Thread {
+    pub pid: u32,
+    pub tid: u32,
+    pub process_name: Arc<str>,
+    pub thread_name: Arc<str>,
+}
+
+/// A stack, leaf first, shared between samples.
+pub type Stack = Arc<[Frame]>;
+
+/// One aggregated row: a thread, a stack (leaf first) and how many times it was sampled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolizedSample {
+    pub thread: Thread,
+    pub stack: Stack,
+    pub count: u64,
+}
+
+/// Samples aggregated over a time range, as sinks receive them.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub frequency_hz: u32,
+    counts: HashMap<(Thread, Stack), u64>,
+}
+
+impl Profile {
+    pub fn new(frequency_hz: u32) -> Self {
+        Self {
+            frequency_hz,
+            ..Self::default()
+        }
+    }
+
+    /// Adds samples, widening the time range to cover `[start, end]`.
+    pub fn add(&mut self, sample: SymbolizedSample, start_unix_ns: u64, end_unix_ns: u64) {
+        if self.start_unix_ns == 0 || (start_unix_ns != 0 && start_unix_ns < self.start_unix_ns) {
+            self.start_unix_ns = start_unix_ns;
+        }
+        self.end_unix_ns = self.end_unix_ns.max(end_unix_ns);
+        *self.counts.entry((sample.thread, sample.stack)).or_insert(0) += sample.count;
+    }
+
+    /// Merges another profile into this one.
+    pub fn merge(&mut self, other: Profile) {
+        if self.frequency_hz == 0 {
+            self.frequency_hz = other.frequency_hz;
+        }
+        let (start, end) = (other.start_unix_ns, other.end_unix_ns);
+        for ((thread, stack), count) in other.counts {
+            self.add(SymbolizedSample { thread, stack, count }, start, end);
+        }
+    }
+
+    pub fn total_samples(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// Samples in a stable order (by thread, then stack), for deterministic outputs.
+    pub fn samples(&self) -> Vec<SymbolizedSample> {
+        let mut out: Vec<SymbolizedSample> = self
+            .counts
+            .iter()
+            .map(|((thread, stack), &count)| SymbolizedSample {
+                thread: thread.clone(),
+                stack: Arc::clone(stack),
+                count,
+            })
+            .collect();
+        out.sort_by(|a, b| a.thread.cmp(&b.thread).then_with(|| a.stack.cmp(&b.stack)));
+        out
+    }
+
+    /// Sampling period in nanoseconds (1e9 / Hz).
+    pub fn period_ns(&self) -> i64 {
+        1_000_000_000 / i64::from(self.frequency_hz.max(1))
+    }
+}
