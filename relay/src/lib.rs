@@ -1,5 +1,14 @@
 //! ember-relay: the unprivileged half of ember. Receives batches from ember-sampler, symbolizes
 //! them from the file descriptors the sampler passed, aggregates and writes profiles.
 
+pub mod cli;
 pub mod model;
+pub mod output;
+pub mod pipeline;
+pub mod privileges;
+pub mod record;
+pub mod run;
+pub mod session;
 pub mod sink;
+pub mod source;
+pub mod symbolize;

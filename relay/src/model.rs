@@ -168,4 +168,22 @@ impl Profile {
     pub fn period_ns(&self) -> i64 {
         1_000_000_000 / i64::from(self.frequency_hz.max(1))
     }
+
+    /// The `n` functions with the most self samples (samples whose leaf frame they are), most
+    /// first, ties by name. Named as in folded output (kernel frames end in `_[k]`); samples
+    /// with an empty stack have no function and are not counted.
+    pub fn top_self(&self, n: usize) -> Vec<(String, u64)> {
+        let mut self_samples: HashMap<String, u64> = HashMap::new();
+        for ((_, stack), &count) in &self.counts {
+            if let Some(leaf) = stack.first() {
+                *self_samples
+                    .entry(crate::sink::folded::frame_name(leaf))
+                    .or_insert(0) += count;
+            }
+        }
+        let mut top: Vec<(String, u64)> = self_samples.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(n);
+        top
+    }
 }

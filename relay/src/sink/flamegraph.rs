@@ -1,1 +1,249 @@
-//! placeholder
+//! Flamegraph sink: an interactive SVG of a [`Profile`], drawn by inferno (the Rust port of
+//! flamegraph.pl) from the folded lines of [`super::folded`], so both show the same names.
+//!
+//! Invariants: every profile gives a valid SVG; one without samples (which inferno refuses)
+//! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
+//! same profile gives the same file. Writing never opens a path: the caller opened the file
+//! before dropping privileges.
+
+use std::{
+    fs::File,
+    io::{self, Seek, Write},
+};
+
+use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
+
+use super::folded;
+use crate::model::Profile;
+
+const TITLE: &str = "ember CPU flamegraph";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlamegraphError {
+    #[error("`inferno::flamegraph::from_lines` failed")]
+    Render(#[source] io::Error),
+    #[error("`{call}` on the flamegraph file failed")]
+    Io {
+        call: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The SVG document of `profile`.
+pub fn render(profile: &Profile) -> Result<Vec<u8>, FlamegraphError> {
+    let lines = folded::lines(profile);
+    let subtitle = subtitle(profile);
+    if lines.is_empty() {
+        return Ok(no_samples_svg(&subtitle).into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = TITLE.to_owned();
+    options.subtitle = Some(subtitle);
+    options.count_name = "samples".to_owned();
+    // The built-in palette that tells kernel frames (`_[k]`, orange) from user code (C++/Rust
+    // `::` names yellow, others red).
+    options.colors = Palette::Multi(MultiPalette::Perl);
+    // Colour by name hash, not at random: same input, same SVG.
+    options.hash = true;
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+        .map_err(FlamegraphError::Render)?;
+    Ok(svg)
+}
+
+/// Replaces the content of `file` (opened by the caller) with the flamegraph of `profile`.
+pub fn write(profile: &Profile, file: &mut File) -> Result<(), FlamegraphError> {
+    let svg = render(profile)?;
+    // The same three steps in each file sink; they belong in sink/mod.rs once it is shared.
+    file.set_len(0).map_err(failed("set_len"))?;
+    file.rewind().map_err(failed("rewind"))?;
+    file.write_all(&svg).map_err(failed("write_all"))
+}
+
+fn failed(call: &'static str) -> impl FnOnce(io::Error) -> FlamegraphError {
+    move |source| FlamegraphError::Io { call, source }
+}
+
+/// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
+fn subtitle(profile: &Profile) -> String {
+    let mut subtitle = format!(
+        "{} samples at {} Hz",
+        profile.total_samples(),
+        profile.frequency_hz
+    );
+    if profile.start_unix_ns != 0 {
+        subtitle.push_str(&format!(
+            ", from {} to {} UTC",
+            utc(profile.start_unix_ns),
+            utc(profile.end_unix_ns)
+        ));
+    }
+    subtitle
+}
+
+/// The SVG for a profile inferno cannot draw. Its texts are ASCII digits and words made here,
+/// so nothing needs escaping.
+fn no_samples_svg(subtitle: &str) -> String {
+    format!(
+        r##"<?xml version="1.0" standalone="no"?>
+<svg version="1.1" width="1200" height="90" viewBox="0 0 1200 90" xmlns="http://www.w3.org/2000/svg">
+<rect x="0" y="0" width="100%" height="100%" fill="#eeeeee"/>
+<text x="600" y="24" text-anchor="middle" font-family="Verdana" font-size="17">{TITLE}</text>
+<text x="600" y="48" text-anchor="middle" font-family="Verdana" font-size="12" fill="#a0a0a0">{subtitle}</text>
+<text x="600" y="74" text-anchor="middle" font-family="Verdana" font-size="14">no samples</text>
+</svg>
+"##
+    )
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of a Unix time in nanoseconds, in UTC.
+fn utc(unix_ns: u64) -> String {
+    let seconds = unix_ns / 1_000_000_000;
+    let (year, month, day) = civil_from_days(seconds / 86_400);
+    let time = seconds % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        time / 3_600,
+        time % 3_600 / 60,
+        time % 60
+    )
+}
+
+/// (year, month, day) of a day count since 1970-01-01: Howard Hinnant's `civil_from_days`
+/// (<https://howardhinnant.github.io/date_algorithms.html>), unsigned since times here are never
+/// before 1970.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468; // days since 0000-03-01
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let march_month = (5 * day_of_year + 2) / 153; // 0 = March
+    let day = day_of_year - (153 * march_month + 2) / 5 + 1;
+    let month = if march_month < 10 {
+        march_month + 3
+    } else {
+        march_month - 9
+    };
+    let year = era * 400 + year_of_era + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::model::{Frame, FrameKind, SymbolizedSample, Thread};
+
+    const START: u64 = 1_700_000_000_000_000_000;
+
+    fn frame(function: &str, kind: FrameKind) -> Frame {
+        Frame {
+            function: function.into(),
+            file: None,
+            line: None,
+            kind,
+            inlined: false,
+            address: 0x1000,
+            module: None,
+        }
+    }
+
+    fn profile() -> Profile {
+        let mut profile = Profile::new(99);
+        let sample = SymbolizedSample {
+            thread: Thread {
+                pid: 1,
+                tid: 1,
+                process_name: "app".into(),
+                thread_name: "app".into(),
+            },
+            stack: vec![
+                frame("do_syscall_64", FrameKind::Kernel),
+                frame("compute<T>", FrameKind::Native),
+                frame("main", FrameKind::Native),
+            ]
+            .into(),
+            count: 7,
+        };
+        profile.add(sample, START, START + 60_000_000_000);
+        profile
+    }
+
+    fn text(svg: &[u8]) -> &str {
+        std::str::from_utf8(svg).unwrap()
+    }
+
+    #[test]
+    fn svg_shows_title_subtitle_and_every_frame() {
+        // Given a stack through the kernel
+        let profile = profile();
+
+        // When drawn
+        let svg = render(&profile).unwrap();
+
+        // Then the SVG names every frame (escaped; inferno shows `_[k]` frames without the
+        // suffix, which only picks their colour), the title and the time range
+        let svg = text(&svg);
+        assert!(svg.starts_with("<?xml"), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        for name in ["app", "main", "compute&lt;T&gt;", "do_syscall_64", TITLE] {
+            assert!(svg.contains(name), "{name} missing from the SVG");
+        }
+        assert!(!svg.contains("_[k]"));
+        assert!(
+            svg.contains("7 samples at 99 Hz, from 2023-11-14 22:13:20 to 2023-11-14 22:14:20 UTC")
+        );
+    }
+
+    #[test]
+    fn same_profile_same_svg() {
+        assert_eq!(render(&profile()).unwrap(), render(&profile()).unwrap());
+    }
+
+    #[test]
+    fn empty_profile_gives_a_no_samples_svg() {
+        // Given a profile without samples
+        let profile = Profile::new(99);
+
+        // When drawn
+        let svg = render(&profile).unwrap();
+
+        // Then it is a small SVG that says so
+        let svg = text(&svg);
+        assert!(svg.starts_with("<?xml"));
+        assert!(svg.contains("<svg "));
+        assert!(svg.contains(">no samples</text>"));
+        assert!(svg.contains(">0 samples at 99 Hz</text>"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(START), "2023-11-14 22:13:20");
+        // A leap day, and the last second of a year.
+        assert_eq!(utc(951_782_400_000_000_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_735_689_599_999_999_999), "2024-12-31 23:59:59");
+    }
+
+    #[test]
+    fn write_replaces_previous_content() {
+        // Given a file holding a larger flamegraph
+        let mut file = tempfile::tempfile().unwrap();
+        write(&profile(), &mut file).unwrap();
+
+        // When an empty profile is written into it
+        write(&Profile::new(99), &mut file).unwrap();
+
+        // Then only the new SVG is left
+        let mut content = Vec::new();
+        file.rewind().unwrap();
+        file.read_to_end(&mut content).unwrap();
+        assert_eq!(content, render(&Profile::new(99)).unwrap());
+    }
+}

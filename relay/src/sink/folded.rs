@@ -1,1 +1,294 @@
-//! placeholder
+//! Folded-stacks sink: Brendan Gregg's collapsed format, one line per unique stack,
+//! `process;root;...;leaf COUNT`, as read by flamegraph.pl, inferno and speedscope. Also owns
+//! how a frame is named in every text output ([`frame_name`]), so the flamegraph and
+//! [`Profile::top_self`] show the same names.
+//!
+//! Invariants: lines are sorted and unique (stacks with the same text are merged, so two pids of
+//! one program become one line); no name contains `;` or a line break, so every line splits back
+//! into the frames it was made of; the count follows the last space (names may contain spaces).
+//! Writing never opens a path: the caller opened the file before dropping privileges.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{self, Seek, Write},
+};
+
+use crate::model::{Frame, FrameKind, Profile, UNKNOWN};
+
+/// Appended to kernel frames, as `stackcollapse-perf.pl --kernel` does; flamegraph palettes
+/// colour such frames apart.
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// Replaces the frame separator inside a name.
+const SEPARATOR_REPLACEMENT: char = ':';
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldedError {
+    #[error("`{call}` on the folded-stacks file failed")]
+    Io {
+        call: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A frame's name in text outputs: [`Frame::display_name`], `_[k]` appended for kernel frames,
+/// made safe for the folded format.
+pub fn frame_name(frame: &Frame) -> String {
+    let mut name = sanitize(&frame.display_name());
+    if frame.kind == FrameKind::Kernel {
+        name.push_str(KERNEL_SUFFIX);
+    }
+    name
+}
+
+/// `;` separates frames and a line break ends a line: replace both (and other control
+/// characters) so a name cannot split a line or a frame. `[u8; 8]` becomes `[u8: 8]`.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => SEPARATOR_REPLACEMENT,
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
+/// whose samples add up to zero left out.
+pub fn lines(profile: &Profile) -> Vec<String> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for sample in profile.samples() {
+        let process = if sample.thread.process_name.is_empty() {
+            UNKNOWN.to_owned()
+        } else {
+            sanitize(&sample.thread.process_name)
+        };
+        // Root first: the model's stacks are leaf first.
+        let text = std::iter::once(process)
+            .chain(sample.stack.iter().rev().map(frame_name))
+            .collect::<Vec<_>>()
+            .join(";");
+        *counts.entry(text).or_insert(0) += sample.count;
+    }
+    counts
+        .into_iter()
+        .filter(|&(_, count)| count > 0)
+        .map(|(text, count)| format!("{text} {count}"))
+        .collect()
+}
+
+/// The whole folded file: [`lines`], each ended by `\n`.
+pub fn render(profile: &Profile) -> String {
+    lines(profile)
+        .into_iter()
+        .map(|mut line| {
+            line.push('\n');
+            line
+        })
+        .collect()
+}
+
+/// Replaces the content of `file` (opened by the caller) with the folded stacks of `profile`.
+pub fn write(profile: &Profile, file: &mut File) -> Result<(), FoldedError> {
+    // The same three steps in each file sink; they belong in sink/mod.rs once it is shared.
+    file.set_len(0).map_err(failed("set_len"))?;
+    file.rewind().map_err(failed("rewind"))?;
+    file.write_all(render(profile).as_bytes())
+        .map_err(failed("write_all"))
+}
+
+fn failed(call: &'static str) -> impl FnOnce(io::Error) -> FoldedError {
+    move |source| FoldedError::Io { call, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Read, sync::Arc};
+
+    use super::*;
+    use crate::model::{Module, SymbolizedSample, Thread};
+
+    fn frame(function: &str, kind: FrameKind) -> Frame {
+        Frame {
+            function: function.into(),
+            file: None,
+            line: None,
+            kind,
+            inlined: false,
+            address: 0x1000,
+            module: None,
+        }
+    }
+
+    fn native(function: &str) -> Frame {
+        frame(function, FrameKind::Native)
+    }
+
+    fn thread(pid: u32, process_name: &str) -> Thread {
+        Thread {
+            pid,
+            tid: pid,
+            process_name: process_name.into(),
+            thread_name: process_name.into(),
+        }
+    }
+
+    fn add(profile: &mut Profile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
+        let sample = SymbolizedSample {
+            thread,
+            stack: leaf_first.into(),
+            count,
+        };
+        profile.add(sample, 1_000, 2_000);
+    }
+
+    /// An unnamed frame in libc: shown as `[unknown] libc.so.6+0x1234`.
+    fn unknown_in_libc() -> Frame {
+        let libc = Module {
+            path: "/usr/lib/libc.so.6".into(),
+            build_id: None,
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0010_0000,
+            file_offset: 0x1000,
+        };
+        Frame {
+            address: 0x7f00_0000_0234,
+            module: Some(Arc::new(libc)),
+            ..native(UNKNOWN)
+        }
+    }
+
+    fn small_profile() -> Profile {
+        let mut profile = Profile::new(99);
+        add(
+            &mut profile,
+            thread(1, "app"),
+            vec![native("compute"), native("main")],
+            3,
+        );
+        // Another pid of the same program, same stack: merged with the line above.
+        add(
+            &mut profile,
+            thread(2, "app"),
+            vec![native("compute"), native("main")],
+            2,
+        );
+        let syscall = vec![
+            frame("do_syscall_64", FrameKind::Kernel),
+            native("write"),
+            native("main"),
+        ];
+        add(&mut profile, thread(1, "app"), syscall, 1);
+        add(
+            &mut profile,
+            thread(3, "db"),
+            vec![unknown_in_libc(), native("main")],
+            4,
+        );
+        profile
+    }
+
+    #[test]
+    fn folds_root_first_merges_same_process_name_and_marks_kernel_frames() {
+        // Given two pids of "app" sharing a stack, a stack ending in the kernel, an unknown frame
+        let profile = small_profile();
+
+        // When rendered
+        let text = render(&profile);
+
+        // Then one sorted line per stack text, root first, kernel frames suffixed
+        assert_eq!(
+            text,
+            "app;main;compute 5\n\
+             app;main;write;do_syscall_64_[k] 1\n\
+             db;main;[unknown] libc.so.6+0x1234 4\n"
+        );
+    }
+
+    #[test]
+    fn separators_and_line_breaks_in_names_are_replaced() {
+        // Given names containing `;`, a newline and a space
+        let mut profile = Profile::new(99);
+        let stack = vec![
+            native("parse<[u8; 8]>"),
+            native("line\nbreak"),
+            native("a b"),
+        ];
+        add(&mut profile, thread(1, "my;app"), stack, 7);
+
+        // When folded
+        let lines = lines(&profile);
+
+        // Then the frames still split on `;` and the count follows the last space
+        assert_eq!(lines, ["my:app;a b;line break;parse<[u8: 8]> 7"]);
+        let (stack, count) = lines[0].rsplit_once(' ').unwrap();
+        assert_eq!(count, "7");
+        assert_eq!(stack.split(';').count(), 4);
+    }
+
+    #[test]
+    fn empty_process_name_and_zero_counts() {
+        // Given a sample without a process name and a stack counted zero times
+        let mut profile = Profile::new(99);
+        add(&mut profile, thread(1, ""), vec![native("main")], 2);
+        add(&mut profile, thread(2, "idle"), vec![native("main")], 0);
+
+        // When folded
+        let lines = lines(&profile);
+
+        // Then the process is `[unknown]` and the zero line is left out
+        assert_eq!(lines, ["[unknown];main 2"]);
+    }
+
+    #[test]
+    fn empty_profile_renders_nothing() {
+        assert_eq!(render(&Profile::new(99)), "");
+    }
+
+    #[test]
+    fn top_self_orders_by_self_samples_then_name() {
+        // Given leaves: compute 5 (two pids), `[unknown] libc.so.6+0x1234` 4, kernel 1, and a
+        // leaf `zz` tied with the kernel frame
+        let mut profile = small_profile();
+        add(
+            &mut profile,
+            thread(1, "app"),
+            vec![native("zz"), native("main")],
+            1,
+        );
+
+        // When asked for the top 3
+        let top = profile.top_self(3);
+
+        // Then most samples first, the tie broken by name, named as in folded output
+        assert_eq!(
+            top,
+            [
+                ("compute".to_owned(), 5),
+                ("[unknown] libc.so.6+0x1234".to_owned(), 4),
+                ("do_syscall_64_[k]".to_owned(), 1),
+            ]
+        );
+        assert_eq!(profile.top_self(10).len(), 4);
+        assert_eq!(profile.top_self(10)[3], ("zz".to_owned(), 1));
+    }
+
+    #[test]
+    fn write_replaces_previous_content() {
+        // Given a file already holding longer content
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[b'x'; 4096]).unwrap();
+
+        // When the profile is written into it
+        write(&small_profile(), &mut file).unwrap();
+
+        // Then the file holds exactly the folded stacks
+        let mut content = String::new();
+        file.rewind().unwrap();
+        file.read_to_string(&mut content).unwrap();
+        assert_eq!(content, render(&small_profile()));
+    }
+}

@@ -1,0 +1,141 @@
+//! The relay's single pipeline thread: takes source events in order, keeps one [`Session`] per
+//! sampler connection, symbolizes batches and accumulates them into the current [`Profile`].
+//! Symbolizer state is not `Send` (blazesym resolvers), which is why all of it lives here.
+
+use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
+
+use ember_protocol::{Losses, SamplerMessage};
+
+use crate::{
+    model::Profile,
+    session::Session,
+    source::{ConnectionId, SourceEvent},
+    symbolize::ElfCache,
+};
+
+/// Resolvers unused this long are closed.
+const RESOLVER_IDLE: Duration = Duration::from_secs(600);
+
+/// What one handled event amounted to, for callers that report progress.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Handled {
+    #[default]
+    Nothing,
+    /// A batch part was symbolized into the profile.
+    Batch { samples: u64 },
+    /// A connection ended.
+    Closed,
+}
+
+#[derive(Default)]
+pub struct Pipeline {
+    sessions: HashMap<ConnectionId, Session>,
+    cache: ElfCache,
+    pub profile: Profile,
+    /// Samples symbolized since start.
+    pub samples: u64,
+    /// Samples the sampler could not deliver, from its latest loss report.
+    pub last_losses: Losses,
+    pub connections_seen: u64,
+}
+
+impl Pipeline {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn handle(&mut self, event: SourceEvent) -> Handled {
+        match event {
+            SourceEvent::Connected { conn, peer_uid, peer_pid } => {
+                self.connections_seen += 1;
+                tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
+                Handled::Nothing
+            }
+            SourceEvent::Closed { conn, error } => {
+                if let Some(session) = self.sessions.remove(&conn) {
+                    tracing::info!(
+                        connection = conn,
+                        samples = session.samples,
+                        clean = error.is_none(),
+                        "sampler disconnected"
+                    );
+                }
+                Handled::Closed
+            }
+            SourceEvent::Message { conn, message, fds } => self.message(conn, message, fds),
+        }
+    }
+
+    fn message(&mut self, conn: ConnectionId, message: SamplerMessage, fds: Vec<OwnedFd>) -> Handled {
+        let fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+        if let SamplerMessage::Hello(hello) = message {
+            tracing::info!(
+                connection = conn,
+                sampler_version = %hello.sampler_version,
+                hostname = %hello.hostname,
+                frequency_hz = hello.frequency_hz,
+                target_pid = hello.target_pid,
+                "sampler hello"
+            );
+            if self.profile.frequency_hz == 0 {
+                self.profile.frequency_hz = hello.frequency_hz;
+            }
+            self.sessions.insert(conn, Session::new(hello, fds));
+            return Handled::Nothing;
+        }
+        // The source lets nothing but a hello open a connection.
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return Handled::Nothing;
+        };
+        match message {
+            SamplerMessage::Hello(_) => Handled::Nothing,
+            SamplerMessage::Files(files) => {
+                session.add_files(files, fds);
+                Handled::Nothing
+            }
+            SamplerMessage::Process(info) => {
+                session.set_process(info);
+                Handled::Nothing
+            }
+            SamplerMessage::Exited { pid } => {
+                session.remove_process(pid);
+                Handled::Nothing
+            }
+            SamplerMessage::Batch(batch) => {
+                if self.profile.frequency_hz == 0 {
+                    self.profile.frequency_hz = batch.frequency_hz;
+                }
+                session.symbolize_batch(&batch, &mut self.cache, &mut self.profile);
+                let samples = batch.sample_count();
+                self.samples += samples;
+                self.last_losses = batch.losses;
+                tracing::info!(
+                    connection = conn,
+                    sequence = batch.sequence,
+                    part = batch.part,
+                    parts = batch.parts,
+                    interval_start_unix_ns = batch.interval_start_unix_ns,
+                    interval_end_unix_ns = batch.interval_end_unix_ns,
+                    samples,
+                    processes = session.process_count(),
+                    files = session.file_count(),
+                    unknown_frames = session.stats.unknown_frames,
+                    frames = session.stats.frames,
+                    user_stack_lost = batch.losses.user_stack_lost,
+                    kernel_stack_lost = batch.losses.kernel_stack_lost,
+                    counts_full = batch.losses.counts_full,
+                    backlog_dropped_samples = batch.losses.backlog_dropped_samples,
+                    "batch received"
+                );
+                self.cache.evict_idle(RESOLVER_IDLE);
+                Handled::Batch { samples }
+            }
+        }
+    }
+
+    /// Takes the accumulated profile, leaving an empty one with the same frequency.
+    pub fn take_profile(&mut self) -> Profile {
+        let frequency = self.profile.frequency_hz;
+        std::mem::replace(&mut self.profile, Profile::new(frequency))
+    }
+}

@@ -1,0 +1,213 @@
+//! `ember-relay record`: the one-command local mode. As root it starts ember-sampler on one end of
+//! a socketpair, then drops to an unprivileged user before reading a single byte, records for the
+//! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files.
+
+use std::{
+    io::IsTerminal as _,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::mpsc::{self, RecvTimeoutError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _};
+use ember_protocol::{transport, Limits};
+
+use crate::{
+    cli::{self, LogFormat},
+    output::OutputSet,
+    pipeline::{Handled, Pipeline},
+    privileges, source,
+};
+
+pub struct RecordConfig {
+    pub duration: Duration,
+    pub output: PathBuf,
+    pub frequency_hz: u32,
+    pub pid: Option<u32>,
+    pub user: String,
+    pub sampler: Option<PathBuf>,
+    pub interval: Duration,
+    pub max_message_bytes: usize,
+    pub log_format: LogFormat,
+}
+
+/// How long to wait for the sampler's last batch after asking it to stop.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn sampler_path(explicit: Option<PathBuf>) -> PathBuf {
+    if let Some(path) = explicit {
+        return path;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("ember-sampler")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("ember-sampler"))
+}
+
+pub fn record(config: RecordConfig) -> anyhow::Result<()> {
+    if !nix::unistd::Uid::effective().is_root() {
+        bail!(
+            "`ember-relay record` starts the eBPF sampler, which needs root: run it with sudo \
+             (the relay itself drops to `{}` before it reads anything)",
+            config.user
+        );
+    }
+    cli::install_stop_handlers()?;
+    let mut outputs = OutputSet::create(&config.output)?;
+
+    // The sampler gets one end of a socketpair as an inherited descriptor.
+    let (ours, theirs) = transport::pair().context("creating the sampler socketpair")?;
+    nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+        .context("letting the sampler inherit its socket")?;
+    let sampler = sampler_path(config.sampler.clone());
+    let mut command = Command::new(&sampler);
+    command
+        .arg("--fd")
+        .arg(theirs.as_raw_fd().to_string())
+        .arg("--frequency")
+        .arg(config.frequency_hz.to_string())
+        .arg("--reporter-interval")
+        .arg(format!("{}ms", config.interval.as_millis()))
+        .arg("--log-format")
+        .arg(config.log_format.as_str())
+        .stdin(Stdio::null());
+    if let Some(pid) = config.pid {
+        command.arg("--pid").arg(pid.to_string());
+    }
+    let mut child = command.spawn().with_context(|| {
+        format!(
+            "starting {}; build it (`cargo build`) or pass --sampler PATH",
+            sampler.display()
+        )
+    })?;
+    drop(theirs);
+
+    privileges::drop_to(&config.user)?;
+    let status = privileges::status();
+    tracing::info!(
+        user = %config.user,
+        uid = %status.uid,
+        cap_eff = %status.cap_eff,
+        cap_prm = %status.cap_prm,
+        cap_bnd = %status.cap_bnd,
+        no_new_privs = %status.no_new_privs,
+        "relay privileges dropped"
+    );
+
+    let control = ours.try_clone().context("duplicating the sampler socket")?;
+    let limits = Limits {
+        max_message_bytes: config.max_message_bytes,
+    };
+    let (events_tx, events) = mpsc::channel();
+    thread::Builder::new()
+        .name("sampler-conn".into())
+        .spawn(move || source::serve_connection(1, ours, limits, events_tx))
+        .context("starting the connection thread")?;
+
+    let mut pipeline = Pipeline::new();
+    let tty = std::io::stderr().is_terminal();
+    let mut started: Option<Instant> = None;
+    let mut stop_sent: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    let mut sampler_error: Option<String> = None;
+    loop {
+        match events.recv_timeout(Duration::from_millis(200)) {
+            Ok(event) => {
+                if let source::SourceEvent::Closed { error, .. } = &event {
+                    sampler_error = error.clone();
+                }
+                if started.is_none() && matches!(event, source::SourceEvent::Message { .. }) {
+                    started = Some(Instant::now());
+                }
+                if pipeline.handle(event) == Handled::Closed {
+                    break;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
+        if stop_sent.is_none() && (elapsed >= config.duration || cli::stop_requested()) {
+            // Shutting down our sending side tells the sampler to send its last batch and exit.
+            if let Err(err) = transport::shutdown_write(control.as_fd()) {
+                tracing::warn!(%err, "could not signal the sampler to stop");
+            }
+            stop_sent = Some(Instant::now());
+        }
+        if stop_sent.is_some_and(|t| t.elapsed() > FINISH_TIMEOUT) {
+            tracing::warn!("ember-sampler did not finish in time; writing what arrived");
+            break;
+        }
+        let every = if tty { Duration::from_secs(1) } else { Duration::from_secs(5) };
+        if started.is_some() && stop_sent.is_none() && last_progress.elapsed() >= every {
+            last_progress = Instant::now();
+            let secs = elapsed.as_secs_f64().min(config.duration.as_secs_f64());
+            if tty {
+                eprint!(
+                    "\rrecording {secs:5.1}s / {:.0}s   {} samples   ",
+                    config.duration.as_secs_f64(),
+                    pipeline.samples
+                );
+            } else {
+                tracing::info!(elapsed_s = secs.round(), samples = pipeline.samples, "recording");
+            }
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    let exit = wait_child(&mut child);
+    let profile = pipeline.take_profile();
+    if profile.is_empty() {
+        let why = sampler_error
+            .map(|e| format!("the connection failed: {e}"))
+            .unwrap_or_else(|| format!("ember-sampler exited ({exit}); see its log above"));
+        return Err(anyhow!("no samples were recorded: {why}"));
+    }
+    outputs.write(&profile)?;
+    print_summary(&profile, &outputs, &pipeline);
+    Ok(())
+}
+
+fn wait_child(child: &mut std::process::Child) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.to_string(),
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
+            Ok(None) => return "still running".to_owned(),
+            Err(err) => return format!("unknown status: {err}"),
+        }
+    }
+}
+
+fn print_summary(profile: &crate::model::Profile, outputs: &OutputSet, pipeline: &Pipeline) {
+    let total = profile.total_samples();
+    let losses = &pipeline.last_losses;
+    println!(
+        "recorded {total} samples at {} Hz over {:.1}s",
+        profile.frequency_hz,
+        profile.end_unix_ns.saturating_sub(profile.start_unix_ns) as f64 / 1e9
+    );
+    if losses.user_stack_lost + losses.kernel_stack_lost + losses.counts_full > 0 {
+        println!(
+            "lost: {} user stacks, {} kernel stacks, {} samples (counts map full)",
+            losses.user_stack_lost, losses.kernel_stack_lost, losses.counts_full
+        );
+    }
+    println!("wrote:");
+    for path in &outputs.paths {
+        println!("  {}", path.display());
+    }
+    println!("top 10 functions by self time:");
+    for (name, count) in profile.top_self(10) {
+        println!(
+            "  {:5.1}%  {count:>7}  {name}",
+            100.0 * count as f64 / total.max(1) as f64
+        );
+    }
+}

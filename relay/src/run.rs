@@ -1,0 +1,88 @@
+//! `ember-relay run`: the long-running service. Listens for samplers, symbolizes every batch and,
+//! with `--output-dir`, keeps the local files of the current window up to date.
+
+use std::{
+    path::PathBuf,
+    sync::mpsc::{self, RecvTimeoutError},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use ember_protocol::Limits;
+
+use crate::{
+    cli,
+    output::OutputSet,
+    pipeline::{Handled, Pipeline},
+    privileges, source,
+};
+
+pub struct RunConfig {
+    pub socket: PathBuf,
+    pub output_dir: Option<PathBuf>,
+    pub window: Duration,
+    pub max_message_bytes: usize,
+    pub allow_root: bool,
+}
+
+pub fn run(config: RunConfig) -> anyhow::Result<()> {
+    if nix::unistd::Uid::effective().is_root() {
+        if !config.allow_root {
+            bail!(
+                "refusing to run as root: the relay parses untrusted ELF/DWARF and needs no \
+                 privileges. Run it as an unprivileged user (e.g. `sudo -u nobody ember-relay run`), \
+                 or pass --allow-root to override"
+            );
+        }
+        tracing::warn!("running as root because of --allow-root; this is not recommended");
+    }
+    privileges::set_no_new_privs()?;
+    cli::install_stop_handlers()?;
+    let limits = Limits {
+        max_message_bytes: config.max_message_bytes,
+    };
+    let (events_tx, events) = mpsc::channel();
+    source::spawn_listener(&config.socket, limits, events_tx).with_context(|| {
+        format!(
+            "cannot listen on {}; check that its directory exists and this user may write to it",
+            config.socket.display()
+        )
+    })?;
+    let status = privileges::status();
+    tracing::info!(
+        socket = %config.socket.display(),
+        uid = %status.uid,
+        cap_eff = %status.cap_eff,
+        "listening for ember-sampler"
+    );
+    let mut outputs = match &config.output_dir {
+        Some(dir) => Some(OutputSet::create(dir)?),
+        None => None,
+    };
+    let mut pipeline = Pipeline::new();
+    let mut window_start = Instant::now();
+    loop {
+        match events.recv_timeout(Duration::from_millis(250)) {
+            Ok(event) => {
+                if let Handled::Batch { .. } = pipeline.handle(event) {
+                    if let Some(outputs) = outputs.as_mut() {
+                        if let Err(err) = outputs.write(&pipeline.profile) {
+                            tracing::error!("{err:#}");
+                        }
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => bail!("the socket listener stopped"),
+        }
+        if cli::stop_requested() {
+            tracing::info!(samples = pipeline.samples, "stopping");
+            return Ok(());
+        }
+        if window_start.elapsed() >= config.window {
+            let done = pipeline.take_profile();
+            tracing::info!(samples = done.total_samples(), "window complete; starting a new one");
+            window_start = Instant::now();
+        }
+    }
+}

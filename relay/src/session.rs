@@ -1,0 +1,253 @@
+//! State of one sampler connection: the files it passed (as descriptors), the processes it
+//! described and its kernel symbols; turns its raw batches into symbolized samples.
+//!
+//! The relay never opens anything of other processes itself: every binary is read through a
+//! descriptor in `files`.
+
+use std::{collections::HashMap, os::fd::OwnedFd, sync::Arc};
+
+use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
+
+use crate::{
+    model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread, UNKNOWN},
+    symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
+};
+
+struct PassedFile {
+    fd: Option<OwnedFd>,
+    key: FileKey,
+    build_id: Option<Arc<str>>,
+}
+
+struct Process {
+    info: ProcessInfo,
+    name: Arc<str>,
+    /// One module per executable mapping, same order as `info.mappings`.
+    modules: Vec<Arc<Module>>,
+}
+
+/// Counters of what could not be named, for the logs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SymbolStats {
+    pub frames: u64,
+    pub unknown_frames: u64,
+    pub samples_without_process_facts: u64,
+}
+
+pub struct Session {
+    pub hello: Hello,
+    kernel: Option<KernelSymbols>,
+    kernel_module: Arc<Module>,
+    files: HashMap<u64, PassedFile>,
+    processes: HashMap<u32, Process>,
+    pub stats: SymbolStats,
+    /// Samples received on this connection.
+    pub samples: u64,
+}
+
+impl Session {
+    /// Starts a session from the sampler's hello and the descriptors that came with it.
+    pub fn new(hello: Hello, mut fds: Vec<Option<OwnedFd>>) -> Self {
+        let kernel = usize::try_from(hello.kallsyms_fd)
+            .ok()
+            .and_then(|i| fds.get_mut(i)?.take())
+            .and_then(|fd| match KernelSymbols::from_fd(fd) {
+                Ok(symbols) => {
+                    tracing::info!(symbols = symbols.len(), "kernel symbols loaded from the passed /proc/kallsyms");
+                    Some(symbols)
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "kernel frames will be unnamed");
+                    None
+                }
+            });
+        Self {
+            hello,
+            kernel,
+            kernel_module: symbolize::kernel_module(),
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            stats: SymbolStats::default(),
+            samples: 0,
+        }
+    }
+
+    /// Takes in mapped files and their descriptors.
+    pub fn add_files(&mut self, files: Vec<FileInfo>, mut fds: Vec<Option<OwnedFd>>) {
+        for info in files {
+            let fd = usize::try_from(info.fd).ok().and_then(|i| fds.get_mut(i)?.take());
+            if fd.is_none() {
+                tracing::debug!(path = %info.path, reason = %info.open_error, "file passed without a descriptor; its frames stay unnamed");
+            }
+            let build_id = fd.as_ref().and_then(elf::build_id);
+            let key = match &build_id {
+                Some(id) => FileKey::BuildId(Arc::clone(id)),
+                None => FileKey::Inode {
+                    device: info.device,
+                    inode: info.inode,
+                },
+            };
+            self.files.insert(
+                info.file_id,
+                PassedFile { fd, key, build_id },
+            );
+        }
+    }
+
+    /// Records (or replaces) the facts of a process.
+    pub fn set_process(&mut self, info: ProcessInfo) {
+        let modules = info
+            .mappings
+            .iter()
+            .map(|m| {
+                let build_id = self.files.get(&m.file_id).and_then(|f| f.build_id.clone());
+                Arc::new(Module {
+                    path: Arc::from(if m.path.is_empty() { "[anon]" } else { m.path.as_str() }),
+                    build_id,
+                    start: m.start,
+                    end: m.end,
+                    file_offset: m.file_offset,
+                })
+            })
+            .collect();
+        let name: Arc<str> = Arc::from(info.executable_name.as_str());
+        self.processes.insert(info.pid, Process { info, name, modules });
+    }
+
+    /// Forgets an exited process and closes files no remaining process maps.
+    pub fn remove_process(&mut self, pid: u32) {
+        let Some(process) = self.processes.remove(&pid) else {
+            return;
+        };
+        for mapping in &process.info.mappings {
+            let id = mapping.file_id;
+            if id == 0 {
+                continue;
+            }
+            let still_used = self
+                .processes
+                .values()
+                .any(|p| p.info.mappings.iter().any(|m| m.file_id == id));
+            if !still_used {
+                self.files.remove(&id);
+            }
+        }
+    }
+
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Symbolizes a batch into `profile`. Every row becomes a sample, whatever could be named.
+    pub fn symbolize_batch(&mut self, batch: &Batch, cache: &mut ElfCache, profile: &mut Profile) {
+        let kernel_stacks: Vec<Vec<Frame>> = batch
+            .kernel_stacks
+            .iter()
+            .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
+            .collect();
+        let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
+        for row in &batch.rows {
+            let process = self.processes.get(&row.pid);
+            if process.is_none() {
+                self.stats.samples_without_process_facts += row.count;
+            }
+            let mut stack: Vec<Frame> = Vec::new();
+            if let StackRef::Index(k) = row.kernel_stack {
+                stack.extend(kernel_stacks[k as usize].iter().cloned());
+            } else if let Some(marker) = symbolize::missing_stack_marker(row.kernel_stack, "kernel") {
+                stack.push(marker);
+            }
+            match row.user_stack {
+                StackRef::Index(u) => {
+                    let frames = user_memo.entry((row.pid, u)).or_insert_with(|| {
+                        user_frames(&batch.user_stacks[u as usize], process, &self.files, cache)
+                    });
+                    stack.extend(frames.iter().cloned());
+                }
+                missing => stack.extend(symbolize::missing_stack_marker(missing, "user")),
+            }
+            self.stats.frames += stack.len() as u64;
+            self.stats.unknown_frames += stack.iter().filter(|f| f.is_unknown()).count() as u64;
+            let process_name = match process {
+                Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
+                _ => Arc::from(row.comm.as_str()),
+            };
+            self.samples += row.count;
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread {
+                        pid: row.pid,
+                        tid: row.tid,
+                        process_name,
+                        thread_name: Arc::from(row.comm.as_str()),
+                    },
+                    stack: stack.into(),
+                    count: row.count,
+                },
+                batch.interval_start_unix_ns,
+                batch.interval_end_unix_ns,
+            );
+        }
+    }
+}
+
+/// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point
+/// after the call, so they are looked up one byte earlier to land in the calling line.
+fn user_frames(
+    addrs: &[u64],
+    process: Option<&Process>,
+    files: &HashMap<u64, PassedFile>,
+    cache: &mut ElfCache,
+) -> Vec<Frame> {
+    let mut out = Vec::with_capacity(addrs.len());
+    for (i, &address) in addrs.iter().enumerate() {
+        let lookup = if i == 0 { address } else { address.saturating_sub(1) };
+        let found = process.and_then(|p| {
+            let at = p.info.mappings.partition_point(|m| m.start <= lookup);
+            let index = at.checked_sub(1)?;
+            let mapping = &p.info.mappings[index];
+            (lookup < mapping.end).then(|| (mapping, &p.modules[index]))
+        });
+        let Some((mapping, module)) = found else {
+            out.push(unknown(address, None));
+            continue;
+        };
+        let resolved = files.get(&mapping.file_id).and_then(|file| {
+            let fd = file.fd.as_ref()?;
+            cache.resolve(&file.key, fd, lookup - mapping.start + mapping.file_offset)
+        });
+        match resolved {
+            Some(frames) if !frames.is_empty() => {
+                for r in frames.iter() {
+                    out.push(Frame {
+                        function: Arc::clone(&r.function),
+                        file: r.file.clone(),
+                        line: r.line,
+                        kind: FrameKind::Native,
+                        inlined: r.inlined,
+                        address,
+                        module: Some(Arc::clone(module)),
+                    });
+                }
+            }
+            _ => out.push(unknown(address, Some(module))),
+        }
+    }
+    out
+}
+
+fn unknown(address: u64, module: Option<&Arc<Module>>) -> Frame {
+    Frame {
+        function: Arc::from(UNKNOWN),
+        file: None,
+        line: None,
+        kind: FrameKind::Native,
+        inlined: false,
+        address,
+        module: module.map(Arc::clone),
+    }
+}

@@ -1,0 +1,208 @@
+//! The relay's socket side: accepts sampler connections, reads datagrams with their file
+//! descriptors, enforces the protocol's limits and handshake, and hands decoded messages to the
+//! pipeline. Anything malformed closes that one connection with a logged reason; the relay keeps
+//! serving everyone else.
+
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc::Sender,
+        Arc,
+    },
+    thread,
+};
+
+use ember_protocol::{
+    decode_sampler_message, transport, DecodeError, Limits, SamplerMessage, PROTOCOL_VERSION,
+};
+
+/// Identifies one sampler connection for the lifetime of the relay.
+pub type ConnectionId = u64;
+
+/// What the source tells the pipeline.
+#[derive(Debug)]
+pub enum SourceEvent {
+    Connected {
+        conn: ConnectionId,
+        peer_uid: u32,
+        peer_pid: i32,
+    },
+    Message {
+        conn: ConnectionId,
+        message: SamplerMessage,
+        fds: Vec<OwnedFd>,
+    },
+    Closed {
+        conn: ConnectionId,
+        /// Why the relay closed it; `None` when the sampler closed it.
+        error: Option<String>,
+    },
+}
+
+/// Why a connection was closed by the relay.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("reading the socket failed: {0}")]
+    Recv(nix::errno::Errno),
+    #[error("datagram of {len} bytes exceeds --max-message-bytes {limit}")]
+    Oversized { len: usize, limit: usize },
+    #[error("malformed message: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("first message was `{0}`, expected `hello`")]
+    NoHello(&'static str),
+    #[error(
+        "protocol version mismatch: sampler speaks v{got}, this relay speaks v{PROTOCOL_VERSION}; \
+         run ember-sampler and ember-relay of the same release"
+    )]
+    Version { got: u32 },
+    #[error("a second `hello` on one connection")]
+    DuplicateHello,
+    #[error("message refers to fd index {index} but carried {count} descriptors")]
+    FdIndex { index: i32, count: usize },
+}
+
+/// Largest number of samplers served at once; more are refused with a logged reason.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Reads one connection until it ends; runs on its own thread.
+pub fn serve_connection(conn: ConnectionId, fd: OwnedFd, limits: Limits, events: Sender<SourceEvent>) {
+    let (peer_uid, _, peer_pid) = transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
+    if events
+        .send(SourceEvent::Connected {
+            conn,
+            peer_uid,
+            peer_pid,
+        })
+        .is_err()
+    {
+        return;
+    }
+    let error = match read_loop(conn, &fd, &limits, &events) {
+        Ok(()) => None,
+        Err(err) => {
+            tracing::error!(
+                connection = conn,
+                peer_pid,
+                error = %err,
+                "closing connection: {err}"
+            );
+            Some(err.to_string())
+        }
+    };
+    drop(fd);
+    let _ = events.send(SourceEvent::Closed { conn, error });
+}
+
+fn read_loop(
+    conn: ConnectionId,
+    fd: &OwnedFd,
+    limits: &Limits,
+    events: &Sender<SourceEvent>,
+) -> Result<(), ConnectionError> {
+    // One byte more than the limit, so an oversized datagram is seen as truncated.
+    let mut buf = vec![0u8; limits.max_message_bytes + 1];
+    let mut greeted = false;
+    loop {
+        let (len, fds) = match transport::recv(fd.as_fd(), &mut buf) {
+            Ok(transport::Received::Message { len, fds }) => (len, fds),
+            Ok(transport::Received::Truncated { len, .. }) => {
+                return Err(ConnectionError::Oversized {
+                    len,
+                    limit: limits.max_message_bytes,
+                })
+            }
+            Ok(transport::Received::Closed) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(err) => return Err(ConnectionError::Recv(err)),
+        };
+        let message = decode_sampler_message(&buf[..len], limits)?;
+        match (&message, greeted) {
+            (SamplerMessage::Hello(hello), false) => {
+                if hello.protocol_version != PROTOCOL_VERSION {
+                    return Err(ConnectionError::Version {
+                        got: hello.protocol_version,
+                    });
+                }
+                greeted = true;
+            }
+            (SamplerMessage::Hello(_), true) => return Err(ConnectionError::DuplicateHello),
+            (other, false) => return Err(ConnectionError::NoHello(other.kind())),
+            (_, true) => {}
+        }
+        check_fd_indices(&message, fds.len())?;
+        if events
+            .send(SourceEvent::Message { conn, message, fds })
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+}
+
+/// Every fd index a message names must be one of the descriptors that came with it.
+fn check_fd_indices(message: &SamplerMessage, count: usize) -> Result<(), ConnectionError> {
+    let check = |index: i32| {
+        if index < -1 || (index >= 0 && index as usize >= count) {
+            Err(ConnectionError::FdIndex { index, count })
+        } else {
+            Ok(())
+        }
+    };
+    match message {
+        SamplerMessage::Hello(hello) => check(hello.kallsyms_fd),
+        SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd)),
+        _ => Ok(()),
+    }
+}
+
+/// Accepts connections on `path` forever, one reading thread per sampler.
+pub fn spawn_listener(
+    path: &Path,
+    limits: Limits,
+    events: Sender<SourceEvent>,
+) -> Result<thread::JoinHandle<()>, nix::errno::Errno> {
+    let listener = transport::listen(path)?;
+    let path: PathBuf = path.to_owned();
+    let active = Arc::new(AtomicUsize::new(0));
+    let handle = thread::Builder::new()
+        .name("accept".into())
+        .spawn(move || {
+            let mut next_id: ConnectionId = 0;
+            loop {
+                let fd = match transport::accept(listener.as_fd()) {
+                    Ok(fd) => fd,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(err) => {
+                        tracing::error!(socket = %path.display(), %err, "accept failed");
+                        thread::sleep(std::time::Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    tracing::error!(
+                        max = MAX_CONNECTIONS,
+                        "closing connection: too many samplers connected at once"
+                    );
+                    continue;
+                }
+                next_id += 1;
+                let conn = next_id;
+                let events = events.clone();
+                let active = Arc::clone(&active);
+                active.fetch_add(1, Ordering::SeqCst);
+                let spawned = thread::Builder::new()
+                    .name(format!("conn-{conn}"))
+                    .spawn(move || {
+                        serve_connection(conn, fd, limits, events);
+                        active.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if let Err(err) = spawned {
+                    tracing::error!(%err, "cannot start a connection thread");
+                }
+            }
+        })
+        .map_err(|_| nix::errno::Errno::EAGAIN)?;
+    Ok(handle)
+}

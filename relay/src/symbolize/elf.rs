@@ -1,0 +1,218 @@
+//! Native (ELF) symbolization through descriptors the sampler passed: one blazesym resolver per
+//! file, cached by build id (or device/inode) and evicted when unused. Parsing untrusted ELF and
+//! DWARF happens here, in the unprivileged relay, never in the sampler.
+
+use std::{
+    collections::HashMap,
+    os::fd::{AsRawFd, OwnedFd},
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use blazesym::{
+    helper::{read_elf_build_id, ElfResolver},
+    symbolize::{FindSymOpts, Symbolize as _, TranslateFileOffset as _},
+};
+
+/// Cache key of a file: its GNU build id when it has one, else where it lives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FileKey {
+    BuildId(Arc<str>),
+    Inode { device: u64, inode: u64 },
+}
+
+/// One named code location; inlined callees come first, the containing function last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub function: Arc<str>,
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
+    pub inlined: bool,
+}
+
+/// A passed file, opened for symbolization.
+pub struct OpenElf {
+    resolver: Option<ElfResolver>,
+    /// Why the file cannot be symbolized, when `resolver` is `None`.
+    pub error: Option<String>,
+    last_used: Instant,
+    /// Results by file offset.
+    memo: HashMap<u64, Rc<[Resolved]>>,
+}
+
+/// Entries kept per file before its memo is cleared.
+const MEMO_LIMIT: usize = 200_000;
+
+/// Resolvers by [`FileKey`].
+#[derive(Default)]
+pub struct ElfCache {
+    files: HashMap<FileKey, OpenElf>,
+    pub opened: u64,
+    pub evicted: u64,
+}
+
+/// The path through which a held descriptor can be opened again by this process.
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Reads the GNU build id of a passed file, as lowercase hex.
+pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
+    let id = read_elf_build_id(&fd_path(fd)).ok()??;
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    Some(Arc::from(hex))
+}
+
+impl ElfCache {
+    /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use.
+    pub fn resolve(&mut self, key: &FileKey, fd: &OwnedFd, file_offset: u64) -> Option<Rc<[Resolved]>> {
+        let entry = self.files.entry(key.clone()).or_insert_with(|| {
+            let (resolver, error) = match ElfResolver::open(fd_path(fd)) {
+                Ok(resolver) => (Some(resolver), None),
+                Err(err) => (None, Some(err.to_string())),
+            };
+            OpenElf {
+                resolver,
+                error,
+                last_used: Instant::now(),
+                memo: HashMap::new(),
+            }
+        });
+        if entry.memo.is_empty() && entry.resolver.is_some() {
+            self.opened += 1;
+        }
+        entry.last_used = Instant::now();
+        if let Some(found) = entry.memo.get(&file_offset) {
+            return Some(Rc::clone(found));
+        }
+        let resolver = entry.resolver.as_ref()?;
+        let resolved: Rc<[Resolved]> = lookup(resolver, file_offset).into();
+        if entry.memo.len() >= MEMO_LIMIT {
+            entry.memo.clear();
+        }
+        entry.memo.insert(file_offset, Rc::clone(&resolved));
+        Some(resolved)
+    }
+
+    /// Why `key` cannot be symbolized, if it cannot.
+    pub fn error(&self, key: &FileKey) -> Option<&str> {
+        self.files.get(key).and_then(|f| f.error.as_deref())
+    }
+
+    /// Drops resolvers unused for `idle`.
+    pub fn evict_idle(&mut self, idle: Duration) {
+        let before = self.files.len();
+        self.files.retain(|_, f| f.last_used.elapsed() < idle);
+        self.evicted += (before - self.files.len()) as u64;
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
+    let Ok(Some(virt)) = resolver.file_offset_to_virt_offset(file_offset) else {
+        return Vec::new();
+    };
+    let Ok(Ok(sym)) = resolver.find_sym(virt, &FindSymOpts::CodeInfoAndInlined) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(1 + sym.inlined.len());
+    // blazesym lists inlined calls outermost first; stacks here are leaf first.
+    for inlined in sym.inlined.iter().rev() {
+        out.push(Resolved {
+            function: demangle(&inlined.name),
+            file: inlined.code_info.as_ref().map(code_file),
+            line: inlined.code_info.as_ref().and_then(|c| c.line),
+            inlined: true,
+        });
+    }
+    out.push(Resolved {
+        function: demangle(sym.name),
+        file: sym.code_info.as_deref().map(code_file),
+        line: sym.code_info.as_ref().and_then(|c| c.line),
+        inlined: false,
+    });
+    out
+}
+
+fn code_file(info: &blazesym::symbolize::CodeInfo<'_>) -> Arc<str> {
+    let path = match &info.dir {
+        Some(dir) => dir.join(&*info.file),
+        None => std::path::PathBuf::from(&*info.file),
+    };
+    Arc::from(path.to_string_lossy().as_ref())
+}
+
+/// Demangles Rust (legacy and v0) and C++ (Itanium) names; others are returned as they are.
+pub fn demangle(name: &str) -> Arc<str> {
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return Arc::from(format!("{rust:#}"));
+    }
+    if name.starts_with("_Z") {
+        if let Ok(symbol) = cpp_demangle::Symbol::new(name) {
+            if let Ok(text) = symbol.demangle(&cpp_demangle::DemangleOptions::default()) {
+                return Arc::from(text);
+            }
+        }
+    }
+    Arc::from(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_rust_and_cpp() {
+        assert_eq!(
+            &*demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(&*demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(&*demangle("main"), "main");
+    }
+
+    #[test]
+    fn symbolizes_this_test_binary_through_an_fd() {
+        // Given a descriptor of our own executable
+        let exe = std::fs::File::open("/proc/self/exe").expect("open own exe");
+        let fd = OwnedFd::from(exe);
+        // and the file offset of a function of ours
+        let addr = demangles_rust_and_cpp as usize as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let offset = maps
+            .lines()
+            .find_map(|line| {
+                let (range, rest) = line.split_once(' ')?;
+                let (start, end) = range.split_once('-')?;
+                let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+                if !(start..end).contains(&addr) {
+                    return None;
+                }
+                let offset = u64::from_str_radix(rest.split(' ').nth(1)?, 16).ok()?;
+                Some(addr - start + offset)
+            })
+            .expect("own function is mapped");
+        // When it is resolved through the cache
+        let mut cache = ElfCache::default();
+        let key = FileKey::Inode { device: 1, inode: 1 };
+        let frames = cache.resolve(&key, &fd, offset).expect("resolver opened");
+        // Then the innermost non-inlined frame names the function
+        let outer = frames.last().expect("one frame");
+        assert!(
+            outer.function.ends_with("demangles_rust_and_cpp"),
+            "got {:?}",
+            outer.function
+        );
+        assert_eq!(cache.len(), 1);
+        cache.evict_idle(Duration::ZERO);
+        assert!(cache.is_empty());
+    }
+}
