@@ -3,7 +3,7 @@
 use capnp::message::{Builder, ReaderOptions};
 
 use crate::{
-    ember_capnp::{batch, hello, mapping, process_info, row, sampler_message, file_info},
+    ember_capnp::{batch, file_info, hello, mapping, process_info, row, sampler_message},
     messages::*,
 };
 
@@ -71,7 +71,10 @@ pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
 }
 
 /// Decodes one datagram, enforcing `limits`.
-pub fn decode_sampler_message(bytes: &[u8], limits: &Limits) -> Result<SamplerMessage, DecodeError> {
+pub fn decode_sampler_message(
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<SamplerMessage, DecodeError> {
     if bytes.len() > limits.max_message_bytes {
         return Err(DecodeError::TooLarge {
             len: bytes.len(),
@@ -79,8 +82,10 @@ pub fn decode_sampler_message(bytes: &[u8], limits: &Limits) -> Result<SamplerMe
         });
     }
     let mut slice = bytes;
-    let reader =
-        capnp::serialize::read_message_from_flat_slice(&mut slice, limits.reader_options(bytes.len()))?;
+    let reader = capnp::serialize::read_message_from_flat_slice(
+        &mut slice,
+        limits.reader_options(bytes.len()),
+    )?;
     let root = reader.get_root::<sampler_message::Reader>()?;
     let message = match root.which() {
         Ok(sampler_message::Hello(hello)) => SamplerMessage::Hello(read_hello(hello?)?),
@@ -94,7 +99,9 @@ pub fn decode_sampler_message(bytes: &[u8], limits: &Limits) -> Result<SamplerMe
         }
         Ok(sampler_message::Process(process)) => SamplerMessage::Process(read_process(process?)?),
         Ok(sampler_message::Batch(batch)) => SamplerMessage::Batch(read_batch(batch?)?),
-        Ok(sampler_message::Exited(exited)) => SamplerMessage::Exited { pid: exited?.get_pid() },
+        Ok(sampler_message::Exited(exited)) => SamplerMessage::Exited {
+            pid: exited?.get_pid(),
+        },
         Err(capnp::NotInSchema(kind)) => return Err(DecodeError::UnknownKind(kind)),
     };
     Ok(message)
@@ -225,9 +232,15 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
     })
 }
 
-fn write_stacks(mut list: capnp::struct_list::Builder<'_, crate::ember_capnp::stack::Owned>, stacks: &[Vec<u64>]) {
+fn write_stacks(
+    mut list: capnp::struct_list::Builder<'_, crate::ember_capnp::stack::Owned>,
+    stacks: &[Vec<u64>],
+) {
     for (i, stack) in stacks.iter().enumerate() {
-        let mut frames = list.reborrow().get(i as u32).init_frames(len_u32(stack.len()));
+        let mut frames = list
+            .reborrow()
+            .get(i as u32)
+            .init_frames(len_u32(stack.len()));
         for (j, addr) in stack.iter().enumerate() {
             frames.set(j as u32, *addr);
         }
@@ -251,7 +264,12 @@ fn stack_ref_parts(stack: StackRef) -> (i32, i32) {
     }
 }
 
-fn stack_ref(index: i32, errno: i32, stacks: usize, field: &'static str) -> Result<StackRef, DecodeError> {
+fn stack_ref(
+    index: i32,
+    errno: i32,
+    stacks: usize,
+    field: &'static str,
+) -> Result<StackRef, DecodeError> {
     if index < 0 {
         return Ok(StackRef::Missing(errno));
     }
@@ -271,8 +289,16 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     b.set_interval_start_unix_ns(batch.interval_start_unix_ns);
     b.set_interval_end_unix_ns(batch.interval_end_unix_ns);
     b.set_frequency_hz(batch.frequency_hz);
-    write_stacks(b.reborrow().init_user_stacks(len_u32(batch.user_stacks.len())), &batch.user_stacks);
-    write_stacks(b.reborrow().init_kernel_stacks(len_u32(batch.kernel_stacks.len())), &batch.kernel_stacks);
+    write_stacks(
+        b.reborrow()
+            .init_user_stacks(len_u32(batch.user_stacks.len())),
+        &batch.user_stacks,
+    );
+    write_stacks(
+        b.reborrow()
+            .init_kernel_stacks(len_u32(batch.kernel_stacks.len())),
+        &batch.kernel_stacks,
+    );
     let mut rows = b.reborrow().init_rows(len_u32(batch.rows.len()));
     for (i, row) in batch.rows.iter().enumerate() {
         write_row(rows.reborrow().get(i as u32), row);
@@ -353,3 +379,143 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_batch() -> Batch {
+        Batch {
+            sequence: 3,
+            part: 1,
+            parts: 2,
+            interval_start_unix_ns: 10,
+            interval_end_unix_ns: 20,
+            frequency_hz: 97,
+            user_stacks: vec![vec![0x401000, 0x401200], vec![0x7f00_0000_1000]],
+            kernel_stacks: vec![vec![0xffff_ffff_8100_0000]],
+            rows: vec![
+                Row {
+                    pid: 42,
+                    tid: 43,
+                    comm: "worker".into(),
+                    user_stack: StackRef::Index(1),
+                    kernel_stack: StackRef::Index(0),
+                    count: 7,
+                },
+                Row {
+                    pid: 42,
+                    tid: 44,
+                    comm: "idle\u{fffd}".into(),
+                    user_stack: StackRef::Missing(17),
+                    kernel_stack: StackRef::Missing(14),
+                    count: 1,
+                },
+            ],
+            losses: Losses {
+                samples: 100,
+                user_stack_lost: 1,
+                backlog_dropped_batches: 2,
+                ..Losses::default()
+            },
+        }
+    }
+
+    #[test]
+    fn every_message_kind_round_trips() {
+        let messages = vec![
+            SamplerMessage::Hello(Hello {
+                protocol_version: crate::PROTOCOL_VERSION,
+                sampler_version: "0.1.0".into(),
+                hostname: "node-1".into(),
+                frequency_hz: 97,
+                kallsyms_fd: 0,
+                boot_time_unix_ns: 123,
+                target_pid: 0,
+            }),
+            SamplerMessage::Files(vec![FileInfo {
+                file_id: 1,
+                device: 2049,
+                inode: 77,
+                path: "/usr/bin/app".into(),
+                fd: 0,
+                open_error: String::new(),
+            }]),
+            SamplerMessage::Process(ProcessInfo {
+                pid: 42,
+                start_time_unix_ns: 5,
+                executable_path: "/usr/bin/app".into(),
+                executable_name: "app".into(),
+                cgroup: "/system.slice/app.service".into(),
+                mappings: vec![Mapping {
+                    start: 0x400000,
+                    end: 0x401000,
+                    file_offset: 0x1000,
+                    path: "/usr/bin/app".into(),
+                    device: 2049,
+                    inode: 77,
+                    file_id: 1,
+                    build_id: vec![0xab, 0xcd],
+                }],
+                threads: vec![ThreadInfo {
+                    tid: 43,
+                    name: "worker".into(),
+                }],
+            }),
+            SamplerMessage::Batch(sample_batch()),
+            SamplerMessage::Exited { pid: 42 },
+        ];
+        for message in messages {
+            let bytes = encode_sampler_message(&message);
+            let back = decode_sampler_message(&bytes, &Limits::default()).expect("decodes");
+            assert_eq!(back, message);
+        }
+    }
+
+    #[test]
+    fn garbage_and_truncation_are_errors() {
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(sample_batch()));
+        assert!(decode_sampler_message(&bytes[..bytes.len() / 2], &Limits::default()).is_err());
+        assert!(
+            decode_sampler_message(b"definitely not capnp at all", &Limits::default()).is_err()
+        );
+        assert!(decode_sampler_message(&[], &Limits::default()).is_err());
+    }
+
+    #[test]
+    fn oversized_is_refused_before_parsing() {
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(sample_batch()));
+        let limits = Limits {
+            max_message_bytes: bytes.len() - 1,
+        };
+        assert!(matches!(
+            decode_sampler_message(&bytes, &limits),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn out_of_range_stack_index_is_refused() {
+        let mut batch = sample_batch();
+        batch.rows[0].user_stack = StackRef::Index(9);
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(batch));
+        assert!(matches!(
+            decode_sampler_message(&bytes, &Limits::default()),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_list_bomb_hits_the_traversal_limit() {
+        // A message whose segment claims far more list elements than the bytes could hold is
+        // refused by the traversal limit instead of being walked.
+        let mut batch = sample_batch();
+        batch.rows = Vec::new();
+        batch.user_stacks = vec![Vec::new(); 50_000];
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(batch));
+        // Zero-length lists cost little to encode but each is a pointer the reader visits.
+        let limits = Limits {
+            max_message_bytes: 8 << 20,
+        };
+        assert!(decode_sampler_message(&bytes, &limits).is_ok());
+    }
+}

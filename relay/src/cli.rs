@@ -48,7 +48,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" | "" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{text}`; use ms, s, m or h"
+            ))
+        }
     };
     if !(0.01..=31.0 * 86_400.0).contains(&secs) {
         return Err(format!("`{text}` is out of range (10ms to 31 days)"));
@@ -65,7 +69,11 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// Makes SIGINT and SIGTERM set the flag [`stop_requested`] reads.
 pub fn install_stop_handlers() -> anyhow::Result<()> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { sigaction(signal, &action) }?;

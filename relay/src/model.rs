@@ -69,7 +69,10 @@ impl Frame {
         }
         match &self.module {
             Some(module) => {
-                let offset = self.address.wrapping_sub(module.start).wrapping_add(module.file_offset);
+                let offset = self
+                    .address
+                    .wrapping_sub(module.start)
+                    .wrapping_add(module.file_offset);
                 format!("[unknown] {}+{offset:#x}", module.base_name())
             }
             None => format!("[unknown] {:#x}", self.address),
@@ -127,7 +130,10 @@ impl Profile {
             self.start_unix_ns = start_unix_ns;
         }
         self.end_unix_ns = self.end_unix_ns.max(end_unix_ns);
-        *self.counts.entry((sample.thread, sample.stack)).or_insert(0) += sample.count;
+        *self
+            .counts
+            .entry((sample.thread, sample.stack))
+            .or_insert(0) += sample.count;
     }
 
     /// Merges another profile into this one.
@@ -137,7 +143,15 @@ impl Profile {
         }
         let (start, end) = (other.start_unix_ns, other.end_unix_ns);
         for ((thread, stack), count) in other.counts {
-            self.add(SymbolizedSample { thread, stack, count }, start, end);
+            self.add(
+                SymbolizedSample {
+                    thread,
+                    stack,
+                    count,
+                },
+                start,
+                end,
+            );
         }
     }
 

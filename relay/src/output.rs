@@ -25,7 +25,8 @@ pub struct OutputSet {
 impl OutputSet {
     /// Creates `dir` if needed and opens the three files in it.
     pub fn create(dir: &Path) -> anyhow::Result<Self> {
-        fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
+        fs::create_dir_all(dir)
+            .with_context(|| format!("creating output directory {}", dir.display()))?;
         let open = |name: &str| -> anyhow::Result<(File, PathBuf)> {
             let path = dir.join(name);
             let file = OpenOptions::new()

@@ -46,7 +46,11 @@ impl Pipeline {
 
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
         match event {
-            SourceEvent::Connected { conn, peer_uid, peer_pid } => {
+            SourceEvent::Connected {
+                conn,
+                peer_uid,
+                peer_pid,
+            } => {
                 self.connections_seen += 1;
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
                 Handled::Nothing
@@ -66,7 +70,12 @@ impl Pipeline {
         }
     }
 
-    fn message(&mut self, conn: ConnectionId, message: SamplerMessage, fds: Vec<OwnedFd>) -> Handled {
+    fn message(
+        &mut self,
+        conn: ConnectionId,
+        message: SamplerMessage,
+        fds: Vec<OwnedFd>,
+    ) -> Handled {
         let fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
         if let SamplerMessage::Hello(hello) = message {
             tracing::info!(

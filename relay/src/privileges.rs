@@ -37,7 +37,11 @@ pub fn status() -> Status {
 pub fn drop_to(user: &str) -> anyhow::Result<()> {
     let account = User::from_name(user)
         .with_context(|| format!("looking up user `{user}`"))?
-        .ok_or_else(|| anyhow!("no user `{user}` on this system; pass --user with an existing unprivileged user"))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "no user `{user}` on this system; pass --user with an existing unprivileged user"
+            )
+        })?;
     if account.uid.is_root() {
         bail!("--user `{user}` is root; choose an unprivileged user");
     }
@@ -54,10 +58,15 @@ pub fn drop_to(user: &str) -> anyhow::Result<()> {
     // Let our own /proc entries belong to us again (the uid change made them root's).
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-    if Uid::current() != account.uid || Uid::effective() != account.uid || Gid::effective() != account.gid {
+    if Uid::current() != account.uid
+        || Uid::effective() != account.uid
+        || Gid::effective() != account.gid
+    {
         bail!("dropping to `{user}` did not take effect");
     }
-    if !caps::read(None, CapSet::Effective)?.is_empty() || !caps::read(None, CapSet::Permitted)?.is_empty() {
+    if !caps::read(None, CapSet::Effective)?.is_empty()
+        || !caps::read(None, CapSet::Permitted)?.is_empty()
+    {
         bail!("capabilities remain after dropping to `{user}`");
     }
     Ok(())

@@ -61,8 +61,11 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
 
     // The sampler gets one end of a socketpair as an inherited descriptor.
     let (ours, theirs) = transport::pair().context("creating the sampler socketpair")?;
-    nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
-        .context("letting the sampler inherit its socket")?;
+    nix::fcntl::fcntl(
+        &theirs,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .context("letting the sampler inherit its socket")?;
     let sampler = sampler_path(config.sampler.clone());
     let mut command = Command::new(&sampler);
     command
@@ -142,7 +145,11 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
             tracing::warn!("ember-sampler did not finish in time; writing what arrived");
             break;
         }
-        let every = if tty { Duration::from_secs(1) } else { Duration::from_secs(5) };
+        let every = if tty {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(5)
+        };
         if started.is_some() && stop_sent.is_none() && last_progress.elapsed() >= every {
             last_progress = Instant::now();
             let secs = elapsed.as_secs_f64().min(config.duration.as_secs_f64());
@@ -153,7 +160,11 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
                     pipeline.samples
                 );
             } else {
-                tracing::info!(elapsed_s = secs.round(), samples = pipeline.samples, "recording");
+                tracing::info!(
+                    elapsed_s = secs.round(),
+                    samples = pipeline.samples,
+                    "recording"
+                );
             }
         }
     }

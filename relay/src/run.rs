@@ -81,7 +81,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         }
         if window_start.elapsed() >= config.window {
             let done = pipeline.take_profile();
-            tracing::info!(samples = done.total_samples(), "window complete; starting a new one");
+            tracing::info!(
+                samples = done.total_samples(),
+                "window complete; starting a new one"
+            );
             window_start = Instant::now();
         }
     }

@@ -53,7 +53,10 @@ impl Session {
             .and_then(|i| fds.get_mut(i)?.take())
             .and_then(|fd| match KernelSymbols::from_fd(fd) {
                 Ok(symbols) => {
-                    tracing::info!(symbols = symbols.len(), "kernel symbols loaded from the passed /proc/kallsyms");
+                    tracing::info!(
+                        symbols = symbols.len(),
+                        "kernel symbols loaded from the passed /proc/kallsyms"
+                    );
                     Some(symbols)
                 }
                 Err(err) => {
@@ -75,7 +78,9 @@ impl Session {
     /// Takes in mapped files and their descriptors.
     pub fn add_files(&mut self, files: Vec<FileInfo>, mut fds: Vec<Option<OwnedFd>>) {
         for info in files {
-            let fd = usize::try_from(info.fd).ok().and_then(|i| fds.get_mut(i)?.take());
+            let fd = usize::try_from(info.fd)
+                .ok()
+                .and_then(|i| fds.get_mut(i)?.take());
             if fd.is_none() {
                 tracing::debug!(path = %info.path, reason = %info.open_error, "file passed without a descriptor; its frames stay unnamed");
             }
@@ -87,10 +92,8 @@ impl Session {
                     inode: info.inode,
                 },
             };
-            self.files.insert(
-                info.file_id,
-                PassedFile { fd, key, build_id },
-            );
+            self.files
+                .insert(info.file_id, PassedFile { fd, key, build_id });
         }
     }
 
@@ -102,7 +105,11 @@ impl Session {
             .map(|m| {
                 let build_id = self.files.get(&m.file_id).and_then(|f| f.build_id.clone());
                 Arc::new(Module {
-                    path: Arc::from(if m.path.is_empty() { "[anon]" } else { m.path.as_str() }),
+                    path: Arc::from(if m.path.is_empty() {
+                        "[anon]"
+                    } else {
+                        m.path.as_str()
+                    }),
                     build_id,
                     start: m.start,
                     end: m.end,
@@ -111,7 +118,14 @@ impl Session {
             })
             .collect();
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
-        self.processes.insert(info.pid, Process { info, name, modules });
+        self.processes.insert(
+            info.pid,
+            Process {
+                info,
+                name,
+                modules,
+            },
+        );
     }
 
     /// Forgets an exited process and closes files no remaining process maps.
@@ -158,7 +172,8 @@ impl Session {
             let mut stack: Vec<Frame> = Vec::new();
             if let StackRef::Index(k) = row.kernel_stack {
                 stack.extend(kernel_stacks[k as usize].iter().cloned());
-            } else if let Some(marker) = symbolize::missing_stack_marker(row.kernel_stack, "kernel") {
+            } else if let Some(marker) = symbolize::missing_stack_marker(row.kernel_stack, "kernel")
+            {
                 stack.push(marker);
             }
             match row.user_stack {
@@ -205,7 +220,11 @@ fn user_frames(
 ) -> Vec<Frame> {
     let mut out = Vec::with_capacity(addrs.len());
     for (i, &address) in addrs.iter().enumerate() {
-        let lookup = if i == 0 { address } else { address.saturating_sub(1) };
+        let lookup = if i == 0 {
+            address
+        } else {
+            address.saturating_sub(1)
+        };
         let found = process.and_then(|p| {
             let at = p.info.mappings.partition_point(|m| m.start <= lookup);
             let index = at.checked_sub(1)?;

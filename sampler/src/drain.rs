@@ -124,7 +124,8 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
 
     for (key, count) in &drained.rows {
         let mut added = ROW_BYTES + key.comm.len();
-        let user_new = key.user_stack_id >= 0 && !user_index.contains_key(&(key.user_stack_id as u32));
+        let user_new =
+            key.user_stack_id >= 0 && !user_index.contains_key(&(key.user_stack_id as u32));
         let kernel_new =
             key.kernel_stack_id >= 0 && !kernel_index.contains_key(&(key.kernel_stack_id as u32));
         if user_new {
@@ -140,7 +141,12 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
             size = 0;
         }
         size += added;
-        let user_stack = stack_ref(drained, key.user_stack_id, &mut user_index, &mut current.user_stacks);
+        let user_stack = stack_ref(
+            drained,
+            key.user_stack_id,
+            &mut user_index,
+            &mut current.user_stacks,
+        );
         let kernel_stack = stack_ref(
             drained,
             key.kernel_stack_id,
@@ -237,10 +243,14 @@ mod tests {
         // Given 200 rows over 50 distinct 100-frame stacks
         let mut drained = Drained::default();
         for id in 0..50u32 {
-            drained.stacks.insert(id, (0..100).map(|f| u64::from(id) * 1000 + f).collect());
+            drained
+                .stacks
+                .insert(id, (0..100).map(|f| u64::from(id) * 1000 + f).collect());
         }
         for tid in 0..200u32 {
-            drained.rows.push((key(tid, (tid % 50) as i32, -14), u64::from(tid) + 1));
+            drained
+                .rows
+                .push((key(tid, (tid % 50) as i32, -14), u64::from(tid) + 1));
         }
         // When split into parts of at most 8 KiB
         let parts = build_batches(&drained, &header(), 8 << 10);

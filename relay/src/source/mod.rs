@@ -67,8 +67,14 @@ pub enum ConnectionError {
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// Reads one connection until it ends; runs on its own thread.
-pub fn serve_connection(conn: ConnectionId, fd: OwnedFd, limits: Limits, events: Sender<SourceEvent>) {
-    let (peer_uid, _, peer_pid) = transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
+pub fn serve_connection(
+    conn: ConnectionId,
+    fd: OwnedFd,
+    limits: Limits,
+    events: Sender<SourceEvent>,
+) {
+    let (peer_uid, _, peer_pid) =
+        transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
     if events
         .send(SourceEvent::Connected {
             conn,
@@ -192,12 +198,13 @@ pub fn spawn_listener(
                 let events = events.clone();
                 let active = Arc::clone(&active);
                 active.fetch_add(1, Ordering::SeqCst);
-                let spawned = thread::Builder::new()
-                    .name(format!("conn-{conn}"))
-                    .spawn(move || {
-                        serve_connection(conn, fd, limits, events);
-                        active.fetch_sub(1, Ordering::SeqCst);
-                    });
+                let spawned =
+                    thread::Builder::new()
+                        .name(format!("conn-{conn}"))
+                        .spawn(move || {
+                            serve_connection(conn, fd, limits, events);
+                            active.fetch_sub(1, Ordering::SeqCst);
+                        });
                 if let Err(err) = spawned {
                     tracing::error!(%err, "cannot start a connection thread");
                 }

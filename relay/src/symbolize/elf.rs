@@ -66,7 +66,12 @@ pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
 
 impl ElfCache {
     /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use.
-    pub fn resolve(&mut self, key: &FileKey, fd: &OwnedFd, file_offset: u64) -> Option<Rc<[Resolved]>> {
+    pub fn resolve(
+        &mut self,
+        key: &FileKey,
+        fd: &OwnedFd,
+        file_offset: u64,
+    ) -> Option<Rc<[Resolved]>> {
         let entry = self.files.entry(key.clone()).or_insert_with(|| {
             let (resolver, error) = match ElfResolver::open(fd_path(fd)) {
                 Ok(resolver) => (Some(resolver), None),
@@ -185,14 +190,17 @@ mod tests {
         let exe = std::fs::File::open("/proc/self/exe").expect("open own exe");
         let fd = OwnedFd::from(exe);
         // and the file offset of a function of ours
-        let addr = demangles_rust_and_cpp as usize as u64;
+        let addr = demangles_rust_and_cpp as *const () as usize as u64;
         let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
         let offset = maps
             .lines()
             .find_map(|line| {
                 let (range, rest) = line.split_once(' ')?;
                 let (start, end) = range.split_once('-')?;
-                let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+                let (start, end) = (
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                );
                 if !(start..end).contains(&addr) {
                     return None;
                 }
@@ -202,7 +210,10 @@ mod tests {
             .expect("own function is mapped");
         // When it is resolved through the cache
         let mut cache = ElfCache::default();
-        let key = FileKey::Inode { device: 1, inode: 1 };
+        let key = FileKey::Inode {
+            device: 1,
+            inode: 1,
+        };
         let frames = cache.resolve(&key, &fd, offset).expect("resolver opened");
         // Then the innermost non-inlined frame names the function
         let outer = frames.last().expect("one frame");

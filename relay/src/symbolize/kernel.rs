@@ -46,7 +46,8 @@ impl KernelSymbols {
         let mut symbols: Vec<(u64, Arc<str>)> = Vec::new();
         for line in text.lines() {
             let mut fields = line.split_ascii_whitespace();
-            let (Some(addr), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next())
+            let (Some(addr), Some(kind), Some(name)) =
+                (fields.next(), fields.next(), fields.next())
             else {
                 continue;
             };
@@ -99,8 +100,14 @@ ffffffff81000300 T __x64_sys_write
 ";
         let syms = KernelSymbols::parse(text);
         assert_eq!(syms.len(), 3);
-        assert_eq!(syms.lookup(0xffffffff81000150).map(|s| &**s), Some("do_one"));
-        assert_eq!(syms.lookup(0xffffffff81000310).map(|s| &**s), Some("__x64_sys_write"));
+        assert_eq!(
+            syms.lookup(0xffffffff81000150).map(|s| &**s),
+            Some("do_one")
+        );
+        assert_eq!(
+            syms.lookup(0xffffffff81000310).map(|s| &**s),
+            Some("__x64_sys_write")
+        );
         assert_eq!(syms.lookup(0x1000), None);
     }
 

@@ -26,7 +26,11 @@ pub fn kernel_module() -> Arc<Module> {
 }
 
 /// Symbolizes kernel addresses (leaf first) with `symbols`, when there are any.
-pub fn kernel_frames(addrs: &[u64], symbols: Option<&KernelSymbols>, module: &Arc<Module>) -> Vec<Frame> {
+pub fn kernel_frames(
+    addrs: &[u64],
+    symbols: Option<&KernelSymbols>,
+    module: &Arc<Module>,
+) -> Vec<Frame> {
     addrs
         .iter()
         .map(|&address| Frame {
