@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets up what ember needs (idempotent), builds it, and records the whole machine for 10 s:
+# writes ember-out/flamegraph.svg, ember-out/profile.pb.gz and ember-out/stacks.folded.
+# Extra arguments go to `ember-relay record` (e.g. --duration 30s --pid 1234).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+cargo build --release --locked -p ember-sampler -p ember-relay
+exec ./target/release/ember-relay record --duration 10s --output ember-out "$@"
