@@ -40,6 +40,8 @@ pub struct Session {
     kernel_module: Arc<Module>,
     files: HashMap<u64, PassedFile>,
     processes: HashMap<u32, Process>,
+    /// How many known processes map each file; a file nobody maps is closed.
+    file_refs: HashMap<u64, usize>,
     pub stats: SymbolStats,
     /// Samples received on this connection.
     pub samples: u64,
@@ -70,6 +72,7 @@ impl Session {
             kernel_module: symbolize::kernel_module(),
             files: HashMap::new(),
             processes: HashMap::new(),
+            file_refs: HashMap::new(),
             stats: SymbolStats::default(),
             samples: 0,
         }
@@ -105,11 +108,7 @@ impl Session {
             .map(|m| {
                 let build_id = self.files.get(&m.file_id).and_then(|f| f.build_id.clone());
                 Arc::new(Module {
-                    path: Arc::from(if m.path.is_empty() {
-                        "[anon]"
-                    } else {
-                        m.path.as_str()
-                    }),
+                    path: Arc::from(if m.path.is_empty() { "[anon]" } else { m.path.as_str() }),
                     build_id,
                     start: m.start,
                     end: m.end,
@@ -117,33 +116,31 @@ impl Session {
                 })
             })
             .collect();
+        for id in file_ids(&info) {
+            *self.file_refs.entry(id).or_insert(0) += 1;
+        }
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
-        self.processes.insert(
-            info.pid,
-            Process {
-                info,
-                name,
-                modules,
-            },
-        );
+        let pid = info.pid;
+        if let Some(old) = self.processes.insert(pid, Process { info, name, modules }) {
+            self.release_files(&old.info);
+        }
     }
 
     /// Forgets an exited process and closes files no remaining process maps.
     pub fn remove_process(&mut self, pid: u32) {
-        let Some(process) = self.processes.remove(&pid) else {
-            return;
-        };
-        for mapping in &process.info.mappings {
-            let id = mapping.file_id;
-            if id == 0 {
-                continue;
-            }
-            let still_used = self
-                .processes
-                .values()
-                .any(|p| p.info.mappings.iter().any(|m| m.file_id == id));
-            if !still_used {
-                self.files.remove(&id);
+        if let Some(process) = self.processes.remove(&pid) {
+            self.release_files(&process.info);
+        }
+    }
+
+    fn release_files(&mut self, info: &ProcessInfo) {
+        for id in file_ids(info) {
+            if let Some(refs) = self.file_refs.get_mut(&id) {
+                *refs = refs.saturating_sub(1);
+                if *refs == 0 {
+                    self.file_refs.remove(&id);
+                    self.files.remove(&id);
+                }
             }
         }
     }
@@ -208,6 +205,11 @@ impl Session {
             );
         }
     }
+}
+
+/// The distinct passed files a process maps.
+fn file_ids(info: &ProcessInfo) -> std::collections::BTreeSet<u64> {
+    info.mappings.iter().map(|m| m.file_id).filter(|&id| id != 0).collect()
 }
 
 /// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point
