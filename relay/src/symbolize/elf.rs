@@ -57,6 +57,39 @@ fn fd_path(fd: &OwnedFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
+/// Opens a resolver on a passed file. blazesym opens by path, and reopening a descriptor through
+/// /proc/self/fd checks the file's permissions again; a file the relay's user may not read (e.g.
+/// a root-only 0700 binary) is then copied through the descriptor into a private memfd.
+fn open_resolver(fd: &OwnedFd) -> Result<ElfResolver, String> {
+    match ElfResolver::open(fd_path(fd)) {
+        Ok(resolver) => Ok(resolver),
+        Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
+            let copy = private_copy(fd).map_err(|e| format!("{err}; copying it failed: {e}"))?;
+            // The mapping blazesym makes outlives the memfd descriptor.
+            ElfResolver::open(fd_path(&copy)).map_err(|e| e.to_string())
+        }
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+fn private_copy(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    let memfd = nix::sys::memfd::memfd_create("ember-elf", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(std::io::Error::from)?;
+    let mut source = std::fs::File::from(fd.try_clone()?);
+    source.seek(std::io::SeekFrom::Start(0))?;
+    let mut target = std::fs::File::from(memfd);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = source.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        target.write_all(&buf[..n])?;
+    }
+    Ok(OwnedFd::from(target))
+}
+
 /// Reads the GNU build id of a passed file, as lowercase hex.
 pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
     let id = read_elf_build_id(&fd_path(fd)).ok()??;
@@ -73,9 +106,9 @@ impl ElfCache {
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
         let entry = self.files.entry(key.clone()).or_insert_with(|| {
-            let (resolver, error) = match ElfResolver::open(fd_path(fd)) {
+            let (resolver, error) = match open_resolver(fd) {
                 Ok(resolver) => (Some(resolver), None),
-                Err(err) => (None, Some(err.to_string())),
+                Err(err) => (None, Some(err)),
             };
             OpenElf {
                 resolver,

@@ -1,0 +1,705 @@
+#!/usr/bin/env bash
+# bench/overhead.sh: profiler overhead side by side, in one run, on a CPU-busy machine.
+# Run `bench/overhead.sh --help` for what it measures and how.
+set -euo pipefail
+export LC_ALL=C
+
+usage() {
+  cat <<'EOF'
+Usage: sudo bench/overhead.sh [options]
+
+Measures the overhead of system-wide CPU profilers while a CPU-bound workload (bench/burn.c, one
+busy thread per CPU, 12-20 frame deep stacks) keeps every CPU busy. Profilers run one after the
+other, each for DURATION seconds at FREQ Hz on every CPU, with the same workload running:
+
+  baseline       no profiler (workload throughput reference; skip with --baseline 0)
+  ember          ember-relay run (as user nobody) + ember-sampler --socket ... (as root)
+  perf           perf record -F FREQ -a -g -o TMP/perf.data -- sleep DURATION
+  bpftrace       bpftrace -e 'profile:hz:FREQ { @[kstack, ustack, comm] = count(); }'
+
+For each profiler process it reports
+  cpu_s/s       CPU seconds (user+sys, /proc/PID/stat) per wall second while it was sampling
+                (steady state: excludes start-up and shutdown)
+  bpf_s/s       run time of its BPF programs per wall second (ember-sampler, bpftrace), from
+                /proc/PID/fdinfo run_time_ns with kernel.bpf_stats_enabled=1. The kernel charges it
+                to whichever task was interrupted, so it is NOT part of cpu_s/s
+  cpu_s/s_all   all CPU seconds the process used from exec to exit (incl. start-up such as BPF
+                load or bpftrace's LLVM compile, and shutdown such as perf's build-id pass or
+                bpftrace printing its map), divided by the seconds sampled   (/usr/bin/time)
+  peak_rss_MiB  peak resident set size over its whole life (/usr/bin/time %M, i.e. ru_maxrss)
+  samples/s     samples collected per second sampled (ember: sum of "samples" in the relay's
+                "batch received" log lines; perf: SAMPLE events of `perf report --stats`;
+                bpftrace: sum of the map's counts). Expect about FREQ x CPUs when CPUs are busy.
+  workload      the workload's throughput (rounds/s) during that phase, and its change against
+                the baseline phase. On a shared machine this is noisy; treat small changes as 0.
+
+Options (each also settable through the environment variable in brackets):
+  -d, --duration SECONDS    sampling time per profiler             [DURATION, default 60]
+  -F, --frequency HZ        sampling frequency per CPU             [FREQ, default 97]
+  -b, --baseline SECONDS    no-profiler phase; 0 skips it          [BASELINE, default 10]
+  -i, --interval DURATION   ember-sampler --reporter-interval      [INTERVAL, default 5s]
+  -p, --profilers LIST      comma-separated subset of ember,perf,bpftrace, run in that order
+                                                                   [PROFILERS, default all]
+  -t, --threads N           workload threads                       [THREADS, default nproc]
+      --relay-output        also pass --output-dir to ember-relay (rewrites pprof, folded stacks
+                            and flamegraph after every batch)      [RELAY_OUTPUT=1]
+      --no-bpf-stats        do not switch kernel.bpf_stats_enabled on for the run (it is needed for
+                            the bpf_s/s column; the previous value is restored on exit) [BPF_STATS=0]
+  -k, --keep                keep the temporary directory with all logs and data   [KEEP=1]
+  -h, --help                show this help
+
+Needs root (eBPF, perf -a), gcc and /usr/bin/time. Builds target/release/ember-{sampler,relay}
+with cargo if either is missing. Everything it starts is stopped on exit, also on Ctrl-C.
+Example: sudo DURATION=10 bench/overhead.sh      sudo bench/overhead.sh -d 30 -F 199 -p ember,perf
+EOF
+}
+
+DURATION=${DURATION:-60}
+FREQ=${FREQ:-97}
+BASELINE=${BASELINE:-10}
+INTERVAL=${INTERVAL:-5s}
+PROFILERS=${PROFILERS:-ember,perf,bpftrace}
+THREADS=${THREADS:-$(nproc)}
+RELAY_OUTPUT=${RELAY_OUTPUT:-0}
+KEEP=${KEEP:-0}
+BPF_STATS=${BPF_STATS:-1}
+
+die() { printf 'overhead.sh: error: %s\n' "$*" >&2; exit 1; }
+log() { printf '[overhead %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+while [ $# -gt 0 ]; do
+  arg=$1
+  if [[ $arg == --*=* ]]; then # --name=value -> --name value
+    shift
+    set -- "${arg%%=*}" "${arg#*=}" "$@"
+    arg=$1
+  fi
+  case $arg in
+    -h | --help) usage; exit 0 ;;
+    -d | --duration) DURATION=${2:?"$arg needs a value"}; shift 2 ;;
+    -F | --freq | --frequency) FREQ=${2:?"$arg needs a value"}; shift 2 ;;
+    -b | --baseline) BASELINE=${2:?"$arg needs a value"}; shift 2 ;;
+    -i | --interval) INTERVAL=${2:?"$arg needs a value"}; shift 2 ;;
+    -p | --profilers) PROFILERS=${2:?"$arg needs a value"}; shift 2 ;;
+    -t | --threads) THREADS=${2:?"$arg needs a value"}; shift 2 ;;
+    --relay-output) RELAY_OUTPUT=1; shift ;;
+    -k | --keep) KEEP=1; shift ;;
+    --no-bpf-stats) BPF_STATS=0; shift ;;
+    *) printf 'overhead.sh: unknown argument: %s\n\n' "$arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+[[ $DURATION =~ ^[1-9][0-9]*$ ]] || die "DURATION must be a whole number of seconds >= 1, got '$DURATION'"
+[[ $FREQ =~ ^[1-9][0-9]*$ ]] && [ "$FREQ" -le 10000 ] || die "FREQ must be 1-10000 Hz, got '$FREQ'"
+[[ $BASELINE =~ ^[0-9]+$ ]] || die "BASELINE must be a whole number of seconds, got '$BASELINE'"
+[[ $THREADS =~ ^[1-9][0-9]*$ ]] && [ "$THREADS" -le 256 ] || die "THREADS must be 1-256, got '$THREADS'"
+[[ $INTERVAL =~ ^[0-9.]+(ms|s|m)?$ ]] || die "INTERVAL must look like 5s, 500ms or 1m, got '$INTERVAL'"
+IFS=, read -r -a PROFILER_LIST <<<"$PROFILERS"
+for p in "${PROFILER_LIST[@]}"; do
+  case $p in ember | perf | bpftrace) ;; *) die "unknown profiler '$p' in --profilers (use ember,perf,bpftrace)" ;; esac
+done
+
+[ "$(id -u)" -eq 0 ] || die "run as root (eBPF and perf -a need it): sudo $0 $*"
+[ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is required: apt-get install time"
+command -v gcc >/dev/null || die "gcc is required to build the workload (bench/burn.c)"
+
+bench_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$bench_dir/.." && pwd)
+sampler_bin=$root/target/release/ember-sampler
+relay_bin=$root/target/release/ember-relay
+nobody_uid=65534
+nobody_gid=65534
+clk_tck=$(getconf CLK_TCK)
+# The steady-state window of each profiler starts SETTLE s after it is ready (start-up work such as
+# attaching is done) and ends DURATION s after it became ready, when the script stops it.
+SETTLE=1
+STEADY=$((DURATION > 2 ? DURATION - SETTLE : DURATION))
+ncpu=$(nproc)
+
+# ---------------------------------------------------------------------------------------------
+# Process bookkeeping and cleanup.
+
+WRAPPERS=()   # /usr/bin/time processes (children of this shell)
+TARGETS=()    # the measured processes (their descendants)
+WORKLOAD_PID=
+tmp=
+BPF_STATS_ON=0
+BPF_STATS_RESTORE=0
+
+alive() { # alive PID: exists and is not a zombie
+  local state
+  state=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+wait_gone() { # wait_gone SECONDS PID...: true once none of the PIDs is alive
+  local deadline=$((SECONDS + $1)) pid any
+  shift
+  while :; do
+    any=0
+    for pid in "$@"; do alive "$pid" && any=1; done
+    [ $any -eq 0 ] && return 0
+    [ $SECONDS -ge $deadline ] && return 1
+    sleep 0.1
+  done
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  set +e
+  local pid left=() kids
+  for pid in "${TARGETS[@]}"; do
+    if alive "$pid"; then
+      kids=$(pgrep -P "$pid" 2>/dev/null)
+      left+=("$pid" $kids)
+      kill -INT "$pid" 2>/dev/null
+    fi
+  done
+  if [ ${#left[@]} -gt 0 ]; then
+    log "cleanup: stopping ${#left[@]} leftover process(es): ${left[*]}"
+    wait_gone 10 "${left[@]}" || for pid in "${left[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  fi
+  for pid in "${WRAPPERS[@]}"; do
+    alive "$pid" && kill -TERM "$pid" 2>/dev/null
+  done
+  if [ -n "$WORKLOAD_PID" ] && alive "$WORKLOAD_PID"; then
+    kill -TERM "$WORKLOAD_PID" 2>/dev/null
+    wait_gone 5 "$WORKLOAD_PID" || kill -KILL "$WORKLOAD_PID" 2>/dev/null
+  fi
+  wait 2>/dev/null
+  if [ "$BPF_STATS_RESTORE" = 1 ]; then
+    echo 0 >/proc/sys/kernel/bpf_stats_enabled 2>/dev/null
+  fi
+  if [ -n "$tmp" ] && [ -d "$tmp" ]; then
+    if [ "$KEEP" = 1 ] || [ $rc -ne 0 ]; then
+      log "logs and data kept in $tmp"
+    else
+      rm -rf "$tmp"
+    fi
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# launch NAME DEPTH CMD...: starts CMD under /usr/bin/time (stdout/stderr to $tmp/NAME.out/.err,
+# rusage to $tmp/NAME.time) and sets LAUNCHED_PID to the measured process, DEPTH generations below
+# the time process (1: CMD itself; 2: the child of a `timeout` wrapper).
+launch() {
+  local name=$1 depth=$2
+  shift 2
+  /usr/bin/time -o "$tmp/$name.time" -f '%e %U %S %M' "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  local pid=$! level child i
+  WRAPPERS+=("$pid")
+  for ((level = 0; level < depth; level++)); do
+    child=
+    for ((i = 0; i < 100; i++)); do
+      child=$(pgrep -P "$pid" | head -n1) && [ -n "$child" ] && break
+      alive "$pid" || break
+      sleep 0.05
+    done
+    [ -n "$child" ] || die "$name did not start; see $tmp/$name.err: $(tail -n3 "$tmp/$name.err" 2>/dev/null)"
+    pid=$child
+  done
+  LAUNCHED_PID=$pid
+  TARGETS+=("$pid")
+}
+
+# wait_ready NAME FILE PATTERN SECONDS PID: waits for PATTERN (fixed string) in FILE.
+wait_ready() {
+  local name=$1 file=$2 pattern=$3 limit=$4 pid=$5
+  local deadline=$((SECONDS + limit))
+  until grep -qF -- "$pattern" "$file" 2>/dev/null; do
+    alive "$pid" || die "$name exited during start-up; last lines of its log:
+$(tail -n5 "$tmp/$name.err" "$tmp/$name.out" 2>/dev/null)"
+    [ $SECONDS -lt $deadline ] || die "$name not ready after ${limit}s (no '$pattern' in $file)"
+    sleep 0.05
+  done
+}
+
+# cpu_reading PID: "<ticks> <ns> <tids>": utime+stime+cutime+cstime in clock ticks from
+# /proc/PID/stat (includes exited threads, 10 ms resolution), the sum of the live threads'
+# sum_exec_runtime in ns from /proc/PID/task/*/schedstat, and those threads' ids. Fails if PID is gone.
+cpu_reading() {
+  local stat fields f ns=0 v rest tids=""
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$stat" ] || return 1
+  read -r -a fields <<<"${stat##*) }" # fields[0] is field 3 (state)
+  for f in /proc/"$1"/task/*/schedstat; do
+    read -r v rest <"$f" 2>/dev/null || continue
+    ns=$((ns + v))
+    f=${f%/schedstat}
+    tids+=${f##*/},
+  done
+  echo "$((fields[11] + fields[12] + fields[13] + fields[14])) $ns ${tids:-none}"
+}
+
+# cpu_delta START END: CPU seconds between two cpu_readings: the ns sum when the same threads were
+# alive at both, else the tick count (a thread that exited took its ns with it).
+cpu_delta() {
+  awk -v a="$1" -v b="$2" -v hz="$clk_tck" 'BEGIN {
+    split(a, x, " "); split(b, y, " ");
+    if (x[3] == y[3] && x[3] != "none") printf "%.6f", (y[2] - x[2]) / 1e9;
+    else printf "%.6f", (y[1] - x[1]) / hz }'
+}
+
+workload_mark() { # "<monotonic ns> <rounds>" of the workload's latest report
+  tail -n1 "$tmp/burn.out"
+}
+
+calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+
+json_sum() { # json_sum FILE MESSAGE FIELD: sum of numeric FIELD over the JSON log lines of MESSAGE
+  awk -v msg="\"message\":\"$2\"" -v key="\"$3\":" '
+    index($0, msg) { i = index($0, key); if (i) s += substr($0, i + length(key)) + 0 }
+    END { print s + 0 }' "$1" 2>/dev/null || echo 0
+}
+
+json_last() { # json_last FILE MESSAGE FIELD: FIELD of the last line of MESSAGE (empty if none)
+  awk -v msg="\"message\":\"$2\"" -v key="\"$3\":" '
+    index($0, msg) { i = index($0, key); if (i) { v = substr($0, i + length(key)) + 0; found = 1 } }
+    END { if (found) print v }' "$1" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------------------------
+# Measurement window: samples /proc of every "LABEL:PID" every 0.5 s for DURATION seconds (or until
+# the process exits), keeping the last reading. Results go to the W_* arrays, keyed by LABEL.
+
+declare -A W_CPU W_SECS W_HWM W_GONE W_BPF_NS W_BPF_CNT T_ALL T_WALL T_RSS SAMPLES SAMPLE_SECS NOTE PHASE_RATE
+declare -A OTHERS
+declare -A START_TICKS LAST_TICKS LAST_T START_T BPF_FDS START_BPF LAST_BPF
+
+other_profilers() { # profilers running on the machine that this script did not start: "comm(pid) ..."
+  local pid mine
+  for pid in $(pgrep -x 'ember-sampler|ember-relay|perf|bpftrace' || true); do
+    for mine in "${TARGETS[@]}"; do [ "$pid" = "$mine" ] && continue 2; done
+    printf '%s(%s) ' "$(cat "/proc/$pid/comm" 2>/dev/null)" "$pid"
+  done
+}
+
+bpf_prog_fds() { # file descriptor numbers of PID that are BPF programs
+  local fd
+  for fd in /proc/"$1"/fd/*; do
+    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-prog ] && echo "${fd##*/}"
+  done
+  return 0
+}
+
+bpf_stats() { # bpf_stats PID FD...: "<run_time_ns> <run_cnt>" summed over those BPF programs
+  local pid=$1
+  shift
+  [ $# -gt 0 ] || { echo "0 0"; return; }
+  (cd "/proc/$pid/fdinfo" 2>/dev/null && cat -- "$@" 2>/dev/null) |
+    awk '$1 == "run_time_ns:" { ns += $2 } $1 == "run_cnt:" { n += $2 } END { printf "%d %d\n", ns, n }'
+}
+
+# window PHASE SECONDS [LABEL:PID]...: follows the processes for SECONDS (or until all have exited),
+# polling every 0.5 s and keeping the last reading of each: CPU ticks, VmHWM and the run time of
+# their BPF programs. Also records the workload's throughput over the window in PHASE_RATE[PHASE].
+window() {
+  local phase=$1 seconds=$2
+  shift 2
+  local spec label pid now ticks t0 mark0 mark1 end any hwm
+  t0=$EPOCHREALTIME
+  mark0=$(workload_mark)
+  OTHERS[$phase]=$(other_profilers)
+  for spec in "$@"; do
+    label=${spec%%:*} pid=${spec#*:}
+    START_TICKS[$label]=$(cpu_reading "$pid") || die "$label (pid $pid) is gone before its window started"
+    START_T[$label]=$t0
+    LAST_TICKS[$label]=${START_TICKS[$label]}
+    LAST_T[$label]=$t0
+    W_HWM[$label]=0
+    W_GONE[$label]=0
+    BPF_FDS[$label]=$(bpf_prog_fds "$pid" | tr '\n' ' ')
+    # shellcheck disable=SC2086 # word-splitting the fd list is intended
+    START_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
+    LAST_BPF[$label]=${START_BPF[$label]}
+  done
+  end=$(calc '%.6f' "$t0 + $seconds")
+  while :; do
+    sleep 0.5
+    now=$EPOCHREALTIME
+    any=0
+    for spec in "$@"; do
+      label=${spec%%:*} pid=${spec#*:}
+      if ticks=$(cpu_reading "$pid") && alive "$pid"; then
+        any=1
+        LAST_TICKS[$label]=$ticks
+        LAST_T[$label]=$now
+        hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || hwm=
+        [ -n "$hwm" ] && W_HWM[$label]=$hwm
+        # shellcheck disable=SC2086
+        [ -n "${BPF_FDS[$label]}" ] && LAST_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
+      else
+        W_GONE[$label]=1
+      fi
+    done
+    if [ $# -gt 0 ] && [ $any -eq 0 ]; then break; fi
+    awk "BEGIN { exit !($now >= $end) }" && break
+  done
+  mark1=$(workload_mark)
+  OTHERS[$phase]+=$(other_profilers)
+  for spec in "$@"; do
+    label=${spec%%:*}
+    W_SECS[$label]=$(calc '%.3f' "${LAST_T[$label]} - ${START_T[$label]}")
+    W_CPU[$label]=$(cpu_delta "${START_TICKS[$label]}" "${LAST_TICKS[$label]}")
+    if [ -n "${BPF_FDS[$label]}" ]; then
+      read -r W_BPF_NS[$label] W_BPF_CNT[$label] < <(awk -v a="${START_BPF[$label]}" -v b="${LAST_BPF[$label]}" \
+        'BEGIN { split(a, x, " "); split(b, y, " "); print y[1] - x[1], y[2] - x[2] }')
+    fi
+  done
+  PHASE_RATE[$phase]=$(awk -v a="$mark0" -v b="$mark1" 'BEGIN {
+    split(a, x, " "); split(b, y, " ");
+    if (y[1] > x[1]) printf "%.0f", (y[2] - x[2]) / ((y[1] - x[1]) / 1e9); else print "-" }')
+}
+
+read_time() { # read_time LABEL NAME: /usr/bin/time's "%e %U %S %M" (its last line) into T_*
+  local line e u s m
+  line=$(tail -n1 "$tmp/$2.time" 2>/dev/null || true)
+  read -r e u s m <<<"$line"
+  if [[ ${m:-} =~ ^[0-9]+$ ]]; then
+    T_WALL[$1]=$e
+    T_ALL[$1]=$(calc '%.3f' "$u + $s")
+    T_RSS[$1]=$m
+  else
+    NOTE[$1]+="no rusage from /usr/bin/time ($(tr '\n' ' ' <"$tmp/$2.time" 2>/dev/null)); "
+  fi
+}
+
+stop_and_wait() { # stop_and_wait NAME SIGNAL SECONDS PID: signals PID, waits for it to exit
+  local name=$1 sig=$2 limit=$3 pid=$4
+  kill "-$sig" "$pid" 2>/dev/null || true
+  if ! wait_gone "$limit" "$pid"; then
+    log "WARNING: $name (pid $pid) still running ${limit}s after SIG$sig; killing it"
+    NOTE[$name]+="did not exit within ${limit}s of SIG$sig (killed); "
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_gone 5 "$pid" || true
+  fi
+}
+
+wait_wrapper() { # reaps the /usr/bin/time process so its -o file is complete
+  local pid
+  for pid in "${WRAPPERS[@]}"; do
+    alive "$pid" || wait "$pid" 2>/dev/null || true
+  done
+  sleep 0.1
+}
+
+# ---------------------------------------------------------------------------------------------
+# The profilers.
+
+run_ember() {
+  local sockdir=$tmp/ember sock relay_pid sampler_pid t_ready t_stop
+  # The relay runs as nobody: it must be able to reach and write the socket's directory.
+  mkdir -p "$sockdir"
+  chmod 1777 "$sockdir"
+  sock=$sockdir/ember.sock
+  local relay_args=(--log-format json run --socket "$sock")
+  if [ "$RELAY_OUTPUT" = 1 ]; then
+    mkdir -p "$tmp/ember-out"
+    chown "$nobody_uid:$nobody_gid" "$tmp/ember-out"
+    relay_args+=(--output-dir "$tmp/ember-out")
+  fi
+  log "ember: starting ember-relay as nobody and ember-sampler -F $FREQ (${DURATION}s)"
+  # `timeout` is a dead man's switch only (the script stops both itself).
+  launch ember-relay 2 timeout -k 10 -s TERM "$((DURATION + 300))" \
+    setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups "$relay_bin" "${relay_args[@]}"
+  relay_pid=$LAUNCHED_PID
+  wait_ready ember-relay "$tmp/ember-relay.err" '"message":"listening for ember-sampler"' 20 "$relay_pid"
+  launch ember-sampler 2 timeout -k 10 -s INT "$((DURATION + 300))" \
+    "$sampler_bin" --log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval "$INTERVAL"
+  sampler_pid=$LAUNCHED_PID
+  wait_ready ember-sampler "$tmp/ember-sampler.err" '"message":"sampling"' 60 "$sampler_pid"
+  t_ready=$EPOCHREALTIME
+  wait_ready ember-relay "$tmp/ember-relay.err" '"message":"sampler hello"' 20 "$relay_pid"
+  sleep "$SETTLE"
+  window ember "$STEADY" "ember-sampler:$sampler_pid" "ember-relay:$relay_pid"
+  t_stop=$EPOCHREALTIME
+  local label
+  for label in ember-sampler ember-relay; do
+    [ "${W_GONE[$label]}" = 0 ] ||
+      NOTE[$label]+="PROBLEM: exited on its own during the window; log tail: $(tail -n3 "$tmp/$label.err" | cut -c1-300 | tr '\n' ' ' || true); "
+  done
+  # Sampler first (it sends its last batch on the way out), then the relay once it has seen it go.
+  stop_and_wait ember-sampler INT 20 "$sampler_pid"
+  local deadline=$((SECONDS + 10))
+  until grep -qF '"message":"sampler disconnected"' "$tmp/ember-relay.err" || [ $SECONDS -ge $deadline ]; do
+    sleep 0.1
+  done
+  grep -qF '"message":"sampler disconnected"' "$tmp/ember-relay.err" ||
+    NOTE[ember-relay]+="never logged 'sampler disconnected' after the sampler stopped; "
+  stop_and_wait ember-relay TERM 20 "$relay_pid"
+  wait_wrapper
+  read_time ember-sampler ember-sampler
+  read_time ember-relay ember-relay
+
+  local relay_log=$tmp/ember-relay.err sampler_log=$tmp/ember-sampler.err
+  local received sent stopping_samples batches errors
+  received=$(json_sum "$relay_log" "batch received" samples)
+  batches=$(grep -cF '"message":"batch received"' "$relay_log" || true)
+  sent=$(json_last "$sampler_log" "sampler status" samples)
+  stopping_samples=$(json_last "$relay_log" stopping samples)
+  SAMPLES[ember]=$received
+  SAMPLE_SECS[ember]=$(calc '%.3f' "$t_stop - $t_ready")
+  NOTE[ember]+="relay received $received samples in $batches batch parts; sampler reports ${sent:-?} sent; relay's total at stop ${stopping_samples:-?}; "
+  if [ "$batches" -gt 0 ]; then
+    local k losses=""
+    for k in user_stack_lost kernel_stack_lost counts_full backlog_dropped_samples unknown_frames frames; do
+      losses+="$k=$(json_last "$relay_log" "batch received" "$k") "
+    done
+    NOTE[ember]+="last batch: ${losses% }; "
+  fi
+  [ "$received" -gt 0 ] || NOTE[ember]+="PROBLEM: the relay received no samples; "
+  [ -z "$sent" ] || [ "$sent" = "$received" ] || NOTE[ember]+="PROBLEM: sampler sent $sent but relay received $received; "
+  errors=$(cat "$relay_log" "$sampler_log" | grep -cE '"level":"(ERROR|WARN)"' || true)
+  if [ "${errors:-0}" -gt 0 ]; then
+    NOTE[ember]+="$errors WARN/ERROR log line(s), first: $(cat "$sampler_log" "$relay_log" | grep -E '"level":"(ERROR|WARN)"' | sed -n 1p | cut -c1-300 || true); "
+  fi
+}
+
+run_perf() {
+  local perf_bin perf_pid t_ready
+  perf_bin=$(command -v perf || true)
+  if [ -z "$perf_bin" ]; then
+    NOTE[perf]="MISSING: perf is not installed (scripts/setup.sh installs linux-perf)"
+    return
+  fi
+  log "perf: perf record -F $FREQ -a -g (${DURATION}s)"
+  launch perf 1 "$perf_bin" record -F "$FREQ" -a -g -o "$tmp/perf.data" -- sleep "$DURATION"
+  perf_pid=$LAUNCHED_PID
+  # perf forks the workload first and execs it once its events are set up: it samples while
+  # `sleep` runs, then stops by itself. The window starts at that exec and follows perf to its end.
+  local deadline=$((SECONDS + 60)) child ready=0
+  while [ $ready -eq 0 ]; do
+    for child in $(pgrep -P "$perf_pid" || true); do
+      [ "$(cat "/proc/$child/comm" 2>/dev/null)" = sleep ] && ready=1
+    done
+    [ $ready -eq 1 ] && break
+    alive "$perf_pid" || die "perf exited during start-up: $(tail -n5 "$tmp/perf.err")"
+    [ $SECONDS -lt $deadline ] || die "perf did not start its workload within 60s"
+    sleep 0.05
+  done
+  sleep "$SETTLE"
+  window perf "$((DURATION + 120))" "perf:$perf_pid"
+  if alive "$perf_pid"; then
+    NOTE[perf]+="PROBLEM: still running 120s after its sleep should have ended; "
+    stop_and_wait perf INT 60 "$perf_pid"
+  fi
+  wait_wrapper
+  read_time perf perf
+  local stats samples lost
+  stats=$("$perf_bin" report -i "$tmp/perf.data" --stats 2>/dev/null || true)
+  samples=$(awk '/SAMPLE events:/ { print $3; exit }' <<<"$stats")
+  lost=$(awk '/LOST events:/ { print $3; exit }' <<<"$stats")
+  if [ -z "$samples" ]; then # fall back to perf record's own summary line
+    samples=$(grep -o '([0-9]* samples)' "$tmp/perf.err" | tr -dc '0-9' || true)
+  fi
+  SAMPLES[perf]=${samples:-?}
+  SAMPLE_SECS[perf]=$DURATION
+  local captured
+  captured=$(grep -o 'Captured and wrote.*' "$tmp/perf.err" | sed -n 1p || true)
+  NOTE[perf]+="perf.data $(du -h "$tmp/perf.data" 2>/dev/null | cut -f1 || true); SAMPLE events ${samples:-?}; LOST events ${lost:-0}; $captured; "
+}
+
+run_bpftrace() {
+  local bt_bin bt_pid t_ready t_stop
+  bt_bin=$(command -v bpftrace || true)
+  if [ -z "$bt_bin" ]; then
+    NOTE[bpftrace]="MISSING: bpftrace is not installed (scripts/setup.sh installs it)"
+    return
+  fi
+  log "bpftrace: profile:hz:$FREQ with kstack, ustack, comm (${DURATION}s after it attaches)"
+  # Stopped with SIGINT (like `timeout -s INT`) DURATION seconds after it has attached, so that its
+  # compile time is not taken out of its sampling time; `timeout` is a dead man's switch only.
+  launch bpftrace 2 timeout -k 10 -s INT "$((DURATION + 300))" \
+    "$bt_bin" -e "profile:hz:$FREQ { @[kstack, ustack, comm] = count(); }"
+  bt_pid=$LAUNCHED_PID
+  wait_ready bpftrace "$tmp/bpftrace.out" 'Attaching' 120 "$bt_pid"
+  # "Attaching" comes before the program is loaded: ready once it holds a BPF program and a perf
+  # event per CPU.
+  local deadline=$((SECONDS + 60)) links
+  while :; do
+    links=$(ls -l "/proc/$bt_pid/fd" 2>/dev/null | grep -c 'perf_event' || true)
+    [ -n "$(bpf_prog_fds "$bt_pid")" ] && [ "$links" -ge "$ncpu" ] && break
+    alive "$bt_pid" || die "bpftrace exited during start-up: $(tail -n5 "$tmp/bpftrace.err")"
+    [ $SECONDS -lt $deadline ] || die "bpftrace did not attach within 60s"
+    sleep 0.05
+  done
+  t_ready=$EPOCHREALTIME
+  sleep "$SETTLE"
+  window bpftrace "$STEADY" "bpftrace:$bt_pid"
+  t_stop=$EPOCHREALTIME
+  [ "${W_GONE[bpftrace]}" = 0 ] ||
+    NOTE[bpftrace]+="PROBLEM: exited on its own during the window: $(tail -n3 "$tmp/bpftrace.err" | tr '\n' ' ' || true); "
+  stop_and_wait bpftrace INT 120 "$bt_pid"
+  wait_wrapper
+  read_time bpftrace bpftrace
+  local samples stacks
+  samples=$(awk '/\]: [0-9]+$/ { s += $NF } END { print s + 0 }' "$tmp/bpftrace.out")
+  stacks=$(grep -cE '\]: [0-9]+$' "$tmp/bpftrace.out" || true)
+  SAMPLES[bpftrace]=$samples
+  SAMPLE_SECS[bpftrace]=$(calc '%.3f' "$t_stop - $t_ready")
+  NOTE[bpftrace]+="$samples samples in $stacks distinct (kstack, ustack, comm) keys; map output $(du -h "$tmp/bpftrace.out" | cut -f1 || true); "
+  [ "$samples" -gt 0 ] || NOTE[bpftrace]+="PROBLEM: no samples; stderr: $(tail -n2 "$tmp/bpftrace.err" | tr '\n' ' ' || true); "
+}
+
+# ---------------------------------------------------------------------------------------------
+# Main.
+
+tmp=$(mktemp -d /tmp/ember-overhead.XXXXXX)
+chmod 711 "$tmp" # nobody (the relay) must traverse it to reach its socket directory
+
+if [ ! -x "$sampler_bin" ] || [ ! -x "$relay_bin" ]; then
+  if [[ " ${PROFILER_LIST[*]} " == *" ember "* ]]; then
+    command -v cargo >/dev/null || die "cargo not in PATH (needed to build $sampler_bin); run with sudo -E or build first"
+    log "building release binaries (cargo build --release -p ember-sampler -p ember-relay)"
+    (cd "$root" && cargo build --release -p ember-sampler -p ember-relay) >&2
+  fi
+fi
+
+if [ "$BPF_STATS" = 1 ]; then
+  if [ "$(cat /proc/sys/kernel/bpf_stats_enabled 2>/dev/null || echo x)" = 0 ]; then
+    BPF_STATS_RESTORE=1
+    echo 1 >/proc/sys/kernel/bpf_stats_enabled && BPF_STATS_ON=1 || log "WARNING: cannot enable kernel.bpf_stats_enabled"
+  elif [ "$(cat /proc/sys/kernel/bpf_stats_enabled 2>/dev/null)" = 1 ]; then
+    BPF_STATS_ON=1
+  fi
+fi
+
+log "building the workload (bench/burn.c)"
+gcc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls -pthread \
+  -o "$tmp/burn" "$bench_dir/burn.c"
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+log "starting the workload: $THREADS busy thread(s) on $ncpu CPU(s); load average before: $load_before"
+"$tmp/burn" "$THREADS" >"$tmp/burn.out" 2>"$tmp/burn.err" &
+WORKLOAD_PID=$!
+sleep 2 # let it reach steady state
+alive "$WORKLOAD_PID" || die "workload exited: $(cat "$tmp/burn.err")"
+
+if [ "$BASELINE" -gt 0 ]; then
+  log "baseline: workload alone for ${BASELINE}s"
+  window baseline "$BASELINE"
+fi
+for p in "${PROFILER_LIST[@]}"; do
+  "run_$p"
+  alive "$WORKLOAD_PID" || die "the workload died during the $p phase"
+  sleep 1
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+fmt_cpu() { [ -n "${1:-}" ] && calc '%.4f' "$1" || echo -; }
+mib() { [ -n "${1:-}" ] && [ "$1" != 0 ] && calc '%.1f' "$1 / 1024" || echo -; }
+
+rate_col() { # rate_col PHASE: "rounds/s (+x.x%)"
+  local r=${PHASE_RATE[$1]:-} b=${PHASE_RATE[baseline]:-}
+  if [ -z "$r" ] || [ "$r" = - ]; then echo -; return; fi
+  if [ "$1" != baseline ] && [ -n "$b" ] && [ "$b" != - ] && [ "$b" != 0 ]; then
+    echo "$r ($(calc '%+.1f' "($r - $b) * 100 / $b")%)"
+  else
+    echo "$r"
+  fi
+}
+
+row() { # row NAME CPU BPF CPU_ALL CPU_TOTAL RSS_MIB SAMPLES_PER_S WORKLOAD
+  printf '%-15s %8s %8s %11s %11s %12s %9s   %s\n' "$@"
+}
+
+# row_for LABEL DISPLAY SAMPLE_KEY SHOW_SAMPLES(0/1) PHASE
+row_for() {
+  local label=$1 name=$2 skey=$3 show=$4 phase=$5 cpu="" cpu_all="" total="" sps=-
+  if [ -n "${W_SECS[$label]:-}" ] && [ "${W_SECS[$label]}" != 0.000 ]; then
+    cpu=$(calc '%.6f' "${W_CPU[$label]} / ${W_SECS[$label]}")
+  fi
+  if [ -n "${T_ALL[$label]:-}" ] && [ -n "${SAMPLE_SECS[$skey]:-}" ]; then
+    cpu_all=$(calc '%.6f' "${T_ALL[$label]} / ${SAMPLE_SECS[$skey]}")
+    total=${T_ALL[$label]}
+  fi
+  if [ "$show" = 1 ] && [[ ${SAMPLES[$skey]:-} =~ ^[0-9]+$ ]] && [ -n "${SAMPLE_SECS[$skey]:-}" ]; then
+    sps=$(calc '%.1f' "${SAMPLES[$skey]} / ${SAMPLE_SECS[$skey]}")
+  fi
+  local bpf=- w=-
+  if [ -n "${W_BPF_NS[$label]:-}" ] && [ -n "$cpu" ]; then
+    bpf=$(calc '%.4f' "${W_BPF_NS[$label]} / 1e9 / ${W_SECS[$label]}")
+    [ "$BPF_STATS_ON" = 1 ] || bpf=off
+  elif [ "$label" = perf ]; then
+    bpf=n/a
+  fi
+  [ -n "$phase" ] && w=$(rate_col "$phase")
+  row "$name" "$(fmt_cpu "$cpu")" "$bpf" "$(fmt_cpu "$cpu_all")" "${total:--}" "$(mib "${T_RSS[$label]:-}")" "$sps" "$w"
+}
+
+echo
+echo "== profiler overhead, $(date '+%F %T %Z') =="
+echo "machine:    $(hostname), $ncpu CPU(s) ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r)"
+echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (expect ~$((FREQ * ncpu)) samples/s on busy CPUs), BASELINE=${BASELINE}s, ember --reporter-interval $INTERVAL$([ "$RELAY_OUTPUT" = 1 ] && echo ', relay --output-dir on')"
+echo "workload:   bench/burn.c, $THREADS busy thread(s), running throughout; load average before $load_before, after $load_after"
+echo "versions:   $("$relay_bin" --version 2>/dev/null || echo 'ember-relay ?'), $(perf --version 2>/dev/null || echo 'perf missing'), $(bpftrace --version 2>/dev/null || echo 'bpftrace missing')"
+echo
+row profiler cpu_s/s bpf_s/s cpu_s/s_all cpu_s_total peak_rss_MiB samples/s "workload rounds/s (vs baseline)"
+[ "$BASELINE" -gt 0 ] && row "(no profiler)" - - - - - - "$(rate_col baseline)"
+for p in "${PROFILER_LIST[@]}"; do
+  case $p in
+    ember)
+      row_for ember-sampler ember-sampler ember 1 ""
+      row_for ember-relay ember-relay ember 0 ""
+      # Total: the two processes' sums (the RSS sum is an upper bound: peaks need not coincide).
+      W_CPU[ember-total]=$(calc '%.6f' "${W_CPU[ember-sampler]:-0} + ${W_CPU[ember-relay]:-0}")
+      W_SECS[ember-total]=${W_SECS[ember-sampler]:-0}
+      [ -z "${W_BPF_NS[ember-sampler]:-}" ] || W_BPF_NS[ember-total]=${W_BPF_NS[ember-sampler]}
+      if [ -n "${T_ALL[ember-sampler]:-}" ] && [ -n "${T_ALL[ember-relay]:-}" ]; then
+        T_ALL[ember-total]=$(calc '%.3f' "${T_ALL[ember-sampler]} + ${T_ALL[ember-relay]}")
+        T_RSS[ember-total]=$((T_RSS[ember-sampler] + T_RSS[ember-relay]))
+      fi
+      row_for ember-total "ember (total)" ember 1 ember
+      ;;
+    perf)
+      if [ -n "${NOTE[perf]:-}" ] && [[ ${NOTE[perf]} == MISSING* ]]; then
+        row "perf record" - - - - - - "${NOTE[perf]}"
+      else
+        row_for perf "perf record" perf 1 perf
+      fi
+      ;;
+    bpftrace)
+      if [ -n "${NOTE[bpftrace]:-}" ] && [[ ${NOTE[bpftrace]} == MISSING* ]]; then
+        row bpftrace - - - - - - "${NOTE[bpftrace]}"
+      else
+        row_for bpftrace bpftrace bpftrace 1 bpftrace
+      fi
+      ;;
+  esac
+done
+echo
+echo "cpu_s/s      the process's CPU s (user+sys) per wall s while sampling, steady state (/proc/PID/stat)"
+echo "bpf_s/s      its BPF programs' run time per wall s (fdinfo run_time_ns, kernel.bpf_stats_enabled); this"
+echo "             is charged to the interrupted tasks, not to cpu_s/s. perf's in-kernel sampling/unwinding"
+echo "             cost is likewise charged to the interrupted tasks and is not measurable per process (n/a)"
+echo "cpu_s/s_all  all CPU s of the process from exec to exit (start-up, shutdown) per s sampled (/usr/bin/time)"
+echo "peak_rss_MiB ru_maxrss over the whole life (ember total = sum of both peaks: an upper bound)"
+echo "workload     rounds/s of bench/burn.c in that phase; shows all costs incl. in-kernel ones, but on a"
+echo "             shared machine it is noisy (other users' load moves it by several %)"
+echo
+echo "notes:"
+for key in ember ember-sampler ember-relay perf bpftrace; do
+  [ -n "${NOTE[$key]:-}" ] && echo "  $key: ${NOTE[$key]%; }"
+done
+for key in ember-sampler bpftrace; do
+  if [ -n "${W_BPF_CNT[$key]:-}" ] && [ "$BPF_STATS_ON" = 1 ]; then
+    echo "  $key BPF programs (fds ${BPF_FDS[$key]% }): $(calc '%.1f' "${W_BPF_CNT[$key]} / ${W_SECS[$key]}") runs/s, $(
+      [ "${W_BPF_CNT[$key]}" -gt 0 ] && calc '%.0f' "${W_BPF_NS[$key]} / ${W_BPF_CNT[$key]}" || echo -) ns/run"
+  fi
+done
+for key in baseline "${PROFILER_LIST[@]}"; do
+  if [ -n "${OTHERS[$key]:-}" ]; then
+    echo "  interference: during the $key phase other profilers were running: $(tr ' ' '\n' <<<"${OTHERS[$key]}" | sort -u | tr '\n' ' ')"
+  fi
+done
+echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-sampler ember-relay perf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
+[ "$KEEP" = 1 ] && echo "  logs and data: $tmp"
+exit 0

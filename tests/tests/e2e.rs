@@ -1,0 +1,949 @@
+//! End-to-end tests: the real `ember-sampler` and `ember-relay` (from `cargo build`) against C
+//! workloads with known behaviour. They load eBPF, so they need root; run them with
+//!
+//! ```text
+//! cargo build && sudo -E cargo test -p ember-tests -- --test-threads=1 --nocapture
+//! ```
+//!
+//! Every test holds `ebpf_lock()`, so they are serialized even without `--test-threads=1`.
+//! Timeouts only keep a broken build from hanging; no test asserts speed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    os::fd::{AsFd as _, OwnedFd},
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
+
+use ember_protocol::{
+    decode_sampler_message, encode_sampler_message,
+    transport::{self, Received},
+    Batch, Hello, Limits, SamplerMessage, NO_FD, PROTOCOL_VERSION,
+};
+use ember_tests::*;
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout},
+    sys::signal::Signal,
+};
+use serde_json::Value;
+
+const RECORD_TIMEOUT: Duration = Duration::from_secs(180);
+const FIRST_BATCH_TIMEOUT: Duration = Duration::from_secs(90);
+const LOG_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The ground truth workload's call chain, root first.
+const CHAIN: [&str; 4] = ["main", "outer_work", "middle_work", "inner_work"];
+const FUNCS: [&str; 3] = ["outer_work", "middle_work", "inner_work"];
+
+fn pid_arg(pid: u32) -> String {
+    pid.to_string()
+}
+
+fn last_json_line(out: &str) -> Value {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or_else(|| panic!("workload printed no JSON summary; stdout: {out:?}"));
+    serde_json::from_str(line).unwrap_or_else(|err| panic!("bad workload JSON {line:?}: {err}"))
+}
+
+/// Whether `frames` (root first) ends with main -> ... -> `leaf` along [`CHAIN`], consecutively.
+fn has_full_chain(frames: &[String], leaf: &str) -> bool {
+    let Some(depth) = CHAIN.iter().position(|f| *f == leaf) else {
+        return false;
+    };
+    let expected = &CHAIN[..=depth];
+    frames.len() >= expected.len()
+        && frames[frames.len() - expected.len()..]
+            .iter()
+            .zip(expected)
+            .all(|(a, b)| a == b)
+}
+
+/// Ground truth: the profile's self-time split over main -> outer_work -> middle_work ->
+/// inner_work matches the split the workload measured with CLOCK_THREAD_CPUTIME_ID, and the
+/// stacks carry the whole call chain.
+#[test]
+fn ground_truth_split_matches_the_workload() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    const FREQUENCY: u32 = 499;
+    let workload = spawn_workload(&workloads().groundtruth, 120);
+    let pid = workload.pid();
+    // Past its start-up calibration, so the recording sees only the steady state.
+    thread::sleep(Duration::from_millis(300));
+    let cpu_before = process_cpu_time(pid);
+    let recorded = record(
+        &[
+            "--duration",
+            "8s",
+            "--frequency",
+            &FREQUENCY.to_string(),
+            "--pid",
+            &pid_arg(pid),
+        ],
+        RECORD_TIMEOUT,
+    );
+    let cpu_during = process_cpu_time(pid).saturating_sub(cpu_before);
+    let (status, out) = workload.terminate_and_read_stdout(Duration::from_secs(10));
+    assert!(status.success(), "groundtruth exited with {status}");
+    let truth = last_json_line(&out);
+    eprintln!("workload truth: {truth}");
+
+    let stacks = recorded.folded();
+    let ours: Vec<&FoldedStack> = stacks
+        .iter()
+        .filter(|s| s.process == "groundtruth")
+        .collect();
+    let others: BTreeSet<&str> = stacks
+        .iter()
+        .filter(|s| s.process != "groundtruth")
+        .map(|s| s.process.as_str())
+        .collect();
+    assert!(
+        others.is_empty(),
+        "--pid {pid} recorded other processes too: {others:?}"
+    );
+    let total = total_count(ours.iter().copied());
+
+    // Sample volume: never more than the workload's CPU time allows (no double counting), and
+    // enough for the 3-point tolerance below to be meaningful (binomial sigma <= 1.1 points).
+    let ceiling = cpu_during.as_secs_f64() * f64::from(FREQUENCY) * 1.10 + 20.0;
+    eprintln!(
+        "samples of groundtruth: {total} (workload CPU time during the record: {:.2} s, at most \
+         {ceiling:.0} samples possible)",
+        cpu_during.as_secs_f64()
+    );
+    assert!(
+        (total as f64) <= ceiling,
+        "{total} samples, but the workload only ran {:.2} s of CPU at {FREQUENCY} Hz: samples \
+         are counted more than once",
+        cpu_during.as_secs_f64()
+    );
+    // The record's lifetime (start-up and write-out included) spans more than the 8 s sampled,
+    // so count at most 8 s of the workload's CPU time; losing 40% of the samples is a bug.
+    assert!(
+        (total as f64) >= 0.6 * cpu_during.as_secs_f64().min(8.0) * f64::from(FREQUENCY),
+        "only {total} samples of the workload, which ran {:.2} s of CPU at {FREQUENCY} Hz during \
+         the record: samples are being lost",
+        cpu_during.as_secs_f64()
+    );
+    assert!(
+        total >= 2000,
+        "only {total} samples of the workload in an 8 s record at {FREQUENCY} Hz (it got {:.2} s \
+         of CPU): too few for a 3-point comparison; is the machine overloaded?",
+        cpu_during.as_secs_f64()
+    );
+
+    let mut self_counts: BTreeMap<&str, u64> = FUNCS.iter().map(|f| (*f, 0)).collect();
+    let mut full_chain = 0u64;
+    let mut broken_chains: HashMap<String, u64> = HashMap::new();
+    for stack in &ours {
+        let Some(leaf) = stack.leaf() else { continue };
+        if let Some(count) = self_counts.get_mut(leaf) {
+            *count += stack.count;
+            if has_full_chain(&stack.frames, leaf) {
+                full_chain += stack.count;
+            } else {
+                *broken_chains.entry(stack.frames.join(";")).or_default() += stack.count;
+            }
+        }
+    }
+    let covered: u64 = self_counts.values().sum();
+    eprintln!(
+        "samples with a ground-truth function as leaf: {covered} of {total} ({:.1}%)",
+        100.0 * covered as f64 / total.max(1) as f64
+    );
+    assert!(
+        covered as f64 >= 0.90 * total as f64,
+        "only {covered} of {total} samples have outer_work/middle_work/inner_work as leaf frame \
+         (the workload spends >98% of its time there); stacks.folded:\n{}",
+        recorded.folded_text()
+    );
+
+    eprintln!("function      measured   truth     error");
+    let mut failures = Vec::new();
+    for func in FUNCS {
+        let measured = self_counts[func] as f64 / covered as f64;
+        let expected = truth[func]
+            .as_f64()
+            .unwrap_or_else(|| panic!("truth has no {func}"));
+        let error = (measured - expected) * 100.0;
+        eprintln!(
+            "{func:<12} {:>7.2}%  {:>7.2}%  {error:>+6.2} pts  ({} samples)",
+            measured * 100.0,
+            expected * 100.0,
+            self_counts[func]
+        );
+        if error.abs() > 3.0 {
+            failures.push(format!(
+                "{func}: measured {:.2}%, truth {:.2}% ({error:+.2} points)",
+                measured * 100.0,
+                expected * 100.0
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "self-time shares off by more than 3 points: {failures:?}"
+    );
+
+    let chain_share = full_chain as f64 / covered as f64;
+    eprintln!(
+        "full call chain main;...;leaf: {:.2}% of those samples",
+        chain_share * 100.0
+    );
+    let mut broken: Vec<_> = broken_chains.into_iter().collect();
+    broken.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    assert!(
+        chain_share >= 0.95,
+        "only {:.1}% of samples carry the full chain main;outer_work;middle_work;inner_work up to \
+         their leaf; most common other stacks: {:?}",
+        chain_share * 100.0,
+        &broken[..broken.len().min(5)]
+    );
+    assert!(
+        recorded.stdout.contains("inner_work"),
+        "the top functions printed by record do not include inner_work (50% self time):\n{}",
+        recorded.stdout
+    );
+}
+
+/// Kernel frames: a syscall-heavy workload shows named kernel frames (from /proc/kallsyms) on
+/// top of its user stack.
+#[test]
+fn kernel_frames_are_named() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().syscalls, 120);
+    let pid = workload.pid();
+    thread::sleep(Duration::from_millis(100));
+    let recorded = record(
+        &[
+            "--duration",
+            "5s",
+            "--frequency",
+            "499",
+            "--pid",
+            &pid_arg(pid),
+        ],
+        RECORD_TIMEOUT,
+    );
+    drop(workload);
+
+    let stacks = recorded.folded();
+    let ours: Vec<&FoldedStack> = stacks.iter().filter(|s| s.process == "syscalls").collect();
+    let total = total_count(ours.iter().copied());
+    assert!(
+        total >= 500,
+        "only {total} samples of the syscalls workload:\n{}",
+        recorded.folded_text()
+    );
+
+    let mut with_kernel = 0u64;
+    let mut kernel_frames = 0u64;
+    let mut named_kernel_frames = 0u64;
+    let mut kernel_with_user = 0u64;
+    let mut misordered = Vec::new();
+    let mut leaf_self: HashMap<&str, u64> = HashMap::new();
+    let mut inclusive: HashMap<&str, u64> = HashMap::new();
+    for stack in &ours {
+        let kernel: Vec<&str> = stack.kernel_frames().collect();
+        if kernel.is_empty() {
+            continue;
+        }
+        with_kernel += stack.count;
+        // Root first: user frames, then kernel frames up to the leaf, never interleaved.
+        let first_kernel = stack
+            .frames
+            .iter()
+            .position(|f| is_kernel_frame(f))
+            .unwrap();
+        if !stack.frames[first_kernel..]
+            .iter()
+            .all(|f| is_kernel_frame(f))
+        {
+            misordered.push(stack.frames.join(";"));
+        }
+        if stack.user_frames().any(|f| f == "main") {
+            kernel_with_user += stack.count;
+        }
+        for frame in &kernel {
+            kernel_frames += stack.count;
+            if !is_unknown_frame(frame) {
+                named_kernel_frames += stack.count;
+            }
+        }
+        for frame in kernel.iter().copied().collect::<BTreeSet<_>>() {
+            *inclusive.entry(frame).or_default() += stack.count;
+        }
+        if let Some(leaf) = stack.leaf() {
+            *leaf_self.entry(leaf).or_default() += stack.count;
+        }
+    }
+    let mut top_self: Vec<_> = leaf_self
+        .into_iter()
+        .filter(|(f, _)| is_kernel_frame(f))
+        .collect();
+    top_self.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut top_inclusive: Vec<_> = inclusive.into_iter().collect();
+    top_inclusive.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    eprintln!(
+        "syscalls workload: {total} samples, {with_kernel} ({:.1}%) with kernel frames; \
+         {named_kernel_frames} of {kernel_frames} kernel frames named",
+        100.0 * with_kernel as f64 / total as f64
+    );
+    eprintln!("top kernel frames (self):");
+    for (frame, count) in top_self.iter().take(10) {
+        eprintln!("  {count:>6}  {frame}");
+    }
+    eprintln!("top kernel frames (inclusive):");
+    for (frame, count) in top_inclusive.iter().take(10) {
+        eprintln!("  {count:>6}  {frame}");
+    }
+
+    assert!(
+        misordered.is_empty(),
+        "kernel frames must be the leaf end of a stack, after the user frames: {:?}",
+        &misordered[..misordered.len().min(5)]
+    );
+    assert!(
+        with_kernel as f64 >= 0.4 * total as f64,
+        "only {with_kernel} of {total} samples of a write()/getppid() loop have kernel frames"
+    );
+    assert!(
+        named_kernel_frames as f64 >= 0.8 * kernel_frames as f64,
+        "only {named_kernel_frames} of {kernel_frames} kernel frames are named (kallsyms not used?)"
+    );
+    let named = |needle: &str| {
+        top_inclusive
+            .iter()
+            .any(|(f, _)| !is_unknown_frame(f) && f.contains(needle))
+    };
+    assert!(
+        named("write"),
+        "no named kernel frame of the write path (e.g. ksys_write_[k])"
+    );
+    assert!(
+        named("getppid"),
+        "no named kernel frame of getppid (e.g. __x64_sys_getppid_[k])"
+    );
+    assert!(
+        named("sys_") || named("syscall"),
+        "no syscall entry frame (do_syscall_64_[k] or *sys_*_[k])"
+    );
+    assert!(
+        kernel_with_user as f64 >= 0.8 * with_kernel as f64,
+        "only {kernel_with_user} of {with_kernel} kernel samples also carry the user stack down \
+         to main"
+    );
+}
+
+/// System-wide recording of two different workloads: each process has its own name and its own
+/// hot function, nothing is attributed across them, and profile.pb.gz agrees with the folded
+/// stacks.
+#[test]
+fn multi_process_system_wide() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let groundtruth = spawn_workload(&workloads().groundtruth, 120);
+    let spinner = spawn_workload(&workloads().spinner, 120);
+    thread::sleep(Duration::from_millis(300));
+    let recorded = record(&["--duration", "5s", "--frequency", "499"], RECORD_TIMEOUT);
+    let (gt_pid, spin_pid) = (groundtruth.pid(), spinner.pid());
+    drop(groundtruth);
+    drop(spinner);
+
+    let stacks = recorded.folded();
+    let mut per_process: BTreeMap<&str, u64> = BTreeMap::new();
+    for stack in &stacks {
+        *per_process.entry(stack.process.as_str()).or_default() += stack.count;
+    }
+    let mut busiest: Vec<_> = per_process.iter().collect();
+    busiest.sort_by(|a, b| b.1.cmp(a.1));
+    eprintln!(
+        "samples per process (top 10): {:?}",
+        &busiest[..busiest.len().min(10)]
+    );
+
+    let count_where = |process: &str, pred: &dyn Fn(&FoldedStack) -> bool| -> u64 {
+        stacks
+            .iter()
+            .filter(|s| s.process == process && pred(s))
+            .map(|s| s.count)
+            .sum()
+    };
+    for (process, hot, chain) in [
+        (
+            "groundtruth",
+            "inner_work",
+            &["main", "outer_work", "middle_work", "inner_work"][..],
+        ),
+        (
+            "spinner",
+            "spin_hot",
+            &["main", "spin_outer", "spin_hot"][..],
+        ),
+    ] {
+        let total = per_process.get(process).copied().unwrap_or(0);
+        assert!(
+            total >= 100,
+            "process {process} has {total} samples in a 5 s system-wide record (it is always \
+             busy); processes seen: {per_process:?}"
+        );
+        let hot_samples = count_where(process, &|s| s.leaf() == Some(hot));
+        let chained = count_where(process, &|s| {
+            s.leaf() == Some(hot)
+                && s.frames
+                    .ends_with(&chain.iter().map(|f| (*f).to_owned()).collect::<Vec<_>>())
+        });
+        eprintln!("{process}: {total} samples, {hot_samples} with leaf {hot}, {chained} of them with the full chain");
+        assert!(hot_samples > 0, "{process} has no samples in {hot}");
+        assert!(
+            chained as f64 >= 0.9 * hot_samples as f64,
+            "{process}: only {chained} of {hot_samples} {hot} samples have the chain {chain:?}"
+        );
+    }
+    let crossed_gt = count_where("groundtruth", &|s| {
+        s.has_frame("spin_hot") || s.has_frame("spin_outer")
+    });
+    let crossed_spin = count_where("spinner", &|s| FUNCS.iter().any(|f| s.has_frame(f)));
+    assert_eq!(
+        crossed_gt, 0,
+        "spinner's functions attributed to groundtruth"
+    );
+    assert_eq!(
+        crossed_spin, 0,
+        "groundtruth's functions attributed to spinner"
+    );
+
+    let svg = recorded.flamegraph();
+    assert!(svg.contains("<svg"), "flamegraph.svg is not an SVG");
+    for name in ["spin_hot", "inner_work"] {
+        assert!(svg.contains(name), "flamegraph.svg does not mention {name}");
+    }
+
+    // profile.pb.gz: same samples as stacks.folded, and the pids (when labelled) are right.
+    let profile = recorded.profile();
+    let folded_total = total_count(&stacks);
+    assert_eq!(
+        profile.total_samples(),
+        folded_total,
+        "profile.pb.gz and stacks.folded disagree on the number of samples"
+    );
+    let mut pids_of: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut any_pid_label = false;
+    for sample in &profile.sample {
+        let names = profile.stack(sample);
+        let pids: Vec<String> = profile
+            .labels(sample)
+            .into_iter()
+            .filter(|(k, _)| pprof::is_pid_key(k))
+            .map(|(_, v)| v)
+            .collect();
+        any_pid_label |= !pids.is_empty();
+        for hot in ["spin_hot", "inner_work"] {
+            if names.first().is_some_and(|leaf| leaf == hot) {
+                pids_of.entry(hot).or_default().extend(pids.iter().cloned());
+            }
+        }
+    }
+    for hot in ["spin_hot", "inner_work"] {
+        assert!(
+            pids_of.contains_key(hot),
+            "profile.pb.gz has no sample with leaf {hot}"
+        );
+    }
+    if any_pid_label {
+        eprintln!("pprof pid labels: {pids_of:?} (groundtruth {gt_pid}, spinner {spin_pid})");
+        let expect = |hot: &str, pid: u32| {
+            let pids = &pids_of[hot];
+            assert!(
+                pids.len() == 1 && pids.contains(&pid.to_string()),
+                "profile.pb.gz labels {hot} samples with pids {pids:?}, expected only {pid}"
+            );
+        };
+        expect("spin_hot", spin_pid);
+        expect("inner_work", gt_pid);
+    } else {
+        eprintln!("NOTE: profile.pb.gz has no pid labels; pids not checked");
+    }
+}
+
+/// `ember-relay record` runs the relay as nobody, without capabilities and with NoNewPrivs,
+/// and still symbolizes.
+#[test]
+fn relay_runs_unprivileged() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let mut run = spawn_record(&[
+        "--duration",
+        "6s",
+        "--frequency",
+        "499",
+        "--pid",
+        &pid_arg(workload.pid()),
+    ]);
+    let pid = run.pid();
+    let status_path = format!("/proc/{pid}/status");
+
+    // Wait for the drop to nobody (the relay starts as root to start its sampler).
+    let dropped = wait_until(Duration::from_secs(60), || {
+        if run.child.try_wait().is_some() {
+            return true;
+        }
+        proc_status(Path::new(&status_path))
+            .and_then(|s| {
+                status_field(&s, "Uid").map(|uid| uid.split_whitespace().all(|id| id == "65534"))
+            })
+            .unwrap_or(false)
+    });
+    assert!(
+        dropped.is_some() && run.child.try_wait().is_none(),
+        "ember-relay record (pid {pid}) never switched to uid 65534 while running"
+    );
+
+    // Then every thread must be unprivileged. Give the drop a moment to complete (uid first,
+    // then NoNewPrivs, say), then check, and check again later in the recording.
+    let check = || -> Vec<String> {
+        let mut problems = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path().join("status"))
+                .collect::<Vec<_>>()
+        });
+        for path in tasks.unwrap_or_default() {
+            let Some(status) = proc_status(&path) else {
+                continue;
+            };
+            let field = |key: &str| status_field(&status, key).unwrap_or("<missing>").to_owned();
+            let uid = field("Uid");
+            if !uid.split_whitespace().all(|id| id == "65534") {
+                problems.push(format!("{}: Uid {uid}", path.display()));
+            }
+            let gid = field("Gid");
+            if gid.split_whitespace().any(|id| id == "0") {
+                problems.push(format!(
+                    "{}: Gid {gid} (still in group root)",
+                    path.display()
+                ));
+            }
+            let groups = field("Groups");
+            if groups.split_whitespace().any(|id| id == "0") {
+                problems.push(format!(
+                    "{}: Groups {groups} (still in group root)",
+                    path.display()
+                ));
+            }
+            for cap in ["CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"] {
+                let value = field(cap);
+                if !value.trim_start_matches('0').is_empty() {
+                    problems.push(format!("{}: {cap} {value}", path.display()));
+                }
+            }
+            let nnp = field("NoNewPrivs");
+            if nnp != "1" {
+                problems.push(format!("{}: NoNewPrivs {nnp}", path.display()));
+            }
+            eprintln!(
+                "{}: Uid {uid} Gid {gid} Groups [{groups}] CapEff {} CapPrm {} CapBnd {} NoNewPrivs {nnp}",
+                path.display(),
+                field("CapEff"),
+                field("CapPrm"),
+                field("CapBnd")
+            );
+        }
+        problems
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut problems = check();
+    while !problems.is_empty() && Instant::now() < deadline && run.child.try_wait().is_none() {
+        thread::sleep(Duration::from_millis(100));
+        problems = check();
+    }
+    assert!(
+        problems.is_empty(),
+        "relay still privileged after dropping to nobody: {problems:#?}"
+    );
+    thread::sleep(Duration::from_secs(2));
+    if run.child.try_wait().is_none() {
+        let later = check();
+        assert!(
+            later.is_empty(),
+            "relay regained privileges during the recording: {later:#?}"
+        );
+    }
+
+    let recorded = run.finish(RECORD_TIMEOUT);
+    drop(workload);
+    let stacks = recorded.folded();
+    let hot =
+        total_count(stacks.iter().filter(|s| {
+            s.process == "spinner" && s.leaf() == Some("spin_hot") && s.has_frame("main")
+        }));
+    assert!(
+        hot > 0,
+        "the unprivileged relay produced no symbolized spinner;...;main;spin_outer;spin_hot \
+         stacks:\n{}",
+        recorded.folded_text()
+    );
+}
+
+/// The sampler keeps batches while the relay is away and delivers them to the next relay; a
+/// relay serves a restarted sampler.
+#[test]
+fn relay_and_sampler_restarts() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let workload = spawn_workload(&workloads().spinner, 300);
+    let pid = pid_arg(workload.pid());
+    let sampler_args = ["--pid", pid.as_str(), "--frequency", "99"];
+
+    let mut relay1 = spawn_relay_run("relay-1", &socket, &[]);
+    let (mut sampler, _sampler_log) = spawn_sampler("sampler-1", &socket, &sampler_args);
+    relay1
+        .log
+        .expect(0, FIRST_BATCH_TIMEOUT, "\"batch received\"", is_batch);
+    let relay1_batches = relay1.log.matching(is_batch);
+    let last_seq = relay1_batches
+        .last()
+        .and_then(|(_, v)| field_u64(v, "sequence"));
+
+    relay1.child.signal(Signal::SIGKILL);
+    assert!(
+        relay1.child.wait_timeout(Duration::from_secs(10)).is_some(),
+        "relay-1 survived SIGKILL"
+    );
+    let killed_at = now_unix_ns();
+    thread::sleep(Duration::from_secs(3));
+    assert!(
+        sampler.try_wait().is_none(),
+        "the sampler exited when the relay went away"
+    );
+    let restarted_at = now_unix_ns();
+    let out_dir = dir.path().join("out");
+    let out_arg = out_dir.to_str().unwrap();
+    let relay2 = spawn_relay_run("relay-2", &socket, &["--output-dir", out_arg]);
+
+    let ended_between = |v: &Value, from: u64, to: u64| {
+        is_batch(v)
+            && field_u64(v, "interval_end_unix_ns").is_some_and(|end| end > from && end < to)
+    };
+    let (_, backlog) = relay2.log.expect(
+        0,
+        FIRST_BATCH_TIMEOUT,
+        "backlog batch (interval ended while no relay was running)",
+        |v| ended_between(v, killed_at, restarted_at),
+    );
+    let (_, fresh) = relay2.log.expect(
+        0,
+        LOG_TIMEOUT,
+        "batch recorded wholly after the restart",
+        |v| {
+            is_batch(v) && field_u64(v, "interval_start_unix_ns").is_some_and(|t| t >= restarted_at)
+        },
+    );
+    let relay2_batches = relay2.log.matching(is_batch);
+    let sequences: Vec<Option<u64>> = relay2_batches
+        .iter()
+        .map(|(_, v)| field_u64(v, "sequence"))
+        .collect();
+    eprintln!(
+        "relay-1 last sequence {last_seq:?}; relay-2 sequences {sequences:?}; backlog batch {backlog}; \
+         fresh batch {fresh}"
+    );
+    assert!(
+        field_u64(&backlog, "samples").is_some_and(|n| n > 0),
+        "the backlog batch carries no samples (the workload was busy): {backlog}"
+    );
+    let seqs: Vec<u64> = sequences.iter().flatten().copied().collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] <= w[1]),
+        "relay-2 received batches out of order: {seqs:?}"
+    );
+    if let (Some(last), Some(first)) = (last_seq, seqs.first()) {
+        assert!(
+            *first > last,
+            "relay-2 got sequence {first} again after relay-1 logged {last}"
+        );
+    }
+
+    // Sampler restart: SIGTERM, a new sampler, a second connection on the same relay.
+    let first_connection = relay2
+        .log
+        .matching(is_batch)
+        .last()
+        .and_then(|(_, v)| field_text(v, "connection"));
+    sampler.signal(Signal::SIGTERM);
+    let status = sampler
+        .wait_timeout(Duration::from_secs(30))
+        .expect("the sampler did not exit on SIGTERM");
+    assert!(
+        status.success(),
+        "the sampler exited with {status} on SIGTERM"
+    );
+    let mark = relay2.log.len();
+    let (_sampler2, _sampler2_log) = spawn_sampler("sampler-2", &socket, &sampler_args);
+    let (connected, _) = relay2.log.expect(
+        mark,
+        FIRST_BATCH_TIMEOUT,
+        "second \"sampler connected\"",
+        is_connected,
+    );
+    let (_, batch) = relay2.log.expect(
+        connected,
+        FIRST_BATCH_TIMEOUT,
+        "batch from the new sampler",
+        is_batch,
+    );
+    let connections = relay2.log.matching(is_connected).len();
+    assert!(
+        connections >= 2,
+        "relay-2 logged {connections} \"sampler connected\", expected 2"
+    );
+    let second_connection = field_text(&batch, "connection");
+    eprintln!("connections: first {first_connection:?}, second {second_connection:?}");
+    if first_connection.is_some() && second_connection.is_some() {
+        assert_ne!(
+            first_connection, second_connection,
+            "the new sampler's batches carry the old connection id"
+        );
+    }
+
+    // --output-dir: stacks.folded is rewritten after every batch and covers all of them (the
+    // log line and the rewrite are not ordered, so poll until they agree).
+    let folded_path = out_dir.join("stacks.folded");
+    let mut last = (0, 0);
+    let agreed = wait_until(LOG_TIMEOUT, || {
+        let logged: u64 = relay2
+            .log
+            .matching(is_batch)
+            .iter()
+            .filter_map(|(_, v)| field_u64(v, "samples"))
+            .sum();
+        let written = std::fs::read_to_string(&folded_path)
+            .map(|text| total_count(&parse_folded(&text)))
+            .unwrap_or(0);
+        last = (logged, written);
+        logged > 0 && logged == written
+    });
+    assert!(
+        agreed.is_some(),
+        "{} holds {} samples, but relay-2 logged batches with {} samples in all",
+        folded_path.display(),
+        last.1,
+        last.0
+    );
+    let folded = parse_folded(&std::fs::read_to_string(&folded_path).unwrap());
+    assert!(
+        folded
+            .iter()
+            .any(|s| s.process == "spinner" && s.leaf() == Some("spin_hot")),
+        "{} has no spinner;...;spin_hot stack",
+        folded_path.display()
+    );
+    eprintln!("{}: {} samples, as logged", folded_path.display(), last.1);
+    drop(workload);
+}
+
+fn hello(protocol_version: u32) -> SamplerMessage {
+    SamplerMessage::Hello(Hello {
+        protocol_version,
+        sampler_version: "e2e-test".to_owned(),
+        hostname: "e2e".to_owned(),
+        frequency_hz: 99,
+        kallsyms_fd: NO_FD,
+        boot_time_unix_ns: 1,
+        target_pid: 0,
+    })
+}
+
+fn connect(socket: &Path) -> OwnedFd {
+    let mut last = Errno::UnknownErrno;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        match transport::connect(socket) {
+            Ok(fd) => return fd,
+            Err(err @ (Errno::ECONNREFUSED | Errno::ENOENT)) => last = err,
+            Err(err) => panic!("connecting to {}: {err}", socket.display()),
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!("cannot connect to {}: {last}", socket.display());
+}
+
+/// Whether the peer closed `sock` within `timeout` (reading and discarding anything it sends).
+fn closed_within(sock: &OwnedFd, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        let ready = nix::poll::poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        );
+        match ready {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(err) => panic!("poll: {err}"),
+        }
+        match transport::recv(sock.as_fd(), &mut buf) {
+            Ok(Received::Closed) | Err(Errno::ECONNRESET) => return true,
+            Ok(_) => continue,
+            Err(Errno::EINTR | Errno::EAGAIN) => continue,
+            Err(err) => panic!("recv: {err}"),
+        }
+    }
+}
+
+/// Malformed input: the relay closes the offending connection, logs an error, and keeps
+/// serving.
+#[test]
+fn relay_rejects_malformed_input() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    const MAX: usize = 65536;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let mut relay = spawn_relay_run("relay", &socket, &["--max-message-bytes", &MAX.to_string()]);
+
+    let limits = Limits {
+        max_message_bytes: MAX,
+    };
+    let valid_hello = encode_sampler_message(&hello(PROTOCOL_VERSION));
+    let garbage: Vec<u8> = b"\xff\xff\xff\x7fthis is not a Cap'n Proto message"
+        .iter()
+        .copied()
+        .cycle()
+        .take(200)
+        .collect();
+    let truncated = valid_hello[..valid_hello.len() / 2].to_vec();
+    let oversized = encode_sampler_message(&SamplerMessage::Batch(Batch {
+        sequence: 1,
+        part: 0,
+        parts: 1,
+        interval_start_unix_ns: 1,
+        interval_end_unix_ns: 2,
+        frequency_hz: 99,
+        user_stacks: vec![vec![0x40_1000; 100 * 1024 / 8 + 64]],
+        ..Batch::default()
+    }));
+    let wrong_version = encode_sampler_message(&hello(999));
+    assert!(decode_sampler_message(&garbage, &limits).is_err());
+    assert!(decode_sampler_message(&truncated, &limits).is_err());
+    assert!(
+        oversized.len() >= 100 * 1024,
+        "oversized message is only {} bytes",
+        oversized.len()
+    );
+
+    // (case, a valid message sent before the bad one, the bad one)
+    type Case<'a> = (&'a str, Option<&'a [u8]>, &'a [u8]);
+    let cases: [Case<'_>; 4] = [
+        ("garbage bytes", None, &garbage),
+        ("truncated Hello", None, &truncated),
+        (
+            "oversized (100 KiB) message after a valid Hello",
+            Some(&valid_hello),
+            &oversized,
+        ),
+        ("Hello with protocol version 999", None, &wrong_version),
+    ];
+    for (case, before, bad) in cases {
+        eprintln!("--- {case}");
+        let errors_before = relay.log.matching(is_closing_error).len();
+        let mark = relay.log.len();
+        let sock = connect(&socket);
+        if let Some(first) = before {
+            transport::send(sock.as_fd(), first, &[], false).expect("sending the valid Hello");
+            // The valid Hello must be accepted: connection kept, no error.
+            relay.log.expect(
+                mark,
+                LOG_TIMEOUT,
+                "\"sampler connected\" for a valid Hello",
+                is_connected,
+            );
+            assert!(
+                !closed_within(&sock, Duration::from_millis(500)),
+                "the relay closed the connection after a valid Hello:\n{}",
+                relay.log.text()
+            );
+            assert_eq!(
+                relay.log.matching(is_closing_error).len(),
+                errors_before,
+                "the relay logged an error for a valid Hello"
+            );
+        }
+        match transport::send(sock.as_fd(), bad, &[], false) {
+            Ok(()) => {}
+            Err(err @ (Errno::EPIPE | Errno::ECONNRESET)) => {
+                eprintln!("send: {err} (already closed)")
+            }
+            Err(err) => panic!("sending {case}: {err}"),
+        }
+        assert!(
+            closed_within(&sock, LOG_TIMEOUT),
+            "the relay did not close the connection after {case}:\n{}",
+            relay.log.text()
+        );
+        let (_, error) = relay.log.expect(
+            mark,
+            LOG_TIMEOUT,
+            &format!("ERROR \"closing connection...\" for {case}"),
+            is_closing_error,
+        );
+        let text = field_text(&error, "error").unwrap_or_default();
+        eprintln!("relay: {} / error: {text}", message(&error));
+        assert!(
+            !text.is_empty(),
+            "the closing-connection error has no `error` field: {error}"
+        );
+        assert!(
+            relay.child.try_wait().is_none(),
+            "the relay exited after {case}:\n{}",
+            relay.log.text()
+        );
+    }
+
+    // A real sampler is still served.
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let pid = pid_arg(workload.pid());
+    let mark = relay.log.len();
+    let (_sampler, _sampler_log) = spawn_sampler(
+        "sampler",
+        &socket,
+        &["--pid", pid.as_str(), "--frequency", "99"],
+    );
+    relay.log.expect(
+        mark,
+        FIRST_BATCH_TIMEOUT,
+        "\"batch received\" from a real sampler",
+        is_batch,
+    );
+    assert!(relay.child.try_wait().is_none(), "the relay exited");
+}
