@@ -108,7 +108,11 @@ impl Session {
             .map(|m| {
                 let build_id = self.files.get(&m.file_id).and_then(|f| f.build_id.clone());
                 Arc::new(Module {
-                    path: Arc::from(if m.path.is_empty() { "[anon]" } else { m.path.as_str() }),
+                    path: Arc::from(if m.path.is_empty() {
+                        "[anon]"
+                    } else {
+                        m.path.as_str()
+                    }),
                     build_id,
                     start: m.start,
                     end: m.end,
@@ -121,7 +125,14 @@ impl Session {
         }
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
         let pid = info.pid;
-        if let Some(old) = self.processes.insert(pid, Process { info, name, modules }) {
+        if let Some(old) = self.processes.insert(
+            pid,
+            Process {
+                info,
+                name,
+                modules,
+            },
+        ) {
             self.release_files(&old.info);
         }
     }
@@ -209,7 +220,11 @@ impl Session {
 
 /// The distinct passed files a process maps.
 fn file_ids(info: &ProcessInfo) -> std::collections::BTreeSet<u64> {
-    info.mappings.iter().map(|m| m.file_id).filter(|&id| id != 0).collect()
+    info.mappings
+        .iter()
+        .map(|m| m.file_id)
+        .filter(|&id| id != 0)
+        .collect()
 }
 
 /// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point
