@@ -45,6 +45,9 @@ struct RunArgs {
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
+    /// Only samplers running as this uid may connect; others are refused with a logged reason.
+    #[arg(long, default_value_t = 0, env = "EMBER_SAMPLER_UID")]
+    sampler_uid: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
             window: a.window,
             max_message_bytes: a.max_message_bytes,
             allow_root: a.allow_root,
+            sampler_uid: a.sampler_uid,
         }),
         Command::Record(a) => record::record(record::RecordConfig {
             duration: a.duration,

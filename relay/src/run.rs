@@ -23,6 +23,7 @@ pub struct RunConfig {
     pub window: Duration,
     pub max_message_bytes: usize,
     pub allow_root: bool,
+    pub sampler_uid: u32,
 }
 
 pub fn run(config: RunConfig) -> anyhow::Result<()> {
@@ -42,12 +43,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         max_message_bytes: config.max_message_bytes,
     };
     let (events_tx, events) = mpsc::channel();
-    source::spawn_listener(&config.socket, limits, events_tx).with_context(|| {
-        format!(
+    source::spawn_listener(&config.socket, limits, config.sampler_uid, events_tx).with_context(
+        || {
+            format!(
             "cannot listen on {}; check that its directory exists and this user may write to it",
             config.socket.display()
         )
-    })?;
+        },
+    )?;
     let status = privileges::status();
     tracing::info!(
         socket = %config.socket.display(),

@@ -14,6 +14,8 @@ pub struct SamplerConfig {
     pub counts_map_size: u32,
     pub stack_map_size: u32,
     pub backlog_max_bytes: usize,
+    /// The relay's user; checked against SO_PEERCRED.
+    pub relay_user: Option<String>,
 }
 
 impl Default for SamplerConfig {
@@ -27,6 +29,7 @@ impl Default for SamplerConfig {
             counts_map_size: 16384,
             stack_map_size: 16384,
             backlog_max_bytes: 64 << 20,
+            relay_user: None,
         }
     }
 }

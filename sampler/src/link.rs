@@ -52,6 +52,8 @@ pub struct Link {
     pub dropped_batches: u64,
     pub dropped_samples: u64,
     last_connect_error: Option<Errno>,
+    /// Required SO_PEERCRED uid of the relay, when set.
+    relay_uid: Option<u32>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -60,7 +62,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub const SEND_BUFFER_BYTES: usize = 1 << 20;
 
 impl Link {
-    pub fn new(target: Target, inherited: Option<OwnedFd>, backlog_max_bytes: usize) -> Self {
+    pub fn new(
+        target: Target,
+        inherited: Option<OwnedFd>,
+        backlog_max_bytes: usize,
+        relay_uid: Option<u32>,
+    ) -> Self {
         Self {
             target,
             conn: inherited,
@@ -72,6 +79,7 @@ impl Link {
             dropped_batches: 0,
             dropped_samples: 0,
             last_connect_error: None,
+            relay_uid,
         }
     }
 
@@ -135,7 +143,7 @@ impl Link {
         if self.conn.is_some() || Instant::now() < self.next_attempt {
             return Event::Nothing;
         }
-        match transport::connect(path) {
+        match transport::connect(path).and_then(|fd| self.check_peer(fd)) {
             Ok(fd) => {
                 if let Err(err) = transport::set_send_buffer(fd.as_fd(), SEND_BUFFER_BYTES) {
                     tracing::debug!(%err, "could not raise the socket send buffer");
@@ -148,11 +156,16 @@ impl Link {
             }
             Err(err) => {
                 if self.last_connect_error != Some(err) {
+                    let hint = match err {
+                        Errno::EACCES if self.relay_uid.is_some() => "; the socket is not writable by the relay's group (mode 0660 expected)",
+                        Errno::EACCES => "; the socket is not writable by the sampler: pass --relay-uid <relay user> so the sampler joins the relay's group",
+                        Errno::EPERM => "; the listener is not the relay user given by --relay-uid",
+                        _ => "; start ember-relay or check --socket",
+                    };
                     tracing::warn!(
                         socket = %path.display(),
                         %err,
-                        "cannot reach ember-relay; sampling goes on and batches are kept in the \
-                         backlog; start ember-relay or check --socket"
+                        "cannot reach ember-relay; sampling goes on and batches are kept in the backlog{hint}"
                     );
                     self.last_connect_error = Some(err);
                 }
@@ -161,6 +174,24 @@ impl Link {
                 Event::Nothing
             }
         }
+    }
+
+    /// Refuses a listener whose uid is not the configured relay uid.
+    fn check_peer(&self, fd: OwnedFd) -> Result<OwnedFd, Errno> {
+        let Some(expected) = self.relay_uid else {
+            return Ok(fd);
+        };
+        let (uid, _, pid) = transport::peer_credentials(fd.as_fd())?;
+        if uid != expected {
+            tracing::error!(
+                peer_uid = uid,
+                peer_pid = pid,
+                relay_uid = expected,
+                "refusing the process listening on the socket: its uid is not --relay-uid"
+            );
+            return Err(Errno::EPERM);
+        }
+        Ok(fd)
     }
 
     /// Puts per-connection state before everything queued (after a connect), dropping the state

@@ -4,6 +4,7 @@
 
 mod config;
 mod drain;
+mod harden;
 mod link;
 mod load;
 mod procfs;
@@ -63,6 +64,11 @@ struct Cli {
     /// Most bytes of batches kept while the relay is unreachable; the oldest go first, counted.
     #[arg(long, default_value_t = SamplerConfig::default().backlog_max_bytes)]
     backlog_max_bytes: usize,
+    /// The relay's user (name or uid). The sampler joins its group (to reach a 0660 socket) and
+    /// refuses a relay whose SO_PEERCRED uid differs. Without it any listener on --socket is
+    /// trusted.
+    #[arg(long, value_name = "USER|UID", env = "EMBER_RELAY_UID")]
+    relay_uid: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -111,6 +117,7 @@ impl Cli {
             counts_map_size: self.counts_map_size,
             stack_map_size: self.stack_map_size,
             backlog_max_bytes: self.backlog_max_bytes,
+            relay_user: self.relay_uid,
         }
     }
 }
@@ -186,6 +193,42 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         }
     };
     let mut loaded = load::load_and_attach(&config)?;
+    let boot_time = procfs::boot_time_unix_ns();
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let relay = match &config.relay_user {
+        Some(user) => {
+            let (uid, gid) = resolve_user(user)?;
+            harden::join_group(gid)?;
+            Some(uid)
+        }
+        None => {
+            if config.inherited_fd.is_none() {
+                tracing::warn!(
+                    "no --relay-uid: any process listening on the socket receives the samples"
+                );
+            }
+            None
+        }
+    };
+    harden::harden().context("confining the sampler")?;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    tracing::info!(
+        cap_eff = %field("CapEff:"),
+        cap_bnd = %field("CapBnd:"),
+        no_new_privs = %field("NoNewPrivs:"),
+        seccomp = %field("Seccomp:"),
+        allowed_syscalls = harden::allowed_count(),
+        "sampler confined"
+    );
     tracing::info!(
         cpus = loaded.cpus,
         frequency_hz = config.frequency_hz,
@@ -200,12 +243,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         None => (Target::Path(config.socket.clone()), None),
     };
     let inherited_mode = inherited.is_some();
-    let mut link = Link::new(target, inherited, config.backlog_max_bytes);
-    let boot_time = procfs::boot_time_unix_ns();
+    let mut link = Link::new(target, inherited, config.backlog_max_bytes, relay);
     let mut tracker = Tracker::new(boot_time);
-    let hostname = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let hello = |kallsyms: &Option<Rc<OwnedFd>>| -> Outgoing {
         let message = SamplerMessage::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -320,6 +359,18 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             tracing::info!(delivered, sequence, "stopping");
             return Ok(());
         }
+    }
+}
+
+/// Resolves `--relay-uid` (a user name or a number) to its uid and primary gid.
+fn resolve_user(user: &str) -> anyhow::Result<(u32, u32)> {
+    let found = match user.parse::<u32>() {
+        Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))?,
+        Err(_) => nix::unistd::User::from_name(user)?,
+    };
+    match found {
+        Some(account) => Ok((account.uid.as_raw(), account.gid.as_raw())),
+        None => anyhow::bail!("--relay-uid {user}: no such user; start the relay's user first (e.g. its systemd unit) or pass a numeric uid"),
     }
 }
 

@@ -163,13 +163,33 @@ fn check_fd_indices(message: &SamplerMessage, count: usize) -> Result<(), Connec
     }
 }
 
-/// Accepts connections on `path` forever, one reading thread per sampler.
+/// Creates the socket's directory (mode 0750) if missing, listens on `path` and makes the socket
+/// mode 0660: only the relay's user and group (which the sampler joins) may connect.
+fn listen_private(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)?;
+    }
+    let listener = transport::listen(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+/// Accepts connections on `path` forever, one reading thread per sampler. Connections from any
+/// uid but `sampler_uid` are closed with a logged reason.
 pub fn spawn_listener(
     path: &Path,
     limits: Limits,
+    sampler_uid: u32,
     events: Sender<SourceEvent>,
-) -> Result<thread::JoinHandle<()>, nix::errno::Errno> {
-    let listener = transport::listen(path)?;
+) -> std::io::Result<thread::JoinHandle<()>> {
+    let listener = listen_private(path)?;
     let path: PathBuf = path.to_owned();
     let active = Arc::new(AtomicUsize::new(0));
     let handle = thread::Builder::new()
@@ -186,6 +206,22 @@ pub fn spawn_listener(
                         continue;
                     }
                 };
+                match transport::peer_credentials(fd.as_fd()) {
+                    Ok((uid, _, pid)) if uid != sampler_uid => {
+                        tracing::error!(
+                            peer_uid = uid,
+                            peer_pid = pid,
+                            sampler_uid,
+                            "closing connection: peer uid {uid} is not the sampler's (--sampler-uid {sampler_uid})"
+                        );
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::error!(%err, "closing connection: cannot read its credentials");
+                        continue;
+                    }
+                }
                 if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
                     tracing::error!(
                         max = MAX_CONNECTIONS,
@@ -196,6 +232,7 @@ pub fn spawn_listener(
                 next_id += 1;
                 let conn = next_id;
                 let events = events.clone();
+                let active_after_error = Arc::clone(&active);
                 let active = Arc::clone(&active);
                 active.fetch_add(1, Ordering::SeqCst);
                 let spawned =
@@ -207,9 +244,10 @@ pub fn spawn_listener(
                         });
                 if let Err(err) = spawned {
                     tracing::error!(%err, "cannot start a connection thread");
+                    active_after_error.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         })
-        .map_err(|_| nix::errno::Errno::EAGAIN)?;
+        ?;
     Ok(handle)
 }
