@@ -7,8 +7,14 @@ cd "$root"
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. Debian packages: capnp compiler (protocol schema), perf + bpftrace (benchmark comparison),
-#    gcc/make (ground-truth workloads), libcap2-bin (capsh, used by tests to inspect sets).
+#    gcc/make (ground-truth workloads), libcap2-bin (capsh, used by tests to inspect sets),
+#    and the deployment gates (tests/tests/deploy.rs): systemd (systemd-analyze verify/security
+#    for systemd/*.service), docker-compose (Debian's v1, `config` for compose/compose.yaml; it
+#    needs no Docker engine for that), python3-venv (the venv for kubernetes-validate, step 4).
+#    EMBER_SETUP_GATES=0 leaves the gate tools out (compose/Dockerfile, which only builds).
+gates=${EMBER_SETUP_GATES:-1}
 pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
+[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -58,4 +64,19 @@ if [ $need_build -eq 1 ]; then
   LLVM_PREFIX="$root/.tools/llvm" cargo +nightly install --locked --root "$root/.tools" \
     bpf-linker@0.13.0 --no-default-features --features "llvm-$llvm_major" --force -q
 fi
-log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)"
+# 4. kubernetes-validate (PyPI) in its own venv under .tools/, for the deploy/kubernetes/ gate.
+#    It ships the Kubernetes JSON schemas, so validating needs no network. Skipped (fast) when the
+#    venv already has this version and its interpreter still runs.
+kv_version=1.37.0
+venv="$root/.tools/venv"
+if [ "$gates" != 0 ] && ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c '' 2>/dev/null \
+  && compgen -G "$venv/lib/python3*/site-packages/kubernetes_validate-$kv_version.dist-info" >/dev/null; }; then
+  log "installing kubernetes-validate $kv_version into .tools/venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$kv_version"
+fi
+
+gate_tools=""
+[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version"
+log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -1,0 +1,659 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Deployment gates: the systemd units (systemd/), the Compose file (compose/) and the Kubernetes
+//! manifests (deploy/kubernetes/) are checked by the real tools users would run, plus a few
+//! promises the files make that no tool checks (the sampler's capability list is the same
+//! everywhere, the relay holds none, the Pyroscope image and the OTLP proto version match).
+//!
+//! The tools come from `scripts/setup.sh`: `systemd-analyze` (Debian's systemd),
+//! `docker-compose` (Debian's v1; `config` needs no Docker engine) and `kubernetes-validate`
+//! (PyPI, in `.tools/venv`, with the Kubernetes schemas it ships, so it runs offline). A missing
+//! tool skips its test with a printed reason, except under `CI=true`, where it fails.
+//!
+//! ```text
+//! cargo build && cargo test -p ember-tests --test deploy -- --nocapture
+//! ```
+
+use std::{
+    collections::BTreeSet,
+    env, fs,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use ember_tests::{relay_bin, sampler_bin};
+
+/// `systemd-analyze security` exposure limits (0 = locked down, 10 = unconfined). For scale: the
+/// single-process agent unit of the OpenTelemetry eBPF profiler's setup guide scores 7.4.
+const RELAY_MAX_EXPOSURE: f64 = 2.0;
+const SAMPLER_MAX_EXPOSURE: f64 = 5.0;
+
+/// The capabilities the sampler starts with, in every deployment that lists them (systemd's
+/// CapabilityBoundingSet=, the DaemonSet's capabilities.add). It keeps only CAP_SYS_PTRACE,
+/// CAP_DAC_READ_SEARCH and CAP_CHECKPOINT_RESTORE once attached (sampler/src/harden.rs).
+const SAMPLER_START_CAPS: [&str; 8] = [
+    "CAP_BPF",
+    "CAP_PERFMON",
+    "CAP_SYS_PTRACE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_CHECKPOINT_RESTORE",
+    "CAP_SETPCAP",
+    "CAP_SETGID",
+    "CAP_SYSLOG",
+];
+
+/// Where the units expect the binaries (README: Deployments).
+const INSTALL_DIR: &str = "/usr/local/bin/";
+
+/// kubernetes-validate's schema versions the manifests are checked against: the oldest
+/// Kubernetes they target (securityContext.appArmorProfile is GA since 1.30) and the newest the
+/// pinned kubernetes-validate ships.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.31.0", "1.37.0"];
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn in_ci() -> bool {
+    env::var("CI").as_deref() == Ok("true")
+}
+
+/// The first executable among `candidates` (absolute paths, or names looked up on PATH). None,
+/// with the reason printed, when there is none, outside CI; in CI a missing tool is a failure.
+fn require_tool(candidates: &[PathBuf], what: &str) -> Option<PathBuf> {
+    let path_dirs: Vec<PathBuf> = env::var_os("PATH")
+        .map(|p| env::split_paths(&p).collect())
+        .unwrap_or_default();
+    for candidate in candidates {
+        let found = if candidate.is_absolute() {
+            Some(candidate.clone()).filter(|p| is_executable(p))
+        } else {
+            path_dirs
+                .iter()
+                .map(|dir| dir.join(candidate))
+                .find(|p| is_executable(p))
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    assert!(
+        !in_ci(),
+        "{what} not found (tried {}); CI must run this gate: scripts/setup.sh installs it",
+        tried.join(", ")
+    );
+    eprintln!(
+        "SKIPPED: {what} not found (tried {}); run `sudo scripts/setup.sh` to install it",
+        tried.join(", ")
+    );
+    None
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Runs `command`, echoing it and its output to the test log.
+fn run(command: &mut Command) -> Output {
+    let output = run_quiet(command);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !stdout.trim().is_empty() {
+        eprintln!("stdout:\n{stdout}");
+    }
+    if !stderr.trim().is_empty() {
+        eprintln!("stderr:\n{stderr}");
+    }
+    eprintln!("exit: {}", output.status);
+    output
+}
+
+/// Runs `command`, echoing only the command line.
+fn run_quiet(command: &mut Command) -> Output {
+    eprintln!("running {command:?}");
+    command
+        .output()
+        .unwrap_or_else(|err| panic!("starting {command:?}: {err}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn read(relative: &str) -> String {
+    let path = repo_root().join(relative);
+    fs::read_to_string(&path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+}
+
+/// The values of `key=` in a unit file's text (every occurrence, in order; comments skipped).
+fn unit_values<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
+    unit.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#') && !line.starts_with(';'))
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim())
+        .collect()
+}
+
+/// The one value of `key=` in a unit; panics if it is absent or set more than once.
+fn unit_value<'a>(unit: &'a str, name: &str, key: &str) -> &'a str {
+    match unit_values(unit, key).as_slice() {
+        [value] => value,
+        other => panic!("{name}: expected exactly one {key}=, found {other:?}"),
+    }
+}
+
+/// `Overall exposure level for NAME: 1.2 OK` from `systemd-analyze security`.
+fn parse_exposure(output: &str, unit: &str) -> Option<f64> {
+    let prefix = format!("Overall exposure level for {unit}:");
+    let line = output.lines().find_map(|l| {
+        l.find(&prefix)
+            .map(|at| l[at + prefix.len()..].trim().to_owned())
+    })?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// The lines of the block under `path` in an indented YAML text (as `docker-compose config`
+/// prints it and as our manifests are written). A key is `name` (a mapping key) or `key: value`
+/// (a list item such as `name: relay`); a leading `- ` is ignored when matching.
+fn yaml_block<'a>(yaml: &'a str, path: &[&str]) -> Vec<&'a str> {
+    let mut lines: Vec<&str> = yaml.lines().collect();
+    for key in path {
+        let header = if key.contains(": ") {
+            (*key).to_owned()
+        } else {
+            format!("{key}:")
+        };
+        // Direct children only: the least indented lines of the current block.
+        let base = lines
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| indent_of(l))
+            .min()
+            .unwrap_or(0);
+        let start = lines
+            .iter()
+            .position(|l| indent_of(l) == base && l.trim().trim_start_matches("- ") == header)
+            .unwrap_or_else(|| panic!("no `{header}` on the path {path:?} in:\n{yaml}"));
+        let indent = indent_of(lines[start]);
+        let header_is_item = lines[start].trim_start().starts_with("- ");
+        lines = lines[start + 1..]
+            .iter()
+            .copied()
+            .take_while(|l| {
+                l.trim().is_empty()
+                    || indent_of(l) > indent
+                    // `key:` followed by its list at the same indent (docker-compose's style).
+                    || (!header_is_item
+                        && indent_of(l) == indent
+                        && l.trim_start().starts_with("- "))
+            })
+            .collect();
+    }
+    lines
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+/// The `- item` entries directly under `key` in `block`, unquoted.
+fn yaml_list(block: &[&str], key: &str) -> Vec<String> {
+    yaml_block(&block.join("\n"), &[key])
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .map(|item| item.trim().trim_matches(['"', '\'']).to_owned())
+        .collect()
+}
+
+fn has_line(block: &[&str], expected: &str) -> bool {
+    block.iter().any(|l| l.trim() == expected)
+}
+
+/// The OTLP profiles proto version a Pyroscope release speaks (shared/PROTOCOLS.md): 1.18.x
+/// speaks v1.9, >= 1.20 speaks v1.10; 1.19 is not listed there, and older releases speak older
+/// generations ember does not export.
+fn pyroscope_proto_version(tag: &str) -> Option<&'static str> {
+    let mut parts = tag.split('.').map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next()??, parts.next()??);
+    match (major, minor) {
+        (1, 18) => Some("1.9"),
+        (1, 20..) | (2.., _) => Some("1.10"),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// systemd
+
+#[test]
+fn systemd_units_verify_and_are_confined() {
+    let Some(analyze) = require_tool(&["systemd-analyze".into()], "systemd-analyze") else {
+        return;
+    };
+    let units = [
+        ("ember-relay.service", relay_bin(), RELAY_MAX_EXPOSURE),
+        ("ember-sampler.service", sampler_bin(), SAMPLER_MAX_EXPOSURE),
+    ];
+
+    // `verify` insists that ExecStart= binaries exist: check copies whose ExecStart points at the
+    // binaries this build produced instead of /usr/local/bin, and nothing else changed.
+    let tmp = tempfile::Builder::new()
+        .prefix("ember-units-")
+        .tempdir()
+        .expect("creating a temp dir");
+    let mut copies = Vec::new();
+    for (name, binary, _) in &units {
+        let unit = read(&format!("systemd/{name}"));
+        let exec = unit_value(&unit, name, "ExecStart");
+        let program = binary.file_name().expect("binary name").to_string_lossy();
+        let installed = format!("{INSTALL_DIR}{program}");
+        assert!(
+            exec.starts_with(&format!("{installed} ")),
+            "{name}: ExecStart= should run {installed} (README: Deployments), not {exec:?}"
+        );
+        let copy = tmp.path().join(name);
+        let replaced = unit.replace(&installed, &binary.display().to_string());
+        fs::write(&copy, replaced).expect("writing the unit copy");
+        copies.push(copy);
+    }
+    let output = run(Command::new(&analyze)
+        .arg("verify")
+        .arg("--man=no")
+        .args(&copies)
+        .env("SYSTEMD_COLORS", "0")
+        .env("SYSTEMD_PAGER", ""));
+    let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+    assert!(
+        output.status.success(),
+        "systemd-analyze verify failed ({}):\n{said}",
+        output.status
+    );
+    // verify exits 0 on unknown keys and unparsable values ("..., ignoring"): any line about our
+    // units is a mistake in them.
+    let complaints: Vec<&str> = said
+        .lines()
+        .filter(|l| units.iter().any(|(name, _, _)| l.contains(name)))
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "systemd-analyze verify complained about the units:\n{}",
+        complaints.join("\n")
+    );
+
+    // Exposure, on the files as shipped (the offline review reads the settings only).
+    let mut scores = Vec::new();
+    for (name, _, max) in &units {
+        let output = run_quiet(
+            Command::new(&analyze)
+                .args(["security", "--offline=true", "--no-pager"])
+                .arg(repo_root().join("systemd").join(name))
+                .env("SYSTEMD_COLORS", "0"),
+        );
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert!(
+            output.status.success(),
+            "systemd-analyze security {name} failed ({}):\n{said}",
+            output.status
+        );
+        // The settings that still add exposure, and the total.
+        for line in said
+            .lines()
+            .filter(|l| l.starts_with('✗') || l.starts_with('→'))
+        {
+            eprintln!("  {}", line.trim_end());
+        }
+        let score = parse_exposure(&said, name)
+            .unwrap_or_else(|| panic!("no overall exposure for {name} in:\n{said}"));
+        scores.push((*name, score, *max));
+    }
+    for (name, score, max) in &scores {
+        println!(
+            "systemd-analyze security --offline=true {name}: exposure {score:.1} (limit {max:.1})"
+        );
+    }
+    for (name, score, max) in &scores {
+        assert!(
+            score <= max,
+            "{name}: exposure {score:.1} is above the limit {max:.1}"
+        );
+    }
+
+    // What the scores do not pin down.
+    let relay = read("systemd/ember-relay.service");
+    let sampler = read("systemd/ember-sampler.service");
+    let one = |unit: &str, name: &str, key: &str| unit_value(unit, name, key).to_owned();
+    assert_eq!(one(&relay, "relay", "CapabilityBoundingSet"), "");
+    assert_eq!(one(&relay, "relay", "DynamicUser"), "yes");
+    assert_eq!(one(&relay, "relay", "NoNewPrivileges"), "yes");
+    assert_eq!(one(&relay, "relay", "ProtectSystem"), "strict");
+    assert_eq!(
+        one(&relay, "relay", "RestrictAddressFamilies"),
+        "AF_UNIX AF_INET AF_INET6"
+    );
+    assert!(
+        unit_values(&relay, "SystemCallFilter").contains(&"@system-service"),
+        "relay: SystemCallFilter=@system-service"
+    );
+    assert!(
+        !one(&relay, "relay", "MemoryMax").is_empty(),
+        "relay: MemoryMax= bounds it"
+    );
+    let relay_socket_dir = one(&relay, "relay", "RuntimeDirectory");
+    assert_eq!(relay_socket_dir, "ember");
+    let caps: BTreeSet<&str> = unit_value(&sampler, "sampler", "CapabilityBoundingSet")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        caps,
+        SAMPLER_START_CAPS.into_iter().collect(),
+        "sampler: CapabilityBoundingSet= is the documented start set"
+    );
+    assert_eq!(one(&sampler, "sampler", "PrivateNetwork"), "yes");
+    assert_eq!(
+        one(&sampler, "sampler", "RestrictAddressFamilies"),
+        "AF_UNIX"
+    );
+    assert_eq!(one(&sampler, "sampler", "NoNewPrivileges"), "yes");
+    // Settings that would hide processes or capabilities from the sampler.
+    for key in ["ProtectProc", "ProcSubset", "PrivateUsers", "PrivatePIDs"] {
+        assert!(
+            unit_values(&sampler, key).is_empty(),
+            "sampler: {key}= would stop it from seeing every process"
+        );
+    }
+    assert!(
+        unit_values(&sampler, "Wants").contains(&"ember-relay.service")
+            && unit_values(&sampler, "After").contains(&"ember-relay.service"),
+        "sampler: Wants= and After= ember-relay.service"
+    );
+    // Both sides agree on the socket and the peer.
+    for (name, unit) in [("relay", &relay), ("sampler", &sampler)] {
+        assert!(
+            one(unit, name, "ExecStart").contains("--socket /run/ember/ember.sock"),
+            "{name}: --socket /run/ember/ember.sock (the relay's RuntimeDirectory=ember)"
+        );
+    }
+    assert!(one(&relay, "relay", "ExecStart").contains("--sampler-uid 0"));
+    let relay_user = one(&relay, "relay", "User");
+    assert!(
+        one(&sampler, "sampler", "ExecStart").contains(&format!("--relay-uid {relay_user}")),
+        "sampler: --relay-uid {relay_user} (the relay's User=)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compose
+
+#[test]
+fn compose_file_is_accepted_by_docker_compose() {
+    let Some(compose) = require_tool(&["docker-compose".into()], "docker-compose (v1)") else {
+        return;
+    };
+    let file = repo_root().join("compose/compose.yaml");
+    let check = |args: &[&str]| {
+        let output = run(Command::new(&compose)
+            .current_dir(repo_root())
+            .arg("--file")
+            .arg(&file)
+            .args(args)
+            .env("COMPOSE_PROJECT_NAME", "ember"));
+        assert!(
+            output.status.success(),
+            "docker-compose {args:?} rejected {} ({}):\n{}",
+            file.display(),
+            output.status,
+            text(&output.stderr)
+        );
+        text(&output.stdout)
+    };
+    let quiet = check(&["config", "-q"]);
+    assert!(quiet.trim().is_empty(), "config -q printed:\n{quiet}");
+    let services: BTreeSet<String> = check(&["config", "--services"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        services,
+        ["grafana", "pyroscope", "relay", "sampler"]
+            .map(String::from)
+            .into(),
+        "compose services"
+    );
+
+    // The normalized file, as docker-compose resolved it.
+    let config = check(&["config"]);
+    let relay = yaml_block(&config, &["services", "relay"]);
+    for expected in [
+        "user: 65534:65534",
+        "read_only: true",
+        "- no-new-privileges:true",
+    ] {
+        assert!(
+            has_line(&relay, expected),
+            "relay: `{expected}` in\n{}",
+            relay.join("\n")
+        );
+    }
+    assert_eq!(
+        yaml_list(&relay, "cap_drop"),
+        ["ALL"],
+        "relay: cap_drop: [ALL]"
+    );
+    assert_eq!(
+        yaml_list(&relay, "volumes"),
+        ["ember-socket:/run/ember:rw"],
+        "relay: shares only the socket volume"
+    );
+    let sampler = yaml_block(&config, &["services", "sampler"]);
+    for expected in ["privileged: true", "pid: host", "network_mode: none"] {
+        assert!(
+            has_line(&sampler, expected),
+            "sampler: `{expected}` in\n{}",
+            sampler.join("\n")
+        );
+    }
+    assert_eq!(
+        yaml_list(&sampler, "volumes"),
+        ["ember-socket:/run/ember:rw"],
+        "sampler: only the socket volume"
+    );
+    let sampler_command = yaml_list(&sampler, "command");
+    let relay_uid = sampler_command
+        .windows(2)
+        .find(|w| w[0] == "--relay-uid")
+        .map(|w| w[1].clone());
+    assert_eq!(
+        relay_uid.as_deref(),
+        Some("65534"),
+        "sampler: --relay-uid is the relay's user"
+    );
+
+    // Pyroscope's version and the relay's OTLP proto version go together.
+    let pyroscope = yaml_block(&config, &["services", "pyroscope"]);
+    let tag = pyroscope
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("image: grafana/pyroscope:"))
+        .unwrap_or_else(|| panic!("pyroscope: no pinned grafana/pyroscope image"));
+    let speaks = pyroscope_proto_version(tag)
+        .unwrap_or_else(|| panic!("grafana/pyroscope:{tag}: no known OTLP proto version"));
+    let relay_command = yaml_list(&relay, "command");
+    let sends = relay_command
+        .windows(2)
+        .find(|w| w[0] == "--otlp-proto-version")
+        .map(|w| w[1].clone());
+    println!(
+        "compose: grafana/pyroscope:{tag} speaks OTLP proto v{speaks}; the relay sends {}",
+        sends.as_deref().unwrap_or("<its default>")
+    );
+    assert_eq!(
+        sends.as_deref(),
+        Some(speaks),
+        "the relay's --otlp-proto-version must be what grafana/pyroscope:{tag} speaks"
+    );
+    // Third-party images are pinned (ember:dev is built from compose/Dockerfile).
+    for image in config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .filter(|i| !i.starts_with("ember:"))
+    {
+        let tag = image.rsplit_once(':').map(|(_, tag)| tag);
+        assert!(
+            tag.is_some_and(|t| t != "latest" && t.starts_with(|c: char| c.is_ascii_digit())),
+            "{image}: pin a version"
+        );
+    }
+    let provisioning = read("compose/grafana/provisioning/datasources/pyroscope.yaml");
+    assert!(
+        provisioning.contains("type: grafana-pyroscope-datasource")
+            && provisioning.contains("url: http://pyroscope:4040"),
+        "Grafana provisions the Pyroscope data source:\n{provisioning}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes
+
+#[test]
+fn kubernetes_manifests_validate() {
+    let Some(validate) = require_tool(
+        &[
+            repo_root().join(".tools/venv/bin/kubernetes-validate"),
+            "kubernetes-validate".into(),
+        ],
+        "kubernetes-validate",
+    ) else {
+        return;
+    };
+    let dir = repo_root().join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", dir.display()))
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in {}", dir.display());
+    let expected = [
+        "namespace/ember",
+        "serviceaccount/ember",
+        "clusterrole/ember-metadata-reader",
+        "clusterrolebinding/ember-metadata-reader",
+        "configmap/ember-relay",
+        "daemonset/ember",
+    ];
+    for version in KUBERNETES_VERSIONS {
+        let output = run(Command::new(&validate)
+            .args(["--strict", "--kubernetes-version", version])
+            .args(&files));
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert!(
+            output.status.success(),
+            "kubernetes-validate --strict -k {version} failed ({}):\n{said}",
+            output.status
+        );
+        for resource in expected {
+            assert!(
+                said.lines()
+                    .any(|l| l.contains(&format!("passed for resource {resource} "))),
+                "kubernetes-validate -k {version} did not report {resource} as passed:\n{said}"
+            );
+        }
+        let passed = said.lines().filter(|l| l.contains(" passed ")).count();
+        assert_eq!(
+            passed,
+            expected.len(),
+            "resources validated against {version}:\n{said}"
+        );
+        println!("kubernetes-validate --strict -k {version}: {passed} resources passed");
+    }
+
+    // What the schemas do not check.
+    let daemonset = read("deploy/kubernetes/30-daemonset.yaml");
+    assert!(
+        has_line(&daemonset.lines().collect::<Vec<_>>(), "hostPID: true"),
+        "DaemonSet: hostPID"
+    );
+    let pod = yaml_block(&daemonset, &["spec", "template", "spec"]);
+    assert!(
+        has_line(&pod, "automountServiceAccountToken: false"),
+        "DaemonSet: no API token in every container (the relay mounts its own)"
+    );
+    let containers = yaml_block(&daemonset, &["spec", "template", "spec", "containers"]);
+    let text = containers.join("\n");
+    let relay = yaml_block(&text, &["name: relay"]);
+    let sampler = yaml_block(&text, &["name: sampler"]);
+    for expected in [
+        "runAsUser: 65534",
+        "runAsNonRoot: true",
+        "readOnlyRootFilesystem: true",
+        "allowPrivilegeEscalation: false",
+        "privileged: false",
+        "drop: [\"ALL\"]",
+        "type: RuntimeDefault",
+    ] {
+        assert!(
+            has_line(&relay, expected),
+            "relay container: `{expected}` in\n{}",
+            relay.join("\n")
+        );
+    }
+    assert!(
+        !relay.iter().any(|l| l.trim() == "add:"),
+        "relay container adds no capabilities"
+    );
+    let added: BTreeSet<String> = yaml_list(
+        &yaml_block(&sampler.join("\n"), &["securityContext", "capabilities"]),
+        "add",
+    )
+    .into_iter()
+    .map(|c| format!("CAP_{c}"))
+    .collect();
+    assert_eq!(
+        added,
+        SAMPLER_START_CAPS.map(String::from).into(),
+        "sampler container: capabilities.add is the documented start set"
+    );
+    let mounts = |container: &[&str]| -> Vec<String> {
+        yaml_block(&container.join("\n"), &["volumeMounts"])
+            .iter()
+            .filter_map(|l| l.trim().strip_prefix("- name: "))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        mounts(&sampler),
+        ["socket"],
+        "sampler mounts only the socket"
+    );
+    let relay_mounts = mounts(&relay);
+    for volume in ["socket", "config", "api-token"] {
+        assert!(
+            relay_mounts.iter().any(|m| m == volume),
+            "relay mounts {volume}: {relay_mounts:?}"
+        );
+    }
+}
+
+#[test]
+fn pyroscope_versions_map_to_proto_versions() {
+    assert_eq!(pyroscope_proto_version("1.18.0"), Some("1.9"));
+    assert_eq!(pyroscope_proto_version("1.18.2"), Some("1.9"));
+    assert_eq!(pyroscope_proto_version("1.20.0"), Some("1.10"));
+    assert_eq!(pyroscope_proto_version("1.17.1"), None);
+    assert_eq!(pyroscope_proto_version("latest"), None);
+    assert_eq!(
+        parse_exposure(
+            "→ Overall exposure level for a.service: 1.2 OK 🙂",
+            "a.service"
+        ),
+        Some(1.2)
+    );
+}
