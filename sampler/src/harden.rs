@@ -13,6 +13,8 @@
 //! | CAP_CHECKPOINT_RESTORE  | open /proc/<pid>/map_files/<range> (exact, even deleted, objects)    |
 //!
 //! Everything else goes from the effective, permitted, inheritable, ambient and bounding sets.
+//! Needed only before this runs: CAP_BPF + CAP_PERFMON (load, attach), CAP_SYSLOG (kallsyms with
+//! real addresses), CAP_SETGID (join the relay's group), CAP_SETPCAP (shrink the bounding set).
 
 use std::collections::{BTreeMap, HashSet};
 
