@@ -16,6 +16,8 @@ other, each for DURATION seconds at FREQ Hz on every CPU, with the same workload
   ember          ember-relay run (as user nobody) + ember-sampler --socket ... (as root)
   perf           perf record -F FREQ -a -g -o TMP/perf.data -- sleep DURATION
   bpftrace       bpftrace -e 'profile:hz:FREQ { @[kstack, ustack, comm] = count(); }'
+                 (with BPFTRACE_MAP_KEYS_MAX=65536 unless set: the default 4096 keys overflow
+                 within a minute on a busy machine and then new stacks' samples are dropped)
 
 For each profiler process it reports
   cpu_s/s       CPU seconds (user+sys, /proc/PID/stat) per wall second while it was sampling
@@ -45,11 +47,14 @@ Options (each also settable through the environment variable in brackets):
                             and flamegraph after every batch)      [RELAY_OUTPUT=1]
       --no-bpf-stats        do not switch kernel.bpf_stats_enabled on for the run (it is needed for
                             the bpf_s/s column; the previous value is restored on exit) [BPF_STATS=0]
+      --build               run the cargo build even if the binaries exist (it is a no-op when
+                            they are up to date; without it, stale binaries only get a warning)
+                                                                   [BUILD=1]
   -k, --keep                keep the temporary directory with all logs and data   [KEEP=1]
   -h, --help                show this help
 
 Needs root (eBPF, perf -a), gcc and /usr/bin/time. Builds target/release/ember-{sampler,relay}
-with cargo if either is missing. Everything it starts is stopped on exit, also on Ctrl-C.
+with cargo if either is missing (or with --build). Everything it starts is stopped on exit, also on Ctrl-C.
 Example: sudo DURATION=10 bench/overhead.sh      sudo bench/overhead.sh -d 30 -F 199 -p ember,perf
 EOF
 }
@@ -62,7 +67,11 @@ PROFILERS=${PROFILERS:-ember,perf,bpftrace}
 THREADS=${THREADS:-$(nproc)}
 RELAY_OUTPUT=${RELAY_OUTPUT:-0}
 KEEP=${KEEP:-0}
+BUILD=${BUILD:-0}
 BPF_STATS=${BPF_STATS:-1}
+# bpftrace's maps hold 4096 keys by default; a busy machine has more distinct (kstack, ustack, comm)
+# in a minute, and samples of new stacks are then dropped. Raised so that it keeps every sample.
+BT_KEYS=${BPFTRACE_MAP_KEYS_MAX:-65536}
 
 die() { printf 'overhead.sh: error: %s\n' "$*" >&2; exit 1; }
 log() { printf '[overhead %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -84,6 +93,7 @@ while [ $# -gt 0 ]; do
     -t | --threads) THREADS=${2:?"$arg needs a value"}; shift 2 ;;
     --relay-output) RELAY_OUTPUT=1; shift ;;
     -k | --keep) KEEP=1; shift ;;
+    --build) BUILD=1; shift ;;
     --no-bpf-stats) BPF_STATS=0; shift ;;
     *) printf 'overhead.sh: unknown argument: %s\n\n' "$arg" >&2; usage >&2; exit 2 ;;
   esac
@@ -102,6 +112,9 @@ done
 [ "$(id -u)" -eq 0 ] || die "run as root (eBPF and perf -a need it): sudo $0 $*"
 [ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is required: apt-get install time"
 command -v gcc >/dev/null || die "gcc is required to build the workload (bench/burn.c)"
+for tool in setpriv timeout pgrep awk; do
+  command -v "$tool" >/dev/null || die "$tool is required (util-linux, coreutils, procps, awk)"
+done
 
 bench_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$bench_dir/.." && pwd)
@@ -245,7 +258,7 @@ cpu_delta() {
     else printf "%.6f", (y[1] - x[1]) / hz }'
 }
 
-workload_mark() { # "<monotonic ns> <rounds>" of the workload's latest report
+workload_mark() { # "<monotonic ns> <rounds> <workload CPU ns>": the workload's latest report
   tail -n1 "$tmp/burn.out"
 }
 
@@ -268,12 +281,12 @@ json_last() { # json_last FILE MESSAGE FIELD: FIELD of the last line of MESSAGE 
 # the process exits), keeping the last reading. Results go to the W_* arrays, keyed by LABEL.
 
 declare -A W_CPU W_SECS W_HWM W_GONE W_BPF_NS W_BPF_CNT T_ALL T_WALL T_RSS SAMPLES SAMPLE_SECS NOTE PHASE_RATE
-declare -A OTHERS
+declare -A OTHERS PHASE_EFF PHASE_SHARE W_RSS
 declare -A START_TICKS LAST_TICKS LAST_T START_T BPF_FDS START_BPF LAST_BPF
 
 other_profilers() { # profilers running on the machine that this script did not start: "comm(pid) ..."
   local pid mine
-  for pid in $(pgrep -x 'ember-sampler|ember-relay|perf|bpftrace' || true); do
+  for pid in $(for name in ember-sampler ember-relay perf bpftrace; do pgrep -x "$name"; done || true); do
     for mine in "${TARGETS[@]}"; do [ "$pid" = "$mine" ] && continue 2; done
     printf '%s(%s) ' "$(cat "/proc/$pid/comm" 2>/dev/null)" "$pid"
   done
@@ -331,6 +344,8 @@ window() {
         LAST_T[$label]=$now
         hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || hwm=
         [ -n "$hwm" ] && W_HWM[$label]=$hwm
+        W_RSS[$label]=$(awk '/^(RssAnon|RssFile):/ { printf "%s%s=%.1f", sep, $1, $2 / 1024; sep = " " }' \
+          "/proc/$pid/status" 2>/dev/null | tr -d ':' || true)
         # shellcheck disable=SC2086
         [ -n "${BPF_FDS[$label]}" ] && LAST_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
       else
@@ -354,6 +369,12 @@ window() {
   PHASE_RATE[$phase]=$(awk -v a="$mark0" -v b="$mark1" 'BEGIN {
     split(a, x, " "); split(b, y, " ");
     if (y[1] > x[1]) printf "%.0f", (y[2] - x[2]) / ((y[1] - x[1]) / 1e9); else print "-" }')
+  PHASE_EFF[$phase]=$(awk -v a="$mark0" -v b="$mark1" 'BEGIN {
+    split(a, x, " "); split(b, y, " ");
+    if (y[3] > x[3]) printf "%.0f", (y[2] - x[2]) / ((y[3] - x[3]) / 1e9); else print "-" }')
+  PHASE_SHARE[$phase]=$(awk -v a="$mark0" -v b="$mark1" 'BEGIN {
+    split(a, x, " "); split(b, y, " ");
+    if (y[1] > x[1]) printf "%.2f", (y[3] - x[3]) / (y[1] - x[1]); else print "-" }')
 }
 
 read_time() { # read_time LABEL NAME: /usr/bin/time's "%e %U %S %M" (its last line) into T_*
@@ -369,15 +390,29 @@ read_time() { # read_time LABEL NAME: /usr/bin/time's "%e %U %S %M" (its last li
   fi
 }
 
+process_diag() { # process_diag PID: state, CPU and kernel stack of each thread, on one line
+  local task
+  for task in /proc/"$1"/task/*; do
+    printf '[tid %s %s cpu_ticks=%s wchan=%s stack: %s] ' "${task##*/}" \
+      "$(awk '/^State:/ {print $2}' "$task/status" 2>/dev/null)" \
+      "$(awk '{ sub(/.*\) /, ""); split($0, f, " "); print f[12] + f[13] }' "$task/stat" 2>/dev/null)" \
+      "$(cat "$task/wchan" 2>/dev/null)" \
+      "$(head -n4 "$task/stack" 2>/dev/null | awk '{print $2}' | paste -sd' ' -)"
+  done
+}
+
+declare -A STOP_SECS
 stop_and_wait() { # stop_and_wait NAME SIGNAL SECONDS PID: signals PID, waits for it to exit
-  local name=$1 sig=$2 limit=$3 pid=$4
+  local name=$1 sig=$2 limit=$3 pid=$4 t0
+  t0=$EPOCHREALTIME
   kill "-$sig" "$pid" 2>/dev/null || true
   if ! wait_gone "$limit" "$pid"; then
     log "WARNING: $name (pid $pid) still running ${limit}s after SIG$sig; killing it"
-    NOTE[$name]+="did not exit within ${limit}s of SIG$sig (killed); "
+    NOTE[$name]+="PROBLEM: did not exit within ${limit}s of SIG$sig, killed; it was: $(process_diag "$pid"); "
     kill -KILL "$pid" 2>/dev/null || true
     wait_gone 5 "$pid" || true
   fi
+  STOP_SECS[$name]=$(calc '%.1f' "$EPOCHREALTIME - $t0")
 }
 
 wait_wrapper() { # reaps the /usr/bin/time process so its -o file is complete
@@ -409,8 +444,13 @@ run_ember() {
     setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups "$relay_bin" "${relay_args[@]}"
   relay_pid=$LAUNCHED_PID
   wait_ready ember-relay "$tmp/ember-relay.err" '"message":"listening for ember-sampler"' 20 "$relay_pid"
-  launch ember-sampler 2 timeout -k 10 -s INT "$((DURATION + 300))" \
-    "$sampler_bin" --log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval "$INTERVAL"
+  local sampler_args=(--log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval "$INTERVAL")
+  # Newer samplers drop CAP_DAC_OVERRIDE after attaching and reach the relay's 0660 socket through
+  # the relay user's group, which they join (and check the relay's uid) with --relay-uid.
+  if "$sampler_bin" --help 2>/dev/null | grep -q -- '--relay-uid'; then
+    sampler_args+=(--relay-uid "$nobody_uid")
+  fi
+  launch ember-sampler 2 timeout -k 10 -s INT "$((DURATION + 300))" "$sampler_bin" "${sampler_args[@]}"
   sampler_pid=$LAUNCHED_PID
   wait_ready ember-sampler "$tmp/ember-sampler.err" '"message":"sampling"' 60 "$sampler_pid"
   t_ready=$EPOCHREALTIME
@@ -450,7 +490,7 @@ run_ember() {
     for k in user_stack_lost kernel_stack_lost counts_full backlog_dropped_samples unknown_frames frames; do
       losses+="$k=$(json_last "$relay_log" "batch received" "$k") "
     done
-    NOTE[ember]+="last batch: ${losses% }; "
+    NOTE[ember]+="relay/sampler counters at the last batch (cumulative): ${losses% }; "
   fi
   [ "$received" -gt 0 ] || NOTE[ember]+="PROBLEM: the relay received no samples; "
   [ -z "$sent" ] || [ "$sent" = "$received" ] || NOTE[ember]+="PROBLEM: sampler sent $sent but relay received $received; "
@@ -514,7 +554,7 @@ run_bpftrace() {
   log "bpftrace: profile:hz:$FREQ with kstack, ustack, comm (${DURATION}s after it attaches)"
   # Stopped with SIGINT (like `timeout -s INT`) DURATION seconds after it has attached, so that its
   # compile time is not taken out of its sampling time; `timeout` is a dead man's switch only.
-  launch bpftrace 2 timeout -k 10 -s INT "$((DURATION + 300))" \
+  launch bpftrace 2 env BPFTRACE_MAP_KEYS_MAX="$BT_KEYS" timeout -k 10 -s INT "$((DURATION + 300))" \
     "$bt_bin" -e "profile:hz:$FREQ { @[kstack, ustack, comm] = count(); }"
   bt_pid=$LAUNCHED_PID
   wait_ready bpftrace "$tmp/bpftrace.out" 'Attaching' 120 "$bt_pid"
@@ -534,7 +574,7 @@ run_bpftrace() {
   t_stop=$EPOCHREALTIME
   [ "${W_GONE[bpftrace]}" = 0 ] ||
     NOTE[bpftrace]+="PROBLEM: exited on its own during the window: $(tail -n3 "$tmp/bpftrace.err" | tr '\n' ' ' || true); "
-  stop_and_wait bpftrace INT 120 "$bt_pid"
+  stop_and_wait bpftrace INT 180 "$bt_pid"
   wait_wrapper
   read_time bpftrace bpftrace
   local samples stacks
@@ -542,7 +582,9 @@ run_bpftrace() {
   stacks=$(grep -cE '\]: [0-9]+$' "$tmp/bpftrace.out" || true)
   SAMPLES[bpftrace]=$samples
   SAMPLE_SECS[bpftrace]=$(calc '%.3f' "$t_stop - $t_ready")
-  NOTE[bpftrace]+="$samples samples in $stacks distinct (kstack, ustack, comm) keys; map output $(du -h "$tmp/bpftrace.out" | cut -f1 || true); "
+  NOTE[bpftrace]+="$samples samples in $stacks distinct (kstack, ustack, comm) keys (BPFTRACE_MAP_KEYS_MAX=$BT_KEYS); map output $(du -h "$tmp/bpftrace.out" | cut -f1 || true); "
+  [ "$stacks" -lt "$BT_KEYS" ] || NOTE[bpftrace]+="PROBLEM: its map filled up, samples of new stacks were dropped: raise BPFTRACE_MAP_KEYS_MAX; "
+  NOTE[bpftrace]+="it keeps sampling while it prints its map on exit (${STOP_SECS[bpftrace]:-?} s), which inflates samples/s a little; "
   [ "$samples" -gt 0 ] || NOTE[bpftrace]+="PROBLEM: no samples; stderr: $(tail -n2 "$tmp/bpftrace.err" | tr '\n' ' ' || true); "
 }
 
@@ -552,7 +594,12 @@ run_bpftrace() {
 tmp=$(mktemp -d /tmp/ember-overhead.XXXXXX)
 chmod 711 "$tmp" # nobody (the relay) must traverse it to reach its socket directory
 
-if [ ! -x "$sampler_bin" ] || [ ! -x "$relay_bin" ]; then
+if [[ " ${PROFILER_LIST[*]} " == *" ember "* ]] && [ "$BUILD" = 0 ] && [ -x "$sampler_bin" ] && [ -x "$relay_bin" ]; then
+  newer=$(cd "$root" && find protocol sampler sampler-ebpf relay Cargo.toml Cargo.lock -newer "$sampler_bin" \
+    -type f \( -name '*.rs' -o -name '*.toml' -o -name '*.lock' -o -name '*.capnp' \) 2>/dev/null | head -n3 || true)
+  [ -z "$newer" ] || log "WARNING: sources are newer than $sampler_bin (e.g. $(echo $newer)); pass --build to rebuild"
+fi
+if [ ! -x "$sampler_bin" ] || [ ! -x "$relay_bin" ] || [ "$BUILD" = 1 ]; then
   if [[ " ${PROFILER_LIST[*]} " == *" ember "* ]]; then
     command -v cargo >/dev/null || die "cargo not in PATH (needed to build $sampler_bin); run with sudo -E or build first"
     log "building release binaries (cargo build --release -p ember-sampler -p ember-relay)"
@@ -597,8 +644,9 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 fmt_cpu() { [ -n "${1:-}" ] && calc '%.4f' "$1" || echo -; }
 mib() { [ -n "${1:-}" ] && [ "$1" != 0 ] && calc '%.1f' "$1 / 1024" || echo -; }
 
-rate_col() { # rate_col PHASE: "rounds/s (+x.x%)"
+rate_col() { # rate_col PHASE [eff]: "rounds/s (+x.x%)", or rounds per workload CPU s with "eff"
   local r=${PHASE_RATE[$1]:-} b=${PHASE_RATE[baseline]:-}
+  if [ "${2:-}" = eff ]; then r=${PHASE_EFF[$1]:-} b=${PHASE_EFF[baseline]:-}; fi
   if [ -z "$r" ] || [ "$r" = - ]; then echo -; return; fi
   if [ "$1" != baseline ] && [ -n "$b" ] && [ "$b" != - ] && [ "$b" != 0 ]; then
     echo "$r ($(calc '%+.1f' "($r - $b) * 100 / $b")%)"
@@ -607,8 +655,8 @@ rate_col() { # rate_col PHASE: "rounds/s (+x.x%)"
   fi
 }
 
-row() { # row NAME CPU BPF CPU_ALL CPU_TOTAL RSS_MIB SAMPLES_PER_S WORKLOAD
-  printf '%-15s %8s %8s %11s %11s %12s %9s   %s\n' "$@"
+row() { # row NAME CPU BPF CPU_ALL CPU_TOTAL RSS_MIB SAMPLES_PER_S WORKLOAD WORKLOAD_PER_CPU
+  printf '%-15s %8s %8s %11s %11s %12s %9s %17s %18s\n' "$@"
 }
 
 # row_for LABEL DISPLAY SAMPLE_KEY SHOW_SAMPLES(0/1) PHASE
@@ -624,15 +672,15 @@ row_for() {
   if [ "$show" = 1 ] && [[ ${SAMPLES[$skey]:-} =~ ^[0-9]+$ ]] && [ -n "${SAMPLE_SECS[$skey]:-}" ]; then
     sps=$(calc '%.1f' "${SAMPLES[$skey]} / ${SAMPLE_SECS[$skey]}")
   fi
-  local bpf=- w=-
+  local bpf=- w=- we=-
   if [ -n "${W_BPF_NS[$label]:-}" ] && [ -n "$cpu" ]; then
     bpf=$(calc '%.4f' "${W_BPF_NS[$label]} / 1e9 / ${W_SECS[$label]}")
     [ "$BPF_STATS_ON" = 1 ] || bpf=off
   elif [ "$label" = perf ]; then
     bpf=n/a
   fi
-  [ -n "$phase" ] && w=$(rate_col "$phase")
-  row "$name" "$(fmt_cpu "$cpu")" "$bpf" "$(fmt_cpu "$cpu_all")" "${total:--}" "$(mib "${T_RSS[$label]:-}")" "$sps" "$w"
+  [ -n "$phase" ] && w=$(rate_col "$phase") && we=$(rate_col "$phase" eff)
+  row "$name" "$(fmt_cpu "$cpu")" "$bpf" "$(fmt_cpu "$cpu_all")" "${total:--}" "$(mib "${T_RSS[$label]:-}")" "$sps" "$w" "$we"
 }
 
 echo
@@ -642,8 +690,8 @@ echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (e
 echo "workload:   bench/burn.c, $THREADS busy thread(s), running throughout; load average before $load_before, after $load_after"
 echo "versions:   $("$relay_bin" --version 2>/dev/null || echo 'ember-relay ?'), $(perf --version 2>/dev/null || echo 'perf missing'), $(bpftrace --version 2>/dev/null || echo 'bpftrace missing')"
 echo
-row profiler cpu_s/s bpf_s/s cpu_s/s_all cpu_s_total peak_rss_MiB samples/s "workload rounds/s (vs baseline)"
-[ "$BASELINE" -gt 0 ] && row "(no profiler)" - - - - - - "$(rate_col baseline)"
+row profiler cpu_s/s bpf_s/s cpu_s/s_all cpu_s_total peak_rss_MiB samples/s "wl rounds/s" "wl rounds/cpu_s"
+[ "$BASELINE" -gt 0 ] && row "(no profiler)" - - - - - - "$(rate_col baseline)" "$(rate_col baseline eff)"
 for p in "${PROFILER_LIST[@]}"; do
   case $p in
     ember)
@@ -661,14 +709,14 @@ for p in "${PROFILER_LIST[@]}"; do
       ;;
     perf)
       if [ -n "${NOTE[perf]:-}" ] && [[ ${NOTE[perf]} == MISSING* ]]; then
-        row "perf record" - - - - - - "${NOTE[perf]}"
+        row "perf record" - - - - - - - "${NOTE[perf]}"
       else
         row_for perf "perf record" perf 1 perf
       fi
       ;;
     bpftrace)
       if [ -n "${NOTE[bpftrace]:-}" ] && [[ ${NOTE[bpftrace]} == MISSING* ]]; then
-        row bpftrace - - - - - - "${NOTE[bpftrace]}"
+        row bpftrace - - - - - - - "${NOTE[bpftrace]}"
       else
         row_for bpftrace bpftrace bpftrace 1 bpftrace
       fi
@@ -682,8 +730,10 @@ echo "             is charged to the interrupted tasks, not to cpu_s/s. perf's i
 echo "             cost is likewise charged to the interrupted tasks and is not measurable per process (n/a)"
 echo "cpu_s/s_all  all CPU s of the process from exec to exit (start-up, shutdown) per s sampled (/usr/bin/time)"
 echo "peak_rss_MiB ru_maxrss over the whole life (ember total = sum of both peaks: an upper bound)"
-echo "workload     rounds/s of bench/burn.c in that phase; shows all costs incl. in-kernel ones, but on a"
-echo "             shared machine it is noisy (other users' load moves it by several %)"
+echo "wl rounds/s  workload (bench/burn.c) throughput in that phase, % vs the no-profiler phase: all costs,"
+echo "             but on a shared machine mostly moved by other users' load"
+echo "wl rounds/cpu_s  workload rounds per CPU s it got: insensitive to other load, lowered by the work"
+echo "             profilers make the kernel do in the workload's context (interrupts, unwinding, BPF)"
 echo
 echo "notes:"
 for key in ember ember-sampler ember-relay perf bpftrace; do
@@ -695,11 +745,23 @@ for key in ember-sampler bpftrace; do
       [ "${W_BPF_CNT[$key]}" -gt 0 ] && calc '%.0f' "${W_BPF_NS[$key]} / ${W_BPF_CNT[$key]}" || echo -) ns/run"
   fi
 done
+printf '  seconds from the stop signal to exit:'
+for key in ember-sampler ember-relay bpftrace; do
+  [ -n "${STOP_SECS[$key]:-}" ] && printf ' %s=%s' "$key" "${STOP_SECS[$key]}"
+done
+echo " (perf stops by itself when sleep ends)"
+printf '  workload CPU share (CPUs it got, of %s):' "$ncpu"
+for key in baseline "${PROFILER_LIST[@]}"; do
+  [ -n "${PHASE_SHARE[$key]:-}" ] && printf ' %s=%s' "$key" "${PHASE_SHARE[$key]}"
+done
+echo
 for key in baseline "${PROFILER_LIST[@]}"; do
   if [ -n "${OTHERS[$key]:-}" ]; then
     echo "  interference: during the $key phase other profilers were running: $(tr ' ' '\n' <<<"${OTHERS[$key]}" | sort -u | tr '\n' ' ')"
   fi
 done
+echo "  memory at the end of the window (MiB):$(for k in ember-sampler ember-relay perf bpftrace; do
+  [ -n "${W_RSS[$k]:-}" ] && printf ' %s: %s;' "$k" "${W_RSS[$k]}"; done)"
 echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-sampler ember-relay perf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
 [ "$KEEP" = 1 ] && echo "  logs and data: $tmp"
 exit 0
