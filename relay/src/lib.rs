@@ -2,6 +2,7 @@
 //! them from the file descriptors the sampler passed, aggregates and writes profiles.
 
 pub mod cli;
+pub mod config;
 pub mod model;
 pub mod output;
 pub mod pipeline;

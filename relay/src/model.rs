@@ -94,6 +94,20 @@ pub struct Thread {
     pub tid: u32,
     pub process_name: Arc<str>,
     pub thread_name: Arc<str>,
+    /// The process's executable as the sampler read it (`/proc/PID/exe`); empty when unknown.
+    pub executable_path: Arc<str>,
+    /// The container the process runs in, from its cgroup path, when it names one.
+    pub container_id: Option<Arc<str>>,
+}
+
+/// The container id in a cgroup path (`.../docker-<64 hex>.scope`, `/docker/<64 hex>`,
+/// `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`), if any.
+pub fn container_id(cgroup: &str) -> Option<&str> {
+    cgroup.rsplit('/').find_map(|segment| {
+        let segment = segment.strip_suffix(".scope").unwrap_or(segment);
+        let id = segment.rsplit('-').next().unwrap_or(segment);
+        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+    })
 }
 
 /// A stack, leaf first, shared between samples.
@@ -113,6 +127,8 @@ pub struct Profile {
     pub start_unix_ns: u64,
     pub end_unix_ns: u64,
     pub frequency_hz: u32,
+    /// The sampled machine's host name (from the sampler's hello), when known.
+    pub hostname: Option<Arc<str>>,
     counts: HashMap<(Thread, Stack), u64>,
 }
 
@@ -141,6 +157,9 @@ impl Profile {
         if self.frequency_hz == 0 {
             self.frequency_hz = other.frequency_hz;
         }
+        if self.hostname.is_none() {
+            self.hostname = other.hostname;
+        }
         let (start, end) = (other.start_unix_ns, other.end_unix_ns);
         for ((thread, stack), count) in other.counts {
             self.add(
@@ -161,6 +180,11 @@ impl Profile {
 
     pub fn is_empty(&self) -> bool {
         self.counts.is_empty()
+    }
+
+    /// Distinct (thread, stack) rows.
+    pub fn len(&self) -> usize {
+        self.counts.len()
     }
 
     /// Samples in a stable order (by thread, then stack), for deterministic outputs.
@@ -199,5 +223,28 @@ impl Profile {
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         top.truncate(n);
         top
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_from_cgroup_paths() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/docker/{id}"),
+            format!("/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+        ] {
+            assert_eq!(container_id(&path), Some(id), "{path}");
+        }
+        assert_eq!(
+            container_id("/user.slice/user-1000.slice/session-2.scope"),
+            None
+        );
+        assert_eq!(container_id(""), None);
     }
 }

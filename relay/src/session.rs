@@ -22,6 +22,8 @@ struct PassedFile {
 struct Process {
     info: ProcessInfo,
     name: Arc<str>,
+    executable_path: Arc<str>,
+    container_id: Option<Arc<str>>,
     /// One module per executable mapping, same order as `info.mappings`.
     modules: Vec<Arc<Module>>,
 }
@@ -124,12 +126,16 @@ impl Session {
             *self.file_refs.entry(id).or_insert(0) += 1;
         }
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
+        let executable_path: Arc<str> = Arc::from(info.executable_path.as_str());
+        let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
         let pid = info.pid;
         if let Some(old) = self.processes.insert(
             pid,
             Process {
                 info,
                 name,
+                executable_path,
+                container_id,
                 modules,
             },
         ) {
@@ -166,6 +172,9 @@ impl Session {
 
     /// Symbolizes a batch into `profile`. Every row becomes a sample, whatever could be named.
     pub fn symbolize_batch(&mut self, batch: &Batch, cache: &mut ElfCache, profile: &mut Profile) {
+        if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
+            profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
+        }
         let kernel_stacks: Vec<Vec<Frame>> = batch
             .kernel_stacks
             .iter()
@@ -199,6 +208,10 @@ impl Session {
                 Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
                 _ => Arc::from(row.comm.as_str()),
             };
+            let (executable_path, container_id) = match process {
+                Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
+                None => (Arc::from(""), None),
+            };
             self.samples += row.count;
             profile.add(
                 SymbolizedSample {
@@ -207,6 +220,8 @@ impl Session {
                         tid: row.tid,
                         process_name,
                         thread_name: Arc::from(row.comm.as_str()),
+                        executable_path,
+                        container_id,
                     },
                     stack: stack.into(),
                     count: row.count,

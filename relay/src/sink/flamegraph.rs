@@ -161,6 +161,8 @@ mod tests {
                 tid: 1,
                 process_name: "app".into(),
                 thread_name: "app".into(),
+                executable_path: "/usr/bin/app".into(),
+                container_id: None,
             },
             stack: vec![
                 frame("do_syscall_64", FrameKind::Kernel),

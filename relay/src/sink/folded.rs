@@ -133,6 +133,8 @@ mod tests {
             tid: pid,
             process_name: process_name.into(),
             thread_name: process_name.into(),
+            executable_path: "".into(),
+            container_id: None,
         }
     }
 

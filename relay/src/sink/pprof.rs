@@ -444,6 +444,8 @@ mod tests {
             tid,
             process_name: "app".into(),
             thread_name: "worker".into(),
+            executable_path: "/usr/bin/app".into(),
+            container_id: None,
         }
     }
 

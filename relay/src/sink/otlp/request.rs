@@ -1,0 +1,657 @@
+//! The generation-neutral form of one OTLP profiles request, built from a [`Profile`]: what both
+//! wire encoders ([`super::v1_9`], [`super::v1_10`]) turn into bytes, and what the debug
+//! exporter prints.
+//!
+//! Invariants (the OTLP profiles rules): one dictionary per request; index 0 of every table is
+//! the empty element, so "unset" and "index 0" mean the same; strings, functions, mappings,
+//! locations, stacks and attributes are deduplicated; samples with the same stack and attribute
+//! set within a resource are merged. One resource per process (`service.name` defaults to the
+//! executable name, so nothing lands in Pyroscope's `unknown_service`). Sample attributes stay
+//! low-cardinality: the thread name, and pid / tid only when [`SampleAttributes`] asks for them.
+
+use std::{collections::HashMap, sync::Arc};
+
+use crate::model::{Frame, FrameKind, Module, Profile, SymbolizedSample};
+
+/// Which per-sample attributes to emit. Every distinct set is its own series in Pyroscope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleAttributes {
+    /// `thread.name` (string).
+    pub thread_name: bool,
+    /// `process.pid` (int) on every sample (the resource carries it anyway).
+    pub pid: bool,
+    /// `thread.id` (int).
+    pub tid: bool,
+}
+
+impl Default for SampleAttributes {
+    fn default() -> Self {
+        Self {
+            thread_name: true,
+            pid: false,
+            tid: false,
+        }
+    }
+}
+
+/// An attribute value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Value {
+    Str(Arc<str>),
+    Int(i64),
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Str(s) => write!(f, "{s:?}"),
+            Self::Int(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+/// An entry of the attribute table: key (string index) and value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Attribute {
+    pub key: i32,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    pub memory_start: u64,
+    pub memory_limit: u64,
+    pub file_offset: u64,
+    pub filename: i32,
+    pub attributes: Vec<i32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Line {
+    pub function: i32,
+    pub line: i64,
+}
+
+/// A code location. `lines` is leaf first: all but the last were inlined into the last.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Location {
+    pub mapping: i32,
+    pub address: u64,
+    pub lines: Vec<Line>,
+    pub attributes: Vec<i32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub name: i32,
+    pub system_name: i32,
+    pub filename: i32,
+}
+
+/// The request's shared tables. Index 0 of each is the empty element.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dictionary {
+    pub strings: Vec<Arc<str>>,
+    pub mappings: Vec<Mapping>,
+    pub locations: Vec<Location>,
+    pub functions: Vec<Function>,
+    /// Location indexes, leaf first.
+    pub stacks: Vec<Vec<i32>>,
+    pub attributes: Vec<Attribute>,
+}
+
+impl Dictionary {
+    pub fn string(&self, index: i32) -> &str {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.strings.get(i))
+            .map_or("", |s| s)
+    }
+}
+
+/// A resource attribute (plain key, as `opentelemetry.proto.common.v1.KeyValue` carries it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: &'static str,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub stack: i32,
+    /// Sorted attribute indexes.
+    pub attributes: Vec<i32>,
+    pub count: i64,
+}
+
+/// One process: its resource attributes and its samples (one profile).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceProfile {
+    pub resource: Vec<KeyValue>,
+    pub samples: Vec<Sample>,
+}
+
+/// A whole request: dictionary, resources, and the profile facts every resource shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub dictionary: Dictionary,
+    pub resources: Vec<ResourceProfile>,
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+    /// Nanoseconds per sample: 1e9 / Hz.
+    pub period: i64,
+    /// String indexes of `samples` / `count`.
+    pub sample_type: (i32, i32),
+    /// String indexes of `cpu` / `nanoseconds`.
+    pub period_type: (i32, i32),
+}
+
+impl Request {
+    /// Total samples (sum of counts).
+    pub fn sample_count(&self) -> u64 {
+        self.resources
+            .iter()
+            .flat_map(|r| &r.samples)
+            .map(|s| u64::try_from(s.count).unwrap_or(0))
+            .sum()
+    }
+}
+
+/// Attribute keys and values of the OpenTelemetry semantic conventions.
+pub mod keys {
+    pub const SERVICE_NAME: &str = "service.name";
+    pub const EXECUTABLE_NAME: &str = "process.executable.name";
+    pub const EXECUTABLE_PATH: &str = "process.executable.path";
+    pub const PID: &str = "process.pid";
+    pub const HOST_NAME: &str = "host.name";
+    pub const CONTAINER_ID: &str = "container.id";
+    pub const THREAD_NAME: &str = "thread.name";
+    pub const THREAD_ID: &str = "thread.id";
+    pub const FRAME_TYPE: &str = "profile.frame.type";
+    pub const BUILD_ID: &str = "process.executable.build_id.gnu";
+}
+
+/// The facts of a profile every request built from it shares.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+    pub period: i64,
+    pub hostname: Option<Arc<str>>,
+}
+
+impl Meta {
+    pub fn of(profile: &Profile) -> Self {
+        Self {
+            time_unix_nano: profile.start_unix_ns,
+            duration_nano: profile.end_unix_ns.saturating_sub(profile.start_unix_ns),
+            period: profile.period_ns(),
+            hostname: profile.hostname.clone(),
+        }
+    }
+}
+
+/// Builds one request from `samples` (ordered by thread, as [`Profile::samples`] gives them).
+pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttributes) -> Request {
+    let mut b = Builder::default();
+    let sample_type = (b.string("samples"), b.string("count"));
+    let period_type = (b.string("cpu"), b.string("nanoseconds"));
+    let mut resources: Vec<ResourceProfile> = Vec::new();
+    // Per resource: (stack, attributes) -> sample index, for merging.
+    let mut merge: HashMap<(i32, Vec<i32>), usize> = HashMap::new();
+    let mut current_pid: Option<u32> = None;
+    for sample in samples {
+        let thread = &sample.thread;
+        if current_pid != Some(thread.pid) {
+            current_pid = Some(thread.pid);
+            merge.clear();
+            resources.push(ResourceProfile {
+                resource: resource_attributes(sample, meta),
+                samples: Vec::new(),
+            });
+        }
+        let Some(resource) = resources.last_mut() else {
+            continue;
+        };
+        let stack = b.stack(&sample.stack);
+        let mut attributes = Vec::new();
+        if options.thread_name && !thread.thread_name.is_empty() {
+            attributes.push(b.attribute(
+                keys::THREAD_NAME,
+                Value::Str(Arc::clone(&thread.thread_name)),
+            ));
+        }
+        if options.pid {
+            attributes.push(b.attribute(keys::PID, Value::Int(i64::from(thread.pid))));
+        }
+        if options.tid {
+            attributes.push(b.attribute(keys::THREAD_ID, Value::Int(i64::from(thread.tid))));
+        }
+        attributes.sort_unstable();
+        attributes.dedup();
+        let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
+        match merge.entry((stack, attributes)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let s = &mut resource.samples[*e.get()];
+                s.count = s.count.saturating_add(count);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let (stack, attributes) = e.key().clone();
+                e.insert(resource.samples.len());
+                resource.samples.push(Sample {
+                    stack,
+                    attributes,
+                    count,
+                });
+            }
+        }
+    }
+    Request {
+        dictionary: b.finish(),
+        resources,
+        time_unix_nano: meta.time_unix_nano,
+        duration_nano: meta.duration_nano,
+        period: meta.period,
+        sample_type,
+        period_type,
+    }
+}
+
+fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
+    let thread = &sample.thread;
+    let name: Arc<str> = if thread.process_name.is_empty() {
+        Arc::from(format!("pid-{}", thread.pid))
+    } else {
+        Arc::clone(&thread.process_name)
+    };
+    let mut out = vec![
+        KeyValue {
+            key: keys::SERVICE_NAME,
+            value: Value::Str(Arc::clone(&name)),
+        },
+        KeyValue {
+            key: keys::EXECUTABLE_NAME,
+            value: Value::Str(name),
+        },
+    ];
+    if !thread.executable_path.is_empty() {
+        out.push(KeyValue {
+            key: keys::EXECUTABLE_PATH,
+            value: Value::Str(Arc::clone(&thread.executable_path)),
+        });
+    }
+    out.push(KeyValue {
+        key: keys::PID,
+        value: Value::Int(i64::from(thread.pid)),
+    });
+    if let Some(host) = &meta.hostname {
+        out.push(KeyValue {
+            key: keys::HOST_NAME,
+            value: Value::Str(Arc::clone(host)),
+        });
+    }
+    if let Some(id) = &thread.container_id {
+        out.push(KeyValue {
+            key: keys::CONTAINER_ID,
+            value: Value::Str(Arc::clone(id)),
+        });
+    }
+    out
+}
+
+/// Interns everything into the dictionary tables.
+struct Builder {
+    dict: Dictionary,
+    strings: HashMap<Arc<str>, i32>,
+    attributes: HashMap<Attribute, i32>,
+    functions: HashMap<Function, i32>,
+    /// Keyed by the module's identity (its `Arc` address is not stable across sessions, so by
+    /// content).
+    mappings: HashMap<Module, i32>,
+    locations: HashMap<Location, i32>,
+    stacks: HashMap<Vec<i32>, i32>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        let empty: Arc<str> = Arc::from("");
+        Self {
+            dict: Dictionary {
+                strings: vec![Arc::clone(&empty)],
+                mappings: vec![Mapping::default()],
+                locations: vec![Location::default()],
+                functions: vec![Function::default()],
+                stacks: vec![Vec::new()],
+                attributes: vec![Attribute {
+                    key: 0,
+                    value: Value::Str(Arc::clone(&empty)),
+                }],
+            },
+            strings: HashMap::from([(empty, 0)]),
+            attributes: HashMap::new(),
+            functions: HashMap::from([(Function::default(), 0)]),
+            mappings: HashMap::new(),
+            locations: HashMap::from([(Location::default(), 0)]),
+            stacks: HashMap::from([(Vec::new(), 0)]),
+        }
+    }
+}
+
+fn index(len: usize) -> i32 {
+    i32::try_from(len).unwrap_or(i32::MAX)
+}
+
+impl Builder {
+    fn string(&mut self, text: &str) -> i32 {
+        if let Some(&i) = self.strings.get(text) {
+            return i;
+        }
+        let i = index(self.dict.strings.len());
+        let text: Arc<str> = Arc::from(text);
+        self.dict.strings.push(Arc::clone(&text));
+        self.strings.insert(text, i);
+        i
+    }
+
+    fn attribute(&mut self, key: &str, value: Value) -> i32 {
+        let attribute = Attribute {
+            key: self.string(key),
+            value,
+        };
+        if let Some(&i) = self.attributes.get(&attribute) {
+            return i;
+        }
+        let i = index(self.dict.attributes.len());
+        self.dict.attributes.push(attribute.clone());
+        self.attributes.insert(attribute, i);
+        i
+    }
+
+    fn function(&mut self, frame: &Frame) -> i32 {
+        let function = Function {
+            name: self.string(&frame.function),
+            system_name: 0,
+            filename: frame.file.as_deref().map_or(0, |f| self.string(f)),
+        };
+        if let Some(&i) = self.functions.get(&function) {
+            return i;
+        }
+        let i = index(self.dict.functions.len());
+        self.dict.functions.push(function.clone());
+        self.functions.insert(function, i);
+        i
+    }
+
+    fn mapping(&mut self, module: &Module) -> i32 {
+        if let Some(&i) = self.mappings.get(module) {
+            return i;
+        }
+        let mut attributes = Vec::new();
+        if let Some(id) = &module.build_id {
+            attributes.push(self.attribute(keys::BUILD_ID, Value::Str(Arc::clone(id))));
+        }
+        let mapping = Mapping {
+            memory_start: module.start,
+            memory_limit: module.end,
+            file_offset: module.file_offset,
+            filename: self.string(&module.path),
+            attributes,
+        };
+        let i = index(self.dict.mappings.len());
+        self.dict.mappings.push(mapping);
+        self.mappings.insert(module.clone(), i);
+        i
+    }
+
+    /// One location for `frames`: a code frame, preceded by the frames inlined into it (same
+    /// address), leaf first.
+    fn location(&mut self, frames: &[Frame]) -> i32 {
+        let Some(last) = frames.last() else { return 0 };
+        let mapping = last.module.as_deref().map_or(0, |m| self.mapping(m));
+        let lines = if last.is_unknown() {
+            // No lines: receivers show the address (and may symbolize it by build id).
+            Vec::new()
+        } else {
+            frames
+                .iter()
+                .map(|f| Line {
+                    function: self.function(f),
+                    line: f.line.map_or(0, i64::from),
+                })
+                .collect()
+        };
+        let kind = self.attribute(
+            keys::FRAME_TYPE,
+            Value::Str(Arc::from(frame_type(last.kind))),
+        );
+        let location = Location {
+            mapping,
+            address: last.address,
+            lines,
+            attributes: vec![kind],
+        };
+        if let Some(&i) = self.locations.get(&location) {
+            return i;
+        }
+        let i = index(self.dict.locations.len());
+        self.dict.locations.push(location.clone());
+        self.locations.insert(location, i);
+        i
+    }
+
+    fn stack(&mut self, frames: &[Frame]) -> i32 {
+        let mut indexes = Vec::with_capacity(frames.len());
+        let mut start = 0;
+        for (i, frame) in frames.iter().enumerate() {
+            // An inlined frame belongs to the next frame's location when they share an address.
+            let joins_next = frame.inlined
+                && frames
+                    .get(i + 1)
+                    .is_some_and(|next| next.address == frame.address);
+            if !joins_next {
+                indexes.push(self.location(&frames[start..=i]));
+                start = i + 1;
+            }
+        }
+        if let Some(&i) = self.stacks.get(&indexes) {
+            return i;
+        }
+        let i = index(self.dict.stacks.len());
+        self.dict.stacks.push(indexes.clone());
+        self.stacks.insert(indexes, i);
+        i
+    }
+
+    fn finish(self) -> Dictionary {
+        self.dict
+    }
+}
+
+/// The `profile.frame.type` value of a frame kind.
+pub fn frame_type(kind: FrameKind) -> &'static str {
+    kind.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Thread;
+
+    fn module(path: &str, build_id: Option<&str>) -> Arc<Module> {
+        Arc::new(Module {
+            path: path.into(),
+            build_id: build_id.map(Arc::from),
+            start: 0x40_0000,
+            end: 0x50_0000,
+            file_offset: 0,
+        })
+    }
+
+    fn frame(name: &str, address: u64, kind: FrameKind, module: &Arc<Module>) -> Frame {
+        Frame {
+            function: name.into(),
+            file: Some("app.c".into()),
+            line: Some(7),
+            kind,
+            inlined: false,
+            address,
+            module: Some(Arc::clone(module)),
+        }
+    }
+
+    pub(crate) fn sample(
+        pid: u32,
+        tid: u32,
+        thread: &str,
+        stack: Vec<Frame>,
+        count: u64,
+    ) -> SymbolizedSample {
+        SymbolizedSample {
+            thread: Thread {
+                pid,
+                tid,
+                process_name: "app".into(),
+                thread_name: thread.into(),
+                executable_path: "/usr/bin/app".into(),
+                container_id: None,
+            },
+            stack: stack.into(),
+            count,
+        }
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            time_unix_nano: 1_000,
+            duration_nano: 5_000,
+            period: 10_101_010,
+            hostname: Some("host-1".into()),
+        }
+    }
+
+    #[test]
+    fn tables_start_empty_and_dedup() {
+        // Given two threads of one process with the same thread name and the same stack, and a
+        // third sample with another stack sharing a function.
+        let app = module("/usr/bin/app", Some("abcd"));
+        let kernel = module("[kernel.kallsyms]", None);
+        let stack_a = vec![
+            frame("do_syscall_64", 0xffff_1000, FrameKind::Kernel, &kernel),
+            frame("leaf", 0x40_1000, FrameKind::Native, &app),
+            frame("main", 0x40_2000, FrameKind::Native, &app),
+        ];
+        let stack_b = vec![frame("main", 0x40_2000, FrameKind::Native, &app)];
+        let samples = vec![
+            sample(10, 10, "app", stack_a.clone(), 3),
+            sample(10, 11, "app", stack_a, 4),
+            sample(10, 12, "app", stack_b, 1),
+        ];
+        // When built into a request.
+        let request = build(&samples, &meta(), SampleAttributes::default());
+        let d = &request.dictionary;
+        // Then every table starts with its empty element...
+        assert_eq!(&*d.strings[0], "");
+        assert_eq!(d.mappings[0], Mapping::default());
+        assert_eq!(d.locations[0], Location::default());
+        assert_eq!(d.functions[0], Function::default());
+        assert!(d.stacks[0].is_empty());
+        assert_eq!(d.attributes[0].key, 0);
+        // ...nothing is duplicated...
+        let mut strings = d.strings.clone();
+        strings.sort();
+        strings.dedup();
+        assert_eq!(strings.len(), d.strings.len());
+        assert_eq!(d.functions.len(), 1 + 3);
+        assert_eq!(d.locations.len(), 1 + 3);
+        assert_eq!(d.mappings.len(), 1 + 2);
+        assert_eq!(d.stacks.len(), 1 + 2);
+        // ...the two threads' samples merged (same thread name, same stack), one resource.
+        assert_eq!(request.resources.len(), 1);
+        let counts: Vec<i64> = request.resources[0]
+            .samples
+            .iter()
+            .map(|s| s.count)
+            .collect();
+        assert_eq!(counts, vec![7, 1]);
+        assert_eq!(request.sample_count(), 8);
+        // The build id sits on the app mapping; frame types on locations.
+        let app_mapping = d
+            .mappings
+            .iter()
+            .find(|m| d.string(m.filename) == "/usr/bin/app")
+            .unwrap();
+        let attr = &d.attributes[app_mapping.attributes[0] as usize];
+        assert_eq!(d.string(attr.key), keys::BUILD_ID);
+        assert_eq!(attr.value, Value::Str("abcd".into()));
+        let kinds: Vec<String> = d.locations[1..]
+            .iter()
+            .map(|l| d.attributes[l.attributes[0] as usize].value.to_string())
+            .collect();
+        assert!(
+            kinds.contains(&"\"kernel\"".to_owned()) && kinds.contains(&"\"native\"".to_owned())
+        );
+        // Resource identity.
+        let resource: Vec<(&str, String)> = request.resources[0]
+            .resource
+            .iter()
+            .map(|kv| (kv.key, kv.value.to_string()))
+            .collect();
+        assert!(resource.contains(&(keys::SERVICE_NAME, "\"app\"".into())));
+        assert!(resource.contains(&(keys::HOST_NAME, "\"host-1\"".into())));
+        assert!(resource.contains(&(keys::PID, "10".into())));
+    }
+
+    #[test]
+    fn inlined_frames_share_one_location() {
+        // Given a leaf inlined into its caller at the same address.
+        let app = module("/usr/bin/app", None);
+        let mut inlined = frame("helper", 0x40_1000, FrameKind::Native, &app);
+        inlined.inlined = true;
+        let outer = frame("caller", 0x40_1000, FrameKind::Native, &app);
+        let main = frame("main", 0x40_2000, FrameKind::Native, &app);
+        let request = build(
+            &[sample(1, 1, "t", vec![inlined, outer, main], 1)],
+            &meta(),
+            SampleAttributes::default(),
+        );
+        let d = &request.dictionary;
+        // Then the stack has two locations, the first with two lines, leaf first.
+        let stack = &d.stacks[request.resources[0].samples[0].stack as usize];
+        assert_eq!(stack.len(), 2);
+        let first = &d.locations[stack[0] as usize];
+        let names: Vec<&str> = first
+            .lines
+            .iter()
+            .map(|l| d.string(d.functions[l.function as usize].name))
+            .collect();
+        assert_eq!(names, vec!["helper", "caller"]);
+    }
+
+    #[test]
+    fn pids_and_tids_only_when_asked() {
+        let app = module("/usr/bin/app", None);
+        let stack = vec![frame("main", 0x40_2000, FrameKind::Native, &app)];
+        let samples = vec![
+            sample(1, 1, "a", stack.clone(), 1),
+            sample(1, 2, "a", stack.clone(), 1),
+            sample(2, 3, "b", stack, 1),
+        ];
+        let plain = build(&samples, &meta(), SampleAttributes::default());
+        assert_eq!(plain.resources.len(), 2, "one resource per process");
+        assert_eq!(
+            plain.resources[0].samples.len(),
+            1,
+            "tids merged by default"
+        );
+        let tids = build(
+            &samples,
+            &meta(),
+            SampleAttributes {
+                thread_name: true,
+                pid: false,
+                tid: true,
+            },
+        );
+        assert_eq!(tids.resources[0].samples.len(), 2, "tid kept when asked");
+    }
+}
