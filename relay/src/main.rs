@@ -1,10 +1,17 @@
 //! ember-relay: command-line entry. `run` serves samplers on a socket; `record` is the
-//! one-command local mode. Flags are parsed here and handed to the command modules.
+//! one-command local mode; `validate` checks a config file. Flags are parsed here, the config
+//! file and environment resolved, and the result handed to the command modules.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use ember_relay::{cli, record, run};
+use ember_relay::{
+    cli,
+    config::{self, Exporters, OtlpFlags},
+    record, run,
+    sink::otlp::{transport::Protocol, ProtoVersion},
+};
 
 /// ember's unprivileged relay: receives stacks from ember-sampler, symbolizes them through the
 /// file descriptors the sampler passed, and writes profiles (pprof, folded stacks, flamegraph).
@@ -25,6 +32,65 @@ enum Command {
     /// Record the whole machine (or one process) for a while and write a flamegraph. Run as root:
     /// starts ember-sampler, then drops to an unprivileged user before reading anything.
     Record(RecordArgs),
+    /// Check a config file (with the OTEL_EXPORTER_OTLP_* environment) without running: parses
+    /// it, reads its TLS files and prints the exporters it configures.
+    Validate(ValidateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ValidateArgs {
+    /// The relay config file (YAML).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+}
+
+/// Exporter options shared by `run` and `record`. Flags override the config file, which
+/// overrides the OTEL_EXPORTER_OTLP_* environment variables.
+#[derive(clap::Args, Debug, Default)]
+struct ExportArgs {
+    /// Relay config file (YAML) with `exporters: { otlp: ..., debug: ... }`.
+    #[arg(long, value_name = "FILE", env = "EMBER_RELAY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Export profiles over OTLP to this receiver, e.g. http://pyroscope:4040 (Pyroscope) or
+    /// http://collector:4317 (OpenTelemetry Collector, gRPC).
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http (http/protobuf).
+    #[arg(long, value_name = "PROTOCOL")]
+    otlp_protocol: Option<Protocol>,
+    /// OTLP profiles wire generation the receiver speaks: 1.9 (Pyroscope 1.18, Collector <=
+    /// 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148). Default 1.10.
+    #[arg(long, value_name = "VERSION")]
+    otlp_proto_version: Option<ProtoVersion>,
+    /// Extra request header (gRPC metadata), e.g. X-Scope-OrgID=tenant. Repeatable.
+    #[arg(long = "otlp-header", value_name = "K=V", value_parser = config::parse_header_flag)]
+    otlp_headers: Vec<(String, String)>,
+    /// Plaintext (h2c/http) for an endpoint given without a scheme.
+    #[arg(long)]
+    otlp_insecure: bool,
+}
+
+impl ExportArgs {
+    /// Reads the config file and resolves it with the flags and the environment.
+    fn resolve(&self) -> anyhow::Result<Exporters> {
+        let file = match &self.config {
+            Some(path) => config::load(path)?,
+            None => config::RelayConfig::default(),
+        };
+        let flags = OtlpFlags {
+            endpoint: self.otlp_endpoint.clone(),
+            protocol: self.otlp_protocol,
+            proto_version: self.otlp_proto_version,
+            headers: self.otlp_headers.clone(),
+            insecure: self.otlp_insecure,
+        };
+        let exporters = config::resolve(&file, &flags, &|name| std::env::var(name).ok())
+            .context("resolving the exporter settings")?;
+        for line in config::describe(&exporters) {
+            tracing::info!("exporter {line}");
+        }
+        Ok(exporters)
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -48,6 +114,8 @@ struct RunArgs {
     /// Only samplers running as this uid may connect; others are refused with a logged reason.
     #[arg(long, default_value_t = 0, env = "EMBER_SAMPLER_UID")]
     sampler_uid: u32,
+    #[command(flatten)]
+    export: ExportArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -77,30 +145,55 @@ struct RecordArgs {
     /// Largest message accepted from the sampler.
     #[arg(long, default_value_t = 4 << 20)]
     max_message_bytes: usize,
+    /// At the end, wait at most this long for the OTLP export queue to drain.
+    #[arg(long, default_value = "30s", value_parser = cli::parse_duration)]
+    export_timeout: Duration,
+    #[command(flatten)]
+    export: ExportArgs,
+}
+
+fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
+    let file = config::load(&args.config)?;
+    let exporters = config::resolve(&file, &OtlpFlags::default(), &|name| {
+        std::env::var(name).ok()
+    })?;
+    println!("{}: OK", args.config.display());
+    for line in config::describe(&exporters) {
+        println!("  {line}");
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let args = Cli::parse();
     cli::init_logging(args.log_format);
     let result = match args.command {
-        Command::Run(a) => run::run(run::RunConfig {
-            socket: a.socket,
-            output_dir: a.output_dir,
-            window: a.window,
-            max_message_bytes: a.max_message_bytes,
-            allow_root: a.allow_root,
-            sampler_uid: a.sampler_uid,
+        Command::Run(a) => a.export.resolve().and_then(|exporters| {
+            run::run(run::RunConfig {
+                socket: a.socket,
+                output_dir: a.output_dir,
+                window: a.window,
+                max_message_bytes: a.max_message_bytes,
+                allow_root: a.allow_root,
+                sampler_uid: a.sampler_uid,
+                exporters,
+            })
         }),
-        Command::Record(a) => record::record(record::RecordConfig {
-            duration: a.duration,
-            output: a.output,
-            frequency_hz: a.frequency,
-            pid: a.pid,
-            user: a.user,
-            sampler: a.sampler,
-            interval: a.interval,
-            max_message_bytes: a.max_message_bytes,
-            log_format: args.log_format,
+        Command::Validate(a) => validate(&a),
+        Command::Record(a) => a.export.resolve().and_then(|exporters| {
+            record::record(record::RecordConfig {
+                duration: a.duration,
+                output: a.output,
+                frequency_hz: a.frequency,
+                pid: a.pid,
+                user: a.user,
+                sampler: a.sampler,
+                interval: a.interval,
+                max_message_bytes: a.max_message_bytes,
+                log_format: args.log_format,
+                exporters,
+                export_timeout: a.export_timeout,
+            })
         }),
     };
     match result {

@@ -21,8 +21,8 @@ const RESOLVER_IDLE: Duration = Duration::from_secs(600);
 pub enum Handled {
     #[default]
     Nothing,
-    /// A batch part was symbolized into the profile.
-    Batch { samples: u64 },
+    /// A batch part was symbolized into the profile; `last_part` when it completed its interval.
+    Batch { samples: u64, last_part: bool },
     /// A connection ended.
     Closed,
 }
@@ -32,6 +32,9 @@ pub struct Pipeline {
     sessions: HashMap<ConnectionId, Session>,
     cache: ElfCache,
     pub profile: Profile,
+    /// Samples since the last [`Pipeline::take_export`], when exporting (see
+    /// [`Pipeline::with_export`]).
+    export: Option<Profile>,
     /// Samples symbolized since start.
     pub samples: u64,
     /// Samples the sampler could not deliver, from its latest loss report.
@@ -42,6 +45,15 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A pipeline that also keeps the samples of each interval for exporters
+    /// ([`Pipeline::take_export`]), besides the window profile.
+    pub fn with_export() -> Self {
+        Self {
+            export: Some(Profile::default()),
+            ..Self::default()
+        }
     }
 
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
@@ -114,7 +126,12 @@ impl Pipeline {
                 if self.profile.frequency_hz == 0 {
                     self.profile.frequency_hz = batch.frequency_hz;
                 }
-                session.symbolize_batch(&batch, &mut self.cache, &mut self.profile);
+                let mut part = Profile::new(self.profile.frequency_hz);
+                session.symbolize_batch(&batch, &mut self.cache, &mut part);
+                if let Some(export) = self.export.as_mut() {
+                    export.merge(part.clone());
+                }
+                self.profile.merge(part);
                 let samples = batch.sample_count();
                 self.samples += samples;
                 self.last_losses = batch.losses;
@@ -137,9 +154,23 @@ impl Pipeline {
                     "batch received"
                 );
                 self.cache.evict_idle(RESOLVER_IDLE);
-                Handled::Batch { samples }
+                Handled::Batch {
+                    samples,
+                    last_part: batch.part.saturating_add(1) >= batch.parts,
+                }
             }
         }
+    }
+
+    /// Takes the samples accumulated for exporters since the last call (`None` without
+    /// [`Pipeline::with_export`], or when there are none).
+    pub fn take_export(&mut self) -> Option<Profile> {
+        let export = self.export.as_mut()?;
+        if export.is_empty() {
+            return None;
+        }
+        let frequency = self.profile.frequency_hz;
+        Some(std::mem::replace(export, Profile::new(frequency)))
     }
 
     /// Takes the accumulated profile, leaving an empty one with the same frequency.

@@ -1,6 +1,8 @@
 //! `ember-relay record`: the one-command local mode. As root it starts ember-sampler on one end of
 //! a socketpair, then drops to an unprivileged user before reading a single byte, records for the
-//! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files.
+//! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files. With
+//! exporters configured it also exports every interval, and exits only once the OTLP queue has
+//! drained or `export_timeout` has passed, saying which.
 
 use std::{
     io::IsTerminal as _,
@@ -17,9 +19,13 @@ use ember_protocol::{transport, Limits};
 
 use crate::{
     cli::{self, LogFormat},
+    config::Exporters,
+    export::{Exports, Finished},
     output::OutputSet,
     pipeline::{Handled, Pipeline},
-    privileges, source,
+    privileges,
+    sink::otlp::{stats::DropReason, Drained},
+    source,
 };
 
 pub struct RecordConfig {
@@ -32,6 +38,10 @@ pub struct RecordConfig {
     pub interval: Duration,
     pub max_message_bytes: usize,
     pub log_format: LogFormat,
+    /// Resolved before privileges are dropped (TLS files are read then).
+    pub exporters: Exporters,
+    /// How long to wait for the OTLP queue to drain at the end.
+    pub export_timeout: Duration,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -111,7 +121,13 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         .spawn(move || source::serve_connection(1, ours, limits, events_tx))
         .context("starting the connection thread")?;
 
-    let mut pipeline = Pipeline::new();
+    // Started unprivileged: threads created earlier would keep root's capabilities.
+    let exports = Exports::start(config.exporters)?;
+    let mut pipeline = if exports.enabled() {
+        Pipeline::with_export()
+    } else {
+        Pipeline::new()
+    };
     let tty = std::io::stderr().is_terminal();
     let mut started: Option<Instant> = None;
     let mut stop_sent: Option<Instant> = None;
@@ -126,8 +142,16 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
                 if started.is_none() && matches!(event, source::SourceEvent::Message { .. }) {
                     started = Some(Instant::now());
                 }
-                if pipeline.handle(event) == Handled::Closed {
-                    break;
+                match pipeline.handle(event) {
+                    Handled::Closed => break,
+                    Handled::Batch {
+                        last_part: true, ..
+                    } => {
+                        if let Some(profile) = pipeline.take_export() {
+                            exports.export(profile);
+                        }
+                    }
+                    _ => {}
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -172,6 +196,9 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         eprintln!();
     }
     let exit = wait_child(&mut child);
+    if let Some(rest) = pipeline.take_export() {
+        exports.export(rest);
+    }
     let profile = pipeline.take_profile();
     if profile.is_empty() {
         let why = sampler_error
@@ -181,7 +208,43 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     }
     outputs.write(&profile)?;
     print_summary(&profile, &outputs, &pipeline);
+    if let Some(finished) = exports.finish(config.export_timeout) {
+        print_export_summary(&finished, config.export_timeout);
+    }
     Ok(())
+}
+
+fn print_export_summary(finished: &Finished, timeout: Duration) {
+    let s = &finished.stats;
+    match &finished.drained {
+        Drained::Drained => println!(
+            "OTLP export to {}: queue drained; {} samples sent in {} requests ({} bytes \
+             uncompressed)",
+            finished.endpoint, s.samples_sent, s.requests_sent, s.bytes_sent
+        ),
+        Drained::TimedOut { requests, samples } => println!(
+            "OTLP export to {}: timed out after {:.0}s with {requests} requests ({samples} \
+             samples) undelivered; {} samples sent in {} requests",
+            finished.endpoint,
+            timeout.as_secs_f64(),
+            s.samples_sent,
+            s.requests_sent
+        ),
+    }
+    let dropped: Vec<String> = DropReason::ALL
+        .iter()
+        .filter(|r| s.dropped_samples(**r) > 0)
+        .map(|r| format!("{} {}", s.dropped_samples(*r), r.as_str()))
+        .collect();
+    if !dropped.is_empty() {
+        println!("OTLP samples dropped: {}", dropped.join(", "));
+    }
+    if s.retries > 0 || s.partial_success > 0 {
+        println!(
+            "OTLP retries: {}, partial successes: {} ({} profiles rejected)",
+            s.retries, s.partial_success, s.rejected_profiles
+        );
+    }
 }
 
 fn wait_child(child: &mut std::process::Child) -> String {

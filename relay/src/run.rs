@@ -1,5 +1,6 @@
 //! `ember-relay run`: the long-running service. Listens for samplers, symbolizes every batch and,
-//! with `--output-dir`, keeps the local files of the current window up to date.
+//! with `--output-dir`, keeps the local files of the current window up to date; with exporters
+//! configured, hands each completed interval to them.
 
 use std::{
     path::PathBuf,
@@ -12,6 +13,8 @@ use ember_protocol::Limits;
 
 use crate::{
     cli,
+    config::Exporters,
+    export::Exports,
     output::OutputSet,
     pipeline::{Handled, Pipeline},
     privileges, source,
@@ -24,7 +27,11 @@ pub struct RunConfig {
     pub max_message_bytes: usize,
     pub allow_root: bool,
     pub sampler_uid: u32,
+    pub exporters: Exporters,
 }
+
+/// How long `run` tries to deliver what is queued when it is stopped.
+const EXPORT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn run(config: RunConfig) -> anyhow::Result<()> {
     if nix::unistd::Uid::effective().is_root() {
@@ -62,15 +69,25 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         Some(dir) => Some(OutputSet::create(dir)?),
         None => None,
     };
-    let mut pipeline = Pipeline::new();
+    let exports = Exports::start(config.exporters)?;
+    let mut pipeline = if exports.enabled() {
+        Pipeline::with_export()
+    } else {
+        Pipeline::new()
+    };
     let mut window_start = Instant::now();
     loop {
         match events.recv_timeout(Duration::from_millis(250)) {
             Ok(event) => {
-                if let Handled::Batch { .. } = pipeline.handle(event) {
+                if let Handled::Batch { last_part, .. } = pipeline.handle(event) {
                     if let Some(outputs) = outputs.as_mut() {
                         if let Err(err) = outputs.write(&pipeline.profile) {
                             tracing::error!("{err:#}");
+                        }
+                    }
+                    if last_part {
+                        if let Some(profile) = pipeline.take_export() {
+                            exports.export(profile);
                         }
                     }
                 }
@@ -80,6 +97,17 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         }
         if cli::stop_requested() {
             tracing::info!(samples = pipeline.samples, "stopping");
+            if let Some(profile) = pipeline.take_export() {
+                exports.export(profile);
+            }
+            if let Some(done) = exports.finish(EXPORT_DRAIN_TIMEOUT) {
+                tracing::info!(
+                    endpoint = %done.endpoint,
+                    outcome = ?done.drained,
+                    samples_sent = done.stats.samples_sent,
+                    "OTLP exporter stopped"
+                );
+            }
             return Ok(());
         }
         if window_start.elapsed() >= config.window {

@@ -180,8 +180,8 @@ impl Exporter {
     }
 
     /// Stops taking profiles, tries to deliver everything handed over until `timeout`, drops
-    /// (and counts) what is left, and ends the thread.
-    pub fn shutdown(mut self, timeout: Duration) -> Drained {
+    /// (and counts) what is left, and ends the thread. Returns how it ended and the final counters.
+    pub fn shutdown(mut self, timeout: Duration) -> (Drained, Snapshot) {
         let (reply, answer) = std_mpsc::channel();
         let deadline = Instant::now() + timeout;
         let sent = self
@@ -198,10 +198,11 @@ impl Exporter {
                 let _ = thread.join();
             }
         }
-        drained.unwrap_or(Drained::TimedOut {
+        let drained = drained.unwrap_or(Drained::TimedOut {
             requests: self.stats.queue_requests.load(Relaxed),
             samples: 0,
-        })
+        });
+        (drained, self.stats.snapshot())
     }
 }
 
