@@ -77,6 +77,20 @@ if [ "$gates" != 0 ] && ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c '
   "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$kv_version"
 fi
 
+# 5. Independent OTLP decoders for the export tests: the official Python `opentelemetry-proto`
+#    package, 1.40.0 (profiles v1.9 layout) and 1.45.2 (v1.10), each in its own venv under .tools/.
+for pair in "1.9:1.40.0" "1.10:1.45.2"; do
+  gen=${pair%%:*}
+  version=${pair#*:}
+  venv="$root/.tools/py-otlp-$gen"
+  if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('opentelemetry-proto') != '$version')" 2>/dev/null; then
+    log "installing opentelemetry-proto==$version (OTLP profiles v$gen decoder) into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "opentelemetry-proto==$version"
+  fi
+done
+
 gate_tools=""
 [ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -10,6 +10,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "e2e/otlp.rs"]
+mod otlp;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     os::fd::{AsFd as _, OwnedFd},

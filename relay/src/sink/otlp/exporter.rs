@@ -335,6 +335,8 @@ async fn run(
 
     let reporter = async {
         let mut ticker = tokio::time::interval(settings.stats_interval);
+        // Encoding a big profile can hold the thread past a tick: log once, not in a burst.
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         ticker.tick().await;
         loop {
             tokio::select! {

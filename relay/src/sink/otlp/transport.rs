@@ -222,6 +222,10 @@ pub enum Outcome {
 }
 
 /// A connected (lazily) client for one endpoint.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per exporter, built once and never moved on a hot path"
+)]
 pub enum Transport {
     Grpc(GrpcTransport),
     Http(HttpTransport),

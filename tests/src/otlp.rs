@@ -1,0 +1,648 @@
+//! OTLP profiles receivers for the export tests, and decoders of what they received.
+//!
+//! - [`Receiver::grpc`]: a tonic server implementing `ProfilesService` from the official proto
+//!   definitions (the `opentelemetry-proto` crate, v1.10); it keeps each request re-encoded.
+//! - [`Receiver::http`]: a hyper server for `POST /v1development/profiles` that keeps the raw
+//!   body (gunzipped), whatever its generation.
+//!
+//! Both answer from a script of [`Reply`]s (then `Ok`), optionally after a delay, so tests can
+//! make them fail, throttle or stall. Each runs on its own thread and runtime and stops when
+//! dropped.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    io::Read as _,
+    net::{SocketAddr, TcpListener as StdListener},
+    sync::{Arc, Mutex, MutexGuard},
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{body::Incoming, service::service_fn, Request, Response, StatusCode};
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    profiles_service_server::{ProfilesService, ProfilesServiceServer},
+    ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+use prost::Message as _;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// How the receiver answers one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Ok,
+    /// Accepted, with `partial_success` reporting rejected profiles.
+    Partial {
+        rejected: i64,
+        message: String,
+    },
+    /// gRPC UNAVAILABLE / HTTP 503 (retryable).
+    Unavailable,
+    /// gRPC INVALID_ARGUMENT / HTTP 400 with this message (permanent).
+    Invalid(String),
+    /// HTTP 429 with `Retry-After: secs` (gRPC: RESOURCE_EXHAUSTED).
+    Throttle(u64),
+}
+
+/// One request as received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The protobuf message, uncompressed.
+    pub body: Vec<u8>,
+    /// Body bytes on the wire (HTTP only; 0 for gRPC).
+    pub wire_bytes: usize,
+    pub gzip: bool,
+    /// Lower-case header (metadata) names and values.
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Default)]
+struct State {
+    received: Vec<Received>,
+    script: VecDeque<Reply>,
+    delay: Duration,
+    attempts: u64,
+    /// What was answered to each attempt, in order.
+    answered: Vec<Reply>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    /// The next scripted reply; keeps the request if it is accepted.
+    fn next(&mut self, received: Received) -> Reply {
+        self.attempts += 1;
+        let reply = self.script.pop_front().unwrap_or(Reply::Ok);
+        if matches!(reply, Reply::Ok | Reply::Partial { .. }) {
+            self.received.push(received);
+        }
+        self.answered.push(reply.clone());
+        reply
+    }
+}
+
+/// A running receiver.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A free loopback port (bound and released), for receivers started after the relay.
+pub fn free_addr() -> SocketAddr {
+    let listener = StdListener::bind("127.0.0.1:0").expect("binding a free port");
+    listener.local_addr().expect("local_addr")
+}
+
+fn bind(addr: Option<SocketAddr>) -> StdListener {
+    let addr = addr.unwrap_or_else(|| "127.0.0.1:0".parse().expect("addr"));
+    // The port may still be in TIME_WAIT from a previous owner: retry for a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match StdListener::bind(addr) {
+            Ok(listener) => {
+                listener.set_nonblocking(true).expect("nonblocking");
+                return listener;
+            }
+            Err(err) if Instant::now() < deadline => {
+                eprintln!("binding {addr}: {err}; retrying");
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(err) => panic!("binding {addr}: {err}"),
+        }
+    }
+}
+
+struct GrpcService(Arc<Mutex<State>>);
+
+#[tonic::async_trait]
+impl ProfilesService for GrpcService {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+        let headers = request
+            .metadata()
+            .clone()
+            .into_headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    v.to_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect::<BTreeMap<_, _>>();
+        let gzip = headers
+            .get("grpc-encoding")
+            .is_some_and(|v| v.contains("gzip"));
+        let delay = lock(&self.0).delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let received = Received {
+            body: request.into_inner().encode_to_vec(),
+            wire_bytes: 0,
+            gzip,
+            headers,
+        };
+        let reply = lock(&self.0).next(received);
+        match reply {
+            Reply::Ok => Ok(tonic::Response::new(
+                ExportProfilesServiceResponse::default(),
+            )),
+            Reply::Partial { rejected, message } => {
+                Ok(tonic::Response::new(ExportProfilesServiceResponse {
+                    partial_success: Some(ExportProfilesPartialSuccess {
+                        rejected_profiles: rejected,
+                        error_message: message,
+                    }),
+                }))
+            }
+            Reply::Unavailable => Err(tonic::Status::unavailable("test receiver: unavailable")),
+            Reply::Invalid(message) => Err(tonic::Status::invalid_argument(message)),
+            Reply::Throttle(_) => Err(tonic::Status::resource_exhausted(
+                "test receiver: slow down",
+            )),
+        }
+    }
+}
+
+async fn http_handler(
+    state: Arc<Mutex<State>>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let respond = |status: StatusCode, body: Vec<u8>| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            "content-type",
+            "application/x-protobuf".parse().expect("header"),
+        );
+        response
+    };
+    if request.method() != hyper::Method::POST || request.uri().path() != "/v1development/profiles"
+    {
+        return Ok(respond(StatusCode::NOT_FOUND, b"not found".to_vec()));
+    }
+    let headers: BTreeMap<String, String> = request
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let gzip = headers.get("content-encoding").is_some_and(|v| v == "gzip");
+    let wire = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(err) => {
+            return Ok(respond(
+                StatusCode::BAD_REQUEST,
+                err.to_string().into_bytes(),
+            ))
+        }
+    };
+    let body = if gzip {
+        let mut out = Vec::new();
+        if let Err(err) = flate2::read::GzDecoder::new(&wire[..]).read_to_end(&mut out) {
+            return Ok(respond(
+                StatusCode::BAD_REQUEST,
+                err.to_string().into_bytes(),
+            ));
+        }
+        out
+    } else {
+        wire.to_vec()
+    };
+    let delay = lock(&state).delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let reply = lock(&state).next(Received {
+        body,
+        wire_bytes: wire.len(),
+        gzip,
+        headers,
+    });
+    let response = match reply {
+        Reply::Ok => respond(
+            StatusCode::OK,
+            ExportProfilesServiceResponse::default().encode_to_vec(),
+        ),
+        Reply::Partial { rejected, message } => respond(
+            StatusCode::OK,
+            ExportProfilesServiceResponse {
+                partial_success: Some(ExportProfilesPartialSuccess {
+                    rejected_profiles: rejected,
+                    error_message: message,
+                }),
+            }
+            .encode_to_vec(),
+        ),
+        Reply::Unavailable => respond(StatusCode::SERVICE_UNAVAILABLE, b"unavailable".to_vec()),
+        Reply::Invalid(message) => respond(StatusCode::BAD_REQUEST, message.into_bytes()),
+        Reply::Throttle(secs) => {
+            let mut r = respond(StatusCode::TOO_MANY_REQUESTS, b"slow down".to_vec());
+            r.headers_mut()
+                .insert("retry-after", secs.to_string().parse().expect("header"));
+            r
+        }
+    };
+    Ok(response)
+}
+
+impl Receiver {
+    /// A gRPC receiver on `addr` (a free loopback port when `None`).
+    pub fn grpc(addr: Option<SocketAddr>) -> Self {
+        Self::start(addr, true)
+    }
+
+    /// An HTTP receiver on `addr` (a free loopback port when `None`).
+    pub fn http(addr: Option<SocketAddr>) -> Self {
+        Self::start(addr, false)
+    }
+
+    fn start(addr: Option<SocketAddr>, grpc: bool) -> Self {
+        let listener = bind(addr);
+        let addr = listener.local_addr().expect("local_addr");
+        let state = Arc::new(Mutex::new(State::default()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread_state = Arc::clone(&state);
+        let thread = thread::Builder::new()
+            .name(if grpc { "grpc-receiver" } else { "http-receiver" }.into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("receiver runtime");
+                runtime.block_on(async move {
+                    let listener =
+                        tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                    if grpc {
+                        let service = ProfilesServiceServer::new(GrpcService(thread_state))
+                            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                            .max_decoding_message_size(64 << 20);
+                        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                        let _ = tonic::transport::Server::builder()
+                            .serve_with_incoming_shutdown(service, incoming, async {
+                                let _ = stopped.await;
+                            })
+                            .await;
+                    } else {
+                        let mut stopped = stopped;
+                        loop {
+                            tokio::select! {
+                                _ = &mut stopped => break,
+                                accepted = listener.accept() => {
+                                    let Ok((stream, _)) = accepted else { continue };
+                                    let state = Arc::clone(&thread_state);
+                                    tokio::spawn(async move {
+                                        let service = service_fn(move |r| http_handler(Arc::clone(&state), r));
+                                        let _ = hyper::server::conn::http1::Builder::new()
+                                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                            .await;
+                                    });
+                                }
+                            }
+                        }
+                    }
+                });
+            })
+            .expect("starting the receiver thread");
+        Self {
+            addr,
+            state,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replies for the next requests (then `Ok` again).
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        lock(&self.state).script.extend(replies);
+    }
+
+    /// Answers every request only after `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        lock(&self.state).delay = delay;
+    }
+
+    /// Accepted requests so far.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.state).received.clone()
+    }
+
+    /// Requests answered so far, accepted or not.
+    pub fn attempts(&self) -> u64 {
+        lock(&self.state).attempts
+    }
+
+    pub fn answered(&self) -> Vec<Reply> {
+        lock(&self.state).answered.clone()
+    }
+
+    /// Polls until `condition` holds on the accepted requests, up to `timeout`.
+    pub fn wait_for(&self, timeout: Duration, condition: impl Fn(&[Received]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if condition(&lock(&self.state).received) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+/// A sample as decoded: its count, its frames (leaf first; inlined functions expanded), its
+/// frames' `profile.frame.type`, and its attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodedSample {
+    pub count: i64,
+    pub stack: Vec<String>,
+    pub frame_types: Vec<String>,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// A resource with its profile's samples.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodedResource {
+    pub attributes: BTreeMap<String, String>,
+    pub samples: Vec<DecodedSample>,
+}
+
+/// The facts of one request, whichever generation it was decoded with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decoded {
+    pub resources: Vec<DecodedResource>,
+    pub period: i64,
+    pub sample_type: (String, String),
+    pub period_type: (String, String),
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+    /// Whether index 0 of every dictionary table is the empty element.
+    pub empty_first: bool,
+    /// Mapping file names with their `process.executable.build_id.gnu`.
+    pub build_ids: BTreeMap<String, String>,
+    pub strings: usize,
+}
+
+impl Decoded {
+    pub fn samples(&self) -> impl Iterator<Item = (&DecodedResource, &DecodedSample)> {
+        self.resources
+            .iter()
+            .flat_map(|r| r.samples.iter().map(move |s| (r, s)))
+    }
+
+    pub fn total(&self) -> i64 {
+        self.samples().map(|(_, s)| s.count).sum()
+    }
+}
+
+/// Extracts [`Decoded`] from a decoded request of either generation (the field names are the
+/// same; only `AnyValue`'s module differs).
+macro_rules! decode_facts {
+    ($message:expr, $any:path) => {{
+        use $any as any;
+        let message = $message;
+        let dictionary = message.dictionary.clone().unwrap_or_default();
+        let strings = &dictionary.string_table;
+        let string = |i: i32| -> String {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| strings.get(i))
+                .cloned()
+                .unwrap_or_else(|| format!("<bad string index {i}>"))
+        };
+        let value = |v: &Option<_>| -> String {
+            match v {
+                Some(any::AnyValue {
+                    value: Some(any::any_value::Value::StringValue(s)),
+                    ..
+                }) => s.clone(),
+                Some(any::AnyValue {
+                    value: Some(any::any_value::Value::IntValue(i)),
+                    ..
+                }) => i.to_string(),
+                Some(other) => format!("{other:?}"),
+                None => String::new(),
+            }
+        };
+        let attribute = |i: &i32| -> (String, String) {
+            match usize::try_from(*i)
+                .ok()
+                .and_then(|i| dictionary.attribute_table.get(i))
+            {
+                Some(a) => (string(a.key_strindex), value(&a.value)),
+                None => (format!("<bad attribute index {i}>"), String::new()),
+            }
+        };
+        let empty_first = strings.first().is_some_and(String::is_empty)
+            && dictionary
+                .function_table
+                .first()
+                .is_some_and(|f| f.name_strindex == 0 && f.filename_strindex == 0)
+            && dictionary
+                .location_table
+                .first()
+                .is_some_and(|l| l.lines.is_empty() && l.address == 0)
+            && dictionary
+                .mapping_table
+                .first()
+                .is_some_and(|m| m.filename_strindex == 0 && m.memory_limit == 0)
+            && dictionary
+                .stack_table
+                .first()
+                .is_some_and(|s| s.location_indices.is_empty())
+            && dictionary
+                .attribute_table
+                .first()
+                .is_some_and(|a| a.key_strindex == 0 && a.value.is_none());
+        let build_ids = dictionary
+            .mapping_table
+            .iter()
+            .filter_map(|m| {
+                m.attribute_indices
+                    .iter()
+                    .map(attribute)
+                    .find(|(k, _)| k == "process.executable.build_id.gnu")
+                    .map(|(_, v)| (string(m.filename_strindex), v))
+            })
+            .collect();
+        let mut decoded = Decoded {
+            resources: Vec::new(),
+            period: 0,
+            sample_type: Default::default(),
+            period_type: Default::default(),
+            time_unix_nano: 0,
+            duration_nano: 0,
+            empty_first,
+            build_ids,
+            strings: strings.len(),
+        };
+        for rp in &message.resource_profiles {
+            let attributes = rp
+                .resource
+                .as_ref()
+                .map(|r| {
+                    r.attributes
+                        .iter()
+                        .map(|kv| (kv.key.clone(), value(&kv.value)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut samples = Vec::new();
+            for sp in &rp.scope_profiles {
+                for p in &sp.profiles {
+                    decoded.period = p.period;
+                    decoded.time_unix_nano = p.time_unix_nano;
+                    decoded.duration_nano = p.duration_nano;
+                    if let Some(t) = &p.sample_type {
+                        decoded.sample_type = (string(t.type_strindex), string(t.unit_strindex));
+                    }
+                    if let Some(t) = &p.period_type {
+                        decoded.period_type = (string(t.type_strindex), string(t.unit_strindex));
+                    }
+                    for s in &p.samples {
+                        let mut stack = Vec::new();
+                        let mut frame_types = Vec::new();
+                        let locations = usize::try_from(s.stack_index)
+                            .ok()
+                            .and_then(|i| dictionary.stack_table.get(i))
+                            .map(|st| st.location_indices.clone())
+                            .unwrap_or_default();
+                        for li in locations {
+                            let Some(location) = usize::try_from(li)
+                                .ok()
+                                .and_then(|i| dictionary.location_table.get(i))
+                            else {
+                                stack.push(format!("<bad location {li}>"));
+                                continue;
+                            };
+                            let kind = location
+                                .attribute_indices
+                                .iter()
+                                .map(attribute)
+                                .find(|(k, _)| k == "profile.frame.type")
+                                .map(|(_, v)| v)
+                                .unwrap_or_default();
+                            if location.lines.is_empty() {
+                                stack.push("[unknown]".to_owned());
+                                frame_types.push(kind.clone());
+                            }
+                            for line in &location.lines {
+                                let name = usize::try_from(line.function_index)
+                                    .ok()
+                                    .and_then(|i| dictionary.function_table.get(i))
+                                    .map(|f| string(f.name_strindex))
+                                    .unwrap_or_else(|| "<bad function>".to_owned());
+                                stack.push(name);
+                                frame_types.push(kind.clone());
+                            }
+                        }
+                        samples.push(DecodedSample {
+                            count: s.values.iter().sum(),
+                            stack,
+                            frame_types,
+                            attributes: s.attribute_indices.iter().map(attribute).collect(),
+                        });
+                    }
+                }
+            }
+            decoded.resources.push(DecodedResource {
+                attributes,
+                samples,
+            });
+        }
+        decoded
+    }};
+}
+
+/// Decodes `body` with the official v1.10 definitions (`opentelemetry-proto` crate).
+pub fn decode_v1_10(body: &[u8]) -> Result<Decoded, prost::DecodeError> {
+    let message = ExportProfilesServiceRequest::decode(body)?;
+    Ok(decode_facts!(
+        &message,
+        opentelemetry_proto::tonic::common::v1
+    ))
+}
+
+/// Decodes `body` with the v1.9 definitions (the relay's hand-written ones).
+pub fn decode_v1_9(body: &[u8]) -> Result<Decoded, prost::DecodeError> {
+    use ember_relay::sink::otlp::v1_9;
+    let message = v1_9::ExportProfilesServiceRequest::decode(body)?;
+    Ok(decode_facts!(&message, v1_9))
+}
+
+/// Decodes `body` with the generation `version` names ("1.9" or "1.10").
+pub fn decode(version: &str, body: &[u8]) -> Result<Decoded, prost::DecodeError> {
+    match version {
+        "1.9" => decode_v1_9(body),
+        _ => decode_v1_10(body),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The independent decoder (Python `opentelemetry-proto` from PyPI)
+
+/// The venv scripts/setup.sh made for generation `version` ("1.9" or "1.10"), if present.
+pub fn python_decoder(version: &str) -> Option<std::path::PathBuf> {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(".tools")
+        .join(format!("py-otlp-{version}"))
+        .join("bin")
+        .join("python");
+    python.is_file().then_some(python)
+}
+
+/// Decodes `body` with the official Python package of generation `version`; returns its JSON
+/// facts (see tests/python/otlp_decode.py). Panics if the decoder fails.
+pub fn python_decode(python: &std::path::Path, body: &[u8]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("request.pb");
+    std::fs::write(&file, body).expect("writing the request");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join("otlp_decode.py");
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&file)
+        .output()
+        .expect("running the Python decoder");
+    assert!(
+        output.status.success(),
+        "the Python decoder failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the Python decoder printed no JSON")
+}
