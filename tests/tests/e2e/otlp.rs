@@ -681,9 +681,9 @@ fn check_ground_truth(chain: &Chain, label: &str) {
         .recorded
         .stderr
         .lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| message(v) == "otlp export stats (final)")
-        .last()
+        .find(|v| message(v) == "otlp export stats (final)")
         .unwrap_or_else(|| panic!("no final export stats in the relay log"));
     let per_10k = |key: &str| {
         field_u64(&final_stats, key).unwrap_or(0) as f64
