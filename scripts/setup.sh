@@ -10,11 +10,12 @@ log() { printf '[setup] %s\n' "$*"; }
 #    gcc/make (ground-truth workloads), libcap2-bin (capsh, used by tests to inspect sets),
 #    and the deployment gates (tests/tests/deploy.rs): systemd (systemd-analyze verify/security
 #    for systemd/*.service), docker-compose (Debian's v1, `config` for compose/compose.yaml; it
-#    needs no Docker engine for that), python3-venv (the venv for kubernetes-validate, step 4).
-#    EMBER_SETUP_GATES=0 leaves the gate tools out (compose/Dockerfile, which only builds).
+#    needs no Docker engine for that), python3-venv (the venvs of kubernetes-validate, step 4,
+#    and of the OTLP decoders, step 5), openssl (certificates for the TLS export tests).
+#    EMBER_SETUP_GATES=0 leaves the gate and test tools out (compose/Dockerfile, which only builds).
 gates=${EMBER_SETUP_GATES:-1}
 pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
-[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv)
+[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -80,6 +81,7 @@ fi
 # 5. Independent OTLP decoders for the export tests: the official Python `opentelemetry-proto`
 #    package, 1.40.0 (profiles v1.9 layout) and 1.45.2 (v1.10), each in its own venv under .tools/.
 for pair in "1.9:1.40.0" "1.10:1.45.2"; do
+  [ "$gates" != 0 ] || break
   gen=${pair%%:*}
   version=${pair#*:}
   venv="$root/.tools/py-otlp-$gen"

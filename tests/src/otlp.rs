@@ -270,7 +270,25 @@ impl Receiver {
         Self::start(addr, false)
     }
 
+    /// A gRPC receiver behind TLS (`tls` should offer ALPN `h2`).
+    pub fn grpc_tls(tls: Arc<rustls::ServerConfig>) -> Self {
+        Self::start_with(None, true, Some(tls))
+    }
+
+    /// An HTTP receiver behind TLS.
+    pub fn http_tls(tls: Arc<rustls::ServerConfig>) -> Self {
+        Self::start_with(None, false, Some(tls))
+    }
+
     fn start(addr: Option<SocketAddr>, grpc: bool) -> Self {
+        Self::start_with(addr, grpc, None)
+    }
+
+    fn start_with(
+        addr: Option<SocketAddr>,
+        grpc: bool,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         let listener = bind(addr);
         let addr = listener.local_addr().expect("local_addr");
         let state = Arc::new(Mutex::new(State::default()));
@@ -290,12 +308,27 @@ impl Receiver {
                         let service = ProfilesServiceServer::new(GrpcService(thread_state))
                             .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
                             .max_decoding_message_size(64 << 20);
-                        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-                        let _ = tonic::transport::Server::builder()
-                            .serve_with_incoming_shutdown(service, incoming, async {
-                                let _ = stopped.await;
-                            })
-                            .await;
+                        let shutdown = async {
+                            let _ = stopped.await;
+                        };
+                        match tls {
+                            None => {
+                                let incoming =
+                                    tonic::transport::server::TcpIncoming::from(listener);
+                                let _ = tonic::transport::Server::builder()
+                                    .serve_with_incoming_shutdown(service, incoming, shutdown)
+                                    .await;
+                            }
+                            Some(tls) => {
+                                let _ = tonic::transport::Server::builder()
+                                    .serve_with_incoming_shutdown(
+                                        service,
+                                        tls_incoming(listener, tls),
+                                        shutdown,
+                                    )
+                                    .await;
+                            }
+                        }
                     } else {
                         let mut stopped = stopped;
                         loop {
@@ -304,11 +337,21 @@ impl Receiver {
                                 accepted = listener.accept() => {
                                     let Ok((stream, _)) = accepted else { continue };
                                     let state = Arc::clone(&thread_state);
+                                    let tls = tls.clone();
                                     tokio::spawn(async move {
                                         let service = service_fn(move |r| http_handler(Arc::clone(&state), r));
-                                        let _ = hyper::server::conn::http1::Builder::new()
-                                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                                            .await;
+                                        let http = hyper::server::conn::http1::Builder::new();
+                                        match tls {
+                                            None => {
+                                                let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                                            }
+                                            Some(tls) => {
+                                                let Ok(stream) = tokio_rustls::TlsAcceptor::from(tls).accept(stream).await else {
+                                                    return;
+                                                };
+                                                let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                                            }
+                                        }
                                     });
                                 }
                             }
@@ -367,6 +410,70 @@ impl Receiver {
             thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// A TLS server stream that tonic can serve (tonic's own TLS support is not compiled in).
+pub struct TlsConn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for TlsConn {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl tokio::io::AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Accepted TCP connections after their TLS handshake (failed handshakes are skipped).
+fn tls_incoming(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) -> impl futures_util::Stream<Item = Result<TlsConn, std::io::Error>> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    futures_util::stream::unfold(listener, move |listener| {
+        let acceptor = acceptor.clone();
+        async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    return Some((Ok(TlsConn(tls)), listener));
+                }
+            }
+        }
+    })
 }
 
 impl Drop for Receiver {
@@ -645,4 +752,129 @@ pub fn python_decode(python: &std::path::Path, body: &[u8]) -> Value {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("the Python decoder printed no JSON")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test certificates (made with the openssl command at test time; nothing committed)
+
+/// A throwaway CA, a server certificate for localhost / 127.0.0.1 and a client certificate, as
+/// PEM files in `dir`.
+pub struct TestPki {
+    pub ca: std::path::PathBuf,
+    pub server_cert: std::path::PathBuf,
+    pub server_key: std::path::PathBuf,
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let output = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("running openssl (scripts/setup.sh installs it)");
+    assert!(
+        output.status.success(),
+        "openssl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+impl TestPki {
+    pub fn create(dir: &std::path::Path) -> Self {
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend([
+            "-days",
+            "2",
+            "-subj",
+            "/CN=ember test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        openssl(dir, &ca);
+        for (name, ext) in [
+            (
+                "server",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+            ),
+            (
+                "client",
+                "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+            ),
+        ] {
+            std::fs::write(dir.join(format!("{name}.ext")), ext).expect("writing ext");
+            let key = format!("{name}.key");
+            let csr = format!("{name}.csr");
+            let subject = format!("/CN=ember-test-{name}");
+            let mut req = vec!["req"];
+            req.extend(ec);
+            req.extend(["-subj", &subject, "-keyout", &key, "-out", &csr]);
+            openssl(dir, &req);
+            let ext_file = format!("{name}.ext");
+            let pem = format!("{name}.pem");
+            openssl(
+                dir,
+                &[
+                    "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
+                    "-CAcreateserial", "-days", "2", "-out", &pem, "-extfile", &ext_file,
+                ],
+            );
+        }
+        Self {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+        }
+    }
+
+    /// A rustls server config with the server certificate, offering `alpn`, optionally requiring
+    /// a client certificate signed by the CA.
+    pub fn server_config(
+        &self,
+        alpn: &[&[u8]],
+        require_client_cert: bool,
+    ) -> Arc<rustls::ServerConfig> {
+        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.server_cert)
+            .expect("server cert")
+            .collect::<Result<_, _>>()
+            .expect("server cert");
+        let key = PrivateKeyDer::from_pem_file(&self.server_key).expect("server key");
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions");
+        let builder = if require_client_cert {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(&self.ca).expect("ca") {
+                roots.add(cert.expect("ca cert")).expect("adding the CA");
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .expect("server certificate");
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
 }

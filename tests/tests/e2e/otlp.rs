@@ -132,9 +132,21 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
 /// Exporter settings through the relay's own resolution: `yaml` is the `exporters.otlp` body
 /// (indented 4), plus flags for endpoint, protocol and version.
 fn settings(url: &str, protocol: Protocol, version: ProtoVersion, yaml: &str) -> Settings {
-    let text = format!(
-        "exporters:\n  otlp:\n    retry_on_failure: {{ initial_interval: 50ms, max_interval: 500ms, max_elapsed_time: 60s }}\n    stats_interval: 1s\n{yaml}"
-    );
+    try_settings(url, protocol, version, yaml).expect("resolving the test config")
+}
+
+fn try_settings(
+    url: &str,
+    protocol: Protocol,
+    version: ProtoVersion,
+    yaml: &str,
+) -> Result<Settings, config::ConfigError> {
+    let retry = if yaml.contains("retry_on_failure") {
+        ""
+    } else {
+        "    retry_on_failure: { initial_interval: 50ms, max_interval: 500ms, max_elapsed_time: 60s }\n"
+    };
+    let text = format!("exporters:\n  otlp:\n{retry}    stats_interval: 1s\n{yaml}");
     let file = config::parse(&text, "test.yaml").expect("test config");
     let flags = OtlpFlags {
         endpoint: Some(url.to_owned()),
@@ -143,10 +155,9 @@ fn settings(url: &str, protocol: Protocol, version: ProtoVersion, yaml: &str) ->
         headers: vec![("X-Scope-OrgID".into(), "ember-test".into())],
         insecure: false,
     };
-    config::resolve(&file, &flags, &|_| None)
-        .expect("resolving the test config")
+    Ok(config::resolve(&file, &flags, &|_| None)?
         .otlp
-        .expect("otlp enabled")
+        .expect("otlp enabled"))
 }
 
 fn decoded_total(receiver: &Receiver, version: &str) -> i64 {
@@ -472,6 +483,98 @@ fn otlp_dead_receiver_memory_bound() {
     assert!(stats.dropped_samples(DropReason::QueueFull) > 0);
     assert_eq!(final_stats.samples_sent, 0);
     assert_eq!(all_dropped(&final_stats), total, "{final_stats:?}");
+}
+
+/// TLS over gRPC (ALPN h2) and HTTP: a CA file makes the test server trusted and a client
+/// certificate satisfies a server that requires one; without the CA file the server is refused
+/// (nothing delivered, the failure counted); `insecure_skip_verify` (off by default) accepts it.
+#[test]
+fn otlp_tls_ca_file_client_certificate_and_verification() {
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = otlp::TestPki::create(dir.path());
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        eprintln!("--- {protocol:?}");
+        let alpn: &[&[u8]] = match protocol {
+            Protocol::Grpc => &[b"h2"],
+            Protocol::Http => &[b"http/1.1"],
+        };
+        let start = |require_client_cert: bool| match protocol {
+            Protocol::Grpc => Receiver::grpc_tls(pki.server_config(alpn, require_client_cert)),
+            Protocol::Http => Receiver::http_tls(pki.server_config(alpn, require_client_cert)),
+        };
+        let url = |r: &Receiver| format!("https://127.0.0.1:{}", r.addr.port());
+
+        // Trusted through ca_file, with a client certificate (mutual TLS).
+        let receiver = start(true);
+        let yaml = format!(
+            "    tls: {{ ca_file: {}, cert_file: {}, key_file: {} }}\n",
+            pki.ca.display(),
+            pki.client_cert.display(),
+            pki.client_key.display()
+        );
+        let exporter = Exporter::start(settings(
+            &url(&receiver),
+            protocol,
+            ProtoVersion::V1_10,
+            &yaml,
+        ))
+        .unwrap();
+        let profile = synthetic(1, 3, 1, "tls");
+        let total = profile.total_samples();
+        exporter.export(profile);
+        let (drained, stats) = exporter.shutdown(DELIVERY_TIMEOUT);
+        assert_eq!(drained, Drained::Drained);
+        assert_eq!(
+            stats.samples_sent, total,
+            "mutual TLS with ca_file failed: {stats:?}"
+        );
+        assert_eq!(decoded_total(&receiver, "1.10") as u64, total);
+        drop(receiver);
+
+        // Not trusted: the system store does not know the test CA.
+        let receiver = start(false);
+        let mark = log_mark();
+        let strict = "    retry_on_failure: { initial_interval: 50ms, max_interval: 100ms, max_elapsed_time: 400ms }\n";
+        match try_settings(&url(&receiver), protocol, ProtoVersion::V1_10, strict) {
+            Err(err) => eprintln!("no system CA store here: {err}"),
+            Ok(settings) => {
+                let exporter = Exporter::start(settings).unwrap();
+                exporter.export(synthetic(1, 3, 1, "untrusted"));
+                let gave_up = wait_until(DELIVERY_TIMEOUT, || {
+                    exporter
+                        .stats()
+                        .dropped_requests(DropReason::RetriesExhausted)
+                        == 1
+                });
+                let (_, stats) = exporter.shutdown(Duration::from_secs(5));
+                assert!(
+                    gave_up.is_some(),
+                    "an untrusted server was not refused: {stats:?}"
+                );
+                assert_eq!(stats.samples_sent, 0);
+                assert!(receiver.received().is_empty());
+                let log = log_since(mark);
+                assert!(
+                    log.to_lowercase().contains("certificate") || log.contains("UnknownIssuer"),
+                    "the log does not say why:\n{log}"
+                );
+            }
+        }
+
+        // insecure_skip_verify accepts it.
+        let exporter = Exporter::start(settings(
+            &url(&receiver),
+            protocol,
+            ProtoVersion::V1_10,
+            "    tls: { insecure_skip_verify: true }\n",
+        ))
+        .unwrap();
+        exporter.export(synthetic(1, 3, 1, "skip"));
+        let (drained, stats) = exporter.shutdown(DELIVERY_TIMEOUT);
+        assert_eq!(drained, Drained::Drained);
+        assert_eq!(stats.samples_sent, 3, "{stats:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,12 @@
 //! Both transports take the same pre-encoded protobuf bytes, so the wire generation is decided
 //! once, by the encoder; the response message (`ExportProfilesServiceResponse`) is the same in
 //! both generations. TLS for both goes through one rustls [`ClientConfig`] built by
-//! [`client_config`] from material loaded at start-up.
+//! [`client_config`] from material loaded at start-up, in hyper-rustls's connector.
+//!
+//! tonic must stay built without its own TLS features (`tls-ring`, ...): with them its connector
+//! refuses an `https` URI for which it has no TLS config of its own, before ours can do TLS.
+//! Connection-level failures (refused, reset, TLS handshake) are treated as retryable, as the
+//! OpenTelemetry exporters do; they are dropped once the retry budget is spent.
 
 use std::{io::Write as _, sync::Arc, time::Duration};
 
@@ -405,8 +410,11 @@ fn describe(status: &Status) -> String {
     // Transport failures carry their cause in the source chain, not in the message.
     let mut source = std::error::Error::source(status);
     while let Some(err) = source {
-        text.push_str(": ");
-        text.push_str(&err.to_string());
+        let cause = err.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
         source = err.source();
     }
     text
@@ -542,8 +550,11 @@ impl HttpTransport {
                     let mut reason = format!("HTTP request to {} failed: {err}", self.settings.url);
                     let mut source = std::error::Error::source(&err);
                     while let Some(e) = source {
-                        reason.push_str(": ");
-                        reason.push_str(&e.to_string());
+                        let cause = e.to_string();
+                        if !reason.contains(&cause) {
+                            reason.push_str(": ");
+                            reason.push_str(&cause);
+                        }
                         source = e.source();
                     }
                     return Outcome::Retry {
