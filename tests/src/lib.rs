@@ -490,6 +490,8 @@ pub fn now_unix_ns() -> u64 {
 pub struct RunningRelay {
     pub child: ChildGuard,
     pub log: LogReader,
+    /// What it printed on stdout (the debug exporter writes there).
+    pub stdout: LogReader,
 }
 
 /// Starts `ember-relay run --socket SOCKET --log-format json --allow-root EXTRA...` and waits
@@ -509,8 +511,8 @@ pub fn spawn_relay_run(name: &str, socket: &Path, extra: &[&str]) -> RunningRela
     let mut child = ChildGuard::spawn(name, &mut command);
     let log = LogReader::spawn(name, child.child_mut().stderr.take().expect("piped stderr"));
     let stdout = child.child_mut().stdout.take().expect("piped stdout");
-    let _ = LogReader::spawn(&format!("{name} stdout"), stdout);
-    let mut relay = RunningRelay { child, log };
+    let stdout = LogReader::spawn(&format!("{name} stdout"), stdout);
+    let mut relay = RunningRelay { child, log, stdout };
     if !existed_before {
         wait_until(Duration::from_secs(30), || {
             if let Some(status) = relay.child.try_wait() {

@@ -33,7 +33,10 @@ use ember_tests::{
 };
 use serde_json::Value;
 
-use super::{has_full_chain, last_json_line, pid_arg, FUNCS, RECORD_TIMEOUT};
+use super::{
+    has_full_chain, last_json_line, pid_arg, FIRST_BATCH_TIMEOUT, FUNCS, LOG_TIMEOUT,
+    RECORD_TIMEOUT,
+};
 
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -805,6 +808,88 @@ fn check_ground_truth(chain: &Chain, label: &str) {
         per_10k("thread_cpu_ns"),
         per_10k("encode_cpu_ns"),
     );
+}
+
+/// `ember-relay run` with a config file: the receiver is down when the relay starts and comes
+/// up later; the intervals exported meanwhile arrive, the counters are logged, and the debug
+/// exporter prints what is sent.
+#[test]
+fn otlp_run_mode_receiver_down_at_start() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let addr = otlp::free_addr();
+    let config = dir.path().join("relay.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "exporters:\n  otlp:\n    endpoint: http://{addr}\n    protocol: grpc\n    \
+             proto_version: \"1.10\"\n    stats_interval: 1s\n    retry_on_failure: \
+             {{ initial_interval: 200ms, max_interval: 1s }}\n  debug:\n    verbosity: basic\n"
+        ),
+    )
+    .unwrap();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let pid = pid_arg(workload.pid());
+    let relay = spawn_relay_run("relay", &socket, &["--config", config.to_str().unwrap()]);
+    let (_sampler, _sampler_log) = spawn_sampler(
+        "sampler",
+        &socket,
+        &["--pid", pid.as_str(), "--frequency", "99"],
+    );
+    // A few intervals are exported (and retried) while nothing listens.
+    let (_, failing) = relay.log.expect(
+        0,
+        FIRST_BATCH_TIMEOUT,
+        "export stats with retries while the receiver is down",
+        |v| message(v) == "otlp export stats" && field_u64(v, "retries").is_some_and(|r| r > 0),
+    );
+    eprintln!("while down: {failing}");
+    let receiver = Receiver::grpc(Some(addr));
+    assert!(
+        receiver.wait_for(DELIVERY_TIMEOUT, |r| r.len() >= 3),
+        "nothing (or too little) arrived once the receiver came up:\n{}",
+        relay.log.text()
+    );
+    let batches: u64 = relay
+        .log
+        .matching(is_batch)
+        .iter()
+        .filter_map(|(_, v)| field_u64(v, "samples"))
+        .sum();
+    let received: i64 = receiver
+        .received()
+        .iter()
+        .map(|r| otlp::decode_v1_10(&r.body).unwrap().total())
+        .sum();
+    eprintln!("relay logged {batches} samples in batches; the receiver has {received}");
+    assert!(received > 0);
+    let spinner = receiver
+        .received()
+        .iter()
+        .map(|r| otlp::decode_v1_10(&r.body).unwrap())
+        .flat_map(|d| d.resources)
+        .any(|r| r.attributes.get("service.name").map(String::as_str) == Some("spinner"));
+    assert!(spinner, "no resource with service.name=spinner");
+    // The stats line counts what arrived, and the debug exporter printed requests.
+    let (_, stats) = relay
+        .log
+        .expect(0, LOG_TIMEOUT, "export stats with samples sent", |v| {
+            message(v) == "otlp export stats" && field_u64(v, "samples_sent").is_some_and(|n| n > 0)
+        });
+    eprintln!("after: {stats}");
+    assert!(
+        relay
+            .stdout
+            .lines()
+            .iter()
+            .any(|l| l.raw.starts_with("OTLP profiles request:")),
+        "the debug exporter printed nothing"
+    );
+    drop(workload);
 }
 
 /// Sorted (stack, count) pairs of a Python decoder's JSON.
