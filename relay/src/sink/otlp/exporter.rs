@@ -353,29 +353,21 @@ async fn run(
 
     // Whatever is still queued did not make it before the deadline.
     let mut shared = shared.into_inner();
-    let (mut requests, mut samples) = (0, 0);
     while let Some(item) = shared.queue.pop() {
-        requests += 1;
-        samples += item.samples;
         stats.dropped(DropReason::Shutdown, item.samples);
     }
     gauges(&stats, &shared.queue);
     stats.thread_cpu_ns.store(stats::thread_cpu_ns(), Relaxed);
-    let shutdown_drops = stats.snapshot().dropped_requests(DropReason::Shutdown);
-    stats.snapshot().log("otlp export stats (final)");
+    let snapshot = stats.snapshot();
+    snapshot.log("otlp export stats (final)");
     if let Some(reply) = shared.reply.take() {
-        let result = if shutdown_drops == 0 {
-            Drained::Drained
-        } else {
-            let in_flight = shutdown_drops.saturating_sub(requests);
-            Drained::TimedOut {
-                requests: requests + in_flight,
-                samples: samples
-                    + stats
-                        .snapshot()
-                        .dropped_samples(DropReason::Shutdown)
-                        .saturating_sub(samples),
-            }
+        // Only a shutdown drops for reason `shutdown`: queued or in flight at the deadline.
+        let result = match snapshot.dropped_requests(DropReason::Shutdown) {
+            0 => Drained::Drained,
+            requests => Drained::TimedOut {
+                requests,
+                samples: snapshot.dropped_samples(DropReason::Shutdown),
+            },
         };
         let _ = reply.send(result);
     }

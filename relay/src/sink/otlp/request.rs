@@ -310,6 +310,11 @@ struct Builder {
     mappings: HashMap<Module, i32>,
     locations: HashMap<Location, i32>,
     stacks: HashMap<Vec<i32>, i32>,
+    // Fast paths keyed by `Arc` address (frames of one module, one symbol share their `Arc`s);
+    // a miss falls back to the content-keyed tables above, so dedup never depends on them.
+    mapping_by_ptr: HashMap<usize, i32>,
+    function_by_ptr: HashMap<(usize, usize, u32), i32>,
+    frame_type: [Option<i32>; 3],
 }
 
 impl Default for Builder {
@@ -333,6 +338,9 @@ impl Default for Builder {
             mappings: HashMap::new(),
             locations: HashMap::from([(Location::default(), 0)]),
             stacks: HashMap::from([(Vec::new(), 0)]),
+            mapping_by_ptr: HashMap::new(),
+            function_by_ptr: HashMap::new(),
+            frame_type: [None; 3],
         }
     }
 }
@@ -368,6 +376,23 @@ impl Builder {
     }
 
     fn function(&mut self, frame: &Frame) -> i32 {
+        let key = (
+            Arc::as_ptr(&frame.function).cast::<u8>() as usize,
+            frame
+                .file
+                .as_ref()
+                .map_or(0, |f| Arc::as_ptr(f).cast::<u8>() as usize),
+            frame.line.unwrap_or(0),
+        );
+        if let Some(&i) = self.function_by_ptr.get(&key) {
+            return i;
+        }
+        let i = self.function_by_content(frame);
+        self.function_by_ptr.insert(key, i);
+        i
+    }
+
+    fn function_by_content(&mut self, frame: &Frame) -> i32 {
         let function = Function {
             name: self.string(&frame.function),
             system_name: 0,
@@ -379,6 +404,16 @@ impl Builder {
         let i = index(self.dict.functions.len());
         self.dict.functions.push(function.clone());
         self.functions.insert(function, i);
+        i
+    }
+
+    fn mapping_of(&mut self, module: &Arc<Module>) -> i32 {
+        let key = Arc::as_ptr(module) as usize;
+        if let Some(&i) = self.mapping_by_ptr.get(&key) {
+            return i;
+        }
+        let i = self.mapping(module);
+        self.mapping_by_ptr.insert(key, i);
         i
     }
 
@@ -407,7 +442,7 @@ impl Builder {
     /// address), leaf first.
     fn location(&mut self, frames: &[Frame]) -> i32 {
         let Some(last) = frames.last() else { return 0 };
-        let mapping = last.module.as_deref().map_or(0, |m| self.mapping(m));
+        let mapping = last.module.as_ref().map_or(0, |m| self.mapping_of(m));
         let lines = if last.is_unknown() {
             // No lines: receivers show the address (and may symbolize it by build id).
             Vec::new()
@@ -420,10 +455,22 @@ impl Builder {
                 })
                 .collect()
         };
-        let kind = self.attribute(
-            keys::FRAME_TYPE,
-            Value::Str(Arc::from(frame_type(last.kind))),
-        );
+        let slot = match last.kind {
+            FrameKind::Kernel => 0,
+            FrameKind::Native => 1,
+            FrameKind::Marker => 2,
+        };
+        let kind = match self.frame_type[slot] {
+            Some(kind) => kind,
+            None => {
+                let kind = self.attribute(
+                    keys::FRAME_TYPE,
+                    Value::Str(Arc::from(frame_type(last.kind))),
+                );
+                self.frame_type[slot] = Some(kind);
+                kind
+            }
+        };
         let location = Location {
             mapping,
             address: last.address,
