@@ -53,7 +53,8 @@ struct Capture;
 
 impl std::io::Write for Capture {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        std::io::stderr().write_all(buf)?;
+        // eprint!, not io::stderr(): the test harness captures it per test (threads inherit it).
+        eprint!("{}", String::from_utf8_lossy(buf));
         log_buffer()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
