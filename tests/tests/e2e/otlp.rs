@@ -1066,3 +1066,62 @@ fn otlp_ground_truth_http_v1_9() {
     }
     check_with_python(body, &chain.decoded[biggest], "1.9", "1.10");
 }
+
+/// The relay config shipped in deploy/kubernetes/20-configmap.yaml passes
+/// `ember-relay validate`, and a config with a typo is refused with its line.
+#[test]
+fn otlp_shipped_config_validates() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/20-configmap.yaml");
+    let text = std::fs::read_to_string(&manifest).expect("reading the ConfigMap");
+    // The block scalar under `relay.yaml: |`, de-indented.
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("relay.yaml: |"));
+    let header = lines.next().expect("a relay.yaml key in the ConfigMap");
+    let key_indent = header.len() - header.trim_start().len();
+    let body: Vec<&str> = lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > key_indent)
+        .collect();
+    let indent = body
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    let yaml: String = body
+        .iter()
+        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("relay.yaml");
+    std::fs::write(&good, &yaml).unwrap();
+    let output = std::process::Command::new(relay_bin())
+        .args(["validate", "--config"])
+        .arg(&good)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the shipped relay config does not validate:\n{yaml}\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("otlp: grpc"), "{stdout}");
+    assert!(stdout.contains("proto v1.9"), "{stdout}");
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, yaml.replace("protocol:", "protocl:")).unwrap();
+    let output = std::process::Command::new(relay_bin())
+        .args(["validate", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "a typo was accepted");
+    assert!(
+        stderr.contains("protocl") && stderr.contains("line"),
+        "{stderr}"
+    );
+}
