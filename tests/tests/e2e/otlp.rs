@@ -474,7 +474,15 @@ fn otlp_dead_receiver_memory_bound() {
         s.profiles + s.dropped_requests(DropReason::ChannelFull) == 120
     });
     let stats = exporter.stats();
-    let (_, final_stats) = exporter.shutdown(Duration::from_millis(200));
+    let (drained, final_stats) = exporter.shutdown(Duration::from_millis(200));
+    // A dead receiver cannot be drained: the shutdown says so and counts what it dropped.
+    match drained {
+        Drained::TimedOut { requests, samples } => {
+            assert!(requests > 0);
+            assert_eq!(samples, final_stats.dropped_samples(DropReason::Shutdown));
+        }
+        Drained::Drained => panic!("a dead receiver was reported drained: {final_stats:?}"),
+    }
     eprintln!(
         "FIGURE dead receiver: {total} samples handed over; queue bound {bound} B; queue high \
          water {} B ({} requests queued at the end); dropped queue_full {} samples; process RSS \
