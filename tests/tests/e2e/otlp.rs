@@ -901,6 +901,50 @@ fn otlp_run_mode_receiver_down_at_start() {
     drop(workload);
 }
 
+/// `ember-relay record` against a receiver that never answers: it still writes its local files,
+/// waits only `--export-timeout` for the queue, and says that it timed out and what it dropped.
+#[test]
+fn otlp_record_with_a_dead_receiver_times_out_and_says_so() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let addr = otlp::free_addr();
+    let url = format!("http://{addr}");
+    let recorded = record(
+        &[
+            "--duration",
+            "3s",
+            "--frequency",
+            "199",
+            "--pid",
+            &pid_arg(workload.pid()),
+            "--otlp-endpoint",
+            &url,
+            "--otlp-protocol",
+            "grpc",
+            "--export-timeout",
+            "2s",
+        ],
+        RECORD_TIMEOUT,
+    );
+    drop(workload);
+    let out = &recorded.stdout;
+    assert!(
+        out.contains("OTLP export to") && out.contains("timed out after 2s"),
+        "record did not say the export timed out:\n{out}"
+    );
+    assert!(
+        out.contains("undelivered") && out.contains("OTLP samples dropped:"),
+        "record did not say what was dropped:\n{out}"
+    );
+    assert!(
+        total_count(&recorded.folded()) > 0,
+        "the local files lost their samples"
+    );
+}
+
 /// Sorted (stack, count) pairs of a Python decoder's JSON.
 fn python_samples(facts: &Value) -> Vec<(Vec<String>, i64)> {
     let mut out: Vec<(Vec<String>, i64)> = facts["resources"]
