@@ -9,7 +9,11 @@
 //! executable name, so nothing lands in Pyroscope's `unknown_service`). Sample attributes stay
 //! low-cardinality: the thread name, and pid / tid only when [`SampleAttributes`] asks for them.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap as StdHashMap, sync::Arc};
+
+/// The builder's tables hash short keys (strings, small structs) millions of times per profile:
+/// foldhash, randomly seeded per map, is several times faster than std's SipHash here.
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::model::{Frame, FrameKind, Module, Profile, SymbolizedSample};
 
@@ -198,7 +202,7 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     let period_type = (b.string("cpu"), b.string("nanoseconds"));
     let mut resources: Vec<ResourceProfile> = Vec::new();
     // Per resource: (stack, attributes) -> sample index, for merging.
-    let mut merge: HashMap<(i32, Vec<i32>), usize> = HashMap::new();
+    let mut merge: HashMap<(i32, Vec<i32>), usize> = HashMap::default();
     let mut current_pid: Option<u32> = None;
     for sample in samples {
         let thread = &sample.thread;
@@ -332,14 +336,14 @@ impl Default for Builder {
                     value: Value::Str(Arc::clone(&empty)),
                 }],
             },
-            strings: HashMap::from([(empty, 0)]),
-            attributes: HashMap::new(),
-            functions: HashMap::from([(Function::default(), 0)]),
-            mappings: HashMap::new(),
-            locations: HashMap::from([(Location::default(), 0)]),
-            stacks: HashMap::from([(Vec::new(), 0)]),
-            mapping_by_ptr: HashMap::new(),
-            function_by_ptr: HashMap::new(),
+            strings: HashMap::from_iter([(empty, 0)]),
+            attributes: HashMap::default(),
+            functions: HashMap::from_iter([(Function::default(), 0)]),
+            mappings: HashMap::default(),
+            locations: HashMap::from_iter([(Location::default(), 0)]),
+            stacks: HashMap::from_iter([(Vec::new(), 0)]),
+            mapping_by_ptr: HashMap::default(),
+            function_by_ptr: HashMap::default(),
             frame_type: [None; 3],
         }
     }
