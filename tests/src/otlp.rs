@@ -120,56 +120,182 @@ fn bind(addr: Option<SocketAddr>) -> StdListener {
 
 struct GrpcService(Arc<Mutex<State>>);
 
+/// The scripted answer to a gRPC request, after the configured delay.
+async fn grpc_answer(
+    state: &Mutex<State>,
+    received: Received,
+) -> Result<ExportProfilesServiceResponse, tonic::Status> {
+    let delay = lock(state).delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let reply = lock(state).next(received);
+    match reply {
+        Reply::Ok => Ok(ExportProfilesServiceResponse::default()),
+        Reply::Partial { rejected, message } => Ok(ExportProfilesServiceResponse {
+            partial_success: Some(ExportProfilesPartialSuccess {
+                rejected_profiles: rejected,
+                error_message: message,
+            }),
+        }),
+        Reply::Unavailable => Err(tonic::Status::unavailable("test receiver: unavailable")),
+        Reply::Invalid(message) => Err(tonic::Status::invalid_argument(message)),
+        Reply::Throttle(_) => Err(tonic::Status::resource_exhausted(
+            "test receiver: slow down",
+        )),
+    }
+}
+
+fn metadata_headers(metadata: &tonic::metadata::MetadataMap) -> BTreeMap<String, String> {
+    metadata
+        .clone()
+        .into_headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
 #[tonic::async_trait]
 impl ProfilesService for GrpcService {
     async fn export(
         &self,
         request: tonic::Request<ExportProfilesServiceRequest>,
     ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
-        let headers = request
-            .metadata()
-            .clone()
-            .into_headers()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    v.to_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect::<BTreeMap<_, _>>();
+        let headers = metadata_headers(request.metadata());
         let gzip = headers
             .get("grpc-encoding")
             .is_some_and(|v| v.contains("gzip"));
-        let delay = lock(&self.0).delay;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
         let received = Received {
             body: request.into_inner().encode_to_vec(),
             wire_bytes: 0,
             gzip,
             headers,
         };
-        let reply = lock(&self.0).next(received);
-        match reply {
-            Reply::Ok => Ok(tonic::Response::new(
-                ExportProfilesServiceResponse::default(),
-            )),
-            Reply::Partial { rejected, message } => {
-                Ok(tonic::Response::new(ExportProfilesServiceResponse {
-                    partial_success: Some(ExportProfilesPartialSuccess {
-                        rejected_profiles: rejected,
-                        error_message: message,
-                    }),
-                }))
+        grpc_answer(&self.0, received)
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+/// Passes protobuf bytes through tonic undecoded, so a request of either generation is kept
+/// exactly as sent.
+#[derive(Clone, Copy, Debug, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put(dst, item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Bytes>, tonic::Status> {
+        use bytes::Buf as _;
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// The ProfilesService `Export` method over raw bytes (any generation), as a tonic service.
+#[derive(Clone)]
+struct RawProfilesService(Arc<Mutex<State>>);
+
+impl tonic::server::NamedService for RawProfilesService {
+    const NAME: &'static str =
+        "opentelemetry.proto.collector.profiles.v1development.ProfilesService";
+}
+
+struct RawExport(Arc<Mutex<State>>);
+
+impl tonic::server::UnaryService<Bytes> for RawExport {
+    type Response = Bytes;
+    type Future = tonic::codegen::BoxFuture<tonic::Response<Bytes>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let state = Arc::clone(&self.0);
+        Box::pin(async move {
+            let headers = metadata_headers(request.metadata());
+            let gzip = headers
+                .get("grpc-encoding")
+                .is_some_and(|v| v.contains("gzip"));
+            let received = Received {
+                body: request.into_inner().to_vec(),
+                wire_bytes: 0,
+                gzip,
+                headers,
+            };
+            grpc_answer(&state, received)
+                .await
+                .map(|r| tonic::Response::new(Bytes::from(r.encode_to_vec())))
+        })
+    }
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for RawProfilesService
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let state = Arc::clone(&self.0);
+        Box::pin(async move {
+            if request.uri().path() != ember_relay::sink::otlp::GRPC_PATH {
+                let mut response = http::Response::new(tonic::body::Body::default());
+                response.headers_mut().insert(
+                    tonic::Status::GRPC_STATUS,
+                    (tonic::Code::Unimplemented as i32).into(),
+                );
+                return Ok(response);
             }
-            Reply::Unavailable => Err(tonic::Status::unavailable("test receiver: unavailable")),
-            Reply::Invalid(message) => Err(tonic::Status::invalid_argument(message)),
-            Reply::Throttle(_) => Err(tonic::Status::resource_exhausted(
-                "test receiver: slow down",
-            )),
-        }
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .apply_max_message_size_config(Some(64 << 20), None);
+            Ok(grpc.unary(RawExport(state), request).await)
+        })
     }
 }
 
@@ -259,34 +385,78 @@ async fn http_handler(
     Ok(response)
 }
 
+/// Which server a [`Receiver`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Grpc,
+    GrpcRaw,
+    Http,
+}
+
+/// Serves a gRPC `service` on `listener` (through TLS when given) until `shutdown`.
+async fn serve_grpc<S>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
+    S: tonic::codegen::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let server = tonic::transport::Server::builder();
+    let _ = match tls {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            server
+                .serve_with_incoming_shutdown(service, incoming, shutdown)
+                .await
+        }
+        Some(tls) => {
+            server
+                .serve_with_incoming_shutdown(service, tls_incoming(listener, tls), shutdown)
+                .await
+        }
+    };
+}
+
 impl Receiver {
-    /// A gRPC receiver on `addr` (a free loopback port when `None`).
+    /// A gRPC receiver on `addr` (a free loopback port when `None`), decoding with the official
+    /// v1.10 definitions.
     pub fn grpc(addr: Option<SocketAddr>) -> Self {
-        Self::start(addr, true)
+        Self::start_with(addr, Kind::Grpc, None)
     }
 
     /// An HTTP receiver on `addr` (a free loopback port when `None`).
     pub fn http(addr: Option<SocketAddr>) -> Self {
-        Self::start(addr, false)
+        Self::start_with(addr, Kind::Http, None)
+    }
+
+    /// A gRPC receiver that keeps the request bytes undecoded (for v1.9, which the official
+    /// definitions of [`Receiver::grpc`] cannot decode).
+    pub fn grpc_raw(addr: Option<SocketAddr>) -> Self {
+        Self::start_with(addr, Kind::GrpcRaw, None)
     }
 
     /// A gRPC receiver behind TLS (`tls` should offer ALPN `h2`).
     pub fn grpc_tls(tls: Arc<rustls::ServerConfig>) -> Self {
-        Self::start_with(None, true, Some(tls))
+        Self::start_with(None, Kind::Grpc, Some(tls))
     }
 
     /// An HTTP receiver behind TLS.
     pub fn http_tls(tls: Arc<rustls::ServerConfig>) -> Self {
-        Self::start_with(None, false, Some(tls))
-    }
-
-    fn start(addr: Option<SocketAddr>, grpc: bool) -> Self {
-        Self::start_with(addr, grpc, None)
+        Self::start_with(None, Kind::Http, Some(tls))
     }
 
     fn start_with(
         addr: Option<SocketAddr>,
-        grpc: bool,
+        kind: Kind,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Self {
         let listener = bind(addr);
@@ -295,7 +465,7 @@ impl Receiver {
         let (stop, stopped) = oneshot::channel::<()>();
         let thread_state = Arc::clone(&state);
         let thread = thread::Builder::new()
-            .name(if grpc { "grpc-receiver" } else { "http-receiver" }.into())
+            .name(format!("{kind:?}-receiver").to_lowercase())
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -304,36 +474,22 @@ impl Receiver {
                 runtime.block_on(async move {
                     let listener =
                         tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                    if grpc {
+                    let shutdown = async {
+                        let _ = stopped.await;
+                    };
+                    if kind == Kind::Grpc {
                         let service = ProfilesServiceServer::new(GrpcService(thread_state))
                             .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
                             .max_decoding_message_size(64 << 20);
-                        let shutdown = async {
-                            let _ = stopped.await;
-                        };
-                        match tls {
-                            None => {
-                                let incoming =
-                                    tonic::transport::server::TcpIncoming::from(listener);
-                                let _ = tonic::transport::Server::builder()
-                                    .serve_with_incoming_shutdown(service, incoming, shutdown)
-                                    .await;
-                            }
-                            Some(tls) => {
-                                let _ = tonic::transport::Server::builder()
-                                    .serve_with_incoming_shutdown(
-                                        service,
-                                        tls_incoming(listener, tls),
-                                        shutdown,
-                                    )
-                                    .await;
-                            }
-                        }
+                        serve_grpc(service, listener, tls, shutdown).await;
+                    } else if kind == Kind::GrpcRaw {
+                        serve_grpc(RawProfilesService(thread_state), listener, tls, shutdown)
+                            .await;
                     } else {
-                        let mut stopped = stopped;
+                        tokio::pin!(shutdown);
                         loop {
                             tokio::select! {
-                                _ = &mut stopped => break,
+                                _ = &mut shutdown => break,
                                 accepted = listener.accept() => {
                                     let Ok((stream, _)) = accepted else { continue };
                                     let state = Arc::clone(&thread_state);

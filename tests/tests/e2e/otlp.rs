@@ -1083,6 +1083,37 @@ fn otlp_ground_truth_grpc_v1_10() {
     check_with_python(body, &chain.decoded[biggest], "1.10", "1.9");
 }
 
+/// Ground truth over gRPC in the v1.9 generation: what the shipped Compose and Kubernetes
+/// deployments send to Pyroscope 1.18. The receiver keeps the bytes; they decode with the v1.9
+/// definitions and the official Python package 1.40.0.
+#[test]
+fn otlp_ground_truth_grpc_v1_9() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let receiver = Receiver::grpc_raw(None);
+    let chain = record_ground_truth(&receiver, "grpc", "1.9");
+    assert!(
+        chain.received.iter().all(|r| r.gzip),
+        "gRPC messages not gzipped"
+    );
+    check_ground_truth(&chain, "grpc v1.9");
+    let biggest = chain
+        .received
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, r)| r.body.len())
+        .map(|(i, _)| i)
+        .unwrap();
+    check_with_python(
+        &chain.received[biggest].body,
+        &chain.decoded[biggest],
+        "1.9",
+        "1.10",
+    );
+}
+
 /// Ground truth over HTTP/protobuf in the v1.9 generation (Pyroscope 1.18's), checked by the v1.9
 /// definitions and the official Python package 1.40.0.
 #[test]
