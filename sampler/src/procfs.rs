@@ -29,6 +29,8 @@ pub struct OpenFile {
 #[derive(Default)]
 pub struct FileTable {
     files: HashMap<(u64, u64), OpenFile>,
+    /// File id -> (device, inode), so lookups by id need no scan.
+    ids: HashMap<u64, (u64, u64)>,
     next_id: u64,
 }
 
@@ -64,6 +66,7 @@ impl FileTable {
             fd: NO_FD,
             open_error,
         };
+        self.ids.insert(id, key);
         self.files.insert(
             key,
             OpenFile {
@@ -88,6 +91,7 @@ impl FileTable {
             if let Some(file) = self.files.get_mut(&key) {
                 file.refs = file.refs.saturating_sub(1);
                 if file.refs == 0 {
+                    self.ids.remove(&file.id);
                     self.files.remove(&key);
                 }
             }
@@ -95,7 +99,7 @@ impl FileTable {
     }
 
     pub fn by_id(&self, id: u64) -> Option<&OpenFile> {
-        self.files.values().find(|file| file.id == id)
+        self.files.get(self.ids.get(&id)?)
     }
 }
 
