@@ -4,7 +4,7 @@
 # bump `protocolVersion` when a change is not backwards compatible.
 @0x8a66bb243be03d9d;
 
-const protocolVersion :UInt32 = 1;
+const protocolVersion :UInt32 = 2;
 
 # Everything the sampler sends. The first message on a connection is `hello`.
 struct SamplerMessage {
@@ -14,6 +14,7 @@ struct SamplerMessage {
     process @2 :ProcessInfo;
     batch @3 :Batch;
     exited @4 :ProcessExit;
+    processMappings @5 :ProcessMappings;
   }
 }
 
@@ -78,6 +79,18 @@ struct ProcessInfo {
   # Executable mappings only, sorted by start address.
   mappings @5 :List(Mapping);
   threads @6 :List(ThreadInfo);
+  # Executable mappings the sampler left out because of its per-process cap.
+  mappingsOmitted @7 :UInt32;
+  # Threads the sampler left out because of its per-process cap.
+  threadsOmitted @8 :UInt32;
+}
+
+# More executable mappings of the process whose `process` message came just before: its facts
+# did not fit one datagram. Appended to that process (same pid and start time), else ignored.
+struct ProcessMappings {
+  pid @0 :UInt32;
+  startTimeUnixNs @1 :UInt64;
+  mappings @2 :List(Mapping);
 }
 
 struct ProcessExit {
@@ -113,6 +126,9 @@ struct Losses {
   backlogDroppedBatches @6 :UInt64;  # batches dropped from the sampler's backlog while no relay was there
   backlogDroppedSamples @7 :UInt64;
   procErrors @8 :UInt64;        # processes whose facts could not be read (often: exited first)
+  factsDropped @9 :UInt64;      # per-connection state datagrams the socket refused (EMSGSIZE, ENOBUFS): dropped, never retried
+  factsTruncated @10 :UInt64;   # processes whose facts were cut to the sampler's caps
+  filesUnopened @11 :UInt64;    # mapped files not opened because of the sampler's open-file caps
 }
 
 # The samples of one interval. A large interval is split into several parts with the same

@@ -3,7 +3,9 @@
 use capnp::message::{Builder, ReaderOptions};
 
 use crate::{
-    ember_capnp::{batch, file_info, hello, mapping, process_info, row, sampler_message},
+    ember_capnp::{
+        batch, file_info, hello, mapping, process_info, process_mappings, row, sampler_message,
+    },
     messages::*,
 };
 
@@ -66,6 +68,9 @@ pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
         SamplerMessage::Process(process) => write_process(root.init_process(), process),
         SamplerMessage::Batch(batch) => write_batch(root.init_batch(), batch),
         SamplerMessage::Exited { pid } => root.init_exited().set_pid(*pid),
+        SamplerMessage::ProcessMappings(more) => {
+            write_process_mappings(root.init_process_mappings(), more);
+        }
     }
     capnp::serialize::write_message_to_words(&builder)
 }
@@ -102,6 +107,9 @@ pub fn decode_sampler_message(
         Ok(sampler_message::Exited(exited)) => SamplerMessage::Exited {
             pid: exited?.get_pid(),
         },
+        Ok(sampler_message::ProcessMappings(more)) => {
+            SamplerMessage::ProcessMappings(read_process_mappings(more?)?)
+        }
         Err(capnp::NotInSchema(kind)) => return Err(DecodeError::UnknownKind(kind)),
     };
     Ok(message)
@@ -195,10 +203,12 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_executable_path(&p.executable_path[..]);
     b.set_executable_name(&p.executable_name[..]);
     b.set_cgroup(&p.cgroup[..]);
-    let mut mappings = b.reborrow().init_mappings(len_u32(p.mappings.len()));
-    for (i, m) in p.mappings.iter().enumerate() {
-        write_mapping(mappings.reborrow().get(i as u32), m);
-    }
+    b.set_mappings_omitted(p.mappings_omitted);
+    b.set_threads_omitted(p.threads_omitted);
+    write_mappings(
+        b.reborrow().init_mappings(len_u32(p.mappings.len())),
+        &p.mappings,
+    );
     let mut threads = b.init_threads(len_u32(p.threads.len()));
     for (i, t) in p.threads.iter().enumerate() {
         let mut tb = threads.reborrow().get(i as u32);
@@ -207,12 +217,38 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     }
 }
 
-fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError> {
-    let mappings_r = r.get_mappings()?;
-    let mut mappings = Vec::with_capacity(mappings_r.len() as usize);
-    for m in mappings_r.iter() {
+fn write_mappings(mut list: capnp::struct_list::Builder<'_, mapping::Owned>, mappings: &[Mapping]) {
+    for (i, m) in mappings.iter().enumerate() {
+        write_mapping(list.reborrow().get(i as u32), m);
+    }
+}
+
+fn read_mappings(
+    list: capnp::struct_list::Reader<'_, mapping::Owned>,
+) -> Result<Vec<Mapping>, DecodeError> {
+    let mut mappings = Vec::with_capacity(list.len() as usize);
+    for m in list.iter() {
         mappings.push(read_mapping(m)?);
     }
+    Ok(mappings)
+}
+
+fn write_process_mappings(mut b: process_mappings::Builder<'_>, p: &ProcessMappings) {
+    b.set_pid(p.pid);
+    b.set_start_time_unix_ns(p.start_time_unix_ns);
+    write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
+}
+
+fn read_process_mappings(r: process_mappings::Reader<'_>) -> Result<ProcessMappings, DecodeError> {
+    Ok(ProcessMappings {
+        pid: r.get_pid(),
+        start_time_unix_ns: r.get_start_time_unix_ns(),
+        mappings: read_mappings(r.get_mappings()?)?,
+    })
+}
+
+fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError> {
+    let mappings = read_mappings(r.get_mappings()?)?;
     let threads_r = r.get_threads()?;
     let mut threads = Vec::with_capacity(threads_r.len() as usize);
     for t in threads_r.iter() {
@@ -229,6 +265,8 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         cgroup: text(r.get_cgroup())?,
         mappings,
         threads,
+        mappings_omitted: r.get_mappings_omitted(),
+        threads_omitted: r.get_threads_omitted(),
     })
 }
 
@@ -314,6 +352,9 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_backlog_dropped_batches(l.backlog_dropped_batches);
     lb.set_backlog_dropped_samples(l.backlog_dropped_samples);
     lb.set_proc_errors(l.proc_errors);
+    lb.set_facts_dropped(l.facts_dropped);
+    lb.set_facts_truncated(l.facts_truncated);
+    lb.set_files_unopened(l.files_unopened);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -375,6 +416,9 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             backlog_dropped_batches: l.get_backlog_dropped_batches(),
             backlog_dropped_samples: l.get_backlog_dropped_samples(),
             proc_errors: l.get_proc_errors(),
+            facts_dropped: l.get_facts_dropped(),
+            facts_truncated: l.get_facts_truncated(),
+            files_unopened: l.get_files_unopened(),
         },
     })
 }
@@ -415,6 +459,9 @@ mod tests {
                 samples: 100,
                 user_stack_lost: 1,
                 backlog_dropped_batches: 2,
+                facts_dropped: 3,
+                facts_truncated: 4,
+                files_unopened: 5,
                 ..Losses::default()
             },
         }
@@ -459,6 +506,22 @@ mod tests {
                 threads: vec![ThreadInfo {
                     tid: 43,
                     name: "worker".into(),
+                }],
+                mappings_omitted: 6,
+                threads_omitted: 7,
+            }),
+            SamplerMessage::ProcessMappings(ProcessMappings {
+                pid: 42,
+                start_time_unix_ns: 5,
+                mappings: vec![Mapping {
+                    start: 0x500000,
+                    end: 0x502000,
+                    file_offset: 0,
+                    path: "/usr/lib/libx.so".into(),
+                    device: 2049,
+                    inode: 78,
+                    file_id: 2,
+                    build_id: Vec::new(),
                 }],
             }),
             SamplerMessage::Batch(sample_batch()),

@@ -8,6 +8,7 @@ pub enum SamplerMessage {
     Process(ProcessInfo),
     Batch(Batch),
     Exited { pid: u32 },
+    ProcessMappings(ProcessMappings),
 }
 
 impl SamplerMessage {
@@ -19,6 +20,7 @@ impl SamplerMessage {
             Self::Process(_) => "process",
             Self::Batch(_) => "batch",
             Self::Exited { .. } => "exited",
+            Self::ProcessMappings(_) => "process mappings",
         }
     }
 }
@@ -78,6 +80,19 @@ pub struct ProcessInfo {
     pub cgroup: String,
     pub mappings: Vec<Mapping>,
     pub threads: Vec<ThreadInfo>,
+    /// Executable mappings left out by the sampler's per-process cap.
+    pub mappings_omitted: u32,
+    /// Threads left out by the sampler's per-process cap.
+    pub threads_omitted: u32,
+}
+
+/// More executable mappings of the process described just before (its facts did not fit one
+/// datagram).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMappings {
+    pub pid: u32,
+    pub start_time_unix_ns: u64,
+    pub mappings: Vec<Mapping>,
 }
 
 /// Where a row's stack is: an index into the batch's stack table, or the errno of the walk.
@@ -110,6 +125,9 @@ pub struct Losses {
     pub backlog_dropped_batches: u64,
     pub backlog_dropped_samples: u64,
     pub proc_errors: u64,
+    pub facts_dropped: u64,
+    pub facts_truncated: u64,
+    pub files_unopened: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -40,6 +40,8 @@ pub struct Pipeline {
     /// Samples the sampler could not deliver, from its latest loss report.
     pub last_losses: Losses,
     pub connections_seen: u64,
+    /// `processMappings` messages that continued no known process (ignored).
+    pub orphan_mappings_messages: u64,
 }
 
 impl Pipeline {
@@ -118,6 +120,18 @@ impl Pipeline {
                 session.set_process(info);
                 Handled::Nothing
             }
+            SamplerMessage::ProcessMappings(more) => {
+                if !session.append_mappings(more.pid, more.start_time_unix_ns, more.mappings) {
+                    self.orphan_mappings_messages += 1;
+                    tracing::debug!(
+                        connection = conn,
+                        pid = more.pid,
+                        ignored = self.orphan_mappings_messages,
+                        "mappings for an unknown process (or another start time) ignored"
+                    );
+                }
+                Handled::Nothing
+            }
             SamplerMessage::Exited { pid } => {
                 session.remove_process(pid);
                 Handled::Nothing
@@ -151,6 +165,9 @@ impl Pipeline {
                     kernel_stack_lost = batch.losses.kernel_stack_lost,
                     counts_full = batch.losses.counts_full,
                     backlog_dropped_samples = batch.losses.backlog_dropped_samples,
+                    facts_dropped = batch.losses.facts_dropped,
+                    facts_truncated = batch.losses.facts_truncated,
+                    files_unopened = batch.losses.files_unopened,
                     "batch received"
                 );
                 self.cache.evict_idle(RESOLVER_IDLE);

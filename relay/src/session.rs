@@ -143,6 +143,31 @@ impl Session {
         }
     }
 
+    /// Appends the mappings of a `processMappings` message to the process they continue (same
+    /// pid and start time), keeping them sorted and rebuilding its modules and file references as
+    /// [`Session::set_process`] does. Returns `false` (nothing changed) when no such process is
+    /// known.
+    pub fn append_mappings(
+        &mut self,
+        pid: u32,
+        start_time_unix_ns: u64,
+        mappings: Vec<ember_protocol::Mapping>,
+    ) -> bool {
+        let Some(process) = self.processes.get(&pid) else {
+            return false;
+        };
+        if process.info.start_time_unix_ns != start_time_unix_ns {
+            return false;
+        }
+        let mut info = process.info.clone();
+        info.mappings.extend(mappings);
+        info.mappings.sort_by_key(|m| m.start);
+        // Takes references for the whole new list before releasing the old one, so no file
+        // both lists share is closed in between.
+        self.set_process(info);
+        true
+    }
+
     /// Forgets an exited process and closes files no remaining process maps.
     pub fn remove_process(&mut self, pid: u32) {
         if let Some(process) = self.processes.remove(&pid) {
@@ -300,5 +325,49 @@ fn unknown(address: u64, module: Option<&Arc<Module>>) -> Frame {
         inlined: false,
         address,
         module: module.map(Arc::clone),
+    }
+}
+
+#[cfg(test)]
+mod append_mappings_tests {
+    use ember_protocol::Mapping;
+
+    use super::*;
+
+    fn mapping(start: u64, file_id: u64) -> Mapping {
+        Mapping {
+            start,
+            end: start + 0x1000,
+            path: format!("/lib/{file_id}.so"),
+            inode: file_id,
+            file_id,
+            ..Mapping::default()
+        }
+    }
+
+    #[test]
+    fn appends_to_the_same_process_only() {
+        // Given a process known with one mapping
+        let mut session = Session::new(Hello::default(), Vec::new());
+        session.set_process(ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 100,
+            mappings: vec![mapping(0x5000, 1)],
+            ..ProcessInfo::default()
+        });
+        // When more mappings arrive for it, lower and higher than the known one
+        assert!(session.append_mappings(7, 100, vec![mapping(0x9000, 2), mapping(0x1000, 3)]));
+        // Then they are kept sorted, with one module each and a reference on each file
+        let process = &session.processes[&7];
+        let starts: Vec<u64> = process.info.mappings.iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0x1000, 0x5000, 0x9000]);
+        assert_eq!(process.modules.len(), 3);
+        assert_eq!(process.modules[0].start, 0x1000);
+        assert_eq!(session.file_refs.len(), 3);
+        assert!(session.file_refs.values().all(|&refs| refs == 1));
+        // And mappings for another start time or an unknown pid are ignored
+        assert!(!session.append_mappings(7, 101, vec![mapping(0xa000, 4)]));
+        assert!(!session.append_mappings(8, 100, vec![mapping(0xa000, 4)]));
+        assert_eq!(session.processes[&7].info.mappings.len(), 3);
     }
 }

@@ -222,6 +222,8 @@ pub fn read_process(
         cgroup,
         mappings,
         threads,
+        mappings_omitted: 0,
+        threads_omitted: 0,
     })
 }
 
