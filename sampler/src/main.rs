@@ -5,6 +5,7 @@
 mod config;
 mod drain;
 mod harden;
+mod limits;
 mod link;
 mod load;
 mod procfs;
@@ -26,12 +27,10 @@ use ember_protocol::{encode_sampler_message, Hello, SamplerMessage, NO_FD, PROTO
 use crate::{
     config::SamplerConfig,
     drain::{build_batches, BatchHeader, Drainer},
+    limits::MAX_BATCH_BYTES,
     link::{Event, Link, Outgoing, Target},
     tracker::{state, Tracker},
 };
-
-/// Largest encoded batch part; well under the socket buffer set in `link`.
-const MAX_BATCH_BYTES: usize = 256 << 10;
 
 /// ember's privileged eBPF sampler. Samples every CPU with a CPU-clock perf event, aggregates
 /// stacks in the kernel and sends them, with the facts only a privileged process can read
@@ -244,7 +243,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     };
     let inherited_mode = inherited.is_some();
     let mut link = Link::new(target, inherited, config.backlog_max_bytes, relay);
-    let mut tracker = Tracker::new(boot_time);
+    let mut tracker = Tracker::new(boot_time, procfs::open_files_cap());
     let hello = |kallsyms: &Option<Rc<OwnedFd>>| -> Outgoing {
         let message = SamplerMessage::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -303,6 +302,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         losses.backlog_dropped_batches = link.dropped_batches;
         losses.backlog_dropped_samples = link.dropped_samples;
         losses.proc_errors = tracker.errors;
+        losses.facts_truncated = tracker.truncated;
+        losses.files_unopened = tracker.files.unopened;
         let header = BatchHeader {
             sequence,
             interval_start_unix_ns: interval_start,
@@ -343,7 +344,9 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             tracing::info!(
                 samples = sent_samples,
                 processes = tracker.len(),
-                open_files = tracker.files.len(),
+                open_files = tracker.files.open_count(),
+                files_unopened = tracker.files.unopened,
+                facts_truncated = tracker.truncated,
                 connected = link.is_connected(),
                 backlog_bytes = link.backlog_bytes(),
                 queued = link.queued(),

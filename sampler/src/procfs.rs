@@ -7,8 +7,9 @@
 //! moment.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::{self, File},
+    io::{BufRead as _, BufReader, Read},
     os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::Path,
     rc::Rc,
@@ -16,48 +17,143 @@ use std::{
 
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, ThreadInfo, NO_FD};
 
-/// One open mapped file, shared by every process that maps it.
+use crate::limits::{
+    MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS, MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES,
+    MAX_THREADS_PER_PROCESS, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
+};
+
+/// One mapped file, shared by every process that maps it.
 pub struct OpenFile {
     pub id: u64,
     pub fd: Option<Rc<OwnedFd>>,
     pub info: FileInfo,
     /// Processes whose current facts refer to this file.
     refs: usize,
+    /// Left unopened by a cap (not by an error): opened when a later process may.
+    capped: bool,
 }
 
 /// Mapped files by (device, inode), each opened once and reused.
-#[derive(Default)]
 pub struct FileTable {
     files: HashMap<(u64, u64), OpenFile>,
     /// File id -> (device, inode), so lookups by id need no scan.
     ids: HashMap<u64, (u64, u64)>,
     next_id: u64,
+    /// Files held open now, and the most allowed (see [`open_files_cap`]).
+    open: usize,
+    max_open: usize,
+    /// Files not opened because of a cap, since start.
+    pub unopened: u64,
+}
+
+/// The global open-file cap: [`MAX_OPEN_FILES`], and never closer than [`NOFILE_RESERVE`] to
+/// the soft RLIMIT_NOFILE, so a process cannot starve the sampler of descriptors.
+pub fn open_files_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let below_limit = usize::try_from(soft.saturating_sub(NOFILE_RESERVE)).unwrap_or(usize::MAX);
+    MAX_OPEN_FILES.min(below_limit)
+}
+
+/// Budget of one process's [`FileTable::intern`] calls.
+struct ProcessBudget {
+    pid: u32,
+    /// Files this process made the sampler open.
+    opened: usize,
 }
 
 impl FileTable {
+    pub fn new(max_open: usize) -> Self {
+        Self {
+            files: HashMap::new(),
+            ids: HashMap::new(),
+            next_id: 0,
+            open: 0,
+            max_open,
+            unopened: 0,
+        }
+    }
+
     /// Every file currently held, for re-sending after a reconnect.
     pub fn all(&self) -> impl Iterator<Item = &OpenFile> {
         self.files.values()
     }
 
-    pub fn len(&self) -> usize {
-        self.files.len()
+    /// Files held open now.
+    pub fn open_count(&self) -> usize {
+        self.open
     }
 
-    /// Returns the id of the file behind `mapping` of `pid`, opening it if new; new files are
-    /// pushed to `fresh` so their descriptors get sent.
-    fn intern(&mut self, pid: u32, mapping: &Mapping, fresh: &mut Vec<u64>) -> u64 {
+    /// Why no file may be opened for this process now, if a cap says so.
+    fn cap_reached(&self, budget: &ProcessBudget) -> Option<String> {
+        if budget.opened >= MAX_FILES_PER_PROCESS {
+            return Some(format!(
+                "not opened: the sampler's cap of {MAX_FILES_PER_PROCESS} files per process was reached"
+            ));
+        }
+        if self.open >= self.max_open {
+            return Some(format!(
+                "not opened: the sampler's cap of {} open files was reached",
+                self.max_open
+            ));
+        }
+        None
+    }
+
+    /// Opens the file of `mapping` for `budget.pid` unless a cap stops it.
+    fn open_within_caps(
+        &mut self,
+        budget: &mut ProcessBudget,
+        mapping: &Mapping,
+    ) -> (Option<Rc<OwnedFd>>, String, bool) {
+        if let Some(reason) = self.cap_reached(budget) {
+            self.unopened += 1;
+            return (None, reason, true);
+        }
+        budget.opened += 1;
+        match open_mapped(budget.pid, mapping) {
+            Ok(fd) => {
+                self.open += 1;
+                (Some(Rc::new(fd)), String::new(), false)
+            }
+            Err(err) => (None, err, false),
+        }
+    }
+
+    /// Returns the id of the file behind `mapping`, opening it if new (or if a cap kept it
+    /// closed before and no longer does); files to (re)send are pushed to `fresh`.
+    fn intern(
+        &mut self,
+        budget: &mut ProcessBudget,
+        mapping: &Mapping,
+        fresh: &mut Vec<u64>,
+    ) -> u64 {
         let key = (mapping.device, mapping.inode);
-        if let Some(file) = self.files.get_mut(&key) {
-            file.refs += 1;
+        let retry = match self.files.get_mut(&key) {
+            Some(file) => {
+                file.refs += 1;
+                file.capped.then_some(file.id)
+            }
+            None => None,
+        };
+        if let Some(id) = retry {
+            if self.cap_reached(budget).is_none() {
+                let (fd, open_error, capped) = self.open_within_caps(budget, mapping);
+                if let Some(file) = self.files.get_mut(&key) {
+                    file.fd = fd;
+                    file.info.open_error = open_error;
+                    file.capped = capped;
+                }
+                fresh.push(id);
+            }
+            return id;
+        }
+        if let Some(file) = self.files.get(&key) {
             return file.id;
         }
         self.next_id += 1;
         let id = self.next_id;
-        let (fd, open_error) = match open_mapped(pid, mapping) {
-            Ok(fd) => (Some(Rc::new(fd)), String::new()),
-            Err(err) => (None, err),
-        };
+        let (fd, open_error, capped) = self.open_within_caps(budget, mapping);
         let info = FileInfo {
             file_id: id,
             device: mapping.device,
@@ -74,15 +170,37 @@ impl FileTable {
                 fd,
                 info,
                 refs: 1,
+                capped,
             },
         );
         fresh.push(id);
         id
     }
 
+    /// Sets the file ids of `pid`'s file mappings, opening their files within the caps.
+    pub fn intern_mappings(&mut self, pid: u32, mappings: &mut [Mapping], fresh: &mut Vec<u64>) {
+        let mut budget = ProcessBudget { pid, opened: 0 };
+        let mut interned = HashMap::new();
+        for mapping in mappings {
+            if mapping.inode == 0 || !mapping.path.starts_with('/') {
+                continue;
+            }
+            // One reference per process and file, however many segments map it.
+            let key = (mapping.device, mapping.inode);
+            mapping.file_id = match interned.get(&key) {
+                Some(&id) => id,
+                None => {
+                    let id = self.intern(&mut budget, mapping, fresh);
+                    interned.insert(key, id);
+                    id
+                }
+            };
+        }
+    }
+
     /// Forgets one reference of every file of `mappings`, closing files nobody maps any more.
     pub fn release(&mut self, mappings: &[Mapping]) {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         for mapping in mappings.iter().filter(|m| m.file_id != 0) {
             let key = (mapping.device, mapping.inode);
             if !seen.insert(key) {
@@ -91,6 +209,9 @@ impl FileTable {
             if let Some(file) = self.files.get_mut(&key) {
                 file.refs = file.refs.saturating_sub(1);
                 if file.refs == 0 {
+                    if file.fd.is_some() {
+                        self.open -= 1;
+                    }
                     self.ids.remove(&file.id);
                     self.files.remove(&key);
                 }
@@ -111,12 +232,16 @@ fn open_mapped(pid: u32, mapping: &Mapping) -> Result<OwnedFd, String> {
         "/proc/{pid}/map_files/{:x}-{:x}",
         mapping.start, mapping.end
     );
-    let by_root = format!(
-        "/proc/{pid}/root{}",
-        mapping.path.trim_end_matches(" (deleted)")
-    );
+    let mut candidates = vec![by_range];
+    // A cut path names no file; the exact object is still reachable through map_files.
+    if !mapping.path.ends_with(PATH_CUT_MARK) {
+        candidates.push(format!(
+            "/proc/{pid}/root{}",
+            mapping.path.trim_end_matches(" (deleted)")
+        ));
+    }
     let mut last_error = String::new();
-    for candidate in [by_range, by_root] {
+    for candidate in candidates {
         match File::open(&candidate) {
             Ok(file) => match file.metadata() {
                 Ok(meta) if meta.dev() == mapping.device && meta.ino() == mapping.inode => {
@@ -135,7 +260,7 @@ fn open_mapped(pid: u32, mapping: &Mapping) -> Result<OwnedFd, String> {
 
 /// Wall-clock boot time in ns, from /proc/stat's `btime`.
 pub fn boot_time_unix_ns() -> u64 {
-    fs::read_to_string("/proc/stat")
+    read_small("/proc/stat")
         .ok()
         .and_then(|stat| {
             stat.lines()
@@ -145,20 +270,54 @@ pub fn boot_time_unix_ns() -> u64 {
         .map_or(0, |secs| secs.saturating_mul(1_000_000_000))
 }
 
-/// Reads the facts of `pid` and interns its mapped files. `fresh` receives ids of newly opened
-/// files. Fails only when the process is gone or unreadable.
+/// Reads at most [`SMALL_FILE_MAX_BYTES`] of a small /proc file (a longer one is cut).
+fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    File::open(path)?
+        .take(SMALL_FILE_MAX_BYTES)
+        .read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Cuts `path` to at most [`PATH_MAX_BYTES`] (plus the mark), at a char boundary.
+pub fn cap_path(mut path: String) -> String {
+    if path.len() <= PATH_MAX_BYTES {
+        return path;
+    }
+    let mut end = PATH_MAX_BYTES;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    path.truncate(end);
+    path.push_str(PATH_CUT_MARK);
+    path
+}
+
+/// The facts of a process and whether caps cut them.
+pub struct ReadProcess {
+    pub info: ProcessInfo,
+    /// Some mappings or threads were left out, or the maps file was longer than read.
+    pub truncated: bool,
+}
+
+/// Reads the facts of `pid` and interns its mapped files. `fresh` receives ids of files to
+/// send. Fails only when the process is gone or unreadable.
 pub fn read_process(
     pid: u32,
     boot_time_unix_ns: u64,
     files: &mut FileTable,
     fresh: &mut Vec<u64>,
-) -> std::io::Result<ProcessInfo> {
+) -> std::io::Result<ReadProcess> {
     let dir = format!("/proc/{pid}");
-    let maps = fs::read_to_string(format!("{dir}/maps"))?;
+    let maps = parse_maps(
+        File::open(format!("{dir}/maps"))?,
+        MAPS_MAX_BYTES,
+        MAX_MAPPINGS_PER_PROCESS,
+    )?;
     let executable_path = fs::read_link(format!("{dir}/exe"))
-        .map(|p| p.to_string_lossy().into_owned())
+        .map(|p| cap_path(p.to_string_lossy().into_owned()))
         .unwrap_or_default();
-    let main_comm = fs::read_to_string(format!("{dir}/comm"))
+    let main_comm = read_small(format!("{dir}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_default();
     let executable_name =
@@ -166,20 +325,22 @@ pub fn read_process(
             Some(name) => name.to_string_lossy().into_owned(),
             None => main_comm.clone(),
         };
-    let cgroup = fs::read_to_string(format!("{dir}/cgroup"))
+    let cgroup = read_small(format!("{dir}/cgroup"))
         .ok()
         .and_then(|c| {
             c.lines()
                 .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
         })
+        .map(cap_path)
         .unwrap_or_default();
-    let start_time_unix_ns = fs::read_to_string(format!("{dir}/stat"))
+    let start_time_unix_ns = read_small(format!("{dir}/stat"))
         .ok()
         .and_then(|stat| start_ticks(&stat))
         .map_or(0, |ticks| {
-            boot_time_unix_ns + ticks * (1_000_000_000 / clock_ticks())
+            boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks()))
         });
     let mut threads = Vec::new();
+    let mut threads_omitted = 0u32;
     if let Ok(entries) = fs::read_dir(format!("{dir}/task")) {
         for entry in entries.flatten() {
             let Some(tid) = entry
@@ -189,7 +350,11 @@ pub fn read_process(
             else {
                 continue;
             };
-            if let Ok(name) = fs::read_to_string(entry.path().join("comm")) {
+            if threads.len() >= MAX_THREADS_PER_PROCESS {
+                threads_omitted = threads_omitted.saturating_add(1);
+                continue;
+            }
+            if let Ok(name) = read_small(entry.path().join("comm")) {
                 threads.push(ThreadInfo {
                     tid,
                     name: name.trim_end().to_owned(),
@@ -197,33 +362,25 @@ pub fn read_process(
             }
         }
     }
-    let mut mappings = parse_maps(&maps);
-    let mut interned = std::collections::HashMap::new();
-    for mapping in &mut mappings {
-        if mapping.inode == 0 || !mapping.path.starts_with('/') {
-            continue;
-        }
-        // One reference per process and file, however many segments map it.
-        let key = (mapping.device, mapping.inode);
-        mapping.file_id = match interned.get(&key) {
-            Some(&id) => id,
-            None => {
-                let id = files.intern(pid, mapping, fresh);
-                interned.insert(key, id);
-                id
-            }
-        };
-    }
-    Ok(ProcessInfo {
-        pid,
-        start_time_unix_ns,
-        executable_path,
-        executable_name,
-        cgroup,
-        mappings,
-        threads,
-        mappings_omitted: 0,
-        threads_omitted: 0,
+    let ParsedMaps {
+        mut mappings,
+        omitted: mappings_omitted,
+        cut,
+    } = maps;
+    files.intern_mappings(pid, &mut mappings, fresh);
+    Ok(ReadProcess {
+        truncated: cut || mappings_omitted > 0 || threads_omitted > 0,
+        info: ProcessInfo {
+            pid,
+            start_time_unix_ns,
+            executable_path,
+            executable_name,
+            cgroup,
+            mappings,
+            threads,
+            mappings_omitted,
+            threads_omitted,
+        },
     })
 }
 
@@ -244,56 +401,101 @@ fn start_ticks(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Executable mappings of a /proc/<pid>/maps text, sorted by start.
-pub fn parse_maps(maps: &str) -> Vec<Mapping> {
-    let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut fields = line.splitn(6, ' ');
-        let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
+/// The executable mappings read from a maps file.
+#[derive(Debug)]
+pub struct ParsedMaps {
+    /// Sorted by start.
+    pub mappings: Vec<Mapping>,
+    /// Executable mappings beyond the cap.
+    pub omitted: u32,
+    /// The file went on beyond the bytes read.
+    pub cut: bool,
+}
+
+/// Streams a /proc/<pid>/maps file: at most `max_bytes`, complete lines only, at most
+/// `max_mappings` executable mappings kept (the rest counted).
+pub fn parse_maps(
+    source: impl Read,
+    max_bytes: u64,
+    max_mappings: usize,
+) -> std::io::Result<ParsedMaps> {
+    let mut reader = BufReader::new(source.take(max_bytes));
+    let mut parsed = ParsedMaps {
+        mappings: Vec::new(),
+        omitted: 0,
+        cut: false,
+    };
+    let mut line = Vec::new();
+    let mut consumed = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        consumed += n as u64;
+        if line.last() != Some(&b'\n') {
+            // A line cut by the byte bound (or a file ending without a newline): dropped.
+            parsed.cut = consumed >= max_bytes;
+            break;
+        }
+        let Some(mapping) = parse_maps_line(&String::from_utf8_lossy(&line[..n - 1])) else {
             continue;
         };
-        if !perms.contains('x') {
+        if parsed.mappings.len() >= max_mappings {
+            parsed.omitted = parsed.omitted.saturating_add(1);
             continue;
         }
-        let path = fields.next().unwrap_or("").trim_start().to_owned();
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end), Ok(file_offset)) = (
-            u64::from_str_radix(start, 16),
-            u64::from_str_radix(end, 16),
-            u64::from_str_radix(offset, 16),
-        ) else {
-            continue;
-        };
-        let device = dev
-            .split_once(':')
-            .and_then(|(major, minor)| {
-                Some(libc::makedev(
-                    u32::from_str_radix(major, 16).ok()?,
-                    u32::from_str_radix(minor, 16).ok()?,
-                ))
-            })
-            .unwrap_or(0);
-        out.push(Mapping {
-            start,
-            end,
-            file_offset,
-            path,
-            device,
-            inode: inode.parse().unwrap_or(0),
-            file_id: 0,
-            build_id: Vec::new(),
-        });
+        parsed.mappings.push(mapping);
     }
-    out.sort_by_key(|m| m.start);
-    out
+    if consumed >= max_bytes {
+        parsed.cut = true;
+    }
+    parsed.mappings.sort_by_key(|m| m.start);
+    Ok(parsed)
+}
+
+/// One line of a maps file, if it is an executable mapping.
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let (range, perms, offset, dev, inode) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    if !perms.contains('x') {
+        return None;
+    }
+    let path = cap_path(fields.next().unwrap_or("").trim_start().to_owned());
+    let (start, end) = range.split_once('-')?;
+    let (Ok(start), Ok(end), Ok(file_offset)) = (
+        u64::from_str_radix(start, 16),
+        u64::from_str_radix(end, 16),
+        u64::from_str_radix(offset, 16),
+    ) else {
+        return None;
+    };
+    let device = dev
+        .split_once(':')
+        .and_then(|(major, minor)| {
+            Some(libc::makedev(
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            ))
+        })
+        .unwrap_or(0);
+    Some(Mapping {
+        start,
+        end,
+        file_offset,
+        path,
+        device,
+        inode: inode.parse().unwrap_or(0),
+        file_id: 0,
+        build_id: Vec::new(),
+    })
 }
 
 #[cfg(test)]
@@ -308,7 +510,9 @@ mod tests {
 7f00000000-7f00001000 rwxp 00000000 00:00 0 
 7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]
 ";
-        let mappings = parse_maps(maps);
+        let mappings = parse_maps(maps.as_bytes(), 1 << 20, 100)
+            .expect("parses")
+            .mappings;
         assert_eq!(mappings.len(), 3);
         assert_eq!(mappings[0].path, "[vdso]");
         assert_eq!(mappings[1].start, 0x7f00000000);
@@ -317,6 +521,39 @@ mod tests {
         assert_eq!(prog.file_offset, 0x1000);
         assert_eq!(prog.inode, 1234);
         assert_eq!(prog.device, libc::makedev(8, 1));
+    }
+
+    #[test]
+    fn a_maps_text_cut_mid_line_keeps_complete_lines_only() {
+        let maps = "\
+1000-2000 r-xp 00000000 08:01 11 /usr/lib/a.so
+3000-4000 r-xp 00000000 08:01 12 /usr/lib/b.so
+5000-6000 r-xp 00000000 08:01 13 /usr/lib/c.so
+";
+        // Cut in the middle of the third line.
+        let cut_at = maps.find("/usr/lib/c").expect("third line") as u64;
+        let parsed = parse_maps(maps.as_bytes(), cut_at, 100).expect("parses");
+        let paths: Vec<&str> = parsed.mappings.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["/usr/lib/a.so", "/usr/lib/b.so"]);
+        assert!(parsed.cut);
+        // The whole text, capped at two mappings: the third is counted, not kept.
+        let parsed = parse_maps(maps.as_bytes(), 1 << 20, 2).expect("parses");
+        assert_eq!(parsed.mappings.len(), 2);
+        assert_eq!(parsed.omitted, 1);
+        assert!(!parsed.cut);
+    }
+
+    #[test]
+    fn a_long_path_is_cut_at_a_char_boundary() {
+        // 'é' is two bytes: 1023 ASCII bytes put one across the cap.
+        let long = format!("/{}{}", "a".repeat(PATH_MAX_BYTES - 2), "é".repeat(100));
+        let cut = cap_path(long);
+        assert!(cut.ends_with(PATH_CUT_MARK));
+        let kept = &cut[..cut.len() - PATH_CUT_MARK.len()];
+        assert_eq!(kept.len(), PATH_MAX_BYTES - 1);
+        assert!(kept.ends_with('a'));
+        let short = "/usr/lib/libc.so.6".to_owned();
+        assert_eq!(cap_path(short.clone()), short);
     }
 
     #[test]

@@ -11,11 +11,13 @@ use std::{
 };
 
 use ember_protocol::{
-    encode_sampler_message, transport::MAX_FDS_PER_MESSAGE, FileInfo, ProcessInfo, SamplerMessage,
+    encode_sampler_message, transport::MAX_FDS_PER_MESSAGE, FileInfo, Mapping, ProcessInfo,
+    ProcessMappings, SamplerMessage, ThreadInfo,
 };
 
 use crate::{
     drain::Drained,
+    limits::MAX_DATAGRAM_BYTES,
     link::Outgoing,
     procfs::{self, FileTable},
 };
@@ -36,15 +38,18 @@ pub struct Tracker {
     boot_time_unix_ns: u64,
     /// Processes whose facts could not be read (most had exited before the drain).
     pub errors: u64,
+    /// Processes whose facts were cut to the caps (`factsTruncated`).
+    pub truncated: u64,
 }
 
 impl Tracker {
-    pub fn new(boot_time_unix_ns: u64) -> Self {
+    pub fn new(boot_time_unix_ns: u64, max_open_files: usize) -> Self {
         Self {
             procs: HashMap::new(),
-            files: FileTable::default(),
+            files: FileTable::new(max_open_files),
             boot_time_unix_ns,
             errors: 0,
+            truncated: 0,
         }
     }
 
@@ -84,9 +89,13 @@ impl Tracker {
     fn refresh(&mut self, pid: u32) -> Vec<Outgoing> {
         let mut fresh = Vec::new();
         match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {
-            Ok(info) => {
+            Ok(read) => {
+                let info = read.info;
+                if read.truncated {
+                    self.truncated += 1;
+                }
                 let mut out = self.files_messages(&fresh);
-                out.push(state(SamplerMessage::Process(info.clone()), Vec::new()));
+                out.extend(process_messages(&info));
                 if let Some(old) = self.procs.insert(
                     pid,
                     Tracked {
@@ -116,26 +125,34 @@ impl Tracker {
         }
     }
 
-    /// Files messages for `ids`, each carrying at most [`MAX_FDS_PER_MESSAGE`] descriptors.
+    /// Files messages for `ids`, each at most [`MAX_DATAGRAM_BYTES`] with at most
+    /// [`MAX_FDS_PER_MESSAGE`] descriptors.
     fn files_messages(&self, ids: &[u64]) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        for chunk in ids.chunks(MAX_FDS_PER_MESSAGE) {
-            let mut infos: Vec<FileInfo> = Vec::with_capacity(chunk.len());
-            let mut fds: Vec<Rc<OwnedFd>> = Vec::new();
-            for &id in chunk {
-                let Some(file) = self.files.by_id(id) else {
-                    continue;
-                };
-                let mut info = file.info.clone();
-                if let Some(fd) = &file.fd {
-                    info.fd = fds.len() as i32;
-                    fds.push(Rc::clone(fd));
-                }
-                infos.push(info);
+        let mut infos: Vec<FileInfo> = Vec::new();
+        let mut fds: Vec<Rc<OwnedFd>> = Vec::new();
+        let mut size = MESSAGE_OVERHEAD;
+        for file in ids.iter().filter_map(|&id| self.files.by_id(id)) {
+            let added = file_size(&file.info);
+            if !infos.is_empty()
+                && (infos.len() >= MAX_FDS_PER_MESSAGE || size + added > MAX_DATAGRAM_BYTES)
+            {
+                out.push(state(
+                    SamplerMessage::Files(std::mem::take(&mut infos)),
+                    std::mem::take(&mut fds),
+                ));
+                size = MESSAGE_OVERHEAD;
             }
-            if !infos.is_empty() {
-                out.push(state(SamplerMessage::Files(infos), fds));
+            let mut info = file.info.clone();
+            if let Some(fd) = &file.fd {
+                info.fd = i32::try_from(fds.len()).unwrap_or(i32::MAX);
+                fds.push(Rc::clone(fd));
             }
+            size += added;
+            infos.push(info);
+        }
+        if !infos.is_empty() {
+            out.push(state(SamplerMessage::Files(infos), fds));
         }
         out
     }
@@ -173,13 +190,81 @@ impl Tracker {
         ids.sort_unstable();
         let mut out = self.files_messages(&ids);
         for tracked in self.procs.values() {
-            out.push(state(
-                SamplerMessage::Process(tracked.info.clone()),
-                Vec::new(),
-            ));
+            out.extend(process_messages(&tracked.info));
         }
         out
     }
+}
+
+/// Upper bound of the encoding overhead of a message besides its lists' elements: segment
+/// table, root pointer, union, the process header, list tags, and far pointers between the
+/// builder's segments.
+const MESSAGE_OVERHEAD: usize = 1024;
+
+/// Encoded bytes of a Text (NUL-terminated, padded to words) or Data field, plus the landing
+/// pad of a far pointer: the builder grows by segments, and a text placed in a later segment than
+/// the struct pointing at it costs one more word.
+fn text_size(len: usize) -> usize {
+    (len + 1).div_ceil(8) * 8 + 8
+}
+
+/// Encoded bytes of one list element: the struct's words and pointers, then its texts.
+fn file_size(f: &FileInfo) -> usize {
+    6 * 8 + text_size(f.path.len()) + text_size(f.open_error.len())
+}
+
+fn mapping_size(m: &Mapping) -> usize {
+    8 * 8 + text_size(m.path.len()) + text_size(m.build_id.len())
+}
+
+fn thread_size(t: &ThreadInfo) -> usize {
+    2 * 8 + text_size(t.name.len())
+}
+
+/// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`]: a `process` with
+/// its header, threads and the mappings that fit, then `processMappings` with the rest. Threads
+/// that do not fit the first datagram are counted as omitted.
+fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
+    let mut first = ProcessInfo {
+        mappings: Vec::new(),
+        threads: Vec::new(),
+        ..info.clone()
+    };
+    let mut size = MESSAGE_OVERHEAD
+        + text_size(info.executable_path.len())
+        + text_size(info.executable_name.len())
+        + text_size(info.cgroup.len());
+    for thread in &info.threads {
+        let added = thread_size(thread);
+        if size + added > MAX_DATAGRAM_BYTES {
+            first.threads_omitted = first.threads_omitted.saturating_add(1);
+            continue;
+        }
+        size += added;
+        first.threads.push(thread.clone());
+    }
+    let mut rest = info.mappings.iter().peekable();
+    while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= MAX_DATAGRAM_BYTES) {
+        size += mapping_size(mapping);
+        first.mappings.push(mapping.clone());
+    }
+    let mut out = vec![state(SamplerMessage::Process(first), Vec::new())];
+    while rest.peek().is_some() {
+        let mut more = ProcessMappings {
+            pid: info.pid,
+            start_time_unix_ns: info.start_time_unix_ns,
+            mappings: Vec::new(),
+        };
+        let mut size = MESSAGE_OVERHEAD;
+        while let Some(mapping) = rest
+            .next_if(|m| more.mappings.is_empty() || size + mapping_size(m) <= MAX_DATAGRAM_BYTES)
+        {
+            size += mapping_size(mapping);
+            more.mappings.push(mapping.clone());
+        }
+        out.push(state(SamplerMessage::ProcessMappings(more), Vec::new()));
+    }
+    out
 }
 
 /// Whether a user address lies in one of the process's executable mappings.
@@ -194,5 +279,159 @@ pub fn state(message: SamplerMessage, fds: Vec<Rc<OwnedFd>>) -> Outgoing {
         bytes: encode_sampler_message(&message),
         fds,
         batch_samples: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ember_protocol::{decode_sampler_message, Limits};
+
+    use super::*;
+    use crate::limits::{MAX_MAPPINGS_PER_PROCESS, PATH_CUT_MARK};
+
+    /// Decodes what was sent and checks every datagram's bounds.
+    fn decode_all(out: &[Outgoing]) -> Vec<SamplerMessage> {
+        out.iter()
+            .map(|o| {
+                assert!(
+                    o.bytes.len() <= MAX_DATAGRAM_BYTES,
+                    "a datagram of {} bytes",
+                    o.bytes.len()
+                );
+                assert!(o.fds.len() <= MAX_FDS_PER_MESSAGE);
+                decode_sampler_message(&o.bytes, &Limits::default()).expect("decodes")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_process_with_1200_long_mappings_fits_in_bounded_datagrams() {
+        // Given a process with 1,200 executable mappings of distinct files under 3.9 KB paths
+        // and 1,024 threads (attack 1 of issue 7)
+        let dir = format!("/{}", "d".repeat(3_900));
+        let mut maps = String::new();
+        for i in 0..1_200u64 {
+            let start = 0x1000_0000 + i * 0x2000;
+            maps.push_str(&format!(
+                "{start:x}-{:x} r-xp 00000000 08:01 {} {dir}/lib{i}.so\n",
+                start + 0x1000,
+                1_000 + i
+            ));
+        }
+        // (4 MiB of maps hold 1,060 of these lines: the rest is cut, counted as truncated)
+        let parsed = procfs::parse_maps(
+            maps.as_bytes(),
+            crate::limits::MAPS_MAX_BYTES,
+            MAX_MAPPINGS_PER_PROCESS,
+        )
+        .expect("parses");
+        let mut tracker = Tracker::new(0, 64);
+        let mut mappings = parsed.mappings;
+        let mut fresh = Vec::new();
+        // A pid that cannot exist: nothing is opened, every file is described without an fd.
+        tracker
+            .files
+            .intern_mappings(u32::MAX, &mut mappings, &mut fresh);
+        let info = ProcessInfo {
+            pid: 4242,
+            start_time_unix_ns: 99,
+            executable_path: format!("{dir}/app"),
+            executable_name: "app".into(),
+            cgroup: "/user.slice".into(),
+            mappings,
+            threads: (0..1_024)
+                .map(|tid| ThreadInfo {
+                    tid,
+                    name: format!("worker-{tid:08}"),
+                })
+                .collect(),
+            ..ProcessInfo::default()
+        };
+        let before = encode_sampler_message(&SamplerMessage::Process(ProcessInfo {
+            mappings: (0..1_200u64)
+                .map(|i| Mapping {
+                    start: 0x1000_0000 + i * 0x2000,
+                    end: 0x1000_1000 + i * 0x2000,
+                    path: format!("{dir}/lib{i}.so"),
+                    device: 2049,
+                    inode: 1_000 + i,
+                    file_id: i + 1,
+                    ..Mapping::default()
+                })
+                .collect(),
+            ..info.clone()
+        }))
+        .len();
+
+        // When its facts are turned into datagrams
+        let mut out = tracker.files_messages(&fresh);
+        let files_datagrams = out.len();
+        out.extend(process_messages(&info));
+        let sizes: Vec<usize> = out.iter().map(|o| o.bytes.len()).collect();
+        eprintln!(
+            "uncapped process datagram: {before} bytes; now {} datagrams ({files_datagrams} files), largest {} bytes, total {} bytes",
+            sizes.len(),
+            sizes.iter().max().copied().unwrap_or(0),
+            sizes.iter().sum::<usize>()
+        );
+
+        // Then every datagram is within bounds and together they carry every (capped) fact
+        let decoded = decode_all(&out);
+        let mut files = Vec::new();
+        let mut process: Option<ProcessInfo> = None;
+        for message in decoded {
+            match message {
+                SamplerMessage::Files(more) => files.extend(more),
+                SamplerMessage::Process(p) => process = Some(p),
+                SamplerMessage::ProcessMappings(more) => {
+                    let p = process.as_mut().expect("process first");
+                    assert_eq!(
+                        (more.pid, more.start_time_unix_ns),
+                        (p.pid, p.start_time_unix_ns)
+                    );
+                    p.mappings.extend(more.mappings);
+                }
+                other => panic!("unexpected {}", other.kind()),
+            }
+        }
+        assert!(parsed.cut);
+        assert_eq!(files.len(), info.mappings.len());
+        assert!(files
+            .iter()
+            .all(|f| f.fd == ember_protocol::NO_FD && !f.open_error.is_empty()));
+        assert!(files.iter().all(|f| f.path.ends_with(PATH_CUT_MARK)));
+        let process = process.expect("a process message");
+        assert_eq!(process.mappings, info.mappings);
+        assert_eq!(
+            process.threads.len() + process.threads_omitted as usize,
+            info.threads.len()
+        );
+        assert_eq!(process.threads[..], info.threads[..process.threads.len()]);
+    }
+
+    #[test]
+    fn file_caps_leave_files_unopened_and_counted() {
+        // Given a table allowing no open file
+        let mut table = FileTable::new(0);
+        let mut mappings = vec![Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            path: "/usr/lib/x.so".into(),
+            device: 1,
+            inode: 2,
+            ..Mapping::default()
+        }];
+        let mut fresh = Vec::new();
+        // When a process maps a file
+        table.intern_mappings(1, &mut mappings, &mut fresh);
+        // Then the file is described without an fd, the cap named and counted
+        let file = table.by_id(mappings[0].file_id).expect("interned");
+        assert!(file.fd.is_none());
+        assert!(
+            file.info.open_error.contains("cap of 0 open files"),
+            "{}",
+            file.info.open_error
+        );
+        assert_eq!(table.unopened, 1);
     }
 }
