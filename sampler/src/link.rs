@@ -2,6 +2,11 @@
 //! messages in order without blocking the drain loop, and keeps a bounded backlog of batches while
 //! no relay is there. Per-connection state (hello, files, processes) is rebuilt on every connect,
 //! so only batches need keeping.
+//!
+//! A datagram the kernel refuses as such (EMSGSIZE: larger than the socket can ever take;
+//! ENOBUFS) is dropped and counted, never retried: retrying it by reconnecting would resend the
+//! same snapshot forever and stop all profiling (issue 7, attack 1). An inherited connection is
+//! never reconnected: when it ends, the sampler ends.
 
 use std::{
     collections::VecDeque,
@@ -21,8 +26,15 @@ use nix::{
 pub struct Outgoing {
     pub bytes: Vec<u8>,
     pub fds: Vec<Rc<OwnedFd>>,
-    /// Samples in it when it is a batch; `None` for per-connection state.
-    pub batch_samples: Option<u64>,
+    /// Set when it is a batch part; `None` for per-connection state.
+    pub batch: Option<BatchMark>,
+}
+
+/// Which interval a queued batch part belongs to and how many samples it holds.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchMark {
+    pub sequence: u64,
+    pub samples: u64,
 }
 
 /// Where the relay is.
@@ -51,6 +63,9 @@ pub struct Link {
     backoff: Duration,
     pub dropped_batches: u64,
     pub dropped_samples: u64,
+    /// Per-connection state datagrams the socket refused (`factsDropped`).
+    pub dropped_facts: u64,
+    last_drop_warning: Option<Instant>,
     last_connect_error: Option<Errno>,
     /// Required SO_PEERCRED uid of the relay, when set.
     relay_uid: Option<u32>,
@@ -58,6 +73,8 @@ pub struct Link {
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Least time between two warnings about refused datagrams.
+const DROP_WARNING_GAP: Duration = Duration::from_secs(10);
 /// Socket send buffer; batches are split well below it (see `drain::build_batches`).
 pub const SEND_BUFFER_BYTES: usize = 1 << 20;
 
@@ -78,6 +95,8 @@ impl Link {
             backoff: BACKOFF_MIN,
             dropped_batches: 0,
             dropped_samples: 0,
+            dropped_facts: 0,
+            last_drop_warning: None,
             last_connect_error: None,
             relay_uid,
         }
@@ -104,25 +123,34 @@ impl Link {
         self.queue.len()
     }
 
-    /// Whether every batch has been handed to the relay.
-    pub fn backlog_empty(&self) -> bool {
-        self.queue.iter().all(|m| m.batch_samples.is_none())
+    /// The sequence of the oldest batch part not yet handed to the relay.
+    pub fn oldest_queued_sequence(&self) -> Option<u64> {
+        self.queue
+            .iter()
+            .filter_map(|m| m.batch)
+            .map(|b| b.sequence)
+            .min()
+    }
+
+    /// Whether an inherited connection ended (it is never reconnected).
+    pub fn ended(&self) -> bool {
+        matches!(self.target, Target::Inherited) && self.conn.is_none()
     }
 
     /// Queues a message. Batches over the backlog bound push out the oldest batches, counted.
     pub fn enqueue(&mut self, message: Outgoing) {
-        if message.batch_samples.is_some() {
+        if message.batch.is_some() {
             self.backlog_bytes += message.bytes.len();
         }
         self.queue.push_back(message);
         while self.backlog_bytes > self.backlog_max_bytes {
-            let Some(pos) = self.queue.iter().position(|m| m.batch_samples.is_some()) else {
+            let Some(pos) = self.queue.iter().position(|m| m.batch.is_some()) else {
                 break;
             };
             if let Some(old) = self.queue.remove(pos) {
                 self.backlog_bytes -= old.bytes.len();
                 self.dropped_batches += 1;
-                self.dropped_samples += old.batch_samples.unwrap_or(0);
+                self.dropped_samples += old.batch.map_or(0, |b| b.samples);
                 tracing::warn!(
                     dropped_batches = self.dropped_batches,
                     dropped_samples = self.dropped_samples,
@@ -197,7 +225,7 @@ impl Link {
     /// Puts per-connection state before everything queued (after a connect), dropping the state
     /// queued for the previous connection.
     pub fn prepend(&mut self, state: Vec<Outgoing>) {
-        self.queue.retain(|m| m.batch_samples.is_some());
+        self.queue.retain(|m| m.batch.is_some());
         for message in state.into_iter().rev() {
             self.queue.push_front(message);
         }
@@ -213,13 +241,10 @@ impl Link {
             let fds: Vec<BorrowedFd<'_>> = front.fds.iter().map(|fd| fd.as_fd()).collect();
             match transport::send(conn.as_fd(), &front.bytes, &fds, true) {
                 Ok(()) => {
-                    if let Some(message) = self.queue.pop_front() {
-                        if message.batch_samples.is_some() {
-                            self.backlog_bytes -= message.bytes.len();
-                        }
-                    }
+                    self.pop_front();
                 }
                 Err(Errno::EAGAIN) => return Event::Nothing,
+                Err(err @ (Errno::EMSGSIZE | Errno::ENOBUFS)) => self.drop_refused(err),
                 Err(err) => {
                     tracing::warn!(%err, bytes = front.bytes.len(), "sending to ember-relay failed; reconnecting");
                     return self.disconnect();
@@ -227,6 +252,44 @@ impl Link {
             }
         }
         Event::Nothing
+    }
+
+    /// Removes the front message (sent or dropped), keeping the backlog size right.
+    fn pop_front(&mut self) -> Option<Outgoing> {
+        let message = self.queue.pop_front()?;
+        if message.batch.is_some() {
+            self.backlog_bytes -= message.bytes.len();
+        }
+        Some(message)
+    }
+
+    /// Drops the front message, which the socket refused as such, and counts it; the
+    /// connection stays up.
+    fn drop_refused(&mut self, err: Errno) {
+        let Some(message) = self.pop_front() else {
+            return;
+        };
+        match message.batch {
+            Some(batch) => {
+                self.dropped_batches += 1;
+                self.dropped_samples += batch.samples;
+            }
+            None => self.dropped_facts += 1,
+        }
+        if self
+            .last_drop_warning
+            .is_none_or(|at| at.elapsed() >= DROP_WARNING_GAP)
+        {
+            self.last_drop_warning = Some(Instant::now());
+            tracing::warn!(
+                %err,
+                bytes = message.bytes.len(),
+                fds = message.fds.len(),
+                facts_dropped = self.dropped_facts,
+                dropped_batches = self.dropped_batches,
+                "the socket refused a message; dropped it (counted) and carrying on"
+            );
+        }
     }
 
     /// Waits up to `timeout` for the connection to close or become writable; reports a close.
@@ -278,16 +341,20 @@ impl Link {
 
     fn disconnect(&mut self) -> Event {
         if self.conn.take().is_some() {
-            tracing::warn!(
-                queued_batches = self
-                    .queue
-                    .iter()
-                    .filter(|m| m.batch_samples.is_some())
-                    .count(),
-                "ember-relay went away; keeping batches in the backlog until it is back"
-            );
+            let queued_batches = self.queue.iter().filter(|m| m.batch.is_some()).count();
+            if matches!(self.target, Target::Inherited) {
+                tracing::warn!(
+                    queued_batches,
+                    "the inherited connection to ember-relay ended; stopping"
+                );
+            } else {
+                tracing::warn!(
+                    queued_batches,
+                    "ember-relay went away; keeping batches in the backlog until it is back"
+                );
+            }
         }
-        self.queue.retain(|m| m.batch_samples.is_some());
+        self.queue.retain(|m| m.batch.is_some());
         self.next_attempt = Instant::now();
         Event::Closed
     }
@@ -302,5 +369,62 @@ impl Link {
             }
         }
         self.queue.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(len: usize, batch: Option<BatchMark>) -> Outgoing {
+        Outgoing {
+            bytes: vec![0u8; len],
+            fds: Vec::new(),
+            batch,
+        }
+    }
+
+    #[test]
+    fn a_datagram_the_socket_refuses_is_dropped_and_counted_and_the_link_stays_up() {
+        // Given a connection whose send buffer can never take 64 KiB
+        let (ours, theirs) = transport::pair().expect("socketpair");
+        transport::set_send_buffer(ours.as_fd(), 4096).expect("SO_SNDBUF");
+        let mut link = Link::new(Target::Inherited, Some(ours), 1 << 20, None);
+        // When a large fact, a large batch and a small fact are queued
+        link.enqueue(message(64 << 10, None));
+        link.enqueue(message(
+            64 << 10,
+            Some(BatchMark {
+                sequence: 0,
+                samples: 5,
+            }),
+        ));
+        link.enqueue(message(64, None));
+        link.flush();
+        // Then the large ones are dropped and counted, the small one is delivered
+        assert_eq!(link.dropped_facts, 1);
+        assert_eq!((link.dropped_batches, link.dropped_samples), (1, 5));
+        assert!(link.is_connected());
+        assert_eq!(link.queued(), 0);
+        assert_eq!(link.backlog_bytes(), 0);
+        let mut buf = [0u8; 256];
+        assert!(matches!(
+            transport::recv(theirs.as_fd(), &mut buf),
+            Ok(transport::Received::Message { .. })
+        ));
+    }
+
+    #[test]
+    fn an_inherited_connection_that_closes_ends_the_link() {
+        // Given an inherited connection
+        let (ours, theirs) = transport::pair().expect("socketpair");
+        let mut link = Link::new(Target::Inherited, Some(ours), 1 << 20, None);
+        assert!(!link.ended());
+        // When the relay closes it
+        drop(theirs);
+        link.wait(Duration::from_millis(100));
+        // Then the link says it ended (the sampler stops) and never reconnects
+        assert!(link.ended());
+        assert_eq!(link.maybe_connect(), Event::Nothing);
     }
 }

@@ -28,7 +28,7 @@ use crate::{
     config::SamplerConfig,
     drain::{build_batches, BatchHeader, Drainer},
     limits::MAX_BATCH_BYTES,
-    link::{Event, Link, Outgoing, Target},
+    link::{BatchMark, Event, Link, Outgoing, Target},
     tracker::{state, Tracker},
 };
 
@@ -281,7 +281,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         } else {
             false
         };
-        let finishing = stopping || (peer_closed && inherited_mode);
+        // An inherited connection is never reconnected: when it closes or breaks, stop.
+        let finishing = stopping || (inherited_mode && (peer_closed || link.ended()));
         if !finishing && Instant::now() < next_tick {
             continue;
         }
@@ -295,12 +296,13 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             .drain(&mut loaded)
             .context("draining the eBPF maps")?;
         let interval_end = now_unix_ns();
-        for message in tracker.observe(&drained) {
+        for message in tracker.observe(&drained, sequence) {
             link.enqueue(message);
         }
         let mut losses = Drainer::counters(&loaded);
         losses.backlog_dropped_batches = link.dropped_batches;
         losses.backlog_dropped_samples = link.dropped_samples;
+        losses.facts_dropped = link.dropped_facts;
         losses.proc_errors = tracker.errors;
         losses.facts_truncated = tracker.truncated;
         losses.files_unopened = tracker.files.unopened;
@@ -318,16 +320,22 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             link.enqueue(Outgoing {
                 bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
                 fds: Vec::new(),
-                batch_samples: Some(count),
+                batch: Some(BatchMark {
+                    sequence,
+                    samples: count,
+                }),
             });
         }
+        tracker.notice_exits(sequence);
         sequence += 1;
         interval_start = interval_end;
         sent_samples += samples;
-        tracker.notice_exits();
         link.flush();
-        if link.is_connected() && link.backlog_empty() {
-            for message in tracker.reap() {
+        // Also while disconnected, so a relay that stays away cannot make exited processes
+        // (and their open files) pile up.
+        let notices = tracker.reap(link.oldest_queued_sequence(), sequence);
+        if link.is_connected() {
+            for message in notices {
                 link.enqueue(message);
             }
         }

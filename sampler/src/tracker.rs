@@ -17,14 +17,15 @@ use ember_protocol::{
 
 use crate::{
     drain::Drained,
-    limits::MAX_DATAGRAM_BYTES,
+    limits::{MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING},
     link::Outgoing,
     procfs::{self, FileTable},
 };
 
 struct Tracked {
     info: ProcessInfo,
-    exited: bool,
+    /// Once the process is gone: the last batch sequence that may hold its samples.
+    exited_after: Option<u64>,
     refreshed: Instant,
 }
 
@@ -58,8 +59,8 @@ impl Tracker {
     }
 
     /// Reads facts for new processes and for processes with addresses outside their mappings;
-    /// returns the messages to send before this drain's batches.
-    pub fn observe(&mut self, drained: &Drained) -> Vec<Outgoing> {
+    /// returns the messages to send before the batches of `sequence` (this drain's).
+    pub fn observe(&mut self, drained: &Drained, sequence: u64) -> Vec<Outgoing> {
         let mut addrs_by_pid: HashMap<u32, Vec<u64>> = HashMap::new();
         for (key, _) in &drained.rows {
             let addrs = addrs_by_pid.entry(key.tgid).or_default();
@@ -74,19 +75,19 @@ impl Tracker {
             let stale = match self.procs.get(&pid) {
                 None => true,
                 Some(tracked) => {
-                    !tracked.exited
+                    tracked.exited_after.is_none()
                         && tracked.refreshed.elapsed() >= REFRESH_MIN_GAP
                         && addrs.iter().any(|&a| !covers(&tracked.info, a))
                 }
             };
             if stale {
-                out.extend(self.refresh(pid));
+                out.extend(self.refresh(pid, sequence));
             }
         }
         out
     }
 
-    fn refresh(&mut self, pid: u32) -> Vec<Outgoing> {
+    fn refresh(&mut self, pid: u32, sequence: u64) -> Vec<Outgoing> {
         let mut fresh = Vec::new();
         match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {
             Ok(read) => {
@@ -100,7 +101,7 @@ impl Tracker {
                     pid,
                     Tracked {
                         info,
-                        exited: false,
+                        exited_after: None,
                         refreshed: Instant::now(),
                     },
                 ) {
@@ -117,7 +118,7 @@ impl Tracker {
                         pid,
                         ..ProcessInfo::default()
                     },
-                    exited: true,
+                    exited_after: Some(sequence.saturating_add(1)),
                     refreshed: Instant::now(),
                 });
                 Vec::new()
@@ -157,25 +158,35 @@ impl Tracker {
         out
     }
 
-    /// Marks processes that no longer exist as exited.
-    pub fn notice_exits(&mut self) {
+    /// Marks processes that no longer exist as exited, after the batches of `sequence` were
+    /// queued: samples taken before the exit was seen may still be in the next drain.
+    pub fn notice_exits(&mut self, sequence: u64) {
         for (pid, tracked) in &mut self.procs {
-            if !tracked.exited && !Path::new(&format!("/proc/{pid}")).exists() {
-                tracked.exited = true;
+            if tracked.exited_after.is_none() && !Path::new(&format!("/proc/{pid}")).exists() {
+                tracked.exited_after = Some(sequence.saturating_add(1));
             }
         }
     }
 
-    /// Forgets exited processes once no queued batch can refer to them; returns exit notices.
-    pub fn reap(&mut self) -> Vec<Outgoing> {
-        let gone: Vec<u32> = self
+    /// Forgets exited processes that no batch still to be sent can refer to: every batch up to
+    /// their last possible one was built (`next_sequence` is past it) and none of those is
+    /// queued (`oldest_queued`). At most [`MAX_EXITED_WAITING`] wait; beyond, the oldest go.
+    /// Works connected or not; returns exit notices, to queue only when connected (a relay that
+    /// connects later gets a snapshot without them).
+    pub fn reap(&mut self, oldest_queued: Option<u64>, next_sequence: u64) -> Vec<Outgoing> {
+        let mut waiting: Vec<(u64, u32)> = self
             .procs
             .iter()
-            .filter(|(_, t)| t.exited)
-            .map(|(&pid, _)| pid)
+            .filter_map(|(&pid, t)| Some((t.exited_after?, pid)))
             .collect();
+        waiting.sort_unstable();
+        let excess = waiting.len().saturating_sub(MAX_EXITED_WAITING);
         let mut out = Vec::new();
-        for pid in gone {
+        for (i, (after, pid)) in waiting.into_iter().enumerate() {
+            let unreferenced = next_sequence > after && oldest_queued.is_none_or(|o| o > after);
+            if !(unreferenced || i < excess) {
+                continue;
+            }
             if let Some(tracked) = self.procs.remove(&pid) {
                 self.files.release(&tracked.info.mappings);
                 out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
@@ -278,7 +289,7 @@ pub fn state(message: SamplerMessage, fds: Vec<Rc<OwnedFd>>) -> Outgoing {
     Outgoing {
         bytes: encode_sampler_message(&message),
         fds,
-        batch_samples: None,
+        batch: None,
     }
 }
 
@@ -407,6 +418,59 @@ mod tests {
             info.threads.len()
         );
         assert_eq!(process.threads[..], info.threads[..process.threads.len()]);
+    }
+
+    fn exited(tracker: &mut Tracker, pid: u32, after: u64) {
+        tracker.procs.insert(
+            pid,
+            Tracked {
+                info: ProcessInfo {
+                    pid,
+                    ..ProcessInfo::default()
+                },
+                exited_after: Some(after),
+                refreshed: Instant::now(),
+            },
+        );
+    }
+
+    fn pids(tracker: &Tracker) -> Vec<u32> {
+        let mut pids: Vec<u32> = tracker.procs.keys().copied().collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    #[test]
+    fn exited_processes_go_once_no_queued_batch_can_refer_to_them() {
+        // Given processes whose last possible batches are 3 and 5
+        let mut tracker = Tracker::new(0, 16);
+        exited(&mut tracker, 10, 3);
+        exited(&mut tracker, 11, 5);
+        // When batch 3 is still queued, nothing goes
+        assert!(tracker.reap(Some(3), 6).is_empty());
+        // When batch 5 was not built yet, only the first goes even with nothing queued
+        // (a disconnected sampler whose backlog moved past 3)
+        assert_eq!(tracker.reap(Some(4), 5).len(), 1);
+        assert_eq!(pids(&tracker), [11]);
+        // When every batch up to 5 was built and sent, the second goes too
+        assert_eq!(tracker.reap(None, 6).len(), 1);
+        assert!(pids(&tracker).is_empty());
+    }
+
+    #[test]
+    fn at_most_the_cap_of_exited_processes_wait() {
+        // Given more exited processes than may wait, all still referable by a queued batch
+        let mut tracker = Tracker::new(0, 16);
+        for pid in 0..(MAX_EXITED_WAITING as u32 + 3) {
+            exited(&mut tracker, pid + 1, u64::from(pid) + 10);
+        }
+        // When reaping with the oldest batch still queued
+        let notices = tracker.reap(Some(0), 1);
+        // Then the oldest three went, the cap's worth wait
+        assert_eq!(notices.len(), 3);
+        assert_eq!(tracker.len(), MAX_EXITED_WAITING);
+        assert!(!tracker.procs.contains_key(&1) && !tracker.procs.contains_key(&3));
+        assert!(tracker.procs.contains_key(&4));
     }
 
     #[test]
