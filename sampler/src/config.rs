@@ -16,6 +16,8 @@ pub struct SamplerConfig {
     pub backlog_max_bytes: usize,
     /// The relay's user; checked against SO_PEERCRED.
     pub relay_user: Option<String>,
+    /// The user the sampler becomes after setup (name or uid).
+    pub user: String,
 }
 
 impl Default for SamplerConfig {
@@ -30,6 +32,7 @@ impl Default for SamplerConfig {
             stack_map_size: 16384,
             backlog_max_bytes: 64 << 20,
             relay_user: None,
+            user: "nobody".to_owned(),
         }
     }
 }

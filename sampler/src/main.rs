@@ -68,6 +68,11 @@ struct Cli {
     /// trusted.
     #[arg(long, value_name = "USER|UID", env = "EMBER_RELAY_UID")]
     relay_uid: Option<String>,
+    /// The user (name or uid) the sampler becomes once the program is attached; it keeps only
+    /// the capabilities to read /proc and open mapped files. A uid without a passwd entry is
+    /// used with the group of the same number.
+    #[arg(long, value_name = "USER|UID", env = "EMBER_SAMPLER_USER", default_value_t = SamplerConfig::default().user)]
+    user: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -117,6 +122,7 @@ impl Cli {
             stack_map_size: self.stack_map_size,
             backlog_max_bytes: self.backlog_max_bytes,
             relay_user: self.relay_uid,
+            user: self.user,
         }
     }
 }
@@ -196,11 +202,12 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let relay = match &config.relay_user {
+    let (uid, gid) = resolve_user("--user", &config.user)?;
+    let (relay, groups) = match &config.relay_user {
         Some(user) => {
-            let (uid, gid) = resolve_user(user)?;
-            harden::join_group(gid)?;
-            Some(uid)
+            let (relay_uid, relay_gid) = resolve_user("--relay-uid", user)?;
+            // The relay's group, to reach its 0660 socket.
+            (Some(relay_uid), vec![relay_gid])
         }
         None => {
             if config.inherited_fd.is_none() {
@@ -208,11 +215,17 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
                     "no --relay-uid: any process listening on the socket receives the samples"
                 );
             }
-            None
+            (None, Vec::new())
         }
     };
-    harden::harden().context("confining the sampler")?;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mode = if config.inherited_fd.is_some() {
+        harden::Mode::Inherited
+    } else {
+        harden::Mode::Reconnecting
+    };
+    harden::harden(&harden::Identity { uid, gid, groups }, mode)
+        .context("confining the sampler")?;
+    let status = procfs::read_small("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
@@ -221,11 +234,13 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             .unwrap_or_default()
     };
     tracing::info!(
+        uid,
+        gid,
         cap_eff = %field("CapEff:"),
         cap_bnd = %field("CapBnd:"),
         no_new_privs = %field("NoNewPrivs:"),
         seccomp = %field("Seccomp:"),
-        allowed_syscalls = harden::allowed_count(),
+        allowed_syscalls = harden::allowed_count(mode),
         "sampler confined"
     );
     tracing::info!(
@@ -373,15 +388,28 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     }
 }
 
-/// Resolves `--relay-uid` (a user name or a number) to its uid and primary gid.
-fn resolve_user(user: &str) -> anyhow::Result<(u32, u32)> {
-    let found = match user.parse::<u32>() {
-        Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))?,
-        Err(_) => nix::unistd::User::from_name(user)?,
+/// Resolves a user flag (a name or a number) to a uid and its primary gid. A number without a
+/// passwd entry is taken as is, with the group of the same number (e.g. a relay run with a
+/// dedicated numeric uid in a container).
+fn resolve_user(flag: &str, user: &str) -> anyhow::Result<(u32, u32)> {
+    let (found, number) = match user.parse::<u32>() {
+        Ok(uid) => (
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .with_context(|| format!("looking up uid {uid} for {flag}"))?,
+            Some(uid),
+        ),
+        Err(_) => (
+            nix::unistd::User::from_name(user)
+                .with_context(|| format!("looking up user {user} for {flag}"))?,
+            None,
+        ),
     };
-    match found {
-        Some(account) => Ok((account.uid.as_raw(), account.gid.as_raw())),
-        None => anyhow::bail!("--relay-uid {user}: no such user; start the relay's user first (e.g. its systemd unit) or pass a numeric uid"),
+    match (found, number) {
+        (Some(account), _) => Ok((account.uid.as_raw(), account.gid.as_raw())),
+        (None, Some(uid)) => Ok((uid, uid)),
+        (None, None) => anyhow::bail!(
+            "{flag} {user}: no such user; create it, or pass a numeric uid (its gid is the same number)"
+        ),
     }
 }
 
@@ -396,5 +424,15 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn a_numeric_user_without_passwd_entry_gets_the_same_gid() {
+        assert_eq!(
+            resolve_user("--user", "4000123").expect("resolves"),
+            (4_000_123, 4_000_123)
+        );
+        assert_eq!(resolve_user("--user", "root").expect("root"), (0, 0));
+        assert!(resolve_user("--user", "no-such-user-ember").is_err());
     }
 }

@@ -271,7 +271,7 @@ pub fn boot_time_unix_ns() -> u64 {
 }
 
 /// Reads at most [`SMALL_FILE_MAX_BYTES`] of a small /proc file (a longer one is cut).
-fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
+pub fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
     let mut bytes = Vec::new();
     File::open(path)?
         .take(SMALL_FILE_MAX_BYTES)
