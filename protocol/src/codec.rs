@@ -406,7 +406,7 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
         user_stacks,
         kernel_stacks,
         rows,
-        losses: Losses {
+        losses: Box::new(Losses {
             samples: l.get_samples(),
             idle: l.get_idle(),
             filtered: l.get_filtered(),
@@ -419,7 +419,7 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             facts_dropped: l.get_facts_dropped(),
             facts_truncated: l.get_facts_truncated(),
             files_unopened: l.get_files_unopened(),
-        },
+        }),
     })
 }
 
@@ -455,7 +455,7 @@ mod tests {
                     count: 1,
                 },
             ],
-            losses: Losses {
+            losses: Box::new(Losses {
                 samples: 100,
                 user_stack_lost: 1,
                 backlog_dropped_batches: 2,
@@ -463,7 +463,7 @@ mod tests {
                 facts_truncated: 4,
                 files_unopened: 5,
                 ..Losses::default()
-            },
+            }),
         }
     }
 

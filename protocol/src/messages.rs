@@ -143,7 +143,8 @@ pub struct Batch {
     /// Raw kernel addresses, leaf first.
     pub kernel_stacks: Vec<Vec<u64>>,
     pub rows: Vec<Row>,
-    pub losses: Losses,
+    /// Boxed to keep [`SamplerMessage`] (and the relay's events carrying it) small.
+    pub losses: Box<Losses>,
 }
 
 impl Batch {

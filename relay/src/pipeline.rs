@@ -148,7 +148,7 @@ impl Pipeline {
                 self.profile.merge(part);
                 let samples = batch.sample_count();
                 self.samples += samples;
-                self.last_losses = batch.losses;
+                self.last_losses = *batch.losses;
                 tracing::info!(
                     connection = conn,
                     sequence = batch.sequence,

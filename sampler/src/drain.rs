@@ -179,7 +179,7 @@ fn new_part(header: &BatchHeader) -> Batch {
         interval_start_unix_ns: header.interval_start_unix_ns,
         interval_end_unix_ns: header.interval_end_unix_ns,
         frequency_hz: header.frequency_hz,
-        losses: header.losses,
+        losses: Box::new(header.losses),
         ..Batch::default()
     }
 }

@@ -189,6 +189,8 @@ fn main() {
 fn run(config: SamplerConfig) -> anyhow::Result<()> {
     install_signal_handlers()?;
     raise_nofile_limit();
+    // Read now: getrlimit (prlimit64) is not on the seccomp allowlist.
+    let max_open_files = procfs::open_files_cap();
     // Opened while privileged: the kernel shows real addresses to whoever holds this descriptor.
     let kallsyms: Option<Rc<OwnedFd>> = match File::open("/proc/kallsyms") {
         Ok(file) => Some(Rc::new(OwnedFd::from(file))),
@@ -258,7 +260,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     };
     let inherited_mode = inherited.is_some();
     let mut link = Link::new(target, inherited, config.backlog_max_bytes, relay);
-    let mut tracker = Tracker::new(boot_time, procfs::open_files_cap());
+    let mut tracker = Tracker::new(boot_time, max_open_files);
     let hello = |kallsyms: &Option<Rc<OwnedFd>>| -> Outgoing {
         let message = SamplerMessage::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
