@@ -320,11 +320,14 @@ pub fn read_process(
     let main_comm = read_small(format!("{dir}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_default();
-    let executable_name =
-        match Path::new(executable_path.trim_end_matches(" (deleted)")).file_name() {
-            Some(name) => name.to_string_lossy().into_owned(),
-            None => main_comm.clone(),
-        };
+    // A cut path has no trustworthy last component: the kernel's comm names it then.
+    let executable_name = match Path::new(executable_path.trim_end_matches(" (deleted)"))
+        .file_name()
+        .filter(|_| !executable_path.ends_with(PATH_CUT_MARK))
+    {
+        Some(name) => name.to_string_lossy().into_owned(),
+        None => main_comm.clone(),
+    };
     let cgroup = read_small(format!("{dir}/cgroup"))
         .ok()
         .and_then(|c| {
