@@ -133,9 +133,11 @@ struct RecordArgs {
     /// Record only this process.
     #[arg(long, short = 'p')]
     pid: Option<u32>,
-    /// Unprivileged user the relay becomes before it reads anything.
-    #[arg(long, default_value = "nobody")]
-    user: String,
+    /// Unprivileged user (name or uid) the relay becomes before it reads anything. Default: the
+    /// `ember` account if it exists, else an unused uid picked at run time from 61184..=65519
+    /// (no account, no group, no process has it). Never share it with other processes.
+    #[arg(long, value_name = "USER|UID")]
+    user: Option<String>,
     /// The ember-sampler binary (default: next to this executable, then $PATH).
     #[arg(long)]
     sampler: Option<PathBuf>,
