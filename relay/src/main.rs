@@ -89,6 +89,9 @@ impl ExportArgs {
         for line in config::describe(&exporters) {
             tracing::info!("exporter {line}");
         }
+        for warning in config::warnings(&exporters) {
+            tracing::warn!("{warning}");
+        }
         Ok(exporters)
     }
 }
@@ -162,6 +165,9 @@ fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
     println!("{}: OK", args.config.display());
     for line in config::describe(&exporters) {
         println!("  {line}");
+    }
+    for warning in config::warnings(&exporters) {
+        println!("  WARNING: {warning}");
     }
     Ok(())
 }
