@@ -115,7 +115,8 @@ struct RunArgs {
     #[arg(long)]
     allow_root: bool,
     /// Only samplers running as this uid may connect; others are refused with a logged reason.
-    #[arg(long, default_value_t = 0, env = "EMBER_SAMPLER_UID")]
+    /// Default 65534: ember-sampler connects after it has left uid 0 for its --user (nobody).
+    #[arg(long, default_value_t = 65534, env = "EMBER_SAMPLER_UID")]
     sampler_uid: u32,
     #[command(flatten)]
     export: ExportArgs,
