@@ -183,21 +183,16 @@ fn process_uids() -> BTreeSet<u32> {
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let mut text = String::new();
-        let read = fs::File::open(entry.path().join("status"))
-            .and_then(|f| f.take(STATUS_READ_LIMIT).read_to_string(&mut text));
-        if read.is_err() {
-            // Gone meanwhile, or not UTF-8 (a comm can be anything): the lossy path below.
-            text.clear();
-            let mut bytes = Vec::new();
-            if fs::File::open(entry.path().join("status"))
-                .and_then(|f| f.take(STATUS_READ_LIMIT).read_to_end(&mut bytes))
-                .is_err()
-            {
-                continue;
-            }
-            text = String::from_utf8_lossy(&bytes).into_owned();
+        // Bytes, not a String: a process name can be any bytes.
+        let mut bytes = Vec::new();
+        if fs::File::open(entry.path().join("status"))
+            .and_then(|f| f.take(STATUS_READ_LIMIT).read_to_end(&mut bytes))
+            .is_err()
+        {
+            // Gone meanwhile.
+            continue;
         }
+        let text = String::from_utf8_lossy(&bytes);
         uids.extend(parse_status_uids(&text));
     }
     uids
