@@ -505,6 +505,8 @@ fn endpoint_url(
     insecure: bool,
 ) -> Result<Uri, String> {
     let endpoint = endpoint.trim();
+    // Errors name the endpoint without its userinfo.
+    let shown = transport::redact_userinfo(endpoint);
     let with_scheme = if endpoint.contains("://") {
         endpoint.to_owned()
     } else if insecure {
@@ -512,16 +514,19 @@ fn endpoint_url(
     } else {
         format!("https://{endpoint}")
     };
-    let uri: Uri = with_scheme
-        .parse()
-        .map_err(|e| format!("`{endpoint}` is not a URL: {e}"))?;
+    let uri: Uri = with_scheme.parse().map_err(|e: http::uri::InvalidUri| {
+        format!(
+            "`{shown}` is not a URL: {}",
+            transport::redact_userinfo(&e.to_string())
+        )
+    })?;
     let scheme = uri.scheme_str().unwrap_or("");
     if scheme != "http" && scheme != "https" {
-        return Err(format!("`{endpoint}`: the scheme must be http or https"));
+        return Err(format!("`{shown}`: the scheme must be http or https"));
     }
     let authority = uri
         .authority()
-        .ok_or_else(|| format!("`{endpoint}` has no host"))?
+        .ok_or_else(|| format!("`{shown}` has no host"))?
         .clone();
     let path = match protocol {
         Protocol::Grpc => "/".to_owned(),
@@ -539,7 +544,7 @@ fn endpoint_url(
         .authority(authority)
         .path_and_query(path)
         .build()
-        .map_err(|e| format!("`{endpoint}`: {e}"))
+        .map_err(|e| format!("`{shown}`: {e}"))
 }
 
 /// `OTEL_EXPORTER_OTLP_HEADERS`: `key1=value1,key2=value2`, values percent-encoded.
@@ -594,7 +599,7 @@ pub fn describe(exporters: &Exporters) -> Vec<String> {
             "otlp: {} {} (profiles proto v{}), compression {}, timeout {:?}, headers [{}], \
              max request {} B, queue {} B, retry {}",
             s.transport.protocol.as_str(),
-            s.transport.url,
+            s.transport.display_url(),
             s.version,
             if s.transport.gzip { "gzip" } else { "none" },
             s.transport.timeout,
@@ -622,6 +627,42 @@ pub fn describe(exporters: &Exporters) -> Vec<String> {
         None => lines.push("debug: off".to_owned()),
     }
     lines
+}
+
+/// Warnings about resolved exporters, for logs and `validate`: credentials (request headers,
+/// URL userinfo) that would cross the network in plaintext. Names headers, never their values.
+pub fn warnings(exporters: &Exporters) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some(otlp) = &exporters.otlp else {
+        return warnings;
+    };
+    let t = &otlp.transport;
+    if !t.is_plaintext() {
+        return warnings;
+    }
+    let mut secrets = Vec::new();
+    if !t.headers.is_empty() {
+        let names: Vec<&str> = t.headers.iter().map(|(k, _)| k.as_str()).collect();
+        secrets.push(format!("headers [{}]", names.join(", ")));
+    }
+    if t.has_userinfo() {
+        secrets.push("the URL's user:password".to_owned());
+    }
+    if secrets.is_empty() {
+        return warnings;
+    }
+    let transport = match t.protocol {
+        Protocol::Grpc => "gRPC without TLS (h2c)",
+        Protocol::Http => "plain HTTP",
+    };
+    warnings.push(format!(
+        "OTLP {} would be sent over {transport} to {}: anyone on the path can read them. Use an \
+         https:// endpoint (with tls.ca_file for a private CA, tls.cert_file/key_file for mutual \
+         TLS), or give the endpoint without a scheme and without tls.insecure/--otlp-insecure",
+        secrets.join(" and "),
+        t.display_url()
+    ));
+    warnings
 }
 
 #[cfg(test)]
@@ -796,6 +837,58 @@ exporters:
             ])
         )
         .is_err());
+    }
+
+    #[test]
+    fn credentials_over_plaintext_are_warned_about_and_userinfo_never_shown() {
+        let with = |endpoint: &str, protocol: Protocol, headers: Vec<(String, String)>| {
+            resolve(
+                &RelayConfig::default(),
+                &OtlpFlags {
+                    endpoint: Some(endpoint.into()),
+                    protocol: Some(protocol),
+                    headers,
+                    ..OtlpFlags::default()
+                },
+                &env(&[]),
+            )
+            .unwrap()
+        };
+        let secret = vec![("Authorization".to_owned(), "Bearer s3cret".to_owned())];
+        // Headers over plain HTTP and over h2c: one warning naming the header and the fix.
+        for protocol in [Protocol::Http, Protocol::Grpc] {
+            let exporters = with("http://collector:4318", protocol, secret.clone());
+            let warnings = warnings(&exporters);
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(warnings[0].contains("authorization"), "{}", warnings[0]);
+            assert!(warnings[0].contains("https://"), "{}", warnings[0]);
+            assert!(!warnings[0].contains("s3cret"), "{}", warnings[0]);
+        }
+        // Userinfo over plaintext, no headers: warned, and redacted everywhere it is shown.
+        let exporters = with("http://user:pw@collector:4317", Protocol::Grpc, Vec::new());
+        let warnings = warnings(&exporters);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("user:password"), "{}", warnings[0]);
+        let described = describe(&exporters).join("\n");
+        for text in [&warnings[0], &described] {
+            assert!(!text.contains("pw@"), "{text}");
+            assert!(text.contains("http://***@collector:4317"), "{text}");
+        }
+        // TLS, or nothing secret: no warning.
+        assert!(super::warnings(&with("https://c:4317", Protocol::Grpc, secret)).is_empty());
+        assert!(super::warnings(&with("http://c:4317", Protocol::Grpc, Vec::new())).is_empty());
+        // A bad endpoint's error does not echo its userinfo.
+        let err = resolve(
+            &RelayConfig::default(),
+            &OtlpFlags {
+                endpoint: Some("ftp://user:pw@host".into()),
+                ..OtlpFlags::default()
+            },
+            &env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("pw@") && err.contains("***@host"), "{err}");
     }
 
     #[test]

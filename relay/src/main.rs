@@ -89,6 +89,9 @@ impl ExportArgs {
         for line in config::describe(&exporters) {
             tracing::info!("exporter {line}");
         }
+        for warning in config::warnings(&exporters) {
+            tracing::warn!("{warning}");
+        }
         Ok(exporters)
     }
 }
@@ -112,7 +115,8 @@ struct RunArgs {
     #[arg(long)]
     allow_root: bool,
     /// Only samplers running as this uid may connect; others are refused with a logged reason.
-    #[arg(long, default_value_t = 0, env = "EMBER_SAMPLER_UID")]
+    /// Default 65534: ember-sampler connects after it has left uid 0 for its --user (nobody).
+    #[arg(long, default_value_t = 65534, env = "EMBER_SAMPLER_UID")]
     sampler_uid: u32,
     #[command(flatten)]
     export: ExportArgs,
@@ -133,9 +137,11 @@ struct RecordArgs {
     /// Record only this process.
     #[arg(long, short = 'p')]
     pid: Option<u32>,
-    /// Unprivileged user the relay becomes before it reads anything.
-    #[arg(long, default_value = "nobody")]
-    user: String,
+    /// Unprivileged user (name or uid) the relay becomes before it reads anything. Default: the
+    /// `ember` account if it exists, else an unused uid picked at run time from 61184..=65519
+    /// (no account, no group, no process has it). Never share it with other processes.
+    #[arg(long, value_name = "USER|UID")]
+    user: Option<String>,
     /// The ember-sampler binary (default: next to this executable, then $PATH).
     #[arg(long)]
     sampler: Option<PathBuf>,
@@ -160,6 +166,9 @@ fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
     println!("{}: OK", args.config.display());
     for line in config::describe(&exporters) {
         println!("  {line}");
+    }
+    for warning in config::warnings(&exporters) {
+        println!("  WARNING: {warning}");
     }
     Ok(())
 }

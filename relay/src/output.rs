@@ -1,19 +1,90 @@
 //! The local output set: `stacks.folded`, `profile.pb.gz` and `flamegraph.svg` in one directory.
-//! Files are opened when the set is created (before `record` drops privileges) and rewritten in
-//! place each time a profile is written.
+//!
+//! Invariants (`record` creates them as root in a directory another user may own):
+//! - the directory is opened once (O_DIRECTORY) and every name is resolved relative to that
+//!   descriptor, so a rename of a parent cannot redirect us;
+//! - each file is created fresh under a temporary name with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600,
+//!   handed to the invoking user (`SUDO_UID`/`SUDO_GID`, when root) with fchown, and renamed onto
+//!   its final name while still privileged: whatever was there (a symlink to a root-only file, a
+//!   file of someone else) is replaced, never followed or truncated;
+//! - later writes go through the descriptors only (truncate + write from offset 0), so `record`
+//!   writes them after dropping its privileges and nothing is reopened by name.
+//!
+//! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
 use std::{
-    fs::{self, File, OpenOptions},
+    ffi::OsStr,
+    fs::{self, File},
+    io,
+    os::{fd::OwnedFd, unix::ffi::OsStrExt as _},
     path::{Path, PathBuf},
 };
 
-use anyhow::Context as _;
+use nix::{
+    errno::Errno,
+    fcntl::{self, OFlag},
+    sys::stat::{self, Mode},
+    unistd::{self, Gid, Uid},
+};
 
 use crate::{model::Profile, sink};
 
 pub const FOLDED: &str = "stacks.folded";
 pub const PPROF: &str = "profile.pb.gz";
 pub const FLAMEGRAPH: &str = "flamegraph.svg";
+
+/// Mode of a directory we create: the invoking user's, listable by others as today's outputs.
+const DIR_MODE: u32 = 0o755;
+/// Mode of every output file: its owner only.
+const FILE_MODE: u32 = 0o600;
+/// Tries at a fresh temporary name before giving up (someone else creating the same names).
+const TEMP_ATTEMPTS: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutputError {
+    #[error("`{call}` failed for {path}: {source}")]
+    Call {
+        call: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a directory we created (it changed under us); not using it")]
+    Replaced { path: PathBuf },
+    #[error("writing {name}: {message}")]
+    Write { name: &'static str, message: String },
+}
+
+fn call<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> OutputError + 'a {
+    move |errno| OutputError::Call {
+        call,
+        path: path.to_path_buf(),
+        source: io::Error::from(errno),
+    }
+}
+
+/// Who the files (and a directory we create) should belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: Uid,
+    pub gid: Gid,
+}
+
+impl Owner {
+    /// The invoking user of `sudo` (`SUDO_UID` and `SUDO_GID`, both set and numeric), if we are
+    /// root: only root can give files away, and only then is there someone to give them to.
+    pub fn from_sudo(env: &dyn Fn(&str) -> Option<String>) -> Option<Self> {
+        if !Uid::effective().is_root() {
+            return None;
+        }
+        let number = |name: &str| env(name)?.trim().parse::<u32>().ok();
+        Some(Self {
+            uid: Uid::from_raw(number("SUDO_UID")?),
+            gid: Gid::from_raw(number("SUDO_GID")?),
+        })
+    }
+}
 
 pub struct OutputSet {
     folded: File,
@@ -23,24 +94,24 @@ pub struct OutputSet {
 }
 
 impl OutputSet {
-    /// Creates `dir` if needed and opens the three files in it.
-    pub fn create(dir: &Path) -> anyhow::Result<Self> {
-        fs::create_dir_all(dir)
-            .with_context(|| format!("creating output directory {}", dir.display()))?;
-        let open = |name: &str| -> anyhow::Result<(File, PathBuf)> {
+    /// Creates `dir` if needed and creates the three files in it, owned by the `sudo` user
+    /// when there is one.
+    pub fn create(dir: &Path) -> Result<Self, OutputError> {
+        let owner = Owner::from_sudo(&|name| std::env::var(name).ok());
+        Self::create_owned(dir, owner)
+    }
+
+    /// [`OutputSet::create`] with an explicit owner (None: the current user).
+    pub fn create_owned(dir: &Path, owner: Option<Owner>) -> Result<Self, OutputError> {
+        let dir_fd = open_dir(dir, owner)?;
+        let create = |name: &'static str| -> Result<(File, PathBuf), OutputError> {
             let path = dir.join(name);
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
+            let file = create_file(&dir_fd, OsStr::new(name), &path, owner)?;
             Ok((file, path))
         };
-        let (folded, folded_path) = open(FOLDED)?;
-        let (pprof, pprof_path) = open(PPROF)?;
-        let (flamegraph, flamegraph_path) = open(FLAMEGRAPH)?;
+        let (folded, folded_path) = create(FOLDED)?;
+        let (pprof, pprof_path) = create(PPROF)?;
+        let (flamegraph, flamegraph_path) = create(FLAMEGRAPH)?;
         Ok(Self {
             folded,
             pprof,
@@ -49,11 +120,279 @@ impl OutputSet {
         })
     }
 
-    /// Writes `profile` to all three files, replacing what they held.
-    pub fn write(&mut self, profile: &Profile) -> anyhow::Result<()> {
-        sink::folded::write(profile, &mut self.folded).context("writing stacks.folded")?;
-        sink::pprof::write(profile, &mut self.pprof).context("writing profile.pb.gz")?;
-        sink::flamegraph::write(profile, &mut self.flamegraph).context("writing flamegraph.svg")?;
+    /// Writes `profile` to all three files through their descriptors, replacing what they held.
+    pub fn write(&mut self, profile: &Profile) -> Result<(), OutputError> {
+        let failed = |name: &'static str| {
+            move |err: &dyn std::fmt::Display| OutputError::Write {
+                name,
+                message: err.to_string(),
+            }
+        };
+        sink::folded::write(profile, &mut self.folded).map_err(|e| failed(FOLDED)(&e))?;
+        sink::pprof::write(profile, &mut self.pprof).map_err(|e| failed(PPROF)(&e))?;
+        sink::flamegraph::write(profile, &mut self.flamegraph)
+            .map_err(|e| failed(FLAMEGRAPH)(&e))?;
         Ok(())
+    }
+}
+
+/// Opens `dir` (O_DIRECTORY), creating its last component if missing: mode 0755, given to
+/// `owner`. Missing parents are created as the current user, as `mkdir -p` would.
+fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    match fcntl::open(dir, flags, Mode::empty()) {
+        // Existing: used as it is (a symlink to a directory is the user's choice), never chowned.
+        Ok(fd) => return Ok(fd),
+        Err(Errno::ENOENT) => {}
+        Err(errno) => return Err(call("open", dir)(errno)),
+    }
+    let (parent, name) = match (dir.parent(), dir.file_name()) {
+        (Some(parent), Some(name)) => (
+            if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            },
+            name,
+        ),
+        _ => return Err(call("open", dir)(Errno::ENOENT)),
+    };
+    fs::create_dir_all(parent).map_err(|source| OutputError::Call {
+        call: "create_dir_all",
+        path: parent.to_path_buf(),
+        source,
+    })?;
+    let parent_fd = fcntl::open(parent, flags, Mode::empty()).map_err(call("open", parent))?;
+    match stat::mkdirat(&parent_fd, name, Mode::from_bits_truncate(DIR_MODE)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(errno) => return Err(call("mkdirat", dir)(errno)),
+    }
+    // O_NOFOLLOW: if someone swapped what we just made for a symlink, do not follow it, and
+    // hand nothing over unless the directory is ours (made by this uid just now).
+    let fd = fcntl::openat(&parent_fd, name, flags | OFlag::O_NOFOLLOW, Mode::empty())
+        .map_err(call("openat", dir))?;
+    let st = stat::fstat(&fd).map_err(call("fstat", dir))?;
+    if st.st_uid != Uid::effective().as_raw() {
+        return Err(OutputError::Replaced {
+            path: dir.to_path_buf(),
+        });
+    }
+    // The umask may have narrowed mkdir's mode.
+    stat::fchmod(&fd, Mode::from_bits_truncate(DIR_MODE)).map_err(call("fchmod", dir))?;
+    if let Some(owner) = owner {
+        unistd::fchown(&fd, Some(owner.uid), Some(owner.gid)).map_err(call("fchown", dir))?;
+    }
+    Ok(fd)
+}
+
+/// Creates `name` in `dir_fd` as a new 0600 file (temporary name, O_EXCL|O_NOFOLLOW), gives it
+/// to `owner` and renames it onto `name`, replacing whatever entry was there without following
+/// it. Returns the open file; nothing is written yet.
+fn create_file(
+    dir_fd: &OwnedFd,
+    name: &OsStr,
+    path: &Path,
+    owner: Option<Owner>,
+) -> Result<File, OutputError> {
+    let flags =
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC;
+    let mut attempt = 0;
+    let (fd, temp) = loop {
+        let temp = temp_name(name, attempt);
+        match fcntl::openat(
+            dir_fd,
+            temp.as_os_str(),
+            flags,
+            Mode::from_bits_truncate(FILE_MODE),
+        ) {
+            Ok(fd) => break (fd, temp),
+            Err(Errno::EEXIST) if attempt + 1 < TEMP_ATTEMPTS => attempt += 1,
+            Err(errno) => return Err(call("openat", &path.with_file_name(&temp))(errno)),
+        }
+    };
+    let finish = || -> Result<(), OutputError> {
+        // The umask may have narrowed the mode; it can never have widened it.
+        stat::fchmod(&fd, Mode::from_bits_truncate(FILE_MODE)).map_err(call("fchmod", path))?;
+        if let Some(owner) = owner {
+            unistd::fchown(&fd, Some(owner.uid), Some(owner.gid)).map_err(call("fchown", path))?;
+        }
+        fcntl::renameat(dir_fd, temp.as_os_str(), dir_fd, name).map_err(call("renameat", path))
+    };
+    if let Err(err) = finish() {
+        // Best effort: do not leave the temporary file behind.
+        let _ = unistd::unlinkat(dir_fd, temp.as_os_str(), unistd::UnlinkatFlags::NoRemoveDir);
+        return Err(err);
+    }
+    Ok(File::from(fd))
+}
+
+/// `.NAME.PID.RANDOM.tmp`: hidden, and unlikely to exist already.
+fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
+    let mut bytes = b".".to_vec();
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.extend_from_slice(
+        format!(
+            ".{}.{:08x}{attempt}.tmp",
+            std::process::id(),
+            fastrand::u32(..)
+        )
+        .as_bytes(),
+    );
+    OsStr::from_bytes(&bytes).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::{
+        fd::AsFd as _,
+        unix::fs::{MetadataExt as _, PermissionsExt as _},
+    };
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_an_output_is_replaced_never_followed() {
+        // Given an output directory holding a symlink named flamegraph.svg to another file
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, "precious").unwrap();
+        fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+        let out = tmp.path().join("out");
+        fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&victim, out.join(FLAMEGRAPH)).unwrap();
+        // When the outputs are created and written
+        let mut set = OutputSet::create_owned(&out, None).unwrap();
+        set.write(&Profile::default()).unwrap();
+        // Then the other file is untouched and flamegraph.svg is a regular 0600 file
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(mode(&victim), 0o600);
+        let meta = fs::symlink_metadata(out.join(FLAMEGRAPH)).unwrap();
+        assert!(meta.file_type().is_file(), "still a symlink");
+        assert_eq!(mode(&out.join(FLAMEGRAPH)), 0o600);
+        assert!(meta.len() > 0, "the flamegraph was written");
+        // And no temporary file is left behind
+        let names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+    }
+
+    #[test]
+    fn existing_outputs_are_replaced_by_new_private_files() {
+        // Given outputs left by an earlier run, world-readable and hard-linked elsewhere
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        fs::create_dir(&out).unwrap();
+        for name in [FOLDED, PPROF, FLAMEGRAPH] {
+            fs::write(
+                out.join(name),
+                "old content that is longer than the new one",
+            )
+            .unwrap();
+            fs::set_permissions(out.join(name), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let link = tmp.path().join("hardlink");
+        fs::hard_link(out.join(FOLDED), &link).unwrap();
+        let old_inode = fs::metadata(&link).unwrap().ino();
+        // When the outputs are created and written twice
+        let mut set = OutputSet::create_owned(&out, None).unwrap();
+        set.write(&Profile::default()).unwrap();
+        set.write(&Profile::default()).unwrap();
+        // Then each is a new 0600 file and the old inode kept its content
+        for name in [FOLDED, PPROF, FLAMEGRAPH] {
+            assert_eq!(mode(&out.join(name)), 0o600, "{name}");
+            assert!(!fs::read(out.join(name))
+                .unwrap()
+                .starts_with(b"old content"));
+        }
+        assert_ne!(fs::metadata(out.join(FOLDED)).unwrap().ino(), old_inode);
+        assert_eq!(
+            fs::read_to_string(&link).unwrap(),
+            "old content that is longer than the new one"
+        );
+        assert_eq!(set.paths.len(), 3);
+    }
+
+    #[test]
+    fn a_missing_directory_is_created_0755_with_its_parents() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("a/b/out");
+        let set = OutputSet::create_owned(&out, None).unwrap();
+        assert_eq!(mode(&out), 0o755);
+        for path in &set.paths {
+            assert_eq!(mode(path), 0o600, "{}", path.display());
+        }
+        let st = stat::fstat(set.folded.as_fd()).unwrap();
+        assert_eq!(st.st_uid, Uid::effective().as_raw());
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_a_directory_we_create_is_not_followed() {
+        // Given a dangling symlink where the output directory should go
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("elsewhere");
+        let out = tmp.path().join("out");
+        std::os::unix::fs::symlink(&target, &out).unwrap();
+        // When creating the outputs there
+        let result = OutputSet::create_owned(&out, None);
+        // Then nothing is created through the link
+        assert!(result.is_err());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn the_sudo_owner_needs_both_numbers() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let root = Uid::effective().is_root();
+        let both = Owner::from_sudo(&env(&[("SUDO_UID", "1000"), ("SUDO_GID", "100")]));
+        assert_eq!(
+            both,
+            root.then_some(Owner {
+                uid: Uid::from_raw(1000),
+                gid: Gid::from_raw(100)
+            })
+        );
+        assert_eq!(Owner::from_sudo(&env(&[("SUDO_UID", "1000")])), None);
+        assert_eq!(
+            Owner::from_sudo(&env(&[("SUDO_UID", "bob"), ("SUDO_GID", "100")])),
+            None
+        );
+    }
+
+    #[test]
+    fn files_are_given_to_the_owner_when_root() {
+        if !Uid::effective().is_root() {
+            eprintln!("SKIPPED: giving files away needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let owner = Owner {
+            uid: Uid::from_raw(61999),
+            gid: Gid::from_raw(61998),
+        };
+        let set = OutputSet::create_owned(&out, Some(owner)).unwrap();
+        let dir = fs::metadata(&out).unwrap();
+        assert_eq!((dir.uid(), dir.gid()), (61999, 61998));
+        for path in &set.paths {
+            let meta = fs::metadata(path).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid()),
+                (61999, 61998),
+                "{}",
+                path.display()
+            );
+        }
     }
 }

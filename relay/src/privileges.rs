@@ -1,14 +1,35 @@
-//! The relay's confinement: dropping from root to an unprivileged user with no capabilities and
-//! no_new_privs, and reading back what the kernel says the process now holds.
+//! The relay's confinement: choosing the unprivileged user `record` becomes, dropping from root
+//! to it with no supplementary groups, no capabilities in any set and no_new_privs, keeping the
+//! process non-dumpable, and reading back what the kernel says the process now holds.
+//!
+//! Invariants: once [`drop_to`] returned, the process has no way back to root, and no other
+//! process of its uid can read its memory or take its descriptors (PR_SET_DUMPABLE 0 makes
+//! /proc/PID/{mem,fd,environ} root's and fails ptrace and pidfd_getfd for that uid). The user is
+//! never a shared account such as `nobody`: by default a dedicated `ember` account, else a uid no
+//! account, group or running process uses.
+
+use std::{collections::BTreeSet, fs, io::Read as _, ops::RangeInclusive};
 
 use anyhow::{anyhow, bail, Context as _};
 use caps::CapSet;
-use nix::unistd::{Gid, Uid, User};
+use nix::unistd::{Gid, Group, Uid, User};
+
+/// The dedicated account `record` becomes when it exists (`useradd --system ember`).
+pub const DEDICATED_ACCOUNT: &str = "ember";
+
+/// Where a uid is picked when there is no dedicated account: systemd's range for dynamic users
+/// (DynamicUser=), which no package allocates statically.
+pub const PICK_RANGE: RangeInclusive<u32> = 61184..=65519;
+
+/// Most bytes read of one /proc/PID/status: the Uid line is within the first kilobyte.
+const STATUS_READ_LIMIT: u64 = 16 << 10;
 
 /// What /proc/self/status says about our privileges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
     pub uid: String,
+    pub gid: String,
+    pub groups: String,
     pub cap_eff: String,
     pub cap_prm: String,
     pub cap_bnd: String,
@@ -25,6 +46,8 @@ pub fn status() -> Status {
     };
     Status {
         uid: field("Uid:"),
+        gid: field("Gid:"),
+        groups: field("Groups:"),
         cap_eff: field("CapEff:"),
         cap_prm: field("CapPrm:"),
         cap_bnd: field("CapBnd:"),
@@ -32,42 +55,217 @@ pub fn status() -> Status {
     }
 }
 
-/// Becomes `user` for good: no supplementary groups, no capabilities in any set, no_new_privs.
-/// Must be called as root. Fails (rather than continuing privileged) if any step fails.
-pub fn drop_to(user: &str) -> anyhow::Result<()> {
-    let account = User::from_name(user)
-        .with_context(|| format!("looking up user `{user}`"))?
-        .ok_or_else(|| {
-            anyhow!(
-                "no user `{user}` on this system; pass --user with an existing unprivileged user"
-            )
-        })?;
-    if account.uid.is_root() {
-        bail!("--user `{user}` is root; choose an unprivileged user");
+/// Why the relay runs as the uid it does (logged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `--user` named it.
+    Requested,
+    /// The dedicated `ember` account exists.
+    DedicatedAccount,
+    /// No dedicated account: a uid nothing else uses, picked at run time.
+    Picked,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requested => "requested with --user",
+            Self::DedicatedAccount => "dedicated `ember` account",
+            Self::Picked => "picked: an unused uid (no account, no group, no process)",
+        }
     }
+}
+
+/// The identity the relay drops to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The account name, or the number for a uid without one.
+    pub name: String,
+    pub uid: Uid,
+    pub gid: Gid,
+    pub reason: Reason,
+}
+
+/// Chooses the user `record` becomes: `requested` (a name, or a uid with or without an account:
+/// gid = uid then), else the `ember` account, else an unused uid from [`PICK_RANGE`]. Must run as
+/// root (it reads every process's status) and before any other process of ours could take the
+/// picked uid.
+pub fn choose_user(requested: Option<&str>) -> anyhow::Result<Target> {
+    let target = match requested {
+        Some(text) => resolve(text)?,
+        None => match User::from_name(DEDICATED_ACCOUNT)
+            .with_context(|| format!("looking up user `{DEDICATED_ACCOUNT}`"))?
+        {
+            Some(account) => Target {
+                name: account.name,
+                uid: account.uid,
+                gid: account.gid,
+                reason: Reason::DedicatedAccount,
+            },
+            None => {
+                let running = process_uids();
+                let uid = pick_uid(PICK_RANGE, |uid| {
+                    running.contains(&uid) || has_account_or_group(uid)
+                })
+                .ok_or_else(|| {
+                    anyhow!(
+                        "no unused uid in {}..={}; create a dedicated `{DEDICATED_ACCOUNT}` \
+                         account (`useradd --system {DEDICATED_ACCOUNT}`) or pass --user",
+                        PICK_RANGE.start(),
+                        PICK_RANGE.end()
+                    )
+                })?;
+                Target {
+                    name: uid.to_string(),
+                    uid: Uid::from_raw(uid),
+                    gid: Gid::from_raw(uid),
+                    reason: Reason::Picked,
+                }
+            }
+        },
+    };
+    if target.uid.is_root() || target.gid.as_raw() == 0 {
+        bail!(
+            "user `{}` is root or in group root; choose an unprivileged user",
+            target.name
+        );
+    }
+    Ok(target)
+}
+
+/// `--user USER|UID`: an account name, or a number (gid = its account's, else the number).
+fn resolve(text: &str) -> anyhow::Result<Target> {
+    if let Ok(raw) = text.parse::<u32>() {
+        let account =
+            User::from_uid(Uid::from_raw(raw)).with_context(|| format!("looking up uid {raw}"))?;
+        return Ok(Target {
+            name: account
+                .as_ref()
+                .map_or_else(|| raw.to_string(), |a| a.name.clone()),
+            uid: Uid::from_raw(raw),
+            gid: account.map_or(Gid::from_raw(raw), |a| a.gid),
+            reason: Reason::Requested,
+        });
+    }
+    let account = User::from_name(text)
+        .with_context(|| format!("looking up user `{text}`"))?
+        .ok_or_else(|| {
+            anyhow!("no user `{text}` on this system; pass --user with an existing user or a uid")
+        })?;
+    Ok(Target {
+        name: account.name,
+        uid: account.uid,
+        gid: account.gid,
+        reason: Reason::Requested,
+    })
+}
+
+/// The first uid of `range` that `taken` does not claim. Pure: the caller decides what is taken.
+pub fn pick_uid(range: RangeInclusive<u32>, taken: impl Fn(u32) -> bool) -> Option<u32> {
+    range.into_iter().find(|&uid| !taken(uid))
+}
+
+/// Whether an account (passwd, through NSS) or a group has this number.
+fn has_account_or_group(id: u32) -> bool {
+    // A failed lookup counts as taken: better skip a number than reuse someone's.
+    !matches!(User::from_uid(Uid::from_raw(id)), Ok(None))
+        || !matches!(Group::from_gid(Gid::from_raw(id)), Ok(None))
+}
+
+/// Every uid (real, effective, saved, filesystem) of every running process.
+fn process_uids() -> BTreeSet<u32> {
+    let mut uids = BTreeSet::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return uids;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        // Bytes, not a String: a process name can be any bytes.
+        let mut bytes = Vec::new();
+        if fs::File::open(entry.path().join("status"))
+            .and_then(|f| f.take(STATUS_READ_LIMIT).read_to_end(&mut bytes))
+            .is_err()
+        {
+            // Gone meanwhile.
+            continue;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        uids.extend(parse_status_uids(&text));
+    }
+    uids
+}
+
+/// The numbers of the `Uid:` line of a /proc/PID/status text.
+fn parse_status_uids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Becomes `target` for good: no supplementary groups, no capabilities in any set,
+/// no_new_privs, not dumpable. Must be called as root, before the process starts any thread
+/// (capability sets are per thread). Fails (rather than continuing privileged) if any step fails.
+pub fn drop_to(target: &Target) -> anyhow::Result<()> {
+    if target.uid.is_root() {
+        bail!("`{}` is root; choose an unprivileged user", target.name);
+    }
+    // Not dumpable from here on: no other process of the new uid may read our memory (the
+    // copies of root-only binaries, OTLP headers, TLS keys) or take our descriptors. The uid
+    // change below would also reset it (to fs.suid_dumpable), but only if that is 0.
+    set_non_dumpable()?;
     // The bounding set can only be emptied while we still hold CAP_SETPCAP.
     caps::clear(None, CapSet::Bounding).context("emptying the capability bounding set")?;
     caps::clear(None, CapSet::Ambient).context("emptying the ambient capability set")?;
+    caps::clear(None, CapSet::Inheritable).context("emptying the inheritable capability set")?;
     nix::unistd::setgroups(&[]).context("dropping supplementary groups")?;
-    nix::unistd::setresgid(account.gid, account.gid, account.gid).context("setresgid")?;
-    nix::unistd::setresuid(account.uid, account.uid, account.uid).context("setresuid")?;
+    nix::unistd::setresgid(target.gid, target.gid, target.gid).context("setresgid")?;
+    nix::unistd::setresuid(target.uid, target.uid, target.uid).context("setresuid")?;
     // Leaving uid 0 clears the permitted and effective sets; clear them anyway and check.
     caps::clear(None, CapSet::Effective).context("clearing effective capabilities")?;
     caps::clear(None, CapSet::Permitted).context("clearing permitted capabilities")?;
     set_no_new_privs()?;
-    // Let our own /proc entries belong to us again (the uid change made them root's).
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-    if Uid::current() != account.uid
-        || Uid::effective() != account.uid
-        || Gid::effective() != account.gid
+    set_non_dumpable()?;
+    let uids = nix::unistd::getresuid()?;
+    let gids = nix::unistd::getresgid()?;
+    if [uids.real, uids.effective, uids.saved] != [target.uid; 3]
+        || [gids.real, gids.effective, gids.saved] != [target.gid; 3]
     {
-        bail!("dropping to `{user}` did not take effect");
+        bail!("dropping to `{}` did not take effect", target.name);
     }
-    if !caps::read(None, CapSet::Effective)?.is_empty()
-        || !caps::read(None, CapSet::Permitted)?.is_empty()
-    {
-        bail!("capabilities remain after dropping to `{user}`");
+    if !nix::unistd::getgroups()?.is_empty() {
+        bail!(
+            "supplementary groups remain after dropping to `{}`",
+            target.name
+        );
+    }
+    for set in [
+        CapSet::Effective,
+        CapSet::Permitted,
+        CapSet::Inheritable,
+        CapSet::Ambient,
+        CapSet::Bounding,
+    ] {
+        if !caps::read(None, set)?.is_empty() {
+            bail!(
+                "{set:?} capabilities remain after dropping to `{}`",
+                target.name
+            );
+        }
+    }
+    if dumpable()? {
+        bail!(
+            "the relay is still dumpable after dropping to `{}`",
+            target.name
+        );
     }
     Ok(())
 }
@@ -80,4 +278,69 @@ pub fn set_no_new_privs() -> anyhow::Result<()> {
         return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_NO_NEW_PRIVS)");
     }
     Ok(())
+}
+
+/// Makes the process non-dumpable: its /proc/PID entries (mem, fd, environ, maps) belong to
+/// root, and ptrace, process_vm_readv and pidfd_getfd fail for processes of the same uid. The
+/// process itself still reads /proc/self/status and reopens /proc/self/fd/N (the kernel lets a
+/// thread group into its own entries).
+pub fn set_non_dumpable() -> anyhow::Result<()> {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes plain integers and affects only this process.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_DUMPABLE, 0)");
+    }
+    Ok(())
+}
+
+fn dumpable() -> anyhow::Result<bool> {
+    // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and only reads.
+    let rc = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error()).context("prctl(PR_GET_DUMPABLE)");
+    }
+    Ok(rc != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_uid_nothing_claims_is_picked() {
+        // Given the start of the range and the next uid taken (by an account, a group or a
+        // process: the picker does not care which)
+        let taken: BTreeSet<u32> = [61184, 61185, 61187].into();
+        // When picking
+        let picked = pick_uid(PICK_RANGE, |uid| taken.contains(&uid));
+        // Then the first free one comes out, and holes are used
+        assert_eq!(picked, Some(61186));
+        assert_eq!(pick_uid(PICK_RANGE, |_| false), Some(61184));
+    }
+
+    #[test]
+    fn a_fully_taken_range_picks_nothing() {
+        assert_eq!(pick_uid(PICK_RANGE, |_| true), None);
+        assert_eq!(pick_uid(10..=12, |uid| uid != 12), Some(12));
+    }
+
+    #[test]
+    fn the_picked_range_stays_clear_of_nobody_and_system_ids() {
+        // 65534 is nobody, 65535 is the invalid uid; below 61184 are static allocations.
+        assert!(!PICK_RANGE.contains(&65534) && !PICK_RANGE.contains(&65535));
+        assert!(*PICK_RANGE.start() >= 60000);
+    }
+
+    #[test]
+    fn status_uid_lines_are_parsed() {
+        let status = "Name:\tcat\nUmask:\t0022\nUid:\t1000\t1000\t0\t1000\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(parse_status_uids(status), vec![1000, 1000, 0, 1000]);
+        assert!(parse_status_uids("Name:\tx\n").is_empty());
+    }
+
+    #[test]
+    fn this_process_uid_is_seen_as_running() {
+        let me = nix::unistd::getuid().as_raw();
+        assert!(process_uids().contains(&me));
+    }
 }

@@ -6,7 +6,10 @@
 
 use std::{
     io::IsTerminal as _,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::{
+        fd::{AsFd as _, AsRawFd as _},
+        unix::process::CommandExt as _,
+    },
     path::PathBuf,
     process::{Command, Stdio},
     sync::mpsc::{self, RecvTimeoutError},
@@ -33,7 +36,8 @@ pub struct RecordConfig {
     pub output: PathBuf,
     pub frequency_hz: u32,
     pub pid: Option<u32>,
-    pub user: String,
+    /// `--user`; None: the `ember` account, else a picked unused uid.
+    pub user: Option<String>,
     pub sampler: Option<PathBuf>,
     pub interval: Duration,
     pub max_message_bytes: usize,
@@ -62,11 +66,12 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     if !nix::unistd::Uid::effective().is_root() {
         bail!(
             "`ember-relay record` starts the eBPF sampler, which needs root: run it with sudo \
-             (the relay itself drops to `{}` before it reads anything)",
-            config.user
+             (the relay itself drops to an unprivileged user before it reads anything)"
         );
     }
     cli::install_stop_handlers()?;
+    // Chosen while root (the choice reads every process's status), before the sampler starts.
+    let user = privileges::choose_user(config.user.as_deref())?;
     let mut outputs = OutputSet::create(&config.output)?;
 
     // The sampler gets one end of a socketpair as an inherited descriptor.
@@ -91,6 +96,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     if let Some(pid) = config.pid {
         command.arg("--pid").arg(pid.to_string());
     }
+    die_with_parent(&mut command);
     let mut child = command.spawn().with_context(|| {
         format!(
             "starting {}; build it (`cargo build`) or pass --sampler PATH",
@@ -99,11 +105,14 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     })?;
     drop(theirs);
 
-    privileges::drop_to(&config.user)?;
+    privileges::drop_to(&user)?;
     let status = privileges::status();
     tracing::info!(
-        user = %config.user,
+        user = %user.name,
+        why = user.reason.as_str(),
         uid = %status.uid,
+        gid = %status.gid,
+        groups = %status.groups,
         cap_eff = %status.cap_eff,
         cap_prm = %status.cap_prm,
         cap_bnd = %status.cap_bnd,
@@ -244,6 +253,28 @@ fn print_export_summary(finished: &Finished, timeout: Duration) {
             "OTLP retries: {}, partial successes: {} ({} profiles rejected)",
             s.retries, s.partial_success, s.rejected_profiles
         );
+    }
+}
+
+/// Makes the sampler die with this process: SIGKILL when the thread that forked it (ours, the
+/// main thread, which lives until the relay exits) dies, and an immediate exit if we are already
+/// gone when it starts. The sampler also exits when its inherited socket closes, which covers
+/// the time after it changed its uid (a credential change clears the death signal).
+fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before execve and calls only prctl, getppid
+    // and _exit, which are async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died between fork and prctl: the signal will never come.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 

@@ -45,6 +45,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         tracing::warn!("running as root because of --allow-root; this is not recommended");
     }
     privileges::set_no_new_privs()?;
+    // Never dumpable: no other process of this uid may read our memory or take our descriptors.
+    privileges::set_non_dumpable()?;
     cli::install_stop_handlers()?;
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,

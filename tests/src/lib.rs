@@ -535,13 +535,22 @@ pub fn spawn_relay_run(name: &str, socket: &Path, extra: &[&str]) -> RunningRela
     relay
 }
 
-/// Starts `ember-sampler --socket SOCKET --reporter-interval 1s EXTRA...`.
+/// Starts `ember-sampler --socket SOCKET --reporter-interval 1s [--relay-uid 0] EXTRA...`.
+///
+/// The sampler connects as nobody (it leaves uid 0 once attached), which the relay's default
+/// `--sampler-uid` (65534) accepts; the relays of these tests run as root and make their socket
+/// 0660 root:root, so unless EXTRA names another relay the sampler is told `--relay-uid 0`: it
+/// serves only a root relay and joins group 0 to reach that socket.
 pub fn spawn_sampler(name: &str, socket: &Path, extra: &[&str]) -> (ChildGuard, LogReader) {
     let mut command = Command::new(sampler_bin());
     command
         .arg("--socket")
         .arg(socket)
-        .args(["--reporter-interval", "1s"])
+        .args(["--reporter-interval", "1s"]);
+    if !extra.contains(&"--relay-uid") {
+        command.args(["--relay-uid", "0"]);
+    }
+    command
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

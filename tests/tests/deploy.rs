@@ -2,7 +2,9 @@
 //! Deployment gates: the systemd units (systemd/), the Compose file (compose/) and the Kubernetes
 //! manifests (deploy/kubernetes/) are checked by the real tools users would run, plus a few
 //! promises the files make that no tool checks (the sampler's capability list is the same
-//! everywhere, the relay holds none, the Pyroscope image and the OTLP proto version match).
+//! everywhere, the relay holds none and runs as its own uid, the two sides name each other's
+//! uids, nothing runs `privileged`, Grafana is not anonymous Admin and nothing listens beyond
+//! 127.0.0.1 in Compose, no cluster role, the Pyroscope image and the OTLP proto version match).
 //!
 //! The tools come from `scripts/setup.sh`: `systemd-analyze` (Debian's systemd),
 //! `docker-compose` (Debian's v1; `config` needs no Docker engine) and `kubernetes-validate`
@@ -28,9 +30,10 @@ const RELAY_MAX_EXPOSURE: f64 = 2.0;
 const SAMPLER_MAX_EXPOSURE: f64 = 5.0;
 
 /// The capabilities the sampler starts with, in every deployment that lists them (systemd's
-/// CapabilityBoundingSet=, the DaemonSet's capabilities.add). It keeps only CAP_SYS_PTRACE,
-/// CAP_DAC_READ_SEARCH and CAP_CHECKPOINT_RESTORE once attached (sampler/src/harden.rs).
-const SAMPLER_START_CAPS: [&str; 8] = [
+/// CapabilityBoundingSet=, Compose's cap_add, the DaemonSet's capabilities.add). Once attached
+/// it becomes nobody keeping only CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and
+/// CAP_CHECKPOINT_RESTORE (sampler/src/harden.rs).
+const SAMPLER_START_CAPS: [&str; 9] = [
     "CAP_BPF",
     "CAP_PERFMON",
     "CAP_SYS_PTRACE",
@@ -38,8 +41,20 @@ const SAMPLER_START_CAPS: [&str; 8] = [
     "CAP_CHECKPOINT_RESTORE",
     "CAP_SETPCAP",
     "CAP_SETGID",
+    "CAP_SETUID",
     "CAP_SYSLOG",
 ];
+
+/// The uid the sampler runs as once attached (its `--user` default, nobody), as the relay sees
+/// it through SO_PEERCRED: every relay's `--sampler-uid`.
+const SAMPLER_UID: &str = "65534";
+
+/// The relay's own uid in Compose and the DaemonSet (not nobody, which the sampler becomes):
+/// the sampler's `--relay-uid` there.
+const RELAY_UID: &str = "10001";
+
+/// The relay's descriptor limit where a deployment sets one.
+const RELAY_NOFILE: &str = "65536";
 
 /// Where the units expect the binaries (README: Deployments).
 const INSTALL_DIR: &str = "/usr/local/bin/";
@@ -382,7 +397,15 @@ fn systemd_units_verify_and_are_confined() {
             "{name}: --socket /run/ember/ember.sock (the relay's RuntimeDirectory=ember)"
         );
     }
-    assert!(one(&relay, "relay", "ExecStart").contains("--sampler-uid 0"));
+    assert!(
+        one(&relay, "relay", "ExecStart").contains(&format!("--sampler-uid {SAMPLER_UID}")),
+        "relay: --sampler-uid {SAMPLER_UID} (the sampler connects as nobody)"
+    );
+    assert_eq!(
+        one(&relay, "relay", "LimitNOFILE"),
+        RELAY_NOFILE,
+        "relay: LimitNOFILE= (one descriptor per mapped binary)"
+    );
     let relay_user = one(&relay, "relay", "User");
     assert!(
         one(&sampler, "sampler", "ExecStart").contains(&format!("--relay-uid {relay_user}")),
@@ -432,8 +455,9 @@ fn compose_file_is_accepted_by_docker_compose() {
     // The normalized file, as docker-compose resolved it.
     let config = check(&["config"]);
     let relay = yaml_block(&config, &["services", "relay"]);
+    let relay_user = format!("user: {RELAY_UID}:{RELAY_UID}");
     for expected in [
-        "user: 65534:65534",
+        relay_user.as_str(),
         "read_only: true",
         "- no-new-privileges:true",
     ] {
@@ -453,14 +477,48 @@ fn compose_file_is_accepted_by_docker_compose() {
         ["ember-socket:/run/ember:rw"],
         "relay: shares only the socket volume"
     );
+    let relay_text = relay.join("\n");
+    let relay_nofile = yaml_block(&relay_text, &["ulimits", "nofile"]);
+    for expected in [
+        format!("soft: {RELAY_NOFILE}"),
+        format!("hard: {RELAY_NOFILE}"),
+    ] {
+        assert!(
+            has_line(&relay_nofile, &expected),
+            "relay: ulimits.nofile `{expected}` in\n{}",
+            relay_nofile.join("\n")
+        );
+    }
+    assert!(
+        !config.lines().any(|l| l.trim().starts_with("privileged:")),
+        "no service runs privileged:\n{config}"
+    );
     let sampler = yaml_block(&config, &["services", "sampler"]);
-    for expected in ["privileged: true", "pid: host", "network_mode: none"] {
+    for expected in [
+        "pid: host",
+        "network_mode: none",
+        "- no-new-privileges:true",
+    ] {
         assert!(
             has_line(&sampler, expected),
             "sampler: `{expected}` in\n{}",
             sampler.join("\n")
         );
     }
+    assert_eq!(
+        yaml_list(&sampler, "cap_drop"),
+        ["ALL"],
+        "sampler: cap_drop: [ALL]"
+    );
+    let added: BTreeSet<String> = yaml_list(&sampler, "cap_add")
+        .into_iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    assert_eq!(
+        added,
+        SAMPLER_START_CAPS.map(String::from).into(),
+        "sampler: cap_add is the documented start set"
+    );
     assert_eq!(
         yaml_list(&sampler, "volumes"),
         ["ember-socket:/run/ember:rw"],
@@ -473,9 +531,44 @@ fn compose_file_is_accepted_by_docker_compose() {
         .map(|w| w[1].clone());
     assert_eq!(
         relay_uid.as_deref(),
-        Some("65534"),
+        Some(RELAY_UID),
         "sampler: --relay-uid is the relay's user"
     );
+    assert_eq!(
+        flag_value(&yaml_list(&relay, "command"), "--sampler-uid").as_deref(),
+        Some(SAMPLER_UID),
+        "relay: --sampler-uid is the uid the sampler drops to"
+    );
+
+    // Grafana and Pyroscope: this host only, and no anonymous Admin.
+    for service in ["grafana", "pyroscope"] {
+        let block = yaml_block(&config, &["services", service]);
+        let ports = yaml_list(&block, "ports");
+        assert!(!ports.is_empty(), "{service}: no ports");
+        for port in ports {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{service}: port {port} is not bound to 127.0.0.1"
+            );
+        }
+    }
+    let grafana = yaml_block(&config, &["services", "grafana"]);
+    let grafana_text = grafana.join("\n");
+    let environment = yaml_block(&grafana_text, &["environment"]);
+    let env_value = |key: &str| {
+        environment.iter().find_map(|l| {
+            l.trim()
+                .strip_prefix(&format!("{key}:"))
+                .map(|v| v.trim().trim_matches(['"', '\'']).to_owned())
+        })
+    };
+    if env_value("GF_AUTH_ANONYMOUS_ENABLED").as_deref() == Some("true") {
+        let role = env_value("GF_AUTH_ANONYMOUS_ORG_ROLE");
+        assert!(
+            matches!(role.as_deref(), Some("Viewer")),
+            "grafana: anonymous users must be Viewers at most, not {role:?}"
+        );
+    }
 
     // Pyroscope's version and the relay's OTLP proto version go together.
     let pyroscope = yaml_block(&config, &["services", "pyroscope"]);
@@ -544,8 +637,6 @@ fn kubernetes_manifests_validate() {
     let expected = [
         "namespace/ember",
         "serviceaccount/ember",
-        "clusterrole/ember-metadata-reader",
-        "clusterrolebinding/ember-metadata-reader",
         "configmap/ember-relay",
         "daemonset/ember",
     ];
@@ -576,6 +667,31 @@ fn kubernetes_manifests_validate() {
     }
 
     // What the schemas do not check.
+    // RBAC: the code uses no Kubernetes API, so no role of any kind and no token.
+    for file in &files {
+        let manifest = fs::read_to_string(file).expect("reading a manifest");
+        for line in manifest.lines().map(str::trim) {
+            assert!(
+                !matches!(
+                    line,
+                    "kind: ClusterRole"
+                        | "kind: ClusterRoleBinding"
+                        | "kind: Role"
+                        | "kind: RoleBinding"
+                ),
+                "{}: `{line}`: the relay uses no Kubernetes API, so it gets no role",
+                file.display()
+            );
+        }
+    }
+    let rbac = read("deploy/kubernetes/10-rbac.yaml");
+    assert!(
+        has_line(
+            &rbac.lines().collect::<Vec<_>>(),
+            "automountServiceAccountToken: false"
+        ),
+        "ServiceAccount: automountServiceAccountToken: false"
+    );
     let daemonset = read("deploy/kubernetes/30-daemonset.yaml");
     assert!(
         has_line(&daemonset.lines().collect::<Vec<_>>(), "hostPID: true"),
@@ -584,14 +700,21 @@ fn kubernetes_manifests_validate() {
     let pod = yaml_block(&daemonset, &["spec", "template", "spec"]);
     assert!(
         has_line(&pod, "automountServiceAccountToken: false"),
-        "DaemonSet: no API token in every container (the relay mounts its own)"
+        "DaemonSet: no API token in any container"
+    );
+    assert!(
+        !daemonset.contains("serviceAccountToken:") && !daemonset.contains("serviceaccount"),
+        "DaemonSet: no container mounts an API token"
     );
     let containers = yaml_block(&daemonset, &["spec", "template", "spec", "containers"]);
     let text = containers.join("\n");
     let relay = yaml_block(&text, &["name: relay"]);
     let sampler = yaml_block(&text, &["name: sampler"]);
+    let relay_user = format!("runAsUser: {RELAY_UID}");
+    let relay_group = format!("runAsGroup: {RELAY_UID}");
     for expected in [
-        "runAsUser: 65534",
+        relay_user.as_str(),
+        relay_group.as_str(),
         "runAsNonRoot: true",
         "readOnlyRootFilesystem: true",
         "allowPrivilegeEscalation: false",
@@ -633,13 +756,32 @@ fn kubernetes_manifests_validate() {
         ["socket"],
         "sampler mounts only the socket"
     );
-    let relay_mounts = mounts(&relay);
-    for volume in ["socket", "config", "api-token"] {
-        assert!(
-            relay_mounts.iter().any(|m| m == volume),
-            "relay mounts {volume}: {relay_mounts:?}"
-        );
-    }
+    assert_eq!(
+        mounts(&relay),
+        ["socket", "config", "tmp"],
+        "relay mounts the socket, its config and a /tmp"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.trim().starts_with("privileged: true")),
+        "no container is privileged"
+    );
+    assert_eq!(
+        flag_value(&yaml_list(&sampler, "command"), "--relay-uid").as_deref(),
+        Some(RELAY_UID),
+        "sampler: --relay-uid is the relay's runAsUser"
+    );
+    assert_eq!(
+        flag_value(&yaml_list(&relay, "command"), "--sampler-uid").as_deref(),
+        Some(SAMPLER_UID),
+        "relay: --sampler-uid is the uid the sampler drops to"
+    );
+}
+
+/// The value after `flag` in an argument list.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone())
 }
 
 #[test]

@@ -15,7 +15,10 @@ mod otlp;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    os::fd::{AsFd as _, OwnedFd},
+    os::{
+        fd::{AsFd as _, OwnedFd},
+        unix::process::CommandExt as _,
+    },
     path::Path,
     thread,
     time::{Duration, Instant},
@@ -484,8 +487,10 @@ fn multi_process_system_wide() {
     }
 }
 
-/// `ember-relay record` runs the relay as nobody, without capabilities and with NoNewPrivs,
-/// and still symbolizes.
+/// `ember-relay record` runs the relay as a uid of its own (not root, not the shared nobody, used
+/// by no other process), with no supplementary groups, no capabilities, NoNewPrivs and not
+/// dumpable (another process of that very uid cannot open its memory or list its descriptors),
+/// and it still symbolizes and writes its outputs.
 #[test]
 fn relay_runs_unprivileged() {
     if !privileged() {
@@ -504,20 +509,59 @@ fn relay_runs_unprivileged() {
     let pid = run.pid();
     let status_path = format!("/proc/{pid}/status");
 
-    // Wait for the drop to nobody (the relay starts as root to start its sampler).
-    let dropped = wait_until(Duration::from_secs(60), || {
+    // Wait for the drop (the relay starts as root to start its sampler): all four uids equal
+    // and not 0.
+    let mut relay_uid = None;
+    wait_until(Duration::from_secs(60), || {
         if run.child.try_wait().is_some() {
             return true;
         }
-        proc_status(Path::new(&status_path))
+        let uids: Vec<u32> = proc_status(Path::new(&status_path))
             .and_then(|s| {
-                status_field(&s, "Uid").map(|uid| uid.split_whitespace().all(|id| id == "65534"))
+                status_field(&s, "Uid").map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|n| n.parse().ok())
+                        .collect()
+                })
             })
-            .unwrap_or(false)
+            .unwrap_or_default();
+        if uids.len() == 4 && uids.iter().all(|&u| u == uids[0] && u != 0) {
+            relay_uid = Some(uids[0]);
+            return true;
+        }
+        false
     });
+    let relay_uid = relay_uid
+        .unwrap_or_else(|| panic!("ember-relay record (pid {pid}) never left uid 0 while running"));
     assert!(
-        dropped.is_some() && run.child.try_wait().is_none(),
-        "ember-relay record (pid {pid}) never switched to uid 65534 while running"
+        run.child.try_wait().is_none(),
+        "ember-relay record exited during the check"
+    );
+    eprintln!("relay {pid} runs as uid {relay_uid}");
+    assert_ne!(relay_uid, 0, "the relay runs as root");
+    assert_ne!(
+        relay_uid, 65534,
+        "the relay runs as the shared nobody, whose other processes could reach it"
+    );
+
+    // No other process runs as that uid (any of real, effective, saved, filesystem).
+    let others: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| p != pid)
+        .filter_map(|p| {
+            let status = proc_status(Path::new(&format!("/proc/{p}/status")))?;
+            let uid = status_field(&status, "Uid")?;
+            let name = status_field(&status, "Name").unwrap_or("?");
+            uid.split_whitespace()
+                .any(|u| u == relay_uid.to_string())
+                .then(|| format!("pid {p} ({name}): Uid {uid}"))
+        })
+        .collect();
+    assert!(
+        others.is_empty(),
+        "other processes share the relay's uid {relay_uid}: {others:#?}"
     );
 
     // Then every thread must be unprivileged. Give the drop a moment to complete (uid first,
@@ -535,7 +579,7 @@ fn relay_runs_unprivileged() {
             };
             let field = |key: &str| status_field(&status, key).unwrap_or("<missing>").to_owned();
             let uid = field("Uid");
-            if !uid.split_whitespace().all(|id| id == "65534") {
+            if !uid.split_whitespace().all(|id| id == relay_uid.to_string()) {
                 problems.push(format!("{}: Uid {uid}", path.display()));
             }
             let gid = field("Gid");
@@ -545,10 +589,11 @@ fn relay_runs_unprivileged() {
                     path.display()
                 ));
             }
+            // setgroups([]): no supplementary group at all.
             let groups = field("Groups");
-            if groups.split_whitespace().any(|id| id == "0") {
+            if !groups.is_empty() {
                 problems.push(format!(
-                    "{}: Groups {groups} (still in group root)",
+                    "{}: Groups [{groups}] (supplementary groups left)",
                     path.display()
                 ));
             }
@@ -580,8 +625,29 @@ fn relay_runs_unprivileged() {
     }
     assert!(
         problems.is_empty(),
-        "relay still privileged after dropping to nobody: {problems:#?}"
+        "relay still privileged after dropping its privileges: {problems:#?}"
     );
+
+    // Not dumpable: a process of the relay's own uid can neither open its memory nor list its
+    // descriptors (both would work against a dumpable process of the same uid).
+    for (what, path) in [
+        ("open its memory", format!("/proc/{pid}/mem")),
+        ("list its descriptors", format!("/proc/{pid}/fd")),
+    ] {
+        // `exec 3<PATH` only opens (a read of mem at offset 0 would fail anyway).
+        let probe = std::process::Command::new("sh")
+            .args(["-c", "exec 3<\"$1\"", "probe", &path])
+            .stderr(std::process::Stdio::null())
+            .uid(relay_uid)
+            .gid(relay_uid)
+            .status()
+            .expect("running a probe as the relay's uid");
+        assert!(
+            !probe.success(),
+            "a process of the relay's uid {relay_uid} could {what} ({path}): the relay is dumpable"
+        );
+    }
+
     thread::sleep(Duration::from_secs(2));
     if run.child.try_wait().is_none() {
         let later = check();
@@ -833,7 +899,17 @@ fn relay_rejects_malformed_input() {
     const MAX: usize = 65536;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ember.sock");
-    let mut relay = spawn_relay_run("relay", &socket, &["--max-message-bytes", &MAX.to_string()]);
+    // The fake samplers below are this (root) test process.
+    let mut relay = spawn_relay_run(
+        "relay",
+        &socket,
+        &[
+            "--max-message-bytes",
+            &MAX.to_string(),
+            "--sampler-uid",
+            "0",
+        ],
+    );
 
     let limits = Limits {
         max_message_bytes: MAX,

@@ -1,5 +1,5 @@
-//! Privilege separation made checkable: the sampler's capability sets, no_new_privs and seccomp
-//! while it records; both sides refusing a peer of the wrong uid; the unprivileged relay
+//! Privilege separation made checkable: the sampler's uid (nobody once attached), groups,
+//! capability sets, no_new_privs and seccomp while it records; both sides refusing a peer of the wrong uid; the unprivileged relay
 //! symbolizing a binary it could not open itself.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -72,7 +72,10 @@ fn sampler_is_confined_while_recording() {
     let (sampler, status) = seen.expect("the sampler never showed Seccomp: 2 during the recording");
     let field = |key: &str| status_field(&status, key).unwrap_or("<missing>").to_owned();
     eprintln!(
-        "sampler {sampler}: CapEff {} CapPrm {} CapBnd {} CapInh {} CapAmb {} NoNewPrivs {} Seccomp {}",
+        "sampler {sampler}: Uid {} Gid {} Groups [{}] CapEff {} CapPrm {} CapBnd {} CapInh {} CapAmb {} NoNewPrivs {} Seccomp {}",
+        field("Uid"),
+        field("Gid"),
+        field("Groups"),
         field("CapEff"),
         field("CapPrm"),
         field("CapBnd"),
@@ -89,6 +92,13 @@ fn sampler_is_confined_while_recording() {
     }
     assert_eq!(field("NoNewPrivs"), "1");
     assert_eq!(field("Seccomp"), "2");
+    // It left uid 0 for nobody (its --user default) once attached: real, effective, saved and
+    // filesystem ids alike, and, without --relay-uid (record's inherited socket), no
+    // supplementary groups.
+    let nobody = vec![NOBODY.to_string(); 4].join("\t");
+    assert_eq!(field("Uid"), nobody, "sampler Uid");
+    assert_eq!(field("Gid"), nobody, "sampler Gid");
+    assert_eq!(field("Groups"), "", "sampler Groups");
 
     let recorded = run.finish(RECORD_TIMEOUT);
     let hot = total_count(
@@ -104,7 +114,7 @@ fn sampler_is_confined_while_recording() {
     );
 }
 
-/// Root copies a workload to a 0700 root-only file; the relay, as nobody, cannot open it, yet
+/// Root copies a workload to a 0700 root-only file; the relay, unprivileged, cannot open it, yet
 /// names its functions through the descriptor the sampler passed.
 #[test]
 fn relay_symbolizes_a_root_only_binary_through_the_passed_fd() {
@@ -117,7 +127,8 @@ fn relay_symbolizes_a_root_only_binary_through_the_passed_fd() {
     let secret = dir.path().join("secret-spinner");
     fs::copy(&workloads().spinner, &secret).expect("copy workload");
     fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
-    // As nobody the file cannot be opened: the relay must use the passed descriptor.
+    // An unprivileged uid cannot open the file: the relay (whose uid `record` picks at run time,
+    // so nobody stands in for it here) must use the passed descriptor.
     let probe = Command::new("cat")
         .arg(&secret)
         .uid(NOBODY)

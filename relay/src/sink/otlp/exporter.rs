@@ -118,7 +118,7 @@ impl Exporter {
         let description = format!(
             "{} {} (OTLP profiles v{})",
             settings.transport.protocol.as_str(),
-            settings.transport.url,
+            settings.transport.display_url(),
             settings.version
         );
         let thread_stats = Arc::clone(&stats);

@@ -208,6 +208,60 @@ pub struct TransportSettings {
     pub tls: TlsMaterial,
 }
 
+impl TransportSettings {
+    /// The URL for logs and printed text: any userinfo (`user:password@`) shown as `***@`.
+    pub fn display_url(&self) -> String {
+        redact_userinfo(&self.url.to_string())
+    }
+
+    /// Whether the endpoint is plaintext (`http://`: HTTP/1.1 or gRPC over h2c).
+    pub fn is_plaintext(&self) -> bool {
+        self.url.scheme_str() != Some("https")
+    }
+
+    /// Whether the URL carries userinfo (`user:password@host`).
+    pub fn has_userinfo(&self) -> bool {
+        self.url
+            .authority()
+            .is_some_and(|a| a.as_str().contains('@'))
+    }
+}
+
+/// `text` with the userinfo of every URL in it (`scheme://user:password@host`) replaced by
+/// `***`, so credentials never reach a log line, an error or the terminal. Text without `://`
+/// is taken as one endpoint written without a scheme (`user:password@host:port`).
+pub fn redact_userinfo(text: &str) -> String {
+    fn redact_authority(rest: &str, out: &mut String) -> usize {
+        // The authority ends at the path, query, fragment or whitespace.
+        let end = rest
+            .find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .unwrap_or(rest.len());
+        match rest[..end].rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&rest[at..end]);
+            }
+            None => out.push_str(&rest[..end]),
+        }
+        end
+    }
+    let mut out = String::with_capacity(text.len());
+    if !text.contains("://") {
+        let end = redact_authority(text, &mut out);
+        out.push_str(&text[end..]);
+        return out;
+    }
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = redact_authority(rest, &mut out);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// What became of one attempt.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -261,8 +315,8 @@ impl Transport {
                     .build();
                 let endpoint = Endpoint::from_shared(settings.url.to_string())
                     .map_err(|e| TransportError::Endpoint {
-                        endpoint: settings.url.to_string(),
-                        reason: e.to_string(),
+                        endpoint: settings.display_url(),
+                        reason: redact_userinfo(&e.to_string()),
                     })?
                     .timeout(settings.timeout)
                     .connect_timeout(settings.timeout);
@@ -376,7 +430,10 @@ impl GrpcTransport {
         }
         let call = async {
             grpc.ready().await.map_err(|e| {
-                Status::unavailable(format!("connecting to {}: {e}", self.settings.url))
+                Status::unavailable(redact_userinfo(&format!(
+                    "connecting to {}: {e}",
+                    self.settings.display_url()
+                )))
             })?;
             grpc.unary(
                 request,
@@ -406,6 +463,10 @@ impl GrpcTransport {
 }
 
 fn describe(status: &Status) -> String {
+    redact_userinfo(&describe_unredacted(status))
+}
+
+fn describe_unredacted(status: &Status) -> String {
     let mut text = format!("gRPC {:?}: {}", status.code(), status.message());
     // Transport failures carry their cause in the source chain, not in the message.
     let mut source = std::error::Error::source(status);
@@ -547,7 +608,10 @@ impl HttpTransport {
                     }
                 }
                 Ok(Err(err)) => {
-                    let mut reason = format!("HTTP request to {} failed: {err}", self.settings.url);
+                    let mut reason = format!(
+                        "HTTP request to {} failed: {err}",
+                        self.settings.display_url()
+                    );
                     let mut source = std::error::Error::source(&err);
                     while let Some(e) = source {
                         let cause = e.to_string();
@@ -558,7 +622,7 @@ impl HttpTransport {
                         source = e.source();
                     }
                     return Outcome::Retry {
-                        reason,
+                        reason: redact_userinfo(&reason),
                         after: None,
                     };
                 }
@@ -618,6 +682,38 @@ fn gzip(data: &[u8]) -> std::io::Result<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn userinfo_is_redacted_wherever_a_url_appears() {
+        assert_eq!(
+            redact_userinfo("https://user:s3cret@collector:4317/"),
+            "https://***@collector:4317/"
+        );
+        assert_eq!(
+            redact_userinfo("http://tok@p:4040/v1development/profiles?a=b@c"),
+            "http://***@p:4040/v1development/profiles?a=b@c"
+        );
+        // Several URLs in an error text, one without userinfo.
+        assert_eq!(
+            redact_userinfo("connecting to http://a:b@x:1/: redirected to https://y/ (c:d@z)"),
+            "connecting to http://***@x:1/: redirected to https://y/ (c:d@z)"
+        );
+        // An endpoint written without a scheme.
+        assert_eq!(redact_userinfo("u:p@collector:4317"), "***@collector:4317");
+        assert_eq!(redact_userinfo("collector:4317"), "collector:4317");
+        // A password containing '@' is redacted up to the last one.
+        assert_eq!(redact_userinfo("http://u:p@ss@h/"), "http://***@h/");
+        let settings = TransportSettings {
+            protocol: Protocol::Grpc,
+            url: "http://u:p@h:4317/".parse().unwrap(),
+            headers: Vec::new(),
+            gzip: true,
+            timeout: Duration::from_secs(1),
+            tls: TlsMaterial::default(),
+        };
+        assert_eq!(settings.display_url(), "http://***@h:4317/");
+        assert!(settings.has_userinfo() && settings.is_plaintext());
+    }
 
     #[test]
     fn retry_after_and_error_bodies() {
