@@ -1073,7 +1073,7 @@ fn attack8d_the_sampler_dies_with_record() {
         &["same", dir.path().to_str().unwrap(), "1200", "3900", "30"],
     );
     attack.wait_ready(Duration::from_secs(20));
-    let record = spawn_attack_record(&strs(&record_args("60s")), RecordSetup::default());
+    let mut record = spawn_attack_record(&strs(&record_args("60s")), RecordSetup::default());
     let relay = record.pid();
     record.log.expect(0, FIRST_BATCH_TIMEOUT, "\"sampler hello\"", |v| {
         message(v) == "sampler hello"
