@@ -49,7 +49,11 @@ pub fn running_uids() -> BTreeMap<u32, Vec<u32>> {
         return uids;
     };
     for entry in dir.filter_map(Result::ok) {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
@@ -640,7 +644,10 @@ pub fn spawn_relay_limited(
     wait_until(Duration::from_secs(30), || {
         if let Some(status) = relay.child.try_wait() {
             relay.log.wait_closed(Duration::from_secs(2));
-            panic!("{name} exited ({status}) before listening:\n{}", relay.log.text());
+            panic!(
+                "{name} exited ({status}) before listening:\n{}",
+                relay.log.text()
+            );
         }
         socket.exists()
     })

@@ -218,7 +218,11 @@ fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
     wait_first_batch(&mut record);
 
     let witness = Witness::start(6);
-    let mut attack = spawn_attacker(who, &programs.bigfile, &[big.to_str().unwrap(), "3072", "7"]);
+    let mut attack = spawn_attacker(
+        who,
+        &programs.bigfile,
+        &[big.to_str().unwrap(), "3072", "7"],
+    );
     attack.wait_ready(Duration::from_secs(20));
     let cpu = witness.cpu_time();
     let _ = attack.child.wait_timeout(Duration::from_secs(20));
@@ -273,13 +277,15 @@ fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
     let mut attack = spawn_attacker(who, &programs.truncate, &[copy.to_str().unwrap(), "3", "7"]);
     let ready = attack.wait_ready(Duration::from_secs(20));
     eprintln!("attacker: {ready}");
-    attack.stdout.expect(
-        0,
-        Duration::from_secs(20),
-        "{\"truncated\":true}",
-        |v| v.get("truncated").is_some(),
+    attack
+        .stdout
+        .expect(0, Duration::from_secs(20), "{\"truncated\":true}", |v| {
+            v.get("truncated").is_some()
+        });
+    eprintln!(
+        "attacker truncated its copy to {} bytes",
+        fs::metadata(&copy).map(|m| m.len()).unwrap_or(0)
     );
-    eprintln!("attacker truncated its copy to {} bytes", fs::metadata(&copy).map(|m| m.len()).unwrap_or(0));
     let cpu = witness.cpu_time();
     let _ = attack.child.wait_timeout(Duration::from_secs(20));
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
@@ -479,7 +485,9 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
     let (second, _) = record
         .log
         .expect(first + 1, LOG_TIMEOUT, "second batch", is_batch);
-    record.log.expect(second + 1, LOG_TIMEOUT, "third batch", is_batch);
+    record
+        .log
+        .expect(second + 1, LOG_TIMEOUT, "third batch", is_batch);
     let victim_run = spawn_workload(&victim, 4);
     let _ = cpu_time_at_exit(victim_run.pid(), Duration::from_secs(30));
     let folded = record.finish(RECORD_TIMEOUT);
@@ -488,14 +496,24 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
     let stacks = parse_folded(&folded);
     let victim_stacks = process_stacks(&stacks, "victim_spin");
     let pwn_stacks = process_stacks(&stacks, "pwn_spin");
-    let victim_hot = total_count(victim_stacks.iter().copied().filter(|s| s.has_frame("spin_hot")));
+    let victim_hot = total_count(
+        victim_stacks
+            .iter()
+            .copied()
+            .filter(|s| s.has_frame("spin_hot")),
+    );
     let victim_pwned = total_count(
         victim_stacks
             .iter()
             .copied()
             .filter(|s| s.frames.iter().any(|f| f.contains("PWND"))),
     );
-    let attacker_pwnd = total_count(pwn_stacks.iter().copied().filter(|s| s.has_frame("PWND_hot")));
+    let attacker_pwnd = total_count(
+        pwn_stacks
+            .iter()
+            .copied()
+            .filter(|s| s.has_frame("PWND_hot")),
+    );
     eprintln!(
         "victim: {} samples, {victim_hot} in spin_hot, {victim_pwned} naming PWND_*; attacker: {} \
          samples, {attacker_pwnd} in PWND_hot",
@@ -587,7 +605,13 @@ fn attack5_no_other_process_can_read_the_relays_copies() {
     let _ = wait_until(Duration::from_secs(5), || memfd_bytes(relay) > 0);
     let uids = uid_fields(relay).expect("relay status");
     let gid: u32 = proc_status(Path::new(&format!("/proc/{relay}/status")))
-        .and_then(|s| status_field(&s, "Gid")?.split_whitespace().next()?.parse().ok())
+        .and_then(|s| {
+            status_field(&s, "Gid")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .expect("relay gid");
     let uid = uids[0];
     let fds: Vec<u32> = fds_of(relay)
@@ -697,8 +721,8 @@ fn attack6_record_never_writes_through_a_symlink() {
     );
     for name in ["flamegraph.svg", "profile.pb.gz", "stacks.folded"] {
         let path = out.path().join(name);
-        let meta = fs::symlink_metadata(&path)
-            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        let meta =
+            fs::symlink_metadata(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
         eprintln!(
             "{name}: {:?}, mode {:o}, uid {} gid {}, {} bytes",
             meta.file_type(),
@@ -952,8 +976,12 @@ fn attack8b_unreferenced_files_are_closed() {
             })
             .collect();
         let refs: Vec<&OwnedFd> = fds.iter().collect();
-        send(&sock, &encode_sampler_message(&SamplerMessage::Files(infos)), &refs)
-            .expect("sending files");
+        send(
+            &sock,
+            &encode_sampler_message(&SamplerMessage::Files(infos)),
+            &refs,
+        )
+        .expect("sending files");
     }
     thread::sleep(Duration::from_millis(500));
     let peak = fd_count(pid).unwrap_or(0);
@@ -1022,7 +1050,11 @@ fn attack8c_an_overflowing_file_offset_is_harmless() {
         ..ProcessInfo::default()
     });
     send(&sock, &encode_sampler_message(&process), &[]).expect("process");
-    let first = send(&sock, &fake_batch(1, fake_pid, vec![0x48_0000, 0x4f_fff0]), &[]);
+    let first = send(
+        &sock,
+        &fake_batch(1, fake_pid, vec![0x48_0000, 0x4f_fff0]),
+        &[],
+    );
     let second = send(&sock, &fake_batch(2, fake_pid, vec![0x40_1000]), &[]);
     let served = relay.log.wait_for(0, LOG_TIMEOUT, is_batch_seq(2));
     thread::sleep(Duration::from_millis(300));
@@ -1034,7 +1066,11 @@ fn attack8c_an_overflowing_file_offset_is_harmless() {
         served.is_some()
     );
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 20));
-    assert!(!panicked, "the relay panicked:\n{}", tail(&relay.log.text(), 20));
+    assert!(
+        !panicked,
+        "the relay panicked:\n{}",
+        tail(&relay.log.text(), 20)
+    );
     assert!(
         served.is_some(),
         "the relay did not process the batch after the overflowing one:\n{}",
@@ -1075,27 +1111,41 @@ fn attack8d_the_sampler_dies_with_record() {
     attack.wait_ready(Duration::from_secs(20));
     let mut record = spawn_attack_record(&strs(&record_args("60s")), RecordSetup::default());
     let relay = record.pid();
-    record.log.expect(0, FIRST_BATCH_TIMEOUT, "\"sampler hello\"", |v| {
-        message(v) == "sampler hello"
-    });
+    record
+        .log
+        .expect(0, FIRST_BATCH_TIMEOUT, "\"sampler hello\"", |v| {
+            message(v) == "sampler hello"
+        });
     let samplers: Vec<u32> = children_of(relay)
         .into_iter()
         .filter(|p| comm_of(*p).as_deref() == Some("ember-sampler"))
         .collect();
-    assert_eq!(samplers.len(), 1, "record's children: {:?}", children_of(relay));
+    assert_eq!(
+        samplers.len(),
+        1,
+        "record's children: {:?}",
+        children_of(relay)
+    );
     let sampler = samplers[0];
     let _cleanup = KillOnDrop(sampler);
     // Let the sampler describe the attacker (today: EMSGSIZE and a lost connection).
     thread::sleep(Duration::from_secs(3));
     eprintln!(
         "record {} before SIGKILL",
-        if record.child.try_wait().is_none() { "still running" } else { "already exited" }
+        if record.child.try_wait().is_none() {
+            "still running"
+        } else {
+            "already exited"
+        }
     );
     record.child.signal(Signal::SIGKILL);
     let _ = record.wait(Duration::from_secs(10));
     let gone = wait_until(Duration::from_secs(10), || !is_running(sampler));
     let mut states = BTreeMap::new();
-    states.insert("sampler running 10 s after record's SIGKILL", is_running(sampler));
+    states.insert(
+        "sampler running 10 s after record's SIGKILL",
+        is_running(sampler),
+    );
     eprintln!("{states:?}");
     assert!(
         gone.is_some(),
