@@ -6,7 +6,8 @@
  * profiler's user stack walk (it follows rbp through user memory) reports those addresses, and
  * the relay has to read the copy to name them. After BEFORE seconds it truncates the copy to 0
  * bytes and keeps spinning with new fake addresses (other offsets into the same functions), so
- * the relay has to look into the truncated file again.
+ * the relay has to look into the truncated file again. The copy's GNU build id is altered, so
+ * that a relay keying files by build id cannot use the real libc in its place.
  *
  *   attack_truncate COPY BEFORE_SECONDS TOTAL_SECONDS
  *
@@ -15,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -72,6 +74,37 @@ static void die(const char *what) {
     exit(2);
 }
 
+/* Flips the bytes of the copy's NT_GNU_BUILD_ID note (found through its PT_NOTE segments). */
+static void patch_build_id(int fd, off_t size) {
+    unsigned char *elf = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (elf == MAP_FAILED)
+        die("mmap for the build id");
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)elf;
+    int patched = 0;
+    for (int i = 0; i < eh->e_phnum; i++) {
+        const Elf64_Phdr *ph =
+            (const Elf64_Phdr *)(elf + eh->e_phoff + (size_t)i * eh->e_phentsize);
+        if (ph->p_type != PT_NOTE)
+            continue;
+        size_t off = ph->p_offset, end = ph->p_offset + ph->p_filesz;
+        while (off + sizeof(Elf64_Nhdr) <= end) {
+            Elf64_Nhdr *nh = (Elf64_Nhdr *)(elf + off);
+            size_t name_off = off + sizeof *nh;
+            size_t desc_off = name_off + ((nh->n_namesz + 3) & ~3u);
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
+                memcmp(elf + name_off, "GNU", 4) == 0) {
+                for (size_t k = 0; k < nh->n_descsz; k++)
+                    elf[desc_off + k] ^= 0x5a;
+                patched = 1;
+            }
+            off = desc_off + ((nh->n_descsz + 3) & ~3u);
+        }
+    }
+    munmap(elf, (size_t)size);
+    if (!patched)
+        fprintf(stderr, "attack_truncate: no build id note in the copy\n");
+}
+
 static void on_signal(int sig) {
     (void)sig;
     stop = 1;
@@ -115,6 +148,7 @@ int main(int argc, char **argv) {
         size += n;
     }
     close(src);
+    patch_build_id(fd, size);
     char *base = mmap(NULL, (size_t)size, PROT_READ | PROT_EXEC, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)
         die("mmap");
