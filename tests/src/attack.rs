@@ -472,6 +472,7 @@ pub struct AttackRecord {
     pub log: LogReader,
     pub out_dir: PathBuf,
     stdout: Option<JoinHandle<String>>,
+    samplers: Vec<u32>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -515,6 +516,7 @@ pub fn spawn_attack_record(args: &[&str], setup: RecordSetup<'_>) -> AttackRecor
         log,
         out_dir,
         stdout: Some(stdout),
+        samplers: Vec::new(),
         _tmp: tmp,
     }
 }
@@ -527,6 +529,7 @@ impl AttackRecord {
     /// Waits for the record to exit (killing it after `timeout`); returns its exit status
     /// (None when it had to be killed) and its stdout.
     pub fn wait(&mut self, timeout: Duration) -> (Option<std::process::ExitStatus>, String) {
+        self.note_samplers();
         let status = self.child.wait_timeout(timeout);
         if status.is_none() {
             self.child.kill();
@@ -547,17 +550,18 @@ impl AttackRecord {
         (status, stdout)
     }
 
-    /// Pids of the samplers that connected to this record (from its log).
+    /// Remembers record's sampler child (to kill it if it outlives record).
+    pub fn note_samplers(&mut self) {
+        for pid in children_of(self.child.pid()) {
+            if comm_of(pid).as_deref() == Some("ember-sampler") && !self.samplers.contains(&pid) {
+                self.samplers.push(pid);
+            }
+        }
+    }
+
+    /// Record's sampler children seen so far.
     pub fn sampler_pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self
-            .log
-            .matching(|v| crate::message(v) == "sampler connected")
-            .iter()
-            .filter_map(|(_, v)| crate::field_u64(v, "peer_pid"))
-            .filter_map(|p| u32::try_from(p).ok())
-            .collect();
-        pids.dedup();
-        pids
+        self.samplers.clone()
     }
 
     /// Waits for the record to finish and asserts it succeeded and wrote stacks.folded;

@@ -116,6 +116,10 @@ fn strs(args: &[String]) -> Vec<&str> {
 
 /// Waits for the first "batch received" of a record (sampling is under way).
 fn wait_first_batch(record: &mut AttackRecord) -> usize {
+    let _ = wait_until(FIRST_BATCH_TIMEOUT, || {
+        record.note_samplers();
+        !record.sampler_pids().is_empty() || record.child.try_wait().is_some()
+    });
     let (index, _) = record
         .log
         .wait_for(0, FIRST_BATCH_TIMEOUT, is_batch)
@@ -271,6 +275,7 @@ fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
     let dir = attacker_dir(who, "ember-attack2b-");
     let copy = dir.path().join("libc-copy.so");
     let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
+    let watch = Watch::start(record.pid(), None);
     wait_first_batch(&mut record);
 
     let witness = Witness::start(6);
@@ -289,6 +294,12 @@ fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
     let cpu = witness.cpu_time();
     let _ = attack.child.wait_timeout(Duration::from_secs(20));
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    let seen = watch.stop();
+    eprintln!(
+        "record: {status:?}; relay VmHWM {} MiB, at most {} fds",
+        seen.max_hwm_kib / 1024,
+        seen.max_fds
+    );
     let log = tail(&record.log.text(), 40);
     assert!(
         status.is_some_and(|s| s.success()),
