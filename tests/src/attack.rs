@@ -332,6 +332,9 @@ pub fn memfd_bytes(pid: u32) -> u64 {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Watched {
     pub max_hwm_kib: u64,
+    /// Largest RssAnon + RssShmem seen (the relay's own heap and its mapped private copies,
+    /// without the file-backed pages of binaries it maps, which VmHWM also counts).
+    pub max_anon_shmem_kib: u64,
     pub max_fds: usize,
     pub max_memfd_bytes: u64,
     pub last_fds: usize,
@@ -358,6 +361,8 @@ impl Watch {
             while !stop2.load(Ordering::SeqCst) {
                 let hwm = vm_hwm_kib(pid);
                 let rss = status_kib(pid, "VmRSS").unwrap_or(0);
+                let anon_shmem = status_kib(pid, "RssAnon").unwrap_or(0)
+                    + status_kib(pid, "RssShmem").unwrap_or(0);
                 let fds = fd_count(pid);
                 let memfd = memfd_bytes(pid);
                 {
@@ -370,6 +375,7 @@ impl Watch {
                         s.last_fds = fds;
                     }
                     s.max_memfd_bytes = s.max_memfd_bytes.max(memfd);
+                    s.max_anon_shmem_kib = s.max_anon_shmem_kib.max(anon_shmem);
                     s.polls += 1;
                 }
                 if let Some(limit) = kill_above_kib {

@@ -46,8 +46,13 @@ const MIN_SHARE: f64 = 0.90;
 const RECORD_TIMEOUT: Duration = Duration::from_secs(90);
 const FIRST_BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 const LOG_TIMEOUT: Duration = Duration::from_secs(20);
-/// Peak resident memory the relay may reach in the memory attacks.
-const MAX_RELAY_HWM_KIB: u64 = 300 * 1024;
+/// Peak anonymous + shared-memory resident set the relay may reach in the memory attacks (its
+/// heap and mapped private copies).
+const MAX_RELAY_ANON_KIB: u64 = 300 * 1024;
+/// Peak resident memory (VmHWM) the relay may reach in the memory attacks. VmHWM also counts the
+/// file-backed pages of every binary the relay maps to symbolize; a debug `record` of this
+/// machine peaks near 250 MiB without any attack, hence the looser bound.
+const MAX_RELAY_HWM_KIB: u64 = 512 * 1024;
 /// CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE (sampler/src/harden.rs).
 const SAMPLER_CAPS: &str = "0000010000080004";
 const NOBODY: u32 = 65534;
@@ -233,9 +238,12 @@ fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     let seen = watch.stop();
     eprintln!(
-        "relay VmHWM {} MiB (limit {} MiB); memfd copies held at most {} MiB; {} polls",
+        "relay VmHWM {} MiB (limit {} MiB); RssAnon+RssShmem at most {} MiB (limit {} MiB); \
+         memfd copies held at most {} MiB; {} polls",
         seen.max_hwm_kib / 1024,
         MAX_RELAY_HWM_KIB / 1024,
+        seen.max_anon_shmem_kib / 1024,
+        MAX_RELAY_ANON_KIB / 1024,
         seen.max_memfd_bytes >> 20,
         seen.polls
     );
@@ -243,6 +251,12 @@ fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
     assert!(
         status.is_some_and(|s| s.success()),
         "the record did not succeed ({status:?}) with a 3 GiB mapped file:\nstdout:\n{stdout}\nlog:\n{log}"
+    );
+    assert!(
+        seen.max_anon_shmem_kib < MAX_RELAY_ANON_KIB,
+        "relay RssAnon+RssShmem reached {} MiB (limit {} MiB)",
+        seen.max_anon_shmem_kib / 1024,
+        MAX_RELAY_ANON_KIB / 1024
     );
     assert!(
         seen.max_hwm_kib < MAX_RELAY_HWM_KIB,
@@ -296,8 +310,9 @@ fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     let seen = watch.stop();
     eprintln!(
-        "record: {status:?}; relay VmHWM {} MiB, at most {} fds",
+        "record: {status:?}; relay VmHWM {} MiB, RssAnon+RssShmem at most {} MiB, at most {} fds",
         seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024,
         seen.max_fds
     );
     let log = tail(&record.log.text(), 40);
@@ -429,6 +444,8 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
         ctrunc.len()
     );
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 40));
+    // The output files are rewritten after the batch's log line: give the rewrite a moment.
+    thread::sleep(Duration::from_secs(1));
     let folded = fs::read_to_string(out.join("stacks.folded")).unwrap_or_default();
     assert_witness_kept(&folded, cpu, "1,100 mapped files against 1024 descriptors");
     assert!(
@@ -944,17 +961,19 @@ fn attack8a_an_endless_kallsyms_is_bounded() {
     let alive = relay.child.try_wait().is_none();
     let seen = watch.stop();
     eprintln!(
-        "relay alive: {alive}; VmHWM {} MiB; kallsyms complaint: {:?}; batch send: {sent:?}; \
+        "relay alive: {alive}; VmHWM {} MiB; RssAnon+RssShmem at most {} MiB; kallsyms complaint: {:?}; batch send: {sent:?}; \
          batch served: {}",
         seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024,
         complained.as_ref().map(|(_, v)| v.to_string()),
         served.is_some()
     );
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 20));
     assert!(
-        seen.max_hwm_kib < MAX_RELAY_HWM_KIB,
-        "relay VmHWM {} MiB",
-        seen.max_hwm_kib / 1024
+        seen.max_anon_shmem_kib < MAX_RELAY_ANON_KIB && seen.max_hwm_kib < MAX_RELAY_HWM_KIB,
+        "relay VmHWM {} MiB, RssAnon+RssShmem {} MiB",
+        seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024
     );
     assert!(
         complained.is_some(),
