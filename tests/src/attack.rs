@@ -6,8 +6,8 @@
 //!
 //! Privileges: everything here runs as root (the tests skip otherwise). Attacker processes drop
 //! to the attacker uid in `pre_exec` (no supplementary groups, no capabilities: an ordinary
-//! local user). Nothing here kills a process it did not start, except the orphaned sampler of
-//! attack 8d, by its pid.
+//! local user). Nothing here kills a process the test did not start; the one indirect case is
+//! the sampler child of a `record` the test started, killed by its pid when it outlives record.
 
 use std::{
     collections::BTreeMap,
