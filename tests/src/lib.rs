@@ -12,6 +12,7 @@
 // Test support: a failed expectation should panic with its message, as in a test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod attack;
 pub mod otlp;
 pub mod pprof;
 

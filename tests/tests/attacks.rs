@@ -1,0 +1,1206 @@
+//! Regression tests for issue 7: each attack an unprivileged local user demonstrated against
+//! ember (attacks 1-8 of the issue), replayed by an attacker uid the test picks (an unused uid in
+//! 45000..46000, no passwd entry, no groups, no capabilities), asserting what must hold once it
+//! is fixed: an unrelated workload profiled at the same time keeps >= 90% of its expected
+//! samples (its own CPU time x the sampling frequency), the relay stays alive with bounded memory
+//! and descriptors, the victim's function names are its own, no other user can read the relay's
+//! memory or descriptors, a root-only file is never written, the sampler runs confined.
+//!
+//! They load eBPF and switch uids, so they need root; run them one at a time under the
+//! machine-wide lock:
+//!
+//! ```text
+//! cargo build && flock /tmp/ember-ebpf.lock cargo test -p ember-tests --test attacks -- --test-threads=1 --nocapture
+//! ```
+//!
+//! Timeouts only keep a broken build from hanging; no test asserts speed. Every test prints the
+//! figures it asserts on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::{
+        fd::{AsFd as _, OwnedFd},
+        unix::fs::{MetadataExt as _, PermissionsExt as _},
+    },
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use ember_protocol::{
+    encode_sampler_message, transport, Batch, FileInfo, Hello, Mapping, ProcessInfo, Row,
+    SamplerMessage, StackRef, NO_FD, PROTOCOL_VERSION,
+};
+use ember_tests::{attack::*, *};
+use nix::{errno::Errno, sys::signal::Signal};
+use serde_json::Value;
+
+/// Sampling frequency of the attack recordings.
+const FREQUENCY: u32 = 199;
+/// The witness (tests/workloads/spinner.c) must keep at least this share of its expected samples.
+const MIN_SHARE: f64 = 0.90;
+const RECORD_TIMEOUT: Duration = Duration::from_secs(90);
+const FIRST_BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+const LOG_TIMEOUT: Duration = Duration::from_secs(20);
+/// Peak anonymous + shared-memory resident set the relay may reach in the memory attacks (its
+/// heap and mapped private copies).
+const MAX_RELAY_ANON_KIB: u64 = 300 * 1024;
+/// Peak resident memory (VmHWM) the relay may reach in the memory attacks. VmHWM also counts the
+/// file-backed pages of every binary the relay maps to symbolize; a debug `record` of this
+/// machine peaks near 250 MiB without any attack, hence the looser bound.
+const MAX_RELAY_HWM_KIB: u64 = 512 * 1024;
+/// CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE (sampler/src/harden.rs).
+const SAMPLER_CAPS: &str = "0000010000080004";
+const NOBODY: u32 = 65534;
+
+// ---------------------------------------------------------------------------------------------
+// The witness: an unrelated workload whose samples must survive the attack
+
+/// A spinner started inside a recording that exits on its own before the recording ends, so
+/// its whole CPU time was sampled.
+struct Witness {
+    child: ChildGuard,
+}
+
+impl Witness {
+    fn start(seconds: u32) -> Self {
+        Self {
+            child: spawn_workload(&workloads().spinner, seconds),
+        }
+    }
+
+    /// Waits for it to exit and returns the CPU time it used in its whole life.
+    fn cpu_time(&self) -> Duration {
+        cpu_time_at_exit(self.child.pid(), Duration::from_secs(60))
+            .expect("the witness spinner did not exit on its own")
+    }
+}
+
+/// Asserts the witness `spinner` has >= 90% of `cpu` x FREQUENCY samples in `folded`.
+fn assert_witness_kept(folded: &str, cpu: Duration, what: &str) {
+    let stacks = parse_folded(folded);
+    let samples = total_count(stacks.iter().filter(|s| s.process == "spinner"));
+    let expected = cpu.as_secs_f64() * f64::from(FREQUENCY);
+    let share = samples as f64 / expected.max(1.0);
+    eprintln!(
+        "witness spinner: {samples} samples, expected {expected:.0} ({:.2} s CPU x {FREQUENCY} Hz): \
+         {:.1}%",
+        cpu.as_secs_f64(),
+        share * 100.0
+    );
+    assert!(
+        expected >= 200.0,
+        "the witness only got {:.2} s of CPU: too little to measure",
+        cpu.as_secs_f64()
+    );
+    assert!(
+        share >= MIN_SHARE,
+        "{what}: the unrelated witness spinner kept only {samples} of {expected:.0} expected \
+         samples ({:.1}% < {:.0}%)",
+        share * 100.0,
+        MIN_SHARE * 100.0
+    );
+}
+
+fn record_args(duration: &str) -> Vec<String> {
+    vec![
+        "--duration".into(),
+        duration.into(),
+        "--frequency".into(),
+        FREQUENCY.to_string(),
+    ]
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Waits for the first "batch received" of a record (sampling is under way).
+fn wait_first_batch(record: &mut AttackRecord) -> usize {
+    let _ = wait_until(FIRST_BATCH_TIMEOUT, || {
+        record.note_samplers();
+        !record.sampler_pids().is_empty() || record.child.try_wait().is_some()
+    });
+    let (index, _) = record
+        .log
+        .wait_for(0, FIRST_BATCH_TIMEOUT, is_batch)
+        .unwrap_or_else(|| {
+            let (status, _) = record.wait(Duration::from_secs(1));
+            panic!(
+                "no batch from the record (status {status:?}):\n{}",
+                tail(&record.log.text(), 60)
+            )
+        });
+    index
+}
+
+fn process_stacks<'a>(stacks: &'a [FoldedStack], process: &str) -> Vec<&'a FoldedStack> {
+    stacks.iter().filter(|s| s.process == process).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Huge process facts must not stop everyone's profiling
+
+/// Attack 1: a process with 1,200 executable mappings of a file under a 3.9 KB path (process
+/// facts of several MB). The record succeeds, an unrelated spinner keeps >= 90% of its samples,
+/// and batches keep arriving after the attacker exits.
+#[test]
+fn attack1_huge_process_facts_do_not_stop_profiling() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let programs = attack_programs();
+    let dir = attacker_dir(who, "ember-attack1-");
+    let mut record = spawn_attack_record(&strs(&record_args("14s")), RecordSetup::default());
+    wait_first_batch(&mut record);
+
+    let witness = Witness::start(6);
+    let mut attack = spawn_attacker(
+        who,
+        &programs.mappings,
+        &["same", dir.path().to_str().unwrap(), "1200", "3900", "3"],
+    );
+    attack.wait_ready(Duration::from_secs(20));
+    let status = attack
+        .child
+        .wait_timeout(Duration::from_secs(30))
+        .expect("the attacker did not exit");
+    let attacker_gone = now_unix_ns();
+    eprintln!("attacker exited ({status})");
+    let cpu = witness.cpu_time();
+
+    // Batches whose interval started after the attacker was gone.
+    let after = record.log.wait_for(0, Duration::from_secs(30), |v| {
+        is_batch(v)
+            && field_u64(v, "interval_start_unix_ns").is_some_and(|t| t > attacker_gone)
+            && field_u64(v, "samples").is_some_and(|n| n > 0)
+    });
+    let folded = record.finish(RECORD_TIMEOUT);
+    let batches_after: Vec<Value> = record
+        .log
+        .matching(|v| {
+            is_batch(v) && field_u64(v, "interval_start_unix_ns").is_some_and(|t| t > attacker_gone)
+        })
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    eprintln!(
+        "batches after the attacker exited: {}; samples in them: {}",
+        batches_after.len(),
+        batches_after
+            .iter()
+            .filter_map(|v| field_u64(v, "samples"))
+            .sum::<u64>()
+    );
+    assert!(
+        after.is_some(),
+        "no batch with samples arrived after the attacker exited"
+    );
+    assert_witness_kept(&folded, cpu, "1,200 mappings under a 3.9 KB path");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Files that kill the relay
+
+/// Attack 2a: a 3 GiB sparse mode-0700 file mapped executable, the attacker spinning in it. The
+/// relay stays alive (the record succeeds), its memory stays bounded (VmHWM and the memfd copies
+/// it holds: never the whole file), and the witness keeps its samples.
+#[test]
+fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let programs = attack_programs();
+    let dir = attacker_dir(who, "ember-attack2a-");
+    let big = dir.path().join("huge.bin");
+    let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
+    // Safety net for a vulnerable relay: kill it before it holds more than 6 GiB.
+    let watch = Watch::start(record.pid(), Some(6 * 1024 * 1024));
+    wait_first_batch(&mut record);
+
+    let witness = Witness::start(6);
+    let mut attack = spawn_attacker(
+        who,
+        &programs.bigfile,
+        &[big.to_str().unwrap(), "3072", "7"],
+    );
+    attack.wait_ready(Duration::from_secs(20));
+    let cpu = witness.cpu_time();
+    let _ = attack.child.wait_timeout(Duration::from_secs(20));
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    let seen = watch.stop();
+    eprintln!(
+        "relay VmHWM {} MiB (limit {} MiB); RssAnon+RssShmem at most {} MiB (limit {} MiB); \
+         memfd copies held at most {} MiB; {} polls",
+        seen.max_hwm_kib / 1024,
+        MAX_RELAY_HWM_KIB / 1024,
+        seen.max_anon_shmem_kib / 1024,
+        MAX_RELAY_ANON_KIB / 1024,
+        seen.max_memfd_bytes >> 20,
+        seen.polls
+    );
+    let log = tail(&record.log.text(), 40);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the record did not succeed ({status:?}) with a 3 GiB mapped file:\nstdout:\n{stdout}\nlog:\n{log}"
+    );
+    assert!(
+        seen.max_anon_shmem_kib < MAX_RELAY_ANON_KIB,
+        "relay RssAnon+RssShmem reached {} MiB (limit {} MiB)",
+        seen.max_anon_shmem_kib / 1024,
+        MAX_RELAY_ANON_KIB / 1024
+    );
+    assert!(
+        seen.max_hwm_kib < MAX_RELAY_HWM_KIB,
+        "relay VmHWM reached {} MiB (limit {} MiB)",
+        seen.max_hwm_kib / 1024,
+        MAX_RELAY_HWM_KIB / 1024
+    );
+    assert!(
+        seen.max_memfd_bytes < 512 << 20,
+        "the relay held {} MiB of private copies: it copied the 3 GiB file",
+        seen.max_memfd_bytes >> 20
+    );
+    let folded = fs::read_to_string(record.out_dir.join("stacks.folded")).expect("stacks.folded");
+    assert_witness_kept(&folded, cpu, "a 3 GiB sparse mapped file");
+}
+
+/// Attack 2b: the attacker maps a copy of libc it owns and spins with a crafted frame-pointer
+/// chain whose return addresses are functions all over the copy (so the relay maps and reads
+/// it), then truncates the copy to 0 and keeps spinning with new addresses. The fake frames are
+/// named (the relay read the file: the attack was exercised), the relay stays alive and the
+/// witness keeps its samples.
+#[test]
+fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let programs = attack_programs();
+    let dir = attacker_dir(who, "ember-attack2b-");
+    let copy = dir.path().join("libc-copy.so");
+    let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
+    let watch = Watch::start(record.pid(), None);
+    wait_first_batch(&mut record);
+
+    let witness = Witness::start(6);
+    let mut attack = spawn_attacker(who, &programs.truncate, &[copy.to_str().unwrap(), "3", "7"]);
+    let ready = attack.wait_ready(Duration::from_secs(20));
+    eprintln!("attacker: {ready}");
+    attack
+        .stdout
+        .expect(0, Duration::from_secs(20), "{\"truncated\":true}", |v| {
+            v.get("truncated").is_some()
+        });
+    eprintln!(
+        "attacker truncated its copy to {} bytes",
+        fs::metadata(&copy).map(|m| m.len()).unwrap_or(0)
+    );
+    let cpu = witness.cpu_time();
+    let _ = attack.child.wait_timeout(Duration::from_secs(20));
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    let seen = watch.stop();
+    eprintln!(
+        "record: {status:?}; relay VmHWM {} MiB, RssAnon+RssShmem at most {} MiB, at most {} fds",
+        seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024,
+        seen.max_fds
+    );
+    let log = tail(&record.log.text(), 40);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the record did not survive the truncation of a mapped file ({status:?}):\nstdout:\n{stdout}\nlog:\n{log}"
+    );
+    let folded = fs::read_to_string(record.out_dir.join("stacks.folded")).expect("stacks.folded");
+    let stacks = parse_folded(&folded);
+    let ours = process_stacks(&stacks, "attack_truncate");
+    // Named frames that only reading the copy can give: neither the attacker's own code nor
+    // unknown nor kernel frames.
+    let named_fake = |s: &FoldedStack| {
+        s.user_frames()
+            .filter(|f| !is_unknown_frame(f) && !f.contains("fake_spin") && *f != "main")
+            .count()
+    };
+    let deep: u64 = total_count(ours.iter().copied().filter(|s| named_fake(s) >= 8));
+    let total = total_count(ours.iter().copied());
+    eprintln!(
+        "attacker: {total} samples, {deep} with >= 8 fake frames named from the libc copy; e.g. {:?}",
+        ours.iter()
+            .max_by_key(|s| named_fake(s))
+            .map(|s| s.frames.iter().take(6).collect::<Vec<_>>())
+    );
+    assert!(
+        deep >= 5,
+        "the fake frames into the libc copy were not named before the truncation, so the relay \
+         never read the file and the test proves nothing; attacker stacks:\n{:#?}",
+        &ours[..ours.len().min(5)]
+    );
+    assert_witness_kept(&folded, cpu, "a truncated mapped file");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Descriptors
+
+/// Attack 3: 1,100 distinct executable-mapped files against a relay whose RLIMIT_NOFILE is
+/// 1024 (soft = hard, so it cannot raise it). The relay stays alive, says once that descriptors
+/// were truncated (MSG_CTRUNC) and how to fix it, the witness keeps its samples, and the relay's
+/// descriptors stay bounded and fall after the attacker exits.
+#[test]
+fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let programs = attack_programs();
+    let files = attacker_dir(who, "ember-attack3-");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let socket = tmp.path().join("ember.sock");
+    let out = tmp.path().join("out");
+    let sampler_uid = if sampler_drops_to_nobody() { NOBODY } else { 0 }.to_string();
+    let mut relay = spawn_relay_limited(
+        "relay (nofile 1024)",
+        &socket,
+        &[
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--sampler-uid",
+            &sampler_uid,
+        ],
+        Some(1024),
+        None,
+    );
+    let relay_pid = relay.child.pid();
+    let watch = Watch::start(relay_pid, None);
+    let freq = FREQUENCY.to_string();
+    let mut sampler_args = vec!["--frequency", freq.as_str()];
+    if sampler_drops_to_nobody() {
+        // The confined sampler connects as nobody: let it reach the root relay's socket.
+        fs::set_permissions(&socket, fs::Permissions::from_mode(0o666)).expect("chmod socket");
+        sampler_args.extend(["--user", "nobody"]);
+    }
+    let (_sampler, _sampler_log) = spawn_sampler("sampler", &socket, &sampler_args);
+    relay
+        .log
+        .expect(0, FIRST_BATCH_TIMEOUT, "first \"batch received\"", is_batch);
+    thread::sleep(Duration::from_secs(2));
+    let baseline = fd_count(relay_pid).expect("relay fd count");
+
+    let witness = Witness::start(6);
+    let mut attack = spawn_attacker(
+        who,
+        &programs.mappings,
+        &["distinct", files.path().to_str().unwrap(), "1100", "0", "4"],
+    );
+    attack.wait_ready(Duration::from_secs(30));
+    let _ = attack.child.wait_timeout(Duration::from_secs(30));
+    let cpu = witness.cpu_time();
+    let gone = now_unix_ns();
+    // Two batches recorded wholly after both exited: everything before is processed.
+    let mut after = 0;
+    let mut from = 0;
+    while after < 2 {
+        match relay.log.wait_for(from, Duration::from_secs(30), |v| {
+            is_batch(v) && field_u64(v, "interval_start_unix_ns").is_some_and(|t| t > gone)
+        }) {
+            Some((i, _)) => {
+                after += 1;
+                from = i + 1;
+            }
+            None => break,
+        }
+    }
+    let dropped = wait_until(Duration::from_secs(15), || {
+        fd_count(relay_pid).is_some_and(|n| n <= baseline + 64)
+    });
+    let seen = watch.stop();
+    let now = fd_count(relay_pid);
+    eprintln!(
+        "relay fds: {baseline} before the attack, at most {} during it, {now:?} after it; \
+         {after} batches after the attacker exited",
+        seen.max_fds
+    );
+    let alive = relay.child.try_wait().is_none();
+    let ctrunc = relay.log.matching(|v| {
+        level(v) == "WARN" && {
+            let text = v.to_string().to_lowercase();
+            (text.contains("ctrunc") || text.contains("truncated"))
+                && (text.contains("limitnofile") || text.contains("ulimit"))
+        }
+    });
+    let protocol_errors = relay.log.matching(is_closing_error).len();
+    eprintln!(
+        "relay alive: {alive}; MSG_CTRUNC warnings: {}; connections closed with an error: \
+         {protocol_errors}",
+        ctrunc.len()
+    );
+    assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 40));
+    // The output files are rewritten after the batch's log line: give the rewrite a moment.
+    thread::sleep(Duration::from_secs(1));
+    let folded = fs::read_to_string(out.join("stacks.folded")).unwrap_or_default();
+    assert_witness_kept(&folded, cpu, "1,100 mapped files against 1024 descriptors");
+    assert!(
+        after >= 2,
+        "batches stopped arriving after the attacker exited:\n{}",
+        tail(&relay.log.text(), 40)
+    );
+    assert!(
+        !ctrunc.is_empty(),
+        "no WARN about truncated descriptors (MSG_CTRUNC) naming the fix (LimitNOFILE / \
+         ulimit -n); relay log:\n{}",
+        tail(&relay.log.text(), 40)
+    );
+    assert!(
+        seen.max_fds <= 1024,
+        "the relay held {} descriptors",
+        seen.max_fds
+    );
+    assert!(
+        dropped.is_some(),
+        "the relay still holds {now:?} descriptors after the attacker exited (baseline {baseline})"
+    );
+}
+
+/// Whether this sampler drops root for a user of its own (`--user`, issue 7): then a separately
+/// started sampler connects to a `run` relay as that user, not as root.
+fn sampler_drops_to_nobody() -> bool {
+    let help = Command::new(sampler_bin())
+        .arg("--help")
+        .output()
+        .expect("ember-sampler --help");
+    String::from_utf8_lossy(&help.stdout).contains("--user")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Build-id collisions
+
+/// 20 bytes, as GNU ld's --build-id=0x... takes them.
+const FORGED_BUILD_ID: &str = "e7be5e1dba5ec0de0ddba11c0ffee0ddfacade17";
+
+fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Attack 4: a victim (spinner.c, root-owned, run as root) and an attacker binary of the same
+/// build id whose functions are renamed PWND_*; the attacker runs first, so its file is
+/// symbolized first. The victim's stacks name spin_hot and never PWND_*; the attacker's show
+/// PWND_hot (the collision was exercised).
+#[test]
+fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let build_id = format!("-Wl,--build-id=0x{FORGED_BUILD_ID}");
+    let dir = program_dir();
+    let victim = compile(&dir, "spinner", "victim_spin", &[&build_id]);
+    let forged = compile(
+        &dir,
+        "spinner",
+        "forged_spin",
+        &[&build_id, "-Dspin_hot=PWND_hot", "-Dspin_outer=PWND_outer"],
+    );
+    let adir = attacker_dir(who, "ember-attack4-");
+    let pwn = adir.path().join("pwn_spin");
+    fs::copy(&forged, &pwn).expect("copying the forged binary");
+    std::os::unix::fs::chown(&pwn, Some(who.uid), Some(who.gid)).expect("chown");
+    fs::set_permissions(&pwn, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let id_bytes: Vec<u8> = (0..FORGED_BUILD_ID.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&FORGED_BUILD_ID[i..i + 2], 16).unwrap())
+        .collect();
+    for path in [&victim, &pwn] {
+        let bytes = fs::read(path).unwrap();
+        assert!(
+            contains_bytes(&bytes, &id_bytes),
+            "{} does not carry the forged build id",
+            path.display()
+        );
+    }
+
+    let mut attack = spawn_attacker(who, &pwn, &["30"]);
+    let mut record = spawn_attack_record(&strs(&record_args("9s")), RecordSetup::default());
+    let first = wait_first_batch(&mut record);
+    // Two more batches: the attacker's file has been symbolized.
+    let (second, _) = record
+        .log
+        .expect(first + 1, LOG_TIMEOUT, "second batch", is_batch);
+    record
+        .log
+        .expect(second + 1, LOG_TIMEOUT, "third batch", is_batch);
+    let victim_run = spawn_workload(&victim, 4);
+    let _ = cpu_time_at_exit(victim_run.pid(), Duration::from_secs(30));
+    let folded = record.finish(RECORD_TIMEOUT);
+    attack.child.kill();
+
+    let stacks = parse_folded(&folded);
+    let victim_stacks = process_stacks(&stacks, "victim_spin");
+    let pwn_stacks = process_stacks(&stacks, "pwn_spin");
+    let victim_hot = total_count(
+        victim_stacks
+            .iter()
+            .copied()
+            .filter(|s| s.has_frame("spin_hot")),
+    );
+    let victim_pwned = total_count(
+        victim_stacks
+            .iter()
+            .copied()
+            .filter(|s| s.frames.iter().any(|f| f.contains("PWND"))),
+    );
+    let attacker_pwnd = total_count(
+        pwn_stacks
+            .iter()
+            .copied()
+            .filter(|s| s.has_frame("PWND_hot")),
+    );
+    eprintln!(
+        "victim: {} samples, {victim_hot} in spin_hot, {victim_pwned} naming PWND_*; attacker: {} \
+         samples, {attacker_pwnd} in PWND_hot",
+        total_count(victim_stacks.iter().copied()),
+        total_count(pwn_stacks.iter().copied())
+    );
+    assert!(
+        attacker_pwnd > 0,
+        "the attacker's own stacks do not show PWND_hot, so the collision was not exercised:\n{folded}"
+    );
+    assert_eq!(
+        victim_pwned, 0,
+        "the victim's stacks carry the attacker's function names:\n{folded}"
+    );
+    assert!(
+        victim_hot > 0,
+        "the victim's stacks do not name spin_hot:\n{folded}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The relay's memory and descriptors
+
+fn uid_fields(pid: u32) -> Option<Vec<u32>> {
+    let status = proc_status(Path::new(&format!("/proc/{pid}/status")))?;
+    Some(
+        status_field(&status, "Uid")?
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect(),
+    )
+}
+
+fn probe(uid: u32, gid: u32, pid: u32, fds: &[u32]) -> Value {
+    let mut command = Command::new(&attack_programs().probe);
+    command
+        .arg(pid.to_string())
+        .args(fds.iter().map(u32::to_string))
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    run_as(&mut command, uid, gid);
+    let out = command.output().expect("running attack_probe");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|err| panic!("attack_probe printed {text:?}: {err}"))
+}
+
+/// What a probe managed: `["mem", "fd 3 open", "fd 3 getfd", ...]`.
+fn probe_successes(result: &Value) -> Vec<String> {
+    let mut ok = Vec::new();
+    if result["mem_open"] == "ok" {
+        ok.push(format!("open /proc/PID/mem (read: {})", result["mem_read"]));
+    }
+    if let Some(fds) = result["fds"].as_object() {
+        for (fd, r) in fds {
+            if r["open"] == "ok" {
+                ok.push(format!("open /proc/PID/fd/{fd}"));
+            }
+            if r["getfd"] == "ok" {
+                ok.push(format!("pidfd_getfd({fd})"));
+            }
+        }
+    }
+    ok
+}
+
+/// Attack 5: while `record` runs (symbolizing a root-only 0700 binary, so it holds a private
+/// copy), its relay runs as a uid of its own (not root, not nobody, no other process), and
+/// neither a process of that same uid nor one of nobody can open /proc/<relay>/mem, open
+/// /proc/<relay>/fd/N or pidfd_getfd a relay descriptor.
+#[test]
+fn attack5_no_other_process_can_read_the_relays_copies() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let secret_dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(secret_dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let secret = secret_dir.path().join("secret_spin");
+    fs::copy(&workloads().spinner, &secret).expect("copy spinner");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
+    let workload = spawn_workload(&secret, 60);
+    let mut args = record_args("8s");
+    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
+    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let relay = record.pid();
+    wait_first_batch(&mut record);
+    // The private copy of the 0700 binary, when the relay makes one.
+    let _ = wait_until(Duration::from_secs(5), || memfd_bytes(relay) > 0);
+    let uids = uid_fields(relay).expect("relay status");
+    let gid: u32 = proc_status(Path::new(&format!("/proc/{relay}/status")))
+        .and_then(|s| {
+            status_field(&s, "Gid")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("relay gid");
+    let uid = uids[0];
+    let fds: Vec<u32> = fds_of(relay)
+        .into_iter()
+        .filter(|(n, _)| *n > 2)
+        .map(|(n, _)| n)
+        .take(24)
+        .collect();
+    let sharing: Vec<u32> = running_uids()
+        .get(&uid)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| *p != relay)
+        .collect();
+    eprintln!(
+        "relay {relay}: Uid {uids:?} Gid {gid}; memfd copies {} bytes; fds {:?}; other processes \
+         of uid {uid}: {sharing:?}",
+        memfd_bytes(relay),
+        fds_of(relay)
+    );
+    let same_uid = probe(uid, gid, relay, &fds);
+    let as_nobody = probe(NOBODY, NOBODY, relay, &fds);
+    eprintln!("probe as the relay's uid: {same_uid}");
+    eprintln!("probe as nobody: {as_nobody}");
+    let still_running = record.child.try_wait().is_none();
+    let _ = record.finish(RECORD_TIMEOUT);
+    assert!(still_running, "the record ended before it could be probed");
+
+    for (who, result) in [("the relay's own uid", &same_uid), ("nobody", &as_nobody)] {
+        let ok = probe_successes(result);
+        assert!(
+            ok.is_empty(),
+            "a process running as {who} could: {ok:?} (probe: {result})"
+        );
+    }
+    assert!(
+        uids.iter().all(|&u| u == uid) && uid != 0 && uid != NOBODY,
+        "record's relay runs as uid {uids:?}: it must be a uid of its own, not root or nobody"
+    );
+    assert!(
+        sharing.is_empty(),
+        "other processes run as the relay's uid {uid}: {sharing:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Outputs
+
+/// Attack 6: a symlink named flamegraph.svg in an attacker-owned output dir points at a
+/// root-only 0600 file; `record` runs with SUDO_UID/SUDO_GID of the attacker. The root-only file
+/// is unchanged; the three outputs are regular files, mode 0600, owned by the attacker.
+#[test]
+fn attack6_record_never_writes_through_a_symlink() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let root_dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(root_dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let secret = root_dir.path().join("root-only.conf");
+    let content = b"root-only content that no output may replace\n";
+    fs::write(&secret, content).expect("writing the root-only file");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).expect("chmod 0600");
+    let out = attacker_dir(who, "ember-attack6-");
+    let link = out.path().join("flamegraph.svg");
+    std::os::unix::fs::symlink(&secret, &link).expect("symlink");
+    std::os::unix::fs::lchown(&link, Some(who.uid), Some(who.gid)).expect("lchown");
+
+    let workload = spawn_workload(&workloads().spinner, 60);
+    let mut args = record_args("3s");
+    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
+    let mut record = spawn_attack_record(
+        &strs(&args),
+        RecordSetup {
+            output: Some(out.path().to_path_buf()),
+            env: vec![
+                ("SUDO_UID", who.uid.to_string()),
+                ("SUDO_GID", who.gid.to_string()),
+            ],
+            nofile: None,
+        },
+    );
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    let after = fs::read(&secret).expect("reading the root-only file");
+    let meta = fs::metadata(&secret).unwrap();
+    eprintln!(
+        "root-only file: {} bytes, mode {:o}, uid {} (was {} bytes)",
+        after.len(),
+        meta.mode() & 0o7777,
+        meta.uid(),
+        content.len()
+    );
+    assert!(
+        after == content,
+        "record wrote through the symlink into the root-only file (now {} bytes, starting {:?})",
+        after.len(),
+        String::from_utf8_lossy(&after[..after.len().min(60)])
+    );
+    assert_eq!(meta.mode() & 0o7777, 0o600, "root-only file mode changed");
+    assert_eq!(meta.uid(), 0, "root-only file owner changed");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "record failed ({status:?}):\n{stdout}\n{}",
+        tail(&record.log.text(), 30)
+    );
+    for name in ["flamegraph.svg", "profile.pb.gz", "stacks.folded"] {
+        let path = out.path().join(name);
+        let meta =
+            fs::symlink_metadata(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        eprintln!(
+            "{name}: {:?}, mode {:o}, uid {} gid {}, {} bytes",
+            meta.file_type(),
+            meta.mode() & 0o7777,
+            meta.uid(),
+            meta.gid(),
+            meta.len()
+        );
+        assert!(meta.file_type().is_file(), "{name} is not a regular file");
+        assert_eq!(meta.mode() & 0o7777, 0o600, "{name} mode");
+        assert_eq!(meta.uid(), who.uid, "{name} owner (SUDO_UID)");
+        assert_eq!(meta.gid(), who.gid, "{name} group (SUDO_GID)");
+        assert!(meta.len() > 0, "{name} is empty");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Sampler containment
+
+/// Attack 7: while recording, the sampler child has dropped uid 0 (no 0 in Uid or Gid), has no
+/// supplementary groups, keeps exactly its three capabilities (effective, permitted, bounding),
+/// NoNewPrivs 1 and Seccomp 2. Its forbidden syscalls under the real filter are unit tests in
+/// sampler/src/harden.rs.
+#[test]
+fn attack7_the_sampler_is_contained() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 60);
+    let mut args = record_args("5s");
+    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
+    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let relay = record.pid();
+    let mut seen = None;
+    wait_until(Duration::from_secs(60), || {
+        if record.child.try_wait().is_some() {
+            return true;
+        }
+        for child in children_of(relay) {
+            let Some(status) = proc_status(Path::new(&format!("/proc/{child}/status"))) else {
+                continue;
+            };
+            if status_field(&status, "Seccomp") == Some("2") {
+                seen = Some((child, status));
+                return true;
+            }
+        }
+        false
+    });
+    let (sampler, status) = seen.expect("the sampler never showed Seccomp: 2 while recording");
+    // Read again a moment later: the drop is complete once seccomp is on, but be sure.
+    thread::sleep(Duration::from_millis(200));
+    let status = proc_status(Path::new(&format!("/proc/{sampler}/status"))).unwrap_or(status);
+    let field = |key: &str| status_field(&status, key).unwrap_or("<missing>").to_owned();
+    eprintln!(
+        "sampler {sampler}: Uid {} Gid {} Groups [{}] CapEff {} CapPrm {} CapBnd {} NoNewPrivs {} \
+         Seccomp {}",
+        field("Uid"),
+        field("Gid"),
+        field("Groups"),
+        field("CapEff"),
+        field("CapPrm"),
+        field("CapBnd"),
+        field("NoNewPrivs"),
+        field("Seccomp")
+    );
+    let _ = record.finish(RECORD_TIMEOUT);
+    let mut problems = Vec::new();
+    for key in ["Uid", "Gid"] {
+        if field(key).split_whitespace().any(|id| id == "0") {
+            problems.push(format!("{key} {} still has 0", field(key)));
+        }
+    }
+    if !field("Groups").is_empty() {
+        problems.push(format!("supplementary groups [{}]", field("Groups")));
+    }
+    for key in ["CapEff", "CapPrm", "CapBnd"] {
+        if field(key) != SAMPLER_CAPS {
+            problems.push(format!("{key} {} (expected {SAMPLER_CAPS})", field(key)));
+        }
+    }
+    if field("NoNewPrivs") != "1" {
+        problems.push(format!("NoNewPrivs {}", field("NoNewPrivs")));
+    }
+    if field("Seccomp") != "2" {
+        problems.push(format!("Seccomp {}", field("Seccomp")));
+    }
+    assert!(
+        problems.is_empty(),
+        "the sampler is not contained: {problems:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Smaller attacks (fake samplers against `ember-relay run`, and record's sampler child)
+
+fn fake_hello(kallsyms_fd: i32) -> Vec<u8> {
+    encode_sampler_message(&SamplerMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        sampler_version: "attack-test".to_owned(),
+        hostname: "attack".to_owned(),
+        frequency_hz: 99,
+        kallsyms_fd,
+        boot_time_unix_ns: 1,
+        ..Hello::default()
+    }))
+}
+
+fn fake_batch(sequence: u64, pid: u32, addresses: Vec<u64>) -> Vec<u8> {
+    let end = now_unix_ns();
+    let (user_stacks, rows) = if addresses.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            vec![addresses],
+            vec![Row {
+                pid,
+                tid: pid,
+                comm: "victim".to_owned(),
+                user_stack: StackRef::Index(0),
+                kernel_stack: StackRef::Missing(14),
+                count: 1,
+            }],
+        )
+    };
+    encode_sampler_message(&SamplerMessage::Batch(Batch {
+        sequence,
+        part: 0,
+        parts: 1,
+        interval_start_unix_ns: end.saturating_sub(1_000_000_000),
+        interval_end_unix_ns: end,
+        frequency_hz: 99,
+        user_stacks,
+        rows,
+        ..Batch::default()
+    }))
+}
+
+fn fake_connect(socket: &Path) -> OwnedFd {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match transport::connect(socket) {
+            Ok(fd) => return fd,
+            Err(err @ (Errno::ECONNREFUSED | Errno::ENOENT)) if Instant::now() < deadline => {
+                eprintln!("connect: {err}; retrying");
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(err) => panic!("connecting to {}: {err}", socket.display()),
+        }
+    }
+}
+
+fn send(sock: &OwnedFd, bytes: &[u8], fds: &[&OwnedFd]) -> Result<(), Errno> {
+    let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+    transport::send(sock.as_fd(), bytes, &borrowed, false)
+}
+
+fn is_batch_seq(seq: u64) -> impl Fn(&Value) -> bool {
+    move |v| is_batch(v) && field_u64(v, "sequence") == Some(seq)
+}
+
+/// Attack 8a: a peer passes /dev/zero as the kallsyms descriptor. The relay reads a bounded
+/// amount, logs an error about kallsyms, keeps a bounded VmHWM and goes on serving the
+/// connection. (The relay runs with RLIMIT_AS 4 GiB and is killed above 1 GiB resident, so a
+/// vulnerable build fails the test instead of eating the machine's memory.)
+#[test]
+fn attack8a_an_endless_kallsyms_is_bounded() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let socket = tmp.path().join("ember.sock");
+    let mut relay = spawn_relay_limited("relay", &socket, &[], None, Some(4 << 30));
+    let watch = Watch::start(relay.child.pid(), Some(1024 * 1024));
+    let zero: OwnedFd = fs::File::open("/dev/zero").expect("/dev/zero").into();
+    let sock = fake_connect(&socket);
+    send(&sock, &fake_hello(0), &[&zero]).expect("sending the hello");
+    drop(zero);
+    let complained = relay.log.wait_for(0, LOG_TIMEOUT, |v| {
+        matches!(level(v), "WARN" | "ERROR") && v.to_string().to_lowercase().contains("kallsyms")
+    });
+    let sent = send(&sock, &fake_batch(1, 0, Vec::new()), &[]);
+    let served = relay.log.wait_for(0, LOG_TIMEOUT, is_batch_seq(1));
+    let alive = relay.child.try_wait().is_none();
+    let seen = watch.stop();
+    eprintln!(
+        "relay alive: {alive}; VmHWM {} MiB; RssAnon+RssShmem at most {} MiB; kallsyms complaint: {:?}; batch send: {sent:?}; \
+         batch served: {}",
+        seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024,
+        complained.as_ref().map(|(_, v)| v.to_string()),
+        served.is_some()
+    );
+    assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 20));
+    assert!(
+        seen.max_anon_shmem_kib < MAX_RELAY_ANON_KIB && seen.max_hwm_kib < MAX_RELAY_HWM_KIB,
+        "relay VmHWM {} MiB, RssAnon+RssShmem {} MiB",
+        seen.max_hwm_kib / 1024,
+        seen.max_anon_shmem_kib / 1024
+    );
+    assert!(
+        complained.is_some(),
+        "no WARN/ERROR about the endless kallsyms:\n{}",
+        tail(&relay.log.text(), 20)
+    );
+    assert!(
+        served.is_some(),
+        "the relay did not go on serving the connection:\n{}",
+        tail(&relay.log.text(), 20)
+    );
+}
+
+/// Attack 8b: a peer sends Files messages with ~1,000 descriptors that no process refers to,
+/// then a batch: the relay closes them (its descriptor count falls back near where it was).
+#[test]
+fn attack8b_unreferenced_files_are_closed() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let socket = tmp.path().join("ember.sock");
+    let mut relay = spawn_relay_limited("relay", &socket, &[], None, None);
+    let pid = relay.child.pid();
+    let sock = fake_connect(&socket);
+    send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
+    relay
+        .log
+        .expect(0, LOG_TIMEOUT, "\"sampler connected\"", is_connected);
+    thread::sleep(Duration::from_millis(300));
+    let baseline = fd_count(pid).expect("fd count");
+
+    let binary = &workloads().spinner;
+    let meta = fs::metadata(binary).unwrap();
+    let mut next_id = 1u64;
+    for _ in 0..4 {
+        let fds: Vec<OwnedFd> = (0..250)
+            .map(|_| fs::File::open(binary).expect("open").into())
+            .collect();
+        let infos: Vec<FileInfo> = (0..250)
+            .map(|i| {
+                next_id += 1;
+                FileInfo {
+                    file_id: next_id,
+                    device: meta.dev(),
+                    inode: meta.ino(),
+                    path: binary.display().to_string(),
+                    fd: i,
+                    open_error: String::new(),
+                }
+            })
+            .collect();
+        let refs: Vec<&OwnedFd> = fds.iter().collect();
+        send(
+            &sock,
+            &encode_sampler_message(&SamplerMessage::Files(infos)),
+            &refs,
+        )
+        .expect("sending files");
+    }
+    thread::sleep(Duration::from_millis(500));
+    let peak = fd_count(pid).unwrap_or(0);
+    send(&sock, &fake_batch(1, 0, Vec::new()), &[]).expect("batch");
+    relay
+        .log
+        .expect(0, LOG_TIMEOUT, "\"batch received\"", is_batch_seq(1));
+    let fell = wait_until(Duration::from_secs(10), || {
+        fd_count(pid).is_some_and(|n| n <= baseline + 16)
+    });
+    let after = fd_count(pid);
+    eprintln!("relay fds: {baseline} before, {peak} after 1,000 unreferenced files, {after:?} after a batch");
+    assert!(
+        relay.child.try_wait().is_none(),
+        "the relay died:\n{}",
+        tail(&relay.log.text(), 20)
+    );
+    assert!(
+        fell.is_some(),
+        "the relay still holds {after:?} descriptors (baseline {baseline}) for files no process \
+         refers to"
+    );
+}
+
+/// Attack 8c: a peer describes a process whose mapping has file_offset near u64::MAX and sends a
+/// sample inside it: the relay neither panics nor dies and processes the following batch.
+#[test]
+fn attack8c_an_overflowing_file_offset_is_harmless() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let socket = tmp.path().join("ember.sock");
+    let mut relay = spawn_relay_limited("relay", &socket, &[], None, None);
+    let sock = fake_connect(&socket);
+    send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
+    let binary = &workloads().spinner;
+    let meta = fs::metadata(binary).unwrap();
+    let file: OwnedFd = fs::File::open(binary).unwrap().into();
+    let files = SamplerMessage::Files(vec![FileInfo {
+        file_id: 7,
+        device: meta.dev(),
+        inode: meta.ino(),
+        path: binary.display().to_string(),
+        fd: 0,
+        open_error: String::new(),
+    }]);
+    send(&sock, &encode_sampler_message(&files), &[&file]).expect("files");
+    let fake_pid = 4_000_000;
+    let process = SamplerMessage::Process(ProcessInfo {
+        pid: fake_pid,
+        start_time_unix_ns: 1,
+        executable_path: binary.display().to_string(),
+        executable_name: "victim".to_owned(),
+        mappings: vec![Mapping {
+            start: 0x40_0000,
+            end: 0x50_0000,
+            file_offset: u64::MAX - 0xfff,
+            path: binary.display().to_string(),
+            device: meta.dev(),
+            inode: meta.ino(),
+            file_id: 7,
+            ..Mapping::default()
+        }],
+        ..ProcessInfo::default()
+    });
+    send(&sock, &encode_sampler_message(&process), &[]).expect("process");
+    let first = send(
+        &sock,
+        &fake_batch(1, fake_pid, vec![0x48_0000, 0x4f_fff0]),
+        &[],
+    );
+    let second = send(&sock, &fake_batch(2, fake_pid, vec![0x40_1000]), &[]);
+    let served = relay.log.wait_for(0, LOG_TIMEOUT, is_batch_seq(2));
+    thread::sleep(Duration::from_millis(300));
+    let alive = relay.child.try_wait().is_none();
+    let panicked = relay.log.text().contains("panicked");
+    eprintln!(
+        "sends: {first:?} {second:?}; batch 2 processed: {}; relay alive: {alive}; panic in log: \
+         {panicked}",
+        served.is_some()
+    );
+    assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 20));
+    assert!(
+        !panicked,
+        "the relay panicked:\n{}",
+        tail(&relay.log.text(), 20)
+    );
+    assert!(
+        served.is_some(),
+        "the relay did not process the batch after the overflowing one:\n{}",
+        tail(&relay.log.text(), 20)
+    );
+}
+
+/// Kills a process this test started indirectly (record's sampler child), by its pid, if it is
+/// still running when the test ends.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if is_running(self.0) && comm_of(self.0).as_deref() == Some("ember-sampler") {
+            if let Ok(pid) = i32::try_from(self.0) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Attack 8d: `record` killed with SIGKILL while recording, with attack 1's huge process
+/// running (today it makes the sampler lose its connection, after which nothing told it that
+/// its relay was gone): its sampler child is gone within 10 s.
+#[test]
+fn attack8d_the_sampler_dies_with_record() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let dir = attacker_dir(who, "ember-attack8d-");
+    let mut attack = spawn_attacker(
+        who,
+        &attack_programs().mappings,
+        &["same", dir.path().to_str().unwrap(), "1200", "3900", "30"],
+    );
+    attack.wait_ready(Duration::from_secs(20));
+    let mut record = spawn_attack_record(&strs(&record_args("60s")), RecordSetup::default());
+    let relay = record.pid();
+    record
+        .log
+        .expect(0, FIRST_BATCH_TIMEOUT, "\"sampler hello\"", |v| {
+            message(v) == "sampler hello"
+        });
+    let samplers: Vec<u32> = children_of(relay)
+        .into_iter()
+        .filter(|p| comm_of(*p).as_deref() == Some("ember-sampler"))
+        .collect();
+    assert_eq!(
+        samplers.len(),
+        1,
+        "record's children: {:?}",
+        children_of(relay)
+    );
+    let sampler = samplers[0];
+    let _cleanup = KillOnDrop(sampler);
+    // Let the sampler describe the attacker (today: EMSGSIZE and a lost connection).
+    thread::sleep(Duration::from_secs(3));
+    eprintln!(
+        "record {} before SIGKILL",
+        if record.child.try_wait().is_none() {
+            "still running"
+        } else {
+            "already exited"
+        }
+    );
+    record.child.signal(Signal::SIGKILL);
+    let _ = record.wait(Duration::from_secs(10));
+    let gone = wait_until(Duration::from_secs(10), || !is_running(sampler));
+    let mut states = BTreeMap::new();
+    states.insert(
+        "sampler running 10 s after record's SIGKILL",
+        is_running(sampler),
+    );
+    eprintln!("{states:?}");
+    assert!(
+        gone.is_some(),
+        "record's sampler (pid {sampler}) still runs 10 s after record was killed"
+    );
+}
