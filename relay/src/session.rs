@@ -15,7 +15,9 @@ use crate::{
 
 struct PassedFile {
     fd: Option<OwnedFd>,
-    key: FileKey,
+    /// The relay's own `fstat` identity of `fd` (`None` without a usable descriptor).
+    key: Option<FileKey>,
+    /// What the file claims, for display only: never used to pick a resolver.
     build_id: Option<Arc<str>>,
 }
 
@@ -89,14 +91,14 @@ impl Session {
             if fd.is_none() {
                 tracing::debug!(path = %info.path, reason = %info.open_error, "file passed without a descriptor; its frames stay unnamed");
             }
+            let key = fd.as_ref().and_then(|fd| match FileKey::of(fd) {
+                Ok(key) => Some(key),
+                Err(err) => {
+                    tracing::debug!(path = %info.path, %err, "fstat of a passed file failed; its frames stay unnamed");
+                    None
+                }
+            });
             let build_id = fd.as_ref().and_then(elf::build_id);
-            let key = match &build_id {
-                Some(id) => FileKey::BuildId(Arc::clone(id)),
-                None => FileKey::Inode {
-                    device: info.device,
-                    inode: info.inode,
-                },
-            };
             self.files
                 .insert(info.file_id, PassedFile { fd, key, build_id });
         }
@@ -269,7 +271,11 @@ fn user_frames(
         };
         let resolved = files.get(&mapping.file_id).and_then(|file| {
             let fd = file.fd.as_ref()?;
-            cache.resolve(&file.key, fd, lookup - mapping.start + mapping.file_offset)
+            cache.resolve(
+                file.key.as_ref()?,
+                fd,
+                lookup - mapping.start + mapping.file_offset,
+            )
         });
         match resolved {
             Some(frames) if !frames.is_empty() => {

@@ -1,6 +1,11 @@
 //! Native (ELF) symbolization through descriptors the sampler passed: one blazesym resolver per
-//! file, cached by build id (or device/inode) and evicted when unused. Parsing untrusted ELF and
-//! DWARF happens here, in the unprivileged relay, never in the sampler.
+//! file, cached by the file's identity as the relay itself sees it (`fstat` of the passed
+//! descriptor) and evicted when unused. Parsing untrusted ELF and DWARF happens here, in the
+//! unprivileged relay, never in the sampler.
+//!
+//! Invariant: nothing a file *claims* about itself (its build id above all) decides which
+//! resolver answers for it; a binary linked with someone else's build id gets its own resolver
+//! and names only its own functions. The build id is kept for display only.
 
 use std::{
     collections::HashMap,
@@ -15,11 +20,31 @@ use blazesym::{
     symbolize::{FindSymOpts, Symbolize as _, TranslateFileOffset as _},
 };
 
-/// Cache key of a file: its GNU build id when it has one, else where it lives.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FileKey {
-    BuildId(Arc<str>),
-    Inode { device: u64, inode: u64 },
+/// Cache key of a passed file: what the relay's own `fstat` of the descriptor says, never what
+/// the file's content claims. Size and both times change whenever the content is rewritten
+/// (ctime cannot be set back by the owner), so a rewritten file gets a new resolver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileKey {
+    /// The identity of the file behind `fd`.
+    pub fn of(fd: &OwnedFd) -> std::io::Result<Self> {
+        let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+        let ns = |sec: i64, nsec: i64| sec.saturating_mul(1_000_000_000).saturating_add(nsec);
+        Ok(Self {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+        })
+    }
 }
 
 /// One named code location; inlined callees come first, the containing function last.
@@ -243,10 +268,7 @@ mod tests {
             .expect("own function is mapped");
         // When it is resolved through the cache
         let mut cache = ElfCache::default();
-        let key = FileKey::Inode {
-            device: 1,
-            inode: 1,
-        };
+        let key = FileKey::of(&fd).expect("fstat own exe");
         let frames = cache.resolve(&key, &fd, offset).expect("resolver opened");
         // Then the innermost non-inlined frame names the function
         let outer = frames.last().expect("one frame");
@@ -258,5 +280,99 @@ mod tests {
         assert_eq!(cache.len(), 1);
         cache.evict_idle(Duration::ZERO);
         assert!(cache.is_empty());
+    }
+
+    /// The file offset of `symbol` in the ELF file at `path`, through `nm` and the program
+    /// headers (PT_LOAD segment containing the symbol's virtual address).
+    fn symbol_file_offset(path: &std::path::Path, symbol: &str) -> u64 {
+        let out = std::process::Command::new("nm")
+            .arg(path)
+            .output()
+            .expect("run nm");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let vaddr = text
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
+                (name == symbol).then(|| u64::from_str_radix(addr, 16).ok())?
+            })
+            .unwrap_or_else(|| panic!("{symbol} not in nm output of {}", path.display()));
+        let elf = std::fs::read(path).expect("read elf");
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().expect("8 bytes"));
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().expect("2 bytes"));
+        let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+        (0..usize::from(phnum))
+            .map(|i| phoff + i * usize::from(phentsize))
+            .find_map(|ph| {
+                let kind = u32::from_le_bytes(elf[ph..ph + 4].try_into().ok()?);
+                let (offset, va, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
+                (kind == 1 && (va..va + filesz).contains(&vaddr)).then(|| vaddr - va + offset)
+            })
+            .expect("symbol inside a PT_LOAD segment")
+    }
+
+    #[test]
+    fn two_files_claiming_one_build_id_keep_their_own_names() {
+        // Given two different programs linked with the same build id (the attack: the second
+        // claims the victim's id to rename the victim's functions)
+        if std::process::Command::new("cc")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipping: no C compiler (cc) to build the fixtures");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let build = |name: &str, function: &str| {
+            let src = dir.path().join(format!("{name}.c"));
+            let bin = dir.path().join(name);
+            std::fs::write(
+                &src,
+                format!(
+                    "__attribute__((noinline)) int {function}(int x) {{ return x * 3 + 1; }}\n\
+                     int main(int argc, char **argv) {{ (void)argv; return {function}(argc); }}\n"
+                ),
+            )
+            .expect("write source");
+            let status = std::process::Command::new("cc")
+                .args([
+                    "-O1",
+                    "-g0",
+                    "-Wl,--build-id=0x0123456789abcdef0123456789abcdef01234567",
+                ])
+                .arg(&src)
+                .arg("-o")
+                .arg(&bin)
+                .status()
+                .expect("run cc");
+            assert!(status.success(), "cc failed for {name}");
+            let offset = symbol_file_offset(&bin, function);
+            let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
+            (fd, offset)
+        };
+        let (victim, victim_offset) = build("victim", "victim_work_aaaa");
+        let (attacker, attacker_offset) = build("attacker", "PWNED_work_bbbb");
+        assert_eq!(
+            build_id(&victim),
+            build_id(&attacker),
+            "fixtures share a build id"
+        );
+        // When both are resolved through one cache, the attacker's first
+        let mut cache = ElfCache::default();
+        let attacker_key = FileKey::of(&attacker).expect("fstat");
+        let victim_key = FileKey::of(&victim).expect("fstat");
+        assert_ne!(attacker_key, victim_key);
+        let a = cache
+            .resolve(&attacker_key, &attacker, attacker_offset)
+            .expect("attacker resolver");
+        let v = cache
+            .resolve(&victim_key, &victim, victim_offset)
+            .expect("victim resolver");
+        // Then each names its own function
+        assert_eq!(a.last().map(|r| &*r.function), Some("PWNED_work_bbbb"));
+        assert_eq!(v.last().map(|r| &*r.function), Some("victim_work_aaaa"));
+        assert_eq!(cache.len(), 2);
     }
 }
