@@ -24,8 +24,9 @@ use crate::{
     output::OutputSet,
     pipeline::{Handled, Pipeline},
     privileges,
+    session::FileLimits,
     sink::otlp::{stats::DropReason, Drained},
-    source,
+    source, symbolize,
 };
 
 pub struct RecordConfig {
@@ -42,6 +43,7 @@ pub struct RecordConfig {
     pub exporters: Exporters,
     /// How long to wait for the OTLP queue to drain at the end.
     pub export_timeout: Duration,
+    pub file_limits: FileLimits,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -67,6 +69,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         );
     }
     cli::install_stop_handlers()?;
+    symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     let mut outputs = OutputSet::create(&config.output)?;
 
     // The sampler gets one end of a socketpair as an inherited descriptor.
@@ -128,6 +131,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     } else {
         Pipeline::new()
     };
+    pipeline.set_file_limits(config.file_limits);
     let tty = std::io::stderr().is_terminal();
     let mut started: Option<Instant> = None;
     let mut stop_sent: Option<Instant> = None;

@@ -17,7 +17,9 @@ use crate::{
     export::Exports,
     output::OutputSet,
     pipeline::{Handled, Pipeline},
-    privileges, source,
+    privileges,
+    session::FileLimits,
+    source, symbolize,
 };
 
 pub struct RunConfig {
@@ -28,6 +30,7 @@ pub struct RunConfig {
     pub allow_root: bool,
     pub sampler_uid: u32,
     pub exporters: Exporters,
+    pub file_limits: FileLimits,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -46,6 +49,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     }
     privileges::set_no_new_privs()?;
     cli::install_stop_handlers()?;
+    symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
@@ -75,6 +79,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     } else {
         Pipeline::new()
     };
+    pipeline.set_file_limits(config.file_limits);
     let mut window_start = Instant::now();
     loop {
         match events.recv_timeout(Duration::from_millis(250)) {

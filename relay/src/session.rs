@@ -38,6 +38,43 @@ pub struct SymbolStats {
     pub samples_without_process_facts: u64,
 }
 
+/// Per-file limits of the relay (`--max-copy-bytes`, `--max-open-files`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Largest file copied into a private memfd when it cannot be reopened.
+    pub max_copy_bytes: u64,
+    /// Most passed descriptors kept open per connection (least recently used ones are closed).
+    pub max_open_files: usize,
+}
+
+/// Default of `--max-open-files`.
+pub const DEFAULT_MAX_OPEN_FILES: usize = 8192;
+/// Descriptors kept free below the soft RLIMIT_NOFILE for sockets, memfds and logs.
+const NOFILE_RESERVE: u64 = 256;
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        Self {
+            max_copy_bytes: elf::DEFAULT_MAX_COPY_BYTES,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+        }
+    }
+}
+
+impl FileLimits {
+    /// `max_open_files` never above the soft RLIMIT_NOFILE minus a reserve (at least 1).
+    pub fn clamped_to_rlimit(self) -> Self {
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| soft);
+        let room =
+            usize::try_from(soft.saturating_sub(NOFILE_RESERVE).max(1)).unwrap_or(usize::MAX);
+        Self {
+            max_open_files: self.max_open_files.min(room).max(1),
+            ..self
+        }
+    }
+}
+
 pub struct Session {
     pub hello: Hello,
     kernel: Option<KernelSymbols>,
@@ -49,6 +86,8 @@ pub struct Session {
     pub stats: SymbolStats,
     /// Samples received on this connection.
     pub samples: u64,
+    /// Most descriptors in `files` kept open (see [`FileLimits::max_open_files`]).
+    max_open_files: usize,
 }
 
 impl Session {
@@ -79,7 +118,14 @@ impl Session {
             file_refs: HashMap::new(),
             stats: SymbolStats::default(),
             samples: 0,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
         }
+    }
+
+    /// Keeps at most `max` passed descriptors open (at least one).
+    pub fn with_max_open_files(mut self, max: usize) -> Self {
+        self.max_open_files = max.max(1);
+        self
     }
 
     /// Takes in mapped files and their descriptors.

@@ -69,50 +69,163 @@ pub struct OpenElf {
 /// Entries kept per file before its memo is cleared.
 const MEMO_LIMIT: usize = 200_000;
 
+/// Default of `--max-copy-bytes`: the largest file the relay copies into memory when it may not
+/// reopen it (a root-only binary). Larger ones stay unnamed; copies are charged to the relay's
+/// memory, so this bounds what one hostile file can cost.
+pub const DEFAULT_MAX_COPY_BYTES: u64 = 256 << 20;
+
 /// Resolvers by [`FileKey`].
-#[derive(Default)]
 pub struct ElfCache {
     files: HashMap<FileKey, OpenElf>,
+    /// Largest file copied into a private memfd (`--max-copy-bytes`).
+    pub max_copy_bytes: u64,
     pub opened: u64,
     pub evicted: u64,
+    /// Files copied into a sealed memfd because the relay may not reopen them.
+    pub copied: u64,
+    /// Bytes copied in total.
+    pub copied_bytes: u64,
+    /// Files left unnamed because they exceed `max_copy_bytes`.
+    pub too_large: u64,
+}
+
+impl Default for ElfCache {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_COPY_BYTES)
+    }
+}
+
+/// Why a passed file has no resolver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("blazesym could not open it: {0}")]
+    Open(#[source] blazesym::Error),
+    #[error(
+        "the relay may not reopen it ({reopen}) and it is larger than --max-copy-bytes \
+         ({size} > {cap} bytes), so it is not copied; its frames stay unnamed"
+    )]
+    TooLarge { reopen: String, size: u64, cap: u64 },
+    #[error(
+        "the relay may not reopen it ({reopen}) and copying it failed: `{call}` failed: {source}"
+    )]
+    Copy {
+        reopen: String,
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The path through which a held descriptor can be opened again by this process.
-fn fd_path(fd: &OwnedFd) -> String {
+fn fd_path(fd: &impl AsRawFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
-/// Opens a resolver on a passed file. blazesym opens by path, and reopening a descriptor through
-/// /proc/self/fd checks the file's permissions again; a file the relay's user may not read (e.g.
-/// a root-only 0700 binary) is then copied through the descriptor into a private memfd.
-fn open_resolver(fd: &OwnedFd) -> Result<ElfResolver, String> {
+/// Opens a resolver on a passed file; returns how many bytes were copied (0 when reopened).
+/// blazesym opens by path, and reopening a descriptor through /proc/self/fd checks the file's
+/// permissions again; a file the relay's user may not read (e.g. a root-only 0700 binary) is
+/// then copied through the descriptor into a sealed memfd of at most `cap` bytes.
+fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError> {
     match ElfResolver::open(fd_path(fd)) {
-        Ok(resolver) => Ok(resolver),
+        Ok(resolver) => Ok((resolver, 0)),
         Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
-            let copy = private_copy(fd).map_err(|e| format!("{err}; copying it failed: {e}"))?;
-            // The mapping blazesym makes outlives the memfd descriptor.
-            ElfResolver::open(fd_path(&copy)).map_err(|e| e.to_string())
+            let reopen = err.to_string();
+            let (copy, bytes) = match private_copy(fd, cap) {
+                Ok(copy) => copy,
+                Err(CopyError::TooLarge(size)) => {
+                    return Err(OpenError::TooLarge { reopen, size, cap })
+                }
+                Err(CopyError::Io(call, source)) => {
+                    return Err(OpenError::Copy {
+                        reopen,
+                        call,
+                        source,
+                    })
+                }
+            };
+            // The mapping blazesym makes outlives the memfd descriptor, dropped here.
+            let resolver = ElfResolver::open(fd_path(&copy)).map_err(OpenError::Open)?;
+            Ok((resolver, bytes))
         }
-        Err(err) => Err(err.to_string()),
+        Err(err) => Err(OpenError::Open(err)),
     }
 }
 
-fn private_copy(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
-    use std::io::{Read as _, Seek as _, Write as _};
-    let memfd = nix::sys::memfd::memfd_create("ember-elf", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(std::io::Error::from)?;
-    let mut source = std::fs::File::from(fd.try_clone()?);
-    source.seek(std::io::SeekFrom::Start(0))?;
-    let mut target = std::fs::File::from(memfd);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = source.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        target.write_all(&buf[..n])?;
+enum CopyError {
+    /// The file (or what could be read of it) is larger than the cap: the bytes seen.
+    TooLarge(u64),
+    Io(&'static str, std::io::Error),
+}
+
+fn io(call: &'static str) -> impl FnOnce(nix::errno::Errno) -> CopyError {
+    move |errno| CopyError::Io(call, std::io::Error::from(errno))
+}
+
+/// Chunk size of the copy.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Copies what `fd` holds into a new memfd, reading at most `cap + 1` bytes with `pread` (the
+/// descriptor's shared offset is left alone), then seals the copy against any change. A file
+/// whose size is above `cap` is refused before a byte is read (a sparse 3 GiB file costs
+/// nothing); one that grows while being read is refused when it passes `cap`. Chunks of zeros
+/// are not written, so holes stay holes in the copy.
+fn private_copy(fd: &OwnedFd, cap: u64) -> Result<(OwnedFd, u64), CopyError> {
+    use nix::{
+        fcntl::{fcntl, FcntlArg, SealFlag},
+        sys::{
+            memfd::{memfd_create, MFdFlags},
+            uio::{pread, pwrite},
+        },
+    };
+    let size = nix::sys::stat::fstat(fd).map_err(io("fstat"))?.st_size;
+    let size = u64::try_from(size).unwrap_or(0);
+    if size > cap {
+        return Err(CopyError::TooLarge(size));
     }
-    Ok(OwnedFd::from(target))
+    let memfd = memfd_create(
+        "ember-elf",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(io("memfd_create"))?;
+    let limit = cap.saturating_add(1);
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut total: u64 = 0;
+    while total < limit {
+        let want = usize::try_from(limit - total).map_or(COPY_CHUNK, |left| left.min(COPY_CHUNK));
+        let offset = i64::try_from(total).map_err(|_| CopyError::TooLarge(total))?;
+        let n = match pread(fd, &mut buf[..want], offset) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(errno) => return Err(io("pread")(errno)),
+        };
+        let chunk = &buf[..n];
+        if chunk.iter().any(|&b| b != 0) {
+            let mut written = 0;
+            while written < n {
+                let at = offset + i64::try_from(written).unwrap_or(i64::MAX);
+                written += pwrite(&memfd, &chunk[written..], at).map_err(io("pwrite"))?;
+            }
+        }
+        total += n as u64;
+    }
+    if total > cap {
+        return Err(CopyError::TooLarge(total));
+    }
+    let len = i64::try_from(total).map_err(|_| CopyError::TooLarge(total))?;
+    nix::unistd::ftruncate(&memfd, len).map_err(io("ftruncate"))?;
+    fcntl(
+        &memfd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_WRITE
+                | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(io("fcntl(F_ADD_SEALS)"))?;
+    Ok((memfd, total))
 }
 
 /// Reads the GNU build id of a passed file, as lowercase hex.
@@ -123,6 +236,19 @@ pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
 }
 
 impl ElfCache {
+    /// An empty cache that copies files of at most `max_copy_bytes`.
+    pub fn new(max_copy_bytes: u64) -> Self {
+        Self {
+            files: HashMap::new(),
+            max_copy_bytes,
+            opened: 0,
+            evicted: 0,
+            copied: 0,
+            copied_bytes: 0,
+            too_large: 0,
+        }
+    }
+
     /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use.
     pub fn resolve(
         &mut self,
@@ -130,10 +256,31 @@ impl ElfCache {
         fd: &OwnedFd,
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
-        let entry = self.files.entry(key.clone()).or_insert_with(|| {
-            let (resolver, error) = match open_resolver(fd) {
-                Ok(resolver) => (Some(resolver), None),
-                Err(err) => (None, Some(err)),
+        let cap = self.max_copy_bytes;
+        let (copied, copied_bytes, too_large) = (
+            &mut self.copied,
+            &mut self.copied_bytes,
+            &mut self.too_large,
+        );
+        let entry = self.files.entry(*key).or_insert_with(|| {
+            let (resolver, error) = match open_resolver(fd, cap) {
+                Ok((resolver, bytes)) => {
+                    if bytes > 0 {
+                        *copied += 1;
+                        *copied_bytes += bytes;
+                    }
+                    (Some(resolver), None)
+                }
+                Err(err) => {
+                    // Logged once per file: the failed entry stays cached until evicted.
+                    if matches!(err, OpenError::TooLarge { .. }) {
+                        *too_large += 1;
+                        tracing::warn!(file = %fd_path(fd), error = %err, "file not symbolized");
+                    } else {
+                        tracing::debug!(file = %fd_path(fd), error = %err, "file not symbolized");
+                    }
+                    (None, Some(err.to_string()))
+                }
             };
             OpenElf {
                 resolver,
@@ -168,6 +315,12 @@ impl ElfCache {
         let before = self.files.len();
         self.files.retain(|_, f| f.last_used.elapsed() < idle);
         self.evicted += (before - self.files.len()) as u64;
+    }
+
+    /// Drops every resolver (and its memory mappings), e.g. after a mapped file shrank.
+    pub fn clear(&mut self) {
+        self.evicted += self.files.len() as u64;
+        self.files.clear();
     }
 
     pub fn len(&self) -> usize {
@@ -374,5 +527,51 @@ mod tests {
         assert_eq!(a.last().map(|r| &*r.function), Some("PWNED_work_bbbb"));
         assert_eq!(v.last().map(|r| &*r.function), Some("victim_work_aaaa"));
         assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn a_copy_is_sealed_and_identical() {
+        // Given a small file with a hole in the middle
+        use std::io::{Seek as _, Write as _};
+        let mut file = tempfile::tempfile().expect("temp file");
+        file.write_all(b"\x7fELF head").expect("write");
+        file.seek(std::io::SeekFrom::Start(3 << 20)).expect("seek");
+        file.write_all(b"tail").expect("write");
+        let fd = OwnedFd::from(file);
+        // When it is copied
+        let Ok((copy, bytes)) = private_copy(&fd, DEFAULT_MAX_COPY_BYTES) else {
+            panic!("copy failed");
+        };
+        // Then the copy holds the same bytes and cannot change any more
+        assert_eq!(bytes, (3 << 20) + 4);
+        let content = std::fs::read(fd_path(&copy)).expect("read copy");
+        assert_eq!(&content[..9], b"\x7fELF head");
+        assert_eq!(&content[3 << 20..], b"tail");
+        let seals = nix::fcntl::fcntl(&copy, nix::fcntl::FcntlArg::F_GET_SEALS).expect("seals");
+        assert_eq!(
+            seals,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL
+        );
+        assert!(
+            nix::unistd::ftruncate(&copy, 0).is_err(),
+            "shrinking a sealed copy"
+        );
+    }
+
+    #[test]
+    fn files_above_the_cap_are_not_copied() {
+        // Given a 3 GiB sparse file and an endless one (/dev/zero reports size 0)
+        let sparse = tempfile::tempfile().expect("temp file");
+        sparse.set_len(3 << 30).expect("set_len");
+        let sparse = OwnedFd::from(sparse);
+        let zero = OwnedFd::from(std::fs::File::open("/dev/zero").expect("open /dev/zero"));
+        // When they are copied with a cap
+        let started = Instant::now();
+        let huge = private_copy(&sparse, DEFAULT_MAX_COPY_BYTES);
+        let endless = private_copy(&zero, 1 << 20);
+        // Then both are refused, the sparse one at once, the endless one after cap + 1 bytes
+        assert!(matches!(huge, Err(CopyError::TooLarge(n)) if n == 3 << 30));
+        assert!(matches!(endless, Err(CopyError::TooLarge(n)) if n == (1 << 20) + 1));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }
