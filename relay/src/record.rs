@@ -70,6 +70,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     }
     cli::install_stop_handlers()?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
+    source::raise_nofile_limit();
     let mut outputs = OutputSet::create(&config.output)?;
 
     // The sampler gets one end of a socketpair as an inherited descriptor.

@@ -50,6 +50,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     privileges::set_no_new_privs()?;
     cli::install_stop_handlers()?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
+    source::raise_nofile_limit();
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
