@@ -119,7 +119,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
-    let (events_tx, events) = mpsc::channel();
+    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
     thread::Builder::new()
         .name("sampler-conn".into())
         .spawn(move || source::serve_connection(1, ours, limits, events_tx))

@@ -54,7 +54,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
-    let (events_tx, events) = mpsc::channel();
+    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
     source::spawn_listener(&config.socket, limits, config.sampler_uid, events_tx).with_context(
         || {
             format!(

@@ -13,7 +13,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicUsize, Ordering},
-        mpsc::Sender,
+        mpsc::SyncSender,
         Arc,
     },
     thread,
@@ -139,6 +139,11 @@ impl LostDescriptors {
     }
 }
 
+/// Events queued between the connection threads and the pipeline (`sync_channel`). When the
+/// pipeline falls behind, connection threads block on send, stop reading their sockets, and the
+/// samplers see full socket buffers: backpressure instead of unbounded memory in the relay.
+pub const INTAKE_CAPACITY: usize = 64;
+
 /// Largest number of samplers served at once; more are refused with a logged reason.
 pub const MAX_CONNECTIONS: usize = 64;
 
@@ -147,7 +152,7 @@ pub fn serve_connection(
     conn: ConnectionId,
     fd: OwnedFd,
     limits: Limits,
-    events: Sender<SourceEvent>,
+    events: SyncSender<SourceEvent>,
 ) {
     let (peer_uid, _, peer_pid) =
         transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
@@ -191,7 +196,7 @@ fn read_loop(
     conn: ConnectionId,
     fd: &OwnedFd,
     limits: &Limits,
-    events: &Sender<SourceEvent>,
+    events: &SyncSender<SourceEvent>,
     lost: &mut LostDescriptors,
 ) -> Result<(), ConnectionError> {
     // One byte more than the limit, so an oversized datagram is seen as truncated.
@@ -290,7 +295,7 @@ pub fn spawn_listener(
     path: &Path,
     limits: Limits,
     sampler_uid: u32,
-    events: Sender<SourceEvent>,
+    events: SyncSender<SourceEvent>,
 ) -> std::io::Result<thread::JoinHandle<()>> {
     let listener = listen_private(path)?;
     let path: PathBuf = path.to_owned();
