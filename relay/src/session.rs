@@ -412,7 +412,7 @@ fn user_frames(
         let resolved = files.get(&mapping.file_id).and_then(|file| {
             let fd = file.fd.as_ref()?;
             file.last_used.set(tick);
-            cache.resolve(file.key.as_ref()?, fd, file_offset)
+            cache.resolve(file.key.as_ref()?, fd, &mapping.path, file_offset)
         });
         match resolved {
             Some(frames) if !frames.is_empty() => {

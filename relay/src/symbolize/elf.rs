@@ -249,11 +249,13 @@ impl ElfCache {
         }
     }
 
-    /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use.
+    /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use;
+    /// `path` (as the sampler named it) is for logs only.
     pub fn resolve(
         &mut self,
         key: &FileKey,
         fd: &OwnedFd,
+        path: &str,
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
         let cap = self.max_copy_bytes;
@@ -266,6 +268,7 @@ impl ElfCache {
             let (resolver, error) = match open_resolver(fd, cap) {
                 Ok((resolver, bytes)) => {
                     if bytes > 0 {
+                        tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
                         *copied += 1;
                         *copied_bytes += bytes;
                     }
@@ -275,9 +278,9 @@ impl ElfCache {
                     // Logged once per file: the failed entry stays cached until evicted.
                     if matches!(err, OpenError::TooLarge { .. }) {
                         *too_large += 1;
-                        tracing::warn!(file = %fd_path(fd), error = %err, "file not symbolized");
+                        tracing::warn!(file = %path, error = %err, "file not symbolized");
                     } else {
-                        tracing::debug!(file = %fd_path(fd), error = %err, "file not symbolized");
+                        tracing::debug!(file = %path, error = %err, "file not symbolized");
                     }
                     (None, Some(err.to_string()))
                 }
@@ -422,7 +425,9 @@ mod tests {
         // When it is resolved through the cache
         let mut cache = ElfCache::default();
         let key = FileKey::of(&fd).expect("fstat own exe");
-        let frames = cache.resolve(&key, &fd, offset).expect("resolver opened");
+        let frames = cache
+            .resolve(&key, &fd, "own exe", offset)
+            .expect("resolver opened");
         // Then the innermost non-inlined frame names the function
         let outer = frames.last().expect("one frame");
         assert!(
@@ -518,10 +523,10 @@ mod tests {
         let victim_key = FileKey::of(&victim).expect("fstat");
         assert_ne!(attacker_key, victim_key);
         let a = cache
-            .resolve(&attacker_key, &attacker, attacker_offset)
+            .resolve(&attacker_key, &attacker, "attacker", attacker_offset)
             .expect("attacker resolver");
         let v = cache
-            .resolve(&victim_key, &victim, victim_offset)
+            .resolve(&victim_key, &victim, "victim", victim_offset)
             .expect("victim resolver");
         // Then each names its own function
         assert_eq!(a.last().map(|r| &*r.function), Some("PWNED_work_bbbb"));
