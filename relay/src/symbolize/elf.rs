@@ -64,6 +64,8 @@ pub struct OpenElf {
     last_used: Instant,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
+    /// Bytes of the sealed memfd copy behind `resolver` (0 when reopened).
+    copy_bytes: u64,
 }
 
 /// Entries kept per file before its memo is cleared.
@@ -85,9 +87,15 @@ pub struct ElfCache {
     pub copied: u64,
     /// Bytes copied in total.
     pub copied_bytes: u64,
-    /// Files left unnamed because they exceed `max_copy_bytes`.
+    /// Files left unnamed because they exceed `max_copy_bytes` (or the copy budget).
     pub too_large: u64,
+    /// Bytes of copies held by the cached resolvers right now.
+    live_copy_bytes: u64,
 }
+
+/// All copies held at once stay below this many times `max_copy_bytes`, so many files just
+/// under the per-file cap cannot add up to more memory than the relay has.
+const COPY_BUDGET_FACTOR: u64 = 2;
 
 impl Default for ElfCache {
     fn default() -> Self {
@@ -102,8 +110,9 @@ pub enum OpenError {
     #[error("blazesym could not open it: {0}")]
     Open(#[source] blazesym::Error),
     #[error(
-        "the relay may not reopen it ({reopen}) and it is larger than --max-copy-bytes \
-         ({size} > {cap} bytes), so it is not copied; its frames stay unnamed"
+        "the relay may not reopen it ({reopen}) and it is larger than what the relay may still \
+         copy ({size} > {cap} bytes; --max-copy-bytes per file, twice that for all copies held \
+         at once), so it is not copied; its frames stay unnamed"
     )]
     TooLarge { reopen: String, size: u64, cap: u64 },
     #[error(
@@ -246,6 +255,7 @@ impl ElfCache {
             copied: 0,
             copied_bytes: 0,
             too_large: 0,
+            live_copy_bytes: 0,
         }
     }
 
@@ -258,21 +268,23 @@ impl ElfCache {
         path: &str,
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
-        let cap = self.max_copy_bytes;
-        let (copied, copied_bytes, too_large) = (
+        let cap = self.copy_cap();
+        let (copied, copied_bytes, too_large, live_copy_bytes) = (
             &mut self.copied,
             &mut self.copied_bytes,
             &mut self.too_large,
+            &mut self.live_copy_bytes,
         );
         let entry = self.files.entry(*key).or_insert_with(|| {
-            let (resolver, error) = match open_resolver(fd, cap) {
+            let (resolver, error, copy_bytes) = match open_resolver(fd, cap) {
                 Ok((resolver, bytes)) => {
                     if bytes > 0 {
                         tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
                         *copied += 1;
                         *copied_bytes += bytes;
+                        *live_copy_bytes += bytes;
                     }
-                    (Some(resolver), None)
+                    (Some(resolver), None, bytes)
                 }
                 Err(err) => {
                     // Logged once per file: the failed entry stays cached until evicted.
@@ -282,7 +294,7 @@ impl ElfCache {
                     } else {
                         tracing::debug!(file = %path, error = %err, "file not symbolized");
                     }
-                    (None, Some(err.to_string()))
+                    (None, Some(err.to_string()), 0)
                 }
             };
             OpenElf {
@@ -290,6 +302,7 @@ impl ElfCache {
                 error,
                 last_used: Instant::now(),
                 memo: HashMap::new(),
+                copy_bytes,
             }
         });
         if entry.memo.is_empty() && entry.resolver.is_some() {
@@ -318,12 +331,22 @@ impl ElfCache {
         let before = self.files.len();
         self.files.retain(|_, f| f.last_used.elapsed() < idle);
         self.evicted += (before - self.files.len()) as u64;
+        self.live_copy_bytes = self.files.values().map(|f| f.copy_bytes).sum();
+    }
+
+    /// The largest copy allowed now: `max_copy_bytes`, or less when the copies held already
+    /// use most of the budget.
+    fn copy_cap(&self) -> u64 {
+        let budget = self.max_copy_bytes.saturating_mul(COPY_BUDGET_FACTOR);
+        self.max_copy_bytes
+            .min(budget.saturating_sub(self.live_copy_bytes))
     }
 
     /// Drops every resolver (and its memory mappings), e.g. after a mapped file shrank.
     pub fn clear(&mut self) {
         self.evicted += self.files.len() as u64;
         self.files.clear();
+        self.live_copy_bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -578,5 +601,20 @@ mod tests {
         assert!(matches!(huge, Err(CopyError::TooLarge(n)) if n == 3 << 30));
         assert!(matches!(endless, Err(CopyError::TooLarge(n)) if n == (1 << 20) + 1));
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn copies_held_at_once_stay_within_twice_the_per_file_cap() {
+        // Given a cache allowing 100-byte copies that already holds 150 bytes of copies
+        let mut cache = ElfCache::new(100);
+        assert_eq!(cache.copy_cap(), 100);
+        cache.live_copy_bytes = 150;
+        // Then the next copy may be 50 bytes at most, and none once 200 are held
+        assert_eq!(cache.copy_cap(), 50);
+        cache.live_copy_bytes = 250;
+        assert_eq!(cache.copy_cap(), 0);
+        // And dropping the resolvers frees the budget
+        cache.clear();
+        assert_eq!(cache.copy_cap(), 100);
     }
 }
