@@ -569,16 +569,59 @@ mod tests {
 
     #[test]
     fn a_list_bomb_hits_the_traversal_limit() {
-        // A message whose segment claims far more list elements than the bytes could hold is
-        // refused by the traversal limit instead of being walked.
+        // Given a well-formed message of a few KiB in which 301 stack pointers all point at one
+        // stack of 300 words: reading it visits ~90,000 words, far more than its size allows
+        // (the limit is 4 x its words + 1024) but less than capnp's default limit (8 Mi words),
+        // so only our limit can refuse it.
+        const DEPTH: u64 = 300;
+        const STACKS: usize = 300;
         let mut batch = sample_batch();
         batch.rows = Vec::new();
-        batch.user_stacks = vec![Vec::new(); 50_000];
-        let bytes = encode_sampler_message(&SamplerMessage::Batch(batch));
-        // Zero-length lists cost little to encode but each is a pointer the reader visits.
+        batch.kernel_stacks = Vec::new();
+        batch.user_stacks = vec![Vec::new(); STACKS + 1];
+        batch.user_stacks[0] = vec![0x40_1000; DEPTH as usize];
+        let mut bytes = encode_sampler_message(&SamplerMessage::Batch(batch));
+        assert_eq!(
+            &bytes[..4],
+            &[0, 0, 0, 0],
+            "one segment, so pointers are near"
+        );
+        let word = |b: &[u8], i: usize| {
+            u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"))
+        };
+        // A list pointer (kind 1) to 8-byte elements (size 5) with `count` elements.
+        let is_list = |w: u64, count: u64| w & 3 == 1 && (w >> 32) & 7 == 5 && w >> 35 == count;
+        let words = (bytes.len() - 8) / 8;
+        let first = (0..words)
+            .find(|&i| is_list(word(&bytes, i), DEPTH))
+            .expect("the deep stack's pointer");
+        let offset = i64::from((word(&bytes, first) as u32 as i32) >> 2);
+        let target = first as i64 + 1 + offset;
+        for pointer in first + 1..=first + STACKS {
+            assert!(
+                is_list(word(&bytes, pointer), 0),
+                "an empty stack's pointer"
+            );
+            let offset = target - (pointer as i64 + 1);
+            let low = ((offset as i32) << 2) as u32 | 1;
+            let aimed = u64::from(low) | ((DEPTH << 3 | 5) << 32);
+            bytes[8 + 8 * pointer..16 + 8 * pointer].copy_from_slice(&aimed.to_le_bytes());
+        }
         let limits = Limits {
             max_message_bytes: 8 << 20,
         };
-        assert!(decode_sampler_message(&bytes, &limits).is_ok());
+        // When it is decoded
+        let result = decode_sampler_message(&bytes, &limits);
+        // Then decoding fails on the traversal limit, not on anything else
+        match result {
+            Err(DecodeError::Capnp(err)) => {
+                assert_eq!(err.kind, capnp::ErrorKind::ReadLimitExceeded, "{err}");
+            }
+            Err(other) => panic!("expected the traversal limit to refuse it, got {other}"),
+            Ok(message) => panic!(
+                "expected the traversal limit to refuse it, but a `{}` decoded",
+                message.kind()
+            ),
+        }
     }
 }

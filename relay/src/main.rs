@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use ember_relay::{
     cli,
     config::{self, Exporters, OtlpFlags},
-    record, run,
+    record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
 };
 
@@ -111,6 +111,15 @@ struct RunArgs {
     /// Largest message accepted from a sampler; larger ones close the connection.
     #[arg(long, default_value_t = 4 << 20)]
     max_message_bytes: usize,
+    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
+    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
+    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
+    max_copy_bytes: u64,
+    /// Most passed file descriptors kept open per sampler connection (never above the soft
+    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
+    /// stay unnamed.
+    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
+    max_open_files: usize,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
@@ -151,6 +160,15 @@ struct RecordArgs {
     /// Largest message accepted from the sampler.
     #[arg(long, default_value_t = 4 << 20)]
     max_message_bytes: usize,
+    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
+    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
+    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
+    max_copy_bytes: u64,
+    /// Most passed file descriptors kept open per sampler connection (never above the soft
+    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
+    /// stay unnamed.
+    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
+    max_open_files: usize,
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = cli::parse_duration)]
     export_timeout: Duration,
@@ -186,6 +204,10 @@ fn main() -> ExitCode {
                 allow_root: a.allow_root,
                 sampler_uid: a.sampler_uid,
                 exporters,
+                file_limits: session::FileLimits {
+                    max_copy_bytes: a.max_copy_bytes,
+                    max_open_files: a.max_open_files,
+                },
             })
         }),
         Command::Validate(a) => validate(&a),
@@ -202,6 +224,10 @@ fn main() -> ExitCode {
                 log_format: args.log_format,
                 exporters,
                 export_timeout: a.export_timeout,
+                file_limits: session::FileLimits {
+                    max_copy_bytes: a.max_copy_bytes,
+                    max_open_files: a.max_open_files,
+                },
             })
         }),
     };

@@ -146,10 +146,12 @@ impl Profile {
             self.start_unix_ns = start_unix_ns;
         }
         self.end_unix_ns = self.end_unix_ns.max(end_unix_ns);
-        *self
+        // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
+        let total = self
             .counts
             .entry((sample.thread, sample.stack))
-            .or_insert(0) += sample.count;
+            .or_insert(0);
+        *total = total.saturating_add(sample.count);
     }
 
     /// Merges another profile into this one.

@@ -8,9 +8,9 @@ use ember_protocol::{Losses, SamplerMessage};
 
 use crate::{
     model::Profile,
-    session::Session,
+    session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
-    symbolize::ElfCache,
+    symbolize::{sigbus, ElfCache},
 };
 
 /// Resolvers unused this long are closed.
@@ -42,6 +42,10 @@ pub struct Pipeline {
     pub connections_seen: u64,
     /// `processMappings` messages that continued no known process (ignored).
     pub orphan_mappings_messages: u64,
+    /// `--max-copy-bytes` / `--max-open-files`, see [`Pipeline::set_file_limits`].
+    limits: FileLimits,
+    /// The SIGBUS guard's repair count when the pipeline last looked.
+    sigbus_seen: u64,
 }
 
 impl Pipeline {
@@ -56,6 +60,13 @@ impl Pipeline {
             export: Some(Profile::default()),
             ..Self::default()
         }
+    }
+
+    /// Applies the file limits; `max_open_files` is lowered to the soft RLIMIT_NOFILE minus a
+    /// reserve when that is smaller.
+    pub fn set_file_limits(&mut self, limits: FileLimits) {
+        self.limits = limits.clamped_to_rlimit();
+        self.cache.max_copy_bytes = self.limits.max_copy_bytes;
     }
 
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
@@ -103,7 +114,8 @@ impl Pipeline {
             if self.profile.frequency_hz == 0 {
                 self.profile.frequency_hz = hello.frequency_hz;
             }
-            self.sessions.insert(conn, Session::new(hello, fds));
+            let session = Session::new(hello, fds).with_max_open_files(self.limits.max_open_files);
+            self.sessions.insert(conn, session);
             return Handled::Nothing;
         }
         // The source lets nothing but a hello open a connection.
@@ -171,11 +183,29 @@ impl Pipeline {
                     "batch received"
                 );
                 self.cache.evict_idle(RESOLVER_IDLE);
+                self.check_sigbus();
                 Handled::Batch {
                     samples,
                     last_part: batch.part.saturating_add(1) >= batch.parts,
                 }
             }
+        }
+    }
+
+    /// After the SIGBUS guard repaired a mapping (a file shrank while mapped), drops every
+    /// resolver so no damaged mapping stays in use.
+    fn check_sigbus(&mut self) {
+        let repaired = sigbus::repaired();
+        if repaired != self.sigbus_seen {
+            tracing::warn!(
+                pages = repaired.wrapping_sub(self.sigbus_seen),
+                resolvers_dropped = self.cache.len(),
+                "a mapped file shrank while the relay read it (truncated by its owner): the \
+                 pages past its end read as zeros, symbols of that file were dropped, and every \
+                 open symbolizer was closed to be reopened on demand"
+            );
+            self.sigbus_seen = repaired;
+            self.cache.clear();
         }
     }
 

@@ -27,8 +27,9 @@ use crate::{
     output::OutputSet,
     pipeline::{Handled, Pipeline},
     privileges,
+    session::FileLimits,
     sink::otlp::{stats::DropReason, Drained},
-    source,
+    source, symbolize,
 };
 
 pub struct RecordConfig {
@@ -46,6 +47,7 @@ pub struct RecordConfig {
     pub exporters: Exporters,
     /// How long to wait for the OTLP queue to drain at the end.
     pub export_timeout: Duration,
+    pub file_limits: FileLimits,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -72,6 +74,8 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     cli::install_stop_handlers()?;
     // Chosen while root (the choice reads every process's status), before the sampler starts.
     let user = privileges::choose_user(config.user.as_deref())?;
+    symbolize::sigbus::install().context("installing the SIGBUS guard")?;
+    source::raise_nofile_limit();
     let mut outputs = OutputSet::create(&config.output)?;
 
     // The sampler gets one end of a socketpair as an inherited descriptor.
@@ -124,7 +128,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
-    let (events_tx, events) = mpsc::channel();
+    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
     thread::Builder::new()
         .name("sampler-conn".into())
         .spawn(move || source::serve_connection(1, ours, limits, events_tx))
@@ -137,6 +141,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     } else {
         Pipeline::new()
     };
+    pipeline.set_file_limits(config.file_limits);
     let tty = std::io::stderr().is_terminal();
     let mut started: Option<Instant> = None;
     let mut stop_sent: Option<Instant> = None;

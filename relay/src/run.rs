@@ -17,7 +17,9 @@ use crate::{
     export::Exports,
     output::OutputSet,
     pipeline::{Handled, Pipeline},
-    privileges, source,
+    privileges,
+    session::FileLimits,
+    source, symbolize,
 };
 
 pub struct RunConfig {
@@ -28,6 +30,7 @@ pub struct RunConfig {
     pub allow_root: bool,
     pub sampler_uid: u32,
     pub exporters: Exporters,
+    pub file_limits: FileLimits,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -48,10 +51,12 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     // Never dumpable: no other process of this uid may read our memory or take our descriptors.
     privileges::set_non_dumpable()?;
     cli::install_stop_handlers()?;
+    symbolize::sigbus::install().context("installing the SIGBUS guard")?;
+    source::raise_nofile_limit();
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
-    let (events_tx, events) = mpsc::channel();
+    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
     source::spawn_listener(&config.socket, limits, config.sampler_uid, events_tx).with_context(
         || {
             format!(
@@ -77,6 +82,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     } else {
         Pipeline::new()
     };
+    pipeline.set_file_limits(config.file_limits);
     let mut window_start = Instant::now();
     loop {
         match events.recv_timeout(Duration::from_millis(250)) {

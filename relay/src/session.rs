@@ -3,8 +3,13 @@
 //!
 //! The relay never opens anything of other processes itself: every binary is read through a
 //! descriptor in `files`.
+//!
+//! Descriptors are bounded: files no process refers to are closed at the next batch, and at most
+//! `max_open_files` stay open per connection (the least recently used are closed beyond, their
+//! frames stay unnamed). Addresses and offsets from the sampler are untrusted: arithmetic on them
+//! is checked, and a result that would wrap makes an unknown frame.
 
-use std::{collections::HashMap, os::fd::OwnedFd, sync::Arc};
+use std::{cell::Cell, collections::HashMap, os::fd::OwnedFd, sync::Arc};
 
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
 
@@ -15,8 +20,12 @@ use crate::{
 
 struct PassedFile {
     fd: Option<OwnedFd>,
-    key: FileKey,
+    /// The relay's own `fstat` identity of `fd` (`None` without a usable descriptor).
+    key: Option<FileKey>,
+    /// What the file claims, for display only: never used to pick a resolver.
     build_id: Option<Arc<str>>,
+    /// The session's batch tick when a frame last used this file (for LRU eviction).
+    last_used: Cell<u64>,
 }
 
 struct Process {
@@ -34,6 +43,49 @@ pub struct SymbolStats {
     pub frames: u64,
     pub unknown_frames: u64,
     pub samples_without_process_facts: u64,
+    /// Passed files closed because no process referred to them any more.
+    pub files_swept: u64,
+    /// Descriptors closed because more than `max_open_files` were open (least recently used).
+    pub files_evicted: u64,
+    /// Frames whose file offset would have wrapped (hostile or broken mapping facts).
+    pub bad_offsets: u64,
+}
+
+/// Per-file limits of the relay (`--max-copy-bytes`, `--max-open-files`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Largest file copied into a private memfd when it cannot be reopened.
+    pub max_copy_bytes: u64,
+    /// Most passed descriptors kept open per connection (least recently used ones are closed).
+    pub max_open_files: usize,
+}
+
+/// Default of `--max-open-files`.
+pub const DEFAULT_MAX_OPEN_FILES: usize = 8192;
+/// Descriptors kept free below the soft RLIMIT_NOFILE for sockets, memfds and logs.
+const NOFILE_RESERVE: u64 = 256;
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        Self {
+            max_copy_bytes: elf::DEFAULT_MAX_COPY_BYTES,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+        }
+    }
+}
+
+impl FileLimits {
+    /// `max_open_files` never above the soft RLIMIT_NOFILE minus a reserve (at least 1).
+    pub fn clamped_to_rlimit(self) -> Self {
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| soft);
+        let room =
+            usize::try_from(soft.saturating_sub(NOFILE_RESERVE).max(1)).unwrap_or(usize::MAX);
+        Self {
+            max_open_files: self.max_open_files.min(room).max(1),
+            ..self
+        }
+    }
 }
 
 pub struct Session {
@@ -47,6 +99,10 @@ pub struct Session {
     pub stats: SymbolStats,
     /// Samples received on this connection.
     pub samples: u64,
+    /// Most descriptors in `files` kept open (see [`FileLimits::max_open_files`]).
+    max_open_files: usize,
+    /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
+    tick: u64,
 }
 
 impl Session {
@@ -77,7 +133,15 @@ impl Session {
             file_refs: HashMap::new(),
             stats: SymbolStats::default(),
             samples: 0,
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+            tick: 0,
         }
+    }
+
+    /// Keeps at most `max` passed descriptors open (at least one).
+    pub fn with_max_open_files(mut self, max: usize) -> Self {
+        self.max_open_files = max.max(1);
+        self
     }
 
     /// Takes in mapped files and their descriptors.
@@ -89,17 +153,74 @@ impl Session {
             if fd.is_none() {
                 tracing::debug!(path = %info.path, reason = %info.open_error, "file passed without a descriptor; its frames stay unnamed");
             }
+            let key = fd.as_ref().and_then(|fd| match FileKey::of(fd) {
+                Ok(key) => Some(key),
+                Err(err) => {
+                    tracing::debug!(path = %info.path, %err, "fstat of a passed file failed; its frames stay unnamed");
+                    None
+                }
+            });
             let build_id = fd.as_ref().and_then(elf::build_id);
-            let key = match &build_id {
-                Some(id) => FileKey::BuildId(Arc::clone(id)),
-                None => FileKey::Inode {
-                    device: info.device,
-                    inode: info.inode,
+            self.files.insert(
+                info.file_id,
+                PassedFile {
+                    fd,
+                    key,
+                    build_id,
+                    last_used: Cell::new(self.tick),
                 },
-            };
-            self.files
-                .insert(info.file_id, PassedFile { fd, key, build_id });
+            );
         }
+        self.evict_least_recently_used();
+    }
+
+    /// Closes the descriptors of the least recently used files while more than
+    /// `max_open_files` are open. Their frames stay unnamed from then on.
+    fn evict_least_recently_used(&mut self) {
+        let mut open: Vec<(u64, u64)> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.fd.is_some())
+            .map(|(&id, f)| (f.last_used.get(), id))
+            .collect();
+        let Some(excess) = open
+            .len()
+            .checked_sub(self.max_open_files)
+            .filter(|&n| n > 0)
+        else {
+            return;
+        };
+        open.sort_unstable();
+        for (_, id) in open.into_iter().take(excess) {
+            if let Some(file) = self.files.get_mut(&id) {
+                file.fd = None;
+                file.key = None;
+            }
+        }
+        if self.stats.files_evicted == 0 {
+            tracing::warn!(
+                max_open_files = self.max_open_files,
+                "more files passed than --max-open-files: the least recently used descriptors \
+                 are closed and frames in those files stay unnamed; raise --max-open-files (and \
+                 the relay's LimitNOFILE / ulimit -n) if this host maps that many files"
+            );
+        }
+        self.stats.files_evicted += excess as u64;
+    }
+
+    /// Closes files no known process refers to (e.g. passed for a process whose facts never
+    /// came or were replaced), recounting the references from the processes themselves.
+    fn sweep_unreferenced_files(&mut self) {
+        let mut refs: HashMap<u64, usize> = HashMap::new();
+        for process in self.processes.values() {
+            for id in file_ids(&process.info) {
+                *refs.entry(id).or_insert(0) += 1;
+            }
+        }
+        let before = self.files.len();
+        self.files.retain(|id, _| refs.contains_key(id));
+        self.stats.files_swept += (before - self.files.len()) as u64;
+        self.file_refs = refs;
     }
 
     /// Records (or replaces) the facts of a process.
@@ -196,7 +317,10 @@ impl Session {
     }
 
     /// Symbolizes a batch into `profile`. Every row becomes a sample, whatever could be named.
+    /// First closes the files no process refers to.
     pub fn symbolize_batch(&mut self, batch: &Batch, cache: &mut ElfCache, profile: &mut Profile) {
+        self.sweep_unreferenced_files();
+        self.tick += 1;
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
             profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
         }
@@ -209,7 +333,10 @@ impl Session {
         for row in &batch.rows {
             let process = self.processes.get(&row.pid);
             if process.is_none() {
-                self.stats.samples_without_process_facts += row.count;
+                self.stats.samples_without_process_facts = self
+                    .stats
+                    .samples_without_process_facts
+                    .saturating_add(row.count);
             }
             let mut stack: Vec<Frame> = Vec::new();
             if let StackRef::Index(k) = row.kernel_stack {
@@ -221,7 +348,14 @@ impl Session {
             match row.user_stack {
                 StackRef::Index(u) => {
                     let frames = user_memo.entry((row.pid, u)).or_insert_with(|| {
-                        user_frames(&batch.user_stacks[u as usize], process, &self.files, cache)
+                        user_frames(
+                            &batch.user_stacks[u as usize],
+                            process,
+                            &self.files,
+                            cache,
+                            self.tick,
+                            &mut self.stats.bad_offsets,
+                        )
                     });
                     stack.extend(frames.iter().cloned());
                 }
@@ -237,7 +371,7 @@ impl Session {
                 Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
                 None => (Arc::from(""), None),
             };
-            self.samples += row.count;
+            self.samples = self.samples.saturating_add(row.count);
             profile.add(
                 SymbolizedSample {
                     thread: Thread {
@@ -274,6 +408,8 @@ fn user_frames(
     process: Option<&Process>,
     files: &HashMap<u64, PassedFile>,
     cache: &mut ElfCache,
+    tick: u64,
+    bad_offsets: &mut u64,
 ) -> Vec<Frame> {
     let mut out = Vec::with_capacity(addrs.len());
     for (i, &address) in addrs.iter().enumerate() {
@@ -292,9 +428,16 @@ fn user_frames(
             out.push(unknown(address, None));
             continue;
         };
+        // `lookup >= mapping.start` holds (found above); the sum comes from the sampler.
+        let Some(file_offset) = (lookup - mapping.start).checked_add(mapping.file_offset) else {
+            *bad_offsets += 1;
+            out.push(unknown(address, Some(module)));
+            continue;
+        };
         let resolved = files.get(&mapping.file_id).and_then(|file| {
             let fd = file.fd.as_ref()?;
-            cache.resolve(&file.key, fd, lookup - mapping.start + mapping.file_offset)
+            file.last_used.set(tick);
+            cache.resolve(file.key.as_ref()?, fd, &mapping.path, file_offset)
         });
         match resolved {
             Some(frames) if !frames.is_empty() => {
@@ -329,10 +472,139 @@ fn unknown(address: u64, module: Option<&Arc<Module>>) -> Frame {
 }
 
 #[cfg(test)]
-mod append_mappings_tests {
-    use ember_protocol::Mapping;
+mod tests {
+    use ember_protocol::{Mapping, Row};
 
     use super::*;
+
+    impl Session {
+        fn has_fd(&self, file_id: u64) -> bool {
+            self.files.get(&file_id).is_some_and(|f| f.fd.is_some())
+        }
+    }
+
+    /// `FileInfo`s for `ids` with real descriptors of temp files, in that order.
+    fn files(ids: &[u64]) -> (Vec<FileInfo>, Vec<Option<OwnedFd>>) {
+        let infos = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &file_id)| FileInfo {
+                file_id,
+                path: format!("/lib/f{file_id}.so"),
+                fd: i32::try_from(i).expect("small"),
+                ..FileInfo::default()
+            })
+            .collect();
+        let fds = ids
+            .iter()
+            .map(|_| Some(OwnedFd::from(tempfile::tempfile().expect("temp file"))))
+            .collect();
+        (infos, fds)
+    }
+
+    /// A process mapping each file of `ids` at 0x1000 * id (one page, file offset `offset`).
+    fn process(pid: u32, ids: &[u64], offset: u64) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            executable_name: "victim".into(),
+            mappings: ids
+                .iter()
+                .map(|&id| Mapping {
+                    start: 0x1000 * id,
+                    end: 0x1000 * id + 0x1000,
+                    file_offset: offset,
+                    path: format!("/lib/f{id}.so"),
+                    file_id: id,
+                    ..Mapping::default()
+                })
+                .collect(),
+            ..ProcessInfo::default()
+        }
+    }
+
+    /// A batch of one sample of `pid` whose user stack is `addrs`.
+    fn batch(pid: u32, addrs: Vec<u64>) -> Batch {
+        Batch {
+            parts: 1,
+            user_stacks: vec![addrs],
+            rows: vec![Row {
+                pid,
+                tid: pid,
+                comm: "victim".into(),
+                user_stack: StackRef::Index(0),
+                kernel_stack: StackRef::Missing(14),
+                count: 1,
+            }],
+            ..Batch::default()
+        }
+    }
+
+    fn symbolize(session: &mut Session, batch: &Batch) -> Profile {
+        let mut profile = Profile::default();
+        session.symbolize_batch(batch, &mut ElfCache::default(), &mut profile);
+        profile
+    }
+
+    #[test]
+    fn files_no_process_refers_to_are_closed_at_the_next_batch() {
+        // Given three passed files of which one process maps only the first
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let (infos, fds) = files(&[1, 2, 3]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1], 0));
+        assert_eq!(session.file_count(), 3);
+        // When the next batch comes
+        symbolize(&mut session, &batch(10, Vec::new()));
+        // Then only the mapped file is still open and the others were counted
+        assert_eq!(session.file_count(), 1);
+        assert!(session.has_fd(1));
+        assert_eq!(session.stats.files_swept, 2);
+        // And when that process is replaced by facts mapping nothing, its file goes too
+        session.set_process(process(10, &[], 0));
+        symbolize(&mut session, &batch(10, Vec::new()));
+        assert_eq!(session.file_count(), 0);
+    }
+
+    #[test]
+    fn beyond_max_open_files_the_least_recently_used_descriptor_is_closed() {
+        // Given a session keeping at most two descriptors, two mapped files, and a batch that
+        // used only the first
+        let mut session = Session::new(Hello::default(), Vec::new()).with_max_open_files(2);
+        let (infos, fds) = files(&[1, 2]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1, 2, 3], 0));
+        let profile = symbolize(&mut session, &batch(10, vec![0x1010]));
+        assert_eq!(profile.total_samples(), 1);
+        // When a third file arrives
+        let (mut infos, fds) = files(&[3]);
+        infos[0].fd = 0;
+        session.add_files(infos, fds);
+        // Then the unused second file lost its descriptor, the used first and the new third
+        // kept theirs, and the eviction was counted
+        assert!(session.has_fd(1));
+        assert!(!session.has_fd(2));
+        assert!(session.has_fd(3));
+        assert_eq!(session.stats.files_evicted, 1);
+        // And a frame in the evicted file stays unnamed, the sample is kept
+        let profile = symbolize(&mut session, &batch(10, vec![0x2010]));
+        assert_eq!(profile.total_samples(), 1);
+        assert_eq!(session.stats.unknown_frames, 2);
+    }
+
+    #[test]
+    fn a_wrapping_file_offset_is_an_unknown_frame() {
+        // Given a mapping whose file offset makes `lookup - start + file_offset` wrap
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let (infos, fds) = files(&[1]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1], u64::MAX - 0x10));
+        // When a sample lands in it
+        let profile = symbolize(&mut session, &batch(10, vec![0x1800]));
+        // Then the frame is unknown, counted, and the sample kept
+        assert_eq!(profile.total_samples(), 1);
+        assert_eq!(session.stats.bad_offsets, 1);
+        assert_eq!(session.stats.unknown_frames, 1);
+    }
 
     fn mapping(start: u64, file_id: u64) -> Mapping {
         Mapping {

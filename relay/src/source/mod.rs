@@ -2,16 +2,22 @@
 //! descriptors, enforces the protocol's limits and handshake, and hands decoded messages to the
 //! pipeline. Anything malformed closes that one connection with a logged reason; the relay keeps
 //! serving everyone else.
+//!
+//! Descriptors the kernel could not install (MSG_CTRUNC: the relay's RLIMIT_NOFILE is reached)
+//! are not a protocol error: the message is taken with those files absent, a WARN naming the fix
+//! is logged once per connection and the losses are counted (logged every minute while they
+//! grow, and when the connection ends).
 
 use std::{
     os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicUsize, Ordering},
-        mpsc::Sender,
+        mpsc::SyncSender,
         Arc,
     },
     thread,
+    time::{Duration, Instant},
 };
 
 use ember_protocol::{
@@ -63,6 +69,81 @@ pub enum ConnectionError {
     FdIndex { index: i32, count: usize },
 }
 
+/// Raises the soft RLIMIT_NOFILE to the hard limit (every passed file is a descriptor in the
+/// relay) and logs the result. Call once at start.
+pub fn raise_nofile_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(
+                from = soft,
+                to = hard,
+                "raised the open-file limit (RLIMIT_NOFILE soft) to its hard limit"
+            ),
+            Err(err) => tracing::warn!(
+                soft,
+                hard,
+                %err,
+                "could not raise the open-file limit (RLIMIT_NOFILE) to its hard limit"
+            ),
+        },
+        Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit (RLIMIT_NOFILE)"),
+        Err(err) => tracing::warn!(%err, "cannot read the open-file limit (RLIMIT_NOFILE)"),
+    }
+}
+
+/// Descriptors of one connection lost to MSG_CTRUNC.
+#[derive(Debug, Default)]
+struct LostDescriptors {
+    /// Datagrams flagged MSG_CTRUNC.
+    datagrams: u64,
+    /// File references in them whose descriptor did not arrive.
+    files: u64,
+    /// `files` when last logged, and when.
+    reported: u64,
+    last_report: Option<Instant>,
+}
+
+/// How often growing descriptor losses are logged again.
+const LOST_FDS_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+impl LostDescriptors {
+    fn record(&mut self, conn: ConnectionId, missing: u64) {
+        self.datagrams += 1;
+        self.files += missing;
+        let due = self
+            .last_report
+            .is_none_or(|at| at.elapsed() >= LOST_FDS_REPORT_EVERY);
+        if !due || (self.last_report.is_some() && self.files == self.reported) {
+            return;
+        }
+        if self.last_report.is_none() {
+            tracing::warn!(
+                connection = conn,
+                missing_now = missing,
+                "the kernel could not hand the relay every descriptor the sampler sent \
+                 (MSG_CTRUNC: the relay's open-file limit is reached); those files stay \
+                 unnamed. Fix: raise the relay's limit (LimitNOFILE= in its unit, `ulimit -n`, \
+                 the container's nofile ulimit) or lower --max-open-files"
+            );
+        } else {
+            tracing::warn!(
+                connection = conn,
+                lost_descriptors = self.files,
+                datagrams = self.datagrams,
+                "descriptors lost to MSG_CTRUNC on this connection so far"
+            );
+        }
+        self.reported = self.files;
+        self.last_report = Some(Instant::now());
+    }
+}
+
+/// Events queued between the connection threads and the pipeline (`sync_channel`). When the
+/// pipeline falls behind, connection threads block on send, stop reading their sockets, and the
+/// samplers see full socket buffers: backpressure instead of unbounded memory in the relay.
+pub const INTAKE_CAPACITY: usize = 64;
+
 /// Largest number of samplers served at once; more are refused with a logged reason.
 pub const MAX_CONNECTIONS: usize = 64;
 
@@ -71,7 +152,7 @@ pub fn serve_connection(
     conn: ConnectionId,
     fd: OwnedFd,
     limits: Limits,
-    events: Sender<SourceEvent>,
+    events: SyncSender<SourceEvent>,
 ) {
     let (peer_uid, _, peer_pid) =
         transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
@@ -85,7 +166,17 @@ pub fn serve_connection(
     {
         return;
     }
-    let error = match read_loop(conn, &fd, &limits, &events) {
+    let mut lost = LostDescriptors::default();
+    let result = read_loop(conn, &fd, &limits, &events, &mut lost);
+    if lost.datagrams > 0 {
+        tracing::warn!(
+            connection = conn,
+            lost_descriptors = lost.files,
+            datagrams = lost.datagrams,
+            "descriptors lost to MSG_CTRUNC on this connection"
+        );
+    }
+    let error = match result {
         Ok(()) => None,
         Err(err) => {
             tracing::error!(
@@ -105,14 +196,19 @@ fn read_loop(
     conn: ConnectionId,
     fd: &OwnedFd,
     limits: &Limits,
-    events: &Sender<SourceEvent>,
+    events: &SyncSender<SourceEvent>,
+    lost: &mut LostDescriptors,
 ) -> Result<(), ConnectionError> {
     // One byte more than the limit, so an oversized datagram is seen as truncated.
     let mut buf = vec![0u8; limits.max_message_bytes + 1];
     let mut greeted = false;
     loop {
-        let (len, fds) = match transport::recv(fd.as_fd(), &mut buf) {
-            Ok(transport::Received::Message { len, fds }) => (len, fds),
+        let (len, fds, fds_truncated) = match transport::recv(fd.as_fd(), &mut buf) {
+            Ok(transport::Received::Message {
+                len,
+                fds,
+                fds_truncated,
+            }) => (len, fds, fds_truncated),
             Ok(transport::Received::Truncated { len, .. }) => {
                 return Err(ConnectionError::Oversized {
                     len,
@@ -137,7 +233,10 @@ fn read_loop(
             (other, false) => return Err(ConnectionError::NoHello(other.kind())),
             (_, true) => {}
         }
-        check_fd_indices(&message, fds.len())?;
+        let missing = check_fd_indices(&message, fds.len(), fds_truncated)?;
+        if fds_truncated {
+            lost.record(conn, missing);
+        }
         if events
             .send(SourceEvent::Message { conn, message, fds })
             .is_err()
@@ -147,20 +246,29 @@ fn read_loop(
     }
 }
 
-/// Every fd index a message names must be one of the descriptors that came with it.
-fn check_fd_indices(message: &SamplerMessage, count: usize) -> Result<(), ConnectionError> {
-    let check = |index: i32| {
-        if index < -1 || (index >= 0 && index as usize >= count) {
-            Err(ConnectionError::FdIndex { index, count })
-        } else {
-            Ok(())
+/// Every fd index a message names must be one of the descriptors that came with it, except
+/// when the kernel reported that some could not be installed (`fds_truncated`): then indices
+/// past the received ones stand for absent files. Returns how many references are absent so.
+fn check_fd_indices(
+    message: &SamplerMessage,
+    count: usize,
+    fds_truncated: bool,
+) -> Result<u64, ConnectionError> {
+    let mut missing = 0u64;
+    let mut check = |index: i32| {
+        let beyond = usize::try_from(index).is_ok_and(|i| i >= count);
+        if index < -1 || (beyond && !fds_truncated) {
+            return Err(ConnectionError::FdIndex { index, count });
         }
+        missing += u64::from(beyond);
+        Ok(())
     };
     match message {
-        SamplerMessage::Hello(hello) => check(hello.kallsyms_fd),
-        SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd)),
-        _ => Ok(()),
+        SamplerMessage::Hello(hello) => check(hello.kallsyms_fd)?,
+        SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd))?,
+        _ => {}
     }
+    Ok(missing)
 }
 
 /// Creates the socket's directory (mode 0750) if missing, listens on `path` and makes the socket
@@ -187,7 +295,7 @@ pub fn spawn_listener(
     path: &Path,
     limits: Limits,
     sampler_uid: u32,
-    events: Sender<SourceEvent>,
+    events: SyncSender<SourceEvent>,
 ) -> std::io::Result<thread::JoinHandle<()>> {
     let listener = listen_private(path)?;
     let path: PathBuf = path.to_owned();
@@ -250,4 +358,38 @@ pub fn spawn_listener(
         })
         ?;
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use ember_protocol::FileInfo;
+
+    use super::*;
+
+    fn files(fds: &[i32]) -> SamplerMessage {
+        SamplerMessage::Files(
+            fds.iter()
+                .map(|&fd| FileInfo {
+                    fd,
+                    ..FileInfo::default()
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_bad_fd_index_closes_the_connection_unless_the_kernel_truncated_the_descriptors() {
+        // Given a message naming descriptors 0..3 of which only two arrived
+        let message = files(&[0, 1, 2, 3, -1]);
+        // Then without MSG_CTRUNC it is a protocol error
+        assert!(matches!(
+            check_fd_indices(&message, 2, false),
+            Err(ConnectionError::FdIndex { index: 2, count: 2 })
+        ));
+        // And with MSG_CTRUNC the two missing ones are absent files, counted
+        assert_eq!(check_fd_indices(&message, 2, true).ok(), Some(2));
+        // And an index below -1 is an error either way
+        assert!(check_fd_indices(&files(&[-2]), 2, true).is_err());
+        assert_eq!(check_fd_indices(&files(&[0, 1]), 2, false).ok(), Some(0));
+    }
 }

@@ -1,6 +1,11 @@
 //! Native (ELF) symbolization through descriptors the sampler passed: one blazesym resolver per
-//! file, cached by build id (or device/inode) and evicted when unused. Parsing untrusted ELF and
-//! DWARF happens here, in the unprivileged relay, never in the sampler.
+//! file, cached by the file's identity as the relay itself sees it (`fstat` of the passed
+//! descriptor) and evicted when unused. Parsing untrusted ELF and DWARF happens here, in the
+//! unprivileged relay, never in the sampler.
+//!
+//! Invariant: nothing a file *claims* about itself (its build id above all) decides which
+//! resolver answers for it; a binary linked with someone else's build id gets its own resolver
+//! and names only its own functions. The build id is kept for display only.
 
 use std::{
     collections::HashMap,
@@ -15,11 +20,31 @@ use blazesym::{
     symbolize::{FindSymOpts, Symbolize as _, TranslateFileOffset as _},
 };
 
-/// Cache key of a file: its GNU build id when it has one, else where it lives.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FileKey {
-    BuildId(Arc<str>),
-    Inode { device: u64, inode: u64 },
+/// Cache key of a passed file: what the relay's own `fstat` of the descriptor says, never what
+/// the file's content claims. Size and both times change whenever the content is rewritten
+/// (ctime cannot be set back by the owner), so a rewritten file gets a new resolver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileKey {
+    /// The identity of the file behind `fd`.
+    pub fn of(fd: &OwnedFd) -> std::io::Result<Self> {
+        let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+        let ns = |sec: i64, nsec: i64| sec.saturating_mul(1_000_000_000).saturating_add(nsec);
+        Ok(Self {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+        })
+    }
 }
 
 /// One named code location; inlined callees come first, the containing function last.
@@ -39,55 +64,177 @@ pub struct OpenElf {
     last_used: Instant,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
+    /// Bytes of the sealed memfd copy behind `resolver` (0 when reopened).
+    copy_bytes: u64,
 }
 
 /// Entries kept per file before its memo is cleared.
 const MEMO_LIMIT: usize = 200_000;
 
+/// Default of `--max-copy-bytes`: the largest file the relay copies into memory when it may not
+/// reopen it (a root-only binary). Larger ones stay unnamed; copies are charged to the relay's
+/// memory, so this bounds what one hostile file can cost.
+pub const DEFAULT_MAX_COPY_BYTES: u64 = 256 << 20;
+
 /// Resolvers by [`FileKey`].
-#[derive(Default)]
 pub struct ElfCache {
     files: HashMap<FileKey, OpenElf>,
+    /// Largest file copied into a private memfd (`--max-copy-bytes`).
+    pub max_copy_bytes: u64,
     pub opened: u64,
     pub evicted: u64,
+    /// Files copied into a sealed memfd because the relay may not reopen them.
+    pub copied: u64,
+    /// Bytes copied in total.
+    pub copied_bytes: u64,
+    /// Files left unnamed because they exceed `max_copy_bytes` (or the copy budget).
+    pub too_large: u64,
+    /// Bytes of copies held by the cached resolvers right now.
+    live_copy_bytes: u64,
+}
+
+/// All copies held at once stay below this many times `max_copy_bytes`, so many files just
+/// under the per-file cap cannot add up to more memory than the relay has.
+const COPY_BUDGET_FACTOR: u64 = 2;
+
+impl Default for ElfCache {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_COPY_BYTES)
+    }
+}
+
+/// Why a passed file has no resolver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("blazesym could not open it: {0}")]
+    Open(#[source] blazesym::Error),
+    #[error(
+        "the relay may not reopen it ({reopen}) and it is larger than what the relay may still \
+         copy ({size} > {cap} bytes; --max-copy-bytes per file, twice that for all copies held \
+         at once), so it is not copied; its frames stay unnamed"
+    )]
+    TooLarge { reopen: String, size: u64, cap: u64 },
+    #[error(
+        "the relay may not reopen it ({reopen}) and copying it failed: `{call}` failed: {source}"
+    )]
+    Copy {
+        reopen: String,
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The path through which a held descriptor can be opened again by this process.
-fn fd_path(fd: &OwnedFd) -> String {
+fn fd_path(fd: &impl AsRawFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
-/// Opens a resolver on a passed file. blazesym opens by path, and reopening a descriptor through
-/// /proc/self/fd checks the file's permissions again; a file the relay's user may not read (e.g.
-/// a root-only 0700 binary) is then copied through the descriptor into a private memfd.
-fn open_resolver(fd: &OwnedFd) -> Result<ElfResolver, String> {
+/// Opens a resolver on a passed file; returns how many bytes were copied (0 when reopened).
+/// blazesym opens by path, and reopening a descriptor through /proc/self/fd checks the file's
+/// permissions again; a file the relay's user may not read (e.g. a root-only 0700 binary) is
+/// then copied through the descriptor into a sealed memfd of at most `cap` bytes.
+fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError> {
     match ElfResolver::open(fd_path(fd)) {
-        Ok(resolver) => Ok(resolver),
+        Ok(resolver) => Ok((resolver, 0)),
         Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
-            let copy = private_copy(fd).map_err(|e| format!("{err}; copying it failed: {e}"))?;
-            // The mapping blazesym makes outlives the memfd descriptor.
-            ElfResolver::open(fd_path(&copy)).map_err(|e| e.to_string())
+            let reopen = err.to_string();
+            let (copy, bytes) = match private_copy(fd, cap) {
+                Ok(copy) => copy,
+                Err(CopyError::TooLarge(size)) => {
+                    return Err(OpenError::TooLarge { reopen, size, cap })
+                }
+                Err(CopyError::Io(call, source)) => {
+                    return Err(OpenError::Copy {
+                        reopen,
+                        call,
+                        source,
+                    })
+                }
+            };
+            // The mapping blazesym makes outlives the memfd descriptor, dropped here.
+            let resolver = ElfResolver::open(fd_path(&copy)).map_err(OpenError::Open)?;
+            Ok((resolver, bytes))
         }
-        Err(err) => Err(err.to_string()),
+        Err(err) => Err(OpenError::Open(err)),
     }
 }
 
-fn private_copy(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
-    use std::io::{Read as _, Seek as _, Write as _};
-    let memfd = nix::sys::memfd::memfd_create("ember-elf", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(std::io::Error::from)?;
-    let mut source = std::fs::File::from(fd.try_clone()?);
-    source.seek(std::io::SeekFrom::Start(0))?;
-    let mut target = std::fs::File::from(memfd);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = source.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        target.write_all(&buf[..n])?;
+enum CopyError {
+    /// The file (or what could be read of it) is larger than the cap: the bytes seen.
+    TooLarge(u64),
+    Io(&'static str, std::io::Error),
+}
+
+fn io(call: &'static str) -> impl FnOnce(nix::errno::Errno) -> CopyError {
+    move |errno| CopyError::Io(call, std::io::Error::from(errno))
+}
+
+/// Chunk size of the copy.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Copies what `fd` holds into a new memfd, reading at most `cap + 1` bytes with `pread` (the
+/// descriptor's shared offset is left alone), then seals the copy against any change. A file
+/// whose size is above `cap` is refused before a byte is read (a sparse 3 GiB file costs
+/// nothing); one that grows while being read is refused when it passes `cap`. Chunks of zeros
+/// are not written, so holes stay holes in the copy.
+fn private_copy(fd: &OwnedFd, cap: u64) -> Result<(OwnedFd, u64), CopyError> {
+    use nix::{
+        fcntl::{fcntl, FcntlArg, SealFlag},
+        sys::{
+            memfd::{memfd_create, MFdFlags},
+            uio::{pread, pwrite},
+        },
+    };
+    let size = nix::sys::stat::fstat(fd).map_err(io("fstat"))?.st_size;
+    let size = u64::try_from(size).unwrap_or(0);
+    if size > cap {
+        return Err(CopyError::TooLarge(size));
     }
-    Ok(OwnedFd::from(target))
+    let memfd = memfd_create(
+        "ember-elf",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(io("memfd_create"))?;
+    let limit = cap.saturating_add(1);
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut total: u64 = 0;
+    while total < limit {
+        let want = usize::try_from(limit - total).map_or(COPY_CHUNK, |left| left.min(COPY_CHUNK));
+        let offset = i64::try_from(total).map_err(|_| CopyError::TooLarge(total))?;
+        let n = match pread(fd, &mut buf[..want], offset) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(errno) => return Err(io("pread")(errno)),
+        };
+        let chunk = &buf[..n];
+        if chunk.iter().any(|&b| b != 0) {
+            let mut written = 0;
+            while written < n {
+                let at = offset + i64::try_from(written).unwrap_or(i64::MAX);
+                written += pwrite(&memfd, &chunk[written..], at).map_err(io("pwrite"))?;
+            }
+        }
+        total += n as u64;
+    }
+    if total > cap {
+        return Err(CopyError::TooLarge(total));
+    }
+    let len = i64::try_from(total).map_err(|_| CopyError::TooLarge(total))?;
+    nix::unistd::ftruncate(&memfd, len).map_err(io("ftruncate"))?;
+    fcntl(
+        &memfd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_WRITE
+                | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(io("fcntl(F_ADD_SEALS)"))?;
+    Ok((memfd, total))
 }
 
 /// Reads the GNU build id of a passed file, as lowercase hex.
@@ -98,23 +245,64 @@ pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
 }
 
 impl ElfCache {
-    /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use.
+    /// An empty cache that copies files of at most `max_copy_bytes`.
+    pub fn new(max_copy_bytes: u64) -> Self {
+        Self {
+            files: HashMap::new(),
+            max_copy_bytes,
+            opened: 0,
+            evicted: 0,
+            copied: 0,
+            copied_bytes: 0,
+            too_large: 0,
+            live_copy_bytes: 0,
+        }
+    }
+
+    /// Symbolizes `file_offset` in the file `key`, opening it through `fd` on first use;
+    /// `path` (as the sampler named it) is for logs only.
     pub fn resolve(
         &mut self,
         key: &FileKey,
         fd: &OwnedFd,
+        path: &str,
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
-        let entry = self.files.entry(key.clone()).or_insert_with(|| {
-            let (resolver, error) = match open_resolver(fd) {
-                Ok(resolver) => (Some(resolver), None),
-                Err(err) => (None, Some(err)),
+        let cap = self.copy_cap();
+        let (copied, copied_bytes, too_large, live_copy_bytes) = (
+            &mut self.copied,
+            &mut self.copied_bytes,
+            &mut self.too_large,
+            &mut self.live_copy_bytes,
+        );
+        let entry = self.files.entry(*key).or_insert_with(|| {
+            let (resolver, error, copy_bytes) = match open_resolver(fd, cap) {
+                Ok((resolver, bytes)) => {
+                    if bytes > 0 {
+                        tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
+                        *copied += 1;
+                        *copied_bytes += bytes;
+                        *live_copy_bytes += bytes;
+                    }
+                    (Some(resolver), None, bytes)
+                }
+                Err(err) => {
+                    // Logged once per file: the failed entry stays cached until evicted.
+                    if matches!(err, OpenError::TooLarge { .. }) {
+                        *too_large += 1;
+                        tracing::warn!(file = %path, error = %err, "file not symbolized");
+                    } else {
+                        tracing::debug!(file = %path, error = %err, "file not symbolized");
+                    }
+                    (None, Some(err.to_string()), 0)
+                }
             };
             OpenElf {
                 resolver,
                 error,
                 last_used: Instant::now(),
                 memo: HashMap::new(),
+                copy_bytes,
             }
         });
         if entry.memo.is_empty() && entry.resolver.is_some() {
@@ -143,6 +331,22 @@ impl ElfCache {
         let before = self.files.len();
         self.files.retain(|_, f| f.last_used.elapsed() < idle);
         self.evicted += (before - self.files.len()) as u64;
+        self.live_copy_bytes = self.files.values().map(|f| f.copy_bytes).sum();
+    }
+
+    /// The largest copy allowed now: `max_copy_bytes`, or less when the copies held already
+    /// use most of the budget.
+    fn copy_cap(&self) -> u64 {
+        let budget = self.max_copy_bytes.saturating_mul(COPY_BUDGET_FACTOR);
+        self.max_copy_bytes
+            .min(budget.saturating_sub(self.live_copy_bytes))
+    }
+
+    /// Drops every resolver (and its memory mappings), e.g. after a mapped file shrank.
+    pub fn clear(&mut self) {
+        self.evicted += self.files.len() as u64;
+        self.files.clear();
+        self.live_copy_bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -243,11 +447,10 @@ mod tests {
             .expect("own function is mapped");
         // When it is resolved through the cache
         let mut cache = ElfCache::default();
-        let key = FileKey::Inode {
-            device: 1,
-            inode: 1,
-        };
-        let frames = cache.resolve(&key, &fd, offset).expect("resolver opened");
+        let key = FileKey::of(&fd).expect("fstat own exe");
+        let frames = cache
+            .resolve(&key, &fd, "own exe", offset)
+            .expect("resolver opened");
         // Then the innermost non-inlined frame names the function
         let outer = frames.last().expect("one frame");
         assert!(
@@ -258,5 +461,160 @@ mod tests {
         assert_eq!(cache.len(), 1);
         cache.evict_idle(Duration::ZERO);
         assert!(cache.is_empty());
+    }
+
+    /// The file offset of `symbol` in the ELF file at `path`, through `nm` and the program
+    /// headers (PT_LOAD segment containing the symbol's virtual address).
+    fn symbol_file_offset(path: &std::path::Path, symbol: &str) -> u64 {
+        let out = std::process::Command::new("nm")
+            .arg(path)
+            .output()
+            .expect("run nm");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let vaddr = text
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
+                (name == symbol).then(|| u64::from_str_radix(addr, 16).ok())?
+            })
+            .unwrap_or_else(|| panic!("{symbol} not in nm output of {}", path.display()));
+        let elf = std::fs::read(path).expect("read elf");
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().expect("8 bytes"));
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().expect("2 bytes"));
+        let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+        (0..usize::from(phnum))
+            .map(|i| phoff + i * usize::from(phentsize))
+            .find_map(|ph| {
+                let kind = u32::from_le_bytes(elf[ph..ph + 4].try_into().ok()?);
+                let (offset, va, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
+                (kind == 1 && (va..va + filesz).contains(&vaddr)).then(|| vaddr - va + offset)
+            })
+            .expect("symbol inside a PT_LOAD segment")
+    }
+
+    #[test]
+    fn two_files_claiming_one_build_id_keep_their_own_names() {
+        // Given two different programs linked with the same build id (the attack: the second
+        // claims the victim's id to rename the victim's functions)
+        if std::process::Command::new("cc")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipping: no C compiler (cc) to build the fixtures");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let build = |name: &str, function: &str| {
+            let src = dir.path().join(format!("{name}.c"));
+            let bin = dir.path().join(name);
+            std::fs::write(
+                &src,
+                format!(
+                    "__attribute__((noinline)) int {function}(int x) {{ return x * 3 + 1; }}\n\
+                     int main(int argc, char **argv) {{ (void)argv; return {function}(argc); }}\n"
+                ),
+            )
+            .expect("write source");
+            let status = std::process::Command::new("cc")
+                .args([
+                    "-O1",
+                    "-g0",
+                    "-Wl,--build-id=0x0123456789abcdef0123456789abcdef01234567",
+                ])
+                .arg(&src)
+                .arg("-o")
+                .arg(&bin)
+                .status()
+                .expect("run cc");
+            assert!(status.success(), "cc failed for {name}");
+            let offset = symbol_file_offset(&bin, function);
+            let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
+            (fd, offset)
+        };
+        let (victim, victim_offset) = build("victim", "victim_work_aaaa");
+        let (attacker, attacker_offset) = build("attacker", "PWNED_work_bbbb");
+        assert_eq!(
+            build_id(&victim),
+            build_id(&attacker),
+            "fixtures share a build id"
+        );
+        // When both are resolved through one cache, the attacker's first
+        let mut cache = ElfCache::default();
+        let attacker_key = FileKey::of(&attacker).expect("fstat");
+        let victim_key = FileKey::of(&victim).expect("fstat");
+        assert_ne!(attacker_key, victim_key);
+        let a = cache
+            .resolve(&attacker_key, &attacker, "attacker", attacker_offset)
+            .expect("attacker resolver");
+        let v = cache
+            .resolve(&victim_key, &victim, "victim", victim_offset)
+            .expect("victim resolver");
+        // Then each names its own function
+        assert_eq!(a.last().map(|r| &*r.function), Some("PWNED_work_bbbb"));
+        assert_eq!(v.last().map(|r| &*r.function), Some("victim_work_aaaa"));
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn a_copy_is_sealed_and_identical() {
+        // Given a small file with a hole in the middle
+        use std::io::{Seek as _, Write as _};
+        let mut file = tempfile::tempfile().expect("temp file");
+        file.write_all(b"\x7fELF head").expect("write");
+        file.seek(std::io::SeekFrom::Start(3 << 20)).expect("seek");
+        file.write_all(b"tail").expect("write");
+        let fd = OwnedFd::from(file);
+        // When it is copied
+        let Ok((copy, bytes)) = private_copy(&fd, DEFAULT_MAX_COPY_BYTES) else {
+            panic!("copy failed");
+        };
+        // Then the copy holds the same bytes and cannot change any more
+        assert_eq!(bytes, (3 << 20) + 4);
+        let content = std::fs::read(fd_path(&copy)).expect("read copy");
+        assert_eq!(&content[..9], b"\x7fELF head");
+        assert_eq!(&content[3 << 20..], b"tail");
+        let seals = nix::fcntl::fcntl(&copy, nix::fcntl::FcntlArg::F_GET_SEALS).expect("seals");
+        assert_eq!(
+            seals,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL
+        );
+        assert!(
+            nix::unistd::ftruncate(&copy, 0).is_err(),
+            "shrinking a sealed copy"
+        );
+    }
+
+    #[test]
+    fn files_above_the_cap_are_not_copied() {
+        // Given a 3 GiB sparse file and an endless one (/dev/zero reports size 0)
+        let sparse = tempfile::tempfile().expect("temp file");
+        sparse.set_len(3 << 30).expect("set_len");
+        let sparse = OwnedFd::from(sparse);
+        let zero = OwnedFd::from(std::fs::File::open("/dev/zero").expect("open /dev/zero"));
+        // When they are copied with a cap
+        let started = Instant::now();
+        let huge = private_copy(&sparse, DEFAULT_MAX_COPY_BYTES);
+        let endless = private_copy(&zero, 1 << 20);
+        // Then both are refused, the sparse one at once, the endless one after cap + 1 bytes
+        assert!(matches!(huge, Err(CopyError::TooLarge(n)) if n == 3 << 30));
+        assert!(matches!(endless, Err(CopyError::TooLarge(n)) if n == (1 << 20) + 1));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn copies_held_at_once_stay_within_twice_the_per_file_cap() {
+        // Given a cache allowing 100-byte copies that already holds 150 bytes of copies
+        let mut cache = ElfCache::new(100);
+        assert_eq!(cache.copy_cap(), 100);
+        cache.live_copy_bytes = 150;
+        // Then the next copy may be 50 bytes at most, and none once 200 are held
+        assert_eq!(cache.copy_cap(), 50);
+        cache.live_copy_bytes = 250;
+        assert_eq!(cache.copy_cap(), 0);
+        // And dropping the resolvers frees the budget
+        cache.clear();
+        assert_eq!(cache.copy_cap(), 100);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod elf;
 pub mod kernel;
+pub mod sigbus;
 
 use std::sync::Arc;
 
