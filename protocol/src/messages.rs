@@ -150,6 +150,8 @@ pub struct Batch {
 impl Batch {
     /// Total samples in this part.
     pub fn sample_count(&self) -> u64 {
-        self.rows.iter().map(|row| row.count).sum()
+        self.rows
+            .iter()
+            .fold(0u64, |total, row| total.saturating_add(row.count))
     }
 }

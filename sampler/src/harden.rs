@@ -72,7 +72,10 @@ pub enum Mode {
 /// descriptor (kallsyms) is open. The order matters: groups and gid while CAP_SETGID is there,
 /// the bounding set while CAP_SETPCAP is there, keepcaps so setresuid keeps the permitted set,
 /// then the sets are cut to the kept three.
-pub fn harden(identity: &Identity, mode: Mode) -> anyhow::Result<()> {
+///
+/// `parent` (inherited mode only) is the pid of `ember-relay record` that started us, read at
+/// start: the sampler must not outlive it.
+pub fn harden(identity: &Identity, mode: Mode, parent: Option<i32>) -> anyhow::Result<()> {
     let groups: Vec<Gid> = identity.groups.iter().copied().map(Gid::from_raw).collect();
     nix::unistd::setgroups(&groups)
         .with_context(|| format!("setting the supplementary groups to {:?}", identity.groups))?;
@@ -87,6 +90,9 @@ pub fn harden(identity: &Identity, mode: Mode) -> anyhow::Result<()> {
     keep_only_needed()?;
     set_keepcaps(false)?;
     check_identity(identity)?;
+    if let Some(parent) = parent {
+        die_with_parent(parent)?;
+    }
     set_no_new_privs()?;
     let program = filter(mode)?;
     install_sigsys_reporter()?;
@@ -106,6 +112,26 @@ fn cut_bounding_set() -> anyhow::Result<()> {
     }
     caps::clear(None, CapSet::Ambient).context("clearing the ambient set")?;
     caps::clear(None, CapSet::Inheritable).context("clearing the inheritable set")?;
+    Ok(())
+}
+
+/// Under `ember-relay record` the relay is our parent: it set PR_SET_PDEATHSIG before exec, but
+/// the kernel clears that on any uid/gid change, so it is set again here (prctl is not on the
+/// allowlist, so it cannot be undone later). If the parent is already gone (we were reparented),
+/// there is nobody to sample for: exit now.
+fn die_with_parent(parent: i32) -> anyhow::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG, SIGKILL) takes plain integers and affects only this thread
+    // (the only one: the sampler has no other threads).
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_PDEATHSIG)");
+    }
+    let now = nix::unistd::getppid().as_raw();
+    if now != parent {
+        return Err(anyhow!(
+            "ember-relay record (pid {parent}, our parent) exited before the sampler was confined"
+        ));
+    }
     Ok(())
 }
 

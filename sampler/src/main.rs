@@ -187,6 +187,8 @@ fn main() {
 }
 
 fn run(config: SamplerConfig) -> anyhow::Result<()> {
+    // Under `ember-relay record`, the process that started us and must outlive us.
+    let parent = nix::unistd::getppid().as_raw();
     install_signal_handlers()?;
     raise_nofile_limit();
     // Read now: getrlimit (prlimit64) is not on the seccomp allowlist.
@@ -225,7 +227,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     } else {
         harden::Mode::Reconnecting
     };
-    harden::harden(&harden::Identity { uid, gid, groups }, mode)
+    let parent = (mode == harden::Mode::Inherited).then_some(parent);
+    harden::harden(&harden::Identity { uid, gid, groups }, mode, parent)
         .context("confining the sampler")?;
     let status = procfs::read_small("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
