@@ -40,6 +40,8 @@ use nix::{errno::Errno, sys::signal::Signal};
 use serde_json::Value;
 
 /// Sampling frequency of the attack recordings.
+/// The fake samplers below are this (root) test process: the relay must accept uid 0.
+const FAKE_SAMPLER: &[&str] = &["--sampler-uid", "0"];
 const FREQUENCY: u32 = 199;
 /// The witness (tests/workloads/spinner.c) must keep at least this share of its expected samples.
 const MIN_SHARE: f64 = 0.90;
@@ -947,7 +949,7 @@ fn attack8a_an_endless_kallsyms_is_bounded() {
     let _lock = ebpf_lock();
     let tmp = tempfile::tempdir().expect("temp dir");
     let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, &[], None, Some(4 << 30));
+    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, Some(4 << 30));
     let watch = Watch::start(relay.child.pid(), Some(1024 * 1024));
     let zero: OwnedFd = fs::File::open("/dev/zero").expect("/dev/zero").into();
     let sock = fake_connect(&socket);
@@ -997,7 +999,7 @@ fn attack8b_unreferenced_files_are_closed() {
     let _lock = ebpf_lock();
     let tmp = tempfile::tempdir().expect("temp dir");
     let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, &[], None, None);
+    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, None);
     let pid = relay.child.pid();
     let sock = fake_connect(&socket);
     send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
@@ -1068,7 +1070,7 @@ fn attack8c_an_overflowing_file_offset_is_harmless() {
     let _lock = ebpf_lock();
     let tmp = tempfile::tempdir().expect("temp dir");
     let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, &[], None, None);
+    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, None);
     let sock = fake_connect(&socket);
     send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
     let binary = &workloads().spinner;
