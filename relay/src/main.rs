@@ -125,8 +125,14 @@ struct RunArgs {
     allow_root: bool,
     /// Only samplers running as this uid may connect; others are refused with a logged reason.
     /// Default 65534: ember-sampler connects after it has left uid 0 for its --user (nobody).
-    #[arg(long, default_value_t = 65534, env = "EMBER_SAMPLER_UID")]
-    sampler_uid: u32,
+    /// Repeat the flag (or separate uids with commas) to accept several.
+    #[arg(
+        long,
+        default_value = "65534",
+        env = "EMBER_SAMPLER_UID",
+        value_delimiter = ','
+    )]
+    sampler_uid: Vec<u32>,
     #[command(flatten)]
     export: ExportArgs,
 }
@@ -202,7 +208,7 @@ fn main() -> ExitCode {
                 window: a.window,
                 max_message_bytes: a.max_message_bytes,
                 allow_root: a.allow_root,
-                sampler_uid: a.sampler_uid,
+                sampler_uids: a.sampler_uid,
                 exporters,
                 file_limits: session::FileLimits {
                     max_copy_bytes: a.max_copy_bytes,

@@ -28,7 +28,7 @@ pub struct RunConfig {
     pub window: Duration,
     pub max_message_bytes: usize,
     pub allow_root: bool,
-    pub sampler_uid: u32,
+    pub sampler_uids: Vec<u32>,
     pub exporters: Exporters,
     pub file_limits: FileLimits,
 }
@@ -57,7 +57,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         max_message_bytes: config.max_message_bytes,
     };
     let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
-    source::spawn_listener(&config.socket, limits, config.sampler_uid, events_tx).with_context(
+    source::spawn_listener(&config.socket, limits, config.sampler_uids, events_tx).with_context(
         || {
             format!(
             "cannot listen on {}; check that its directory exists and this user may write to it",

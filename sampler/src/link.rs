@@ -178,7 +178,9 @@ impl Link {
                 }
                 tracing::info!(socket = %path.display(), "connected to ember-relay");
                 self.conn = Some(fd);
-                self.backoff = BACKOFF_MIN;
+                // The backoff is reset only once a batch went through (see `flush`): a listener
+                // that accepts and at once closes (e.g. a relay refusing our uid) must not make
+                // the sampler reconnect in a busy loop.
                 self.last_connect_error = None;
                 Event::Connected
             }
@@ -241,7 +243,9 @@ impl Link {
             let fds: Vec<BorrowedFd<'_>> = front.fds.iter().map(|fd| fd.as_fd()).collect();
             match transport::send(conn.as_fd(), &front.bytes, &fds, true) {
                 Ok(()) => {
-                    self.pop_front();
+                    if self.pop_front().is_some_and(|m| m.batch.is_some()) {
+                        self.backoff = BACKOFF_MIN;
+                    }
                 }
                 Err(Errno::EAGAIN) => return Event::Nothing,
                 Err(err @ (Errno::EMSGSIZE | Errno::ENOBUFS)) => self.drop_refused(err),
@@ -355,7 +359,8 @@ impl Link {
             }
         }
         self.queue.retain(|m| m.batch.is_some());
-        self.next_attempt = Instant::now();
+        self.next_attempt = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         Event::Closed
     }
 

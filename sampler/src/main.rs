@@ -207,6 +207,13 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
     let (uid, gid) = resolve_user("--user", &config.user)?;
+    if uid == 0 {
+        anyhow::bail!(
+            "--user {} is root: the sampler leaves uid 0 after attaching; pass an unprivileged \
+             user (the default is nobody)",
+            config.user
+        );
+    }
     let (relay, groups) = match &config.relay_user {
         Some(user) => {
             let (relay_uid, relay_gid) = resolve_user("--relay-uid", user)?;

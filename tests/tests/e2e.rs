@@ -899,7 +899,8 @@ fn relay_rejects_malformed_input() {
     const MAX: usize = 65536;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ember.sock");
-    // The fake samplers below are this (root) test process.
+    // The fake samplers below are this (root) test process; the real one at the end runs as
+    // nobody once confined.
     let mut relay = spawn_relay_run(
         "relay",
         &socket,
@@ -907,7 +908,7 @@ fn relay_rejects_malformed_input() {
             "--max-message-bytes",
             &MAX.to_string(),
             "--sampler-uid",
-            "0",
+            "0,65534",
         ],
     );
 

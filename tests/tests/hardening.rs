@@ -180,6 +180,9 @@ fn sampler_refuses_a_relay_of_another_uid() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root_socket = dir.path().join("root.sock");
     let root_relay = spawn_relay_run("relay as root", &root_socket, &[]);
+    // Open the socket to everyone, so the connect succeeds (the confined sampler is nobody and
+    // not in root's group) and what refuses the relay is the sampler's SO_PEERCRED check.
+    fs::set_permissions(&root_socket, fs::Permissions::from_mode(0o666)).expect("chmod socket");
     let (wrong, wrong_log) = spawn_sampler(
         "sampler expecting nobody",
         &root_socket,

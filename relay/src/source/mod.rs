@@ -290,11 +290,11 @@ fn listen_private(path: &Path) -> std::io::Result<OwnedFd> {
 }
 
 /// Accepts connections on `path` forever, one reading thread per sampler. Connections from any
-/// uid but `sampler_uid` are closed with a logged reason.
+/// uid but those of `sampler_uids` are closed with a logged reason.
 pub fn spawn_listener(
     path: &Path,
     limits: Limits,
-    sampler_uid: u32,
+    sampler_uids: Vec<u32>,
     events: SyncSender<SourceEvent>,
 ) -> std::io::Result<thread::JoinHandle<()>> {
     let listener = listen_private(path)?;
@@ -315,12 +315,12 @@ pub fn spawn_listener(
                     }
                 };
                 match transport::peer_credentials(fd.as_fd()) {
-                    Ok((uid, _, pid)) if uid != sampler_uid => {
+                    Ok((uid, _, pid)) if !sampler_uids.contains(&uid) => {
                         tracing::error!(
                             peer_uid = uid,
                             peer_pid = pid,
-                            sampler_uid,
-                            "closing connection: peer uid {uid} is not the sampler's (--sampler-uid {sampler_uid})"
+                            sampler_uids = ?sampler_uids,
+                            "closing connection: peer uid {uid} is not the sampler's (--sampler-uid {sampler_uids:?})"
                         );
                         continue;
                     }
