@@ -889,7 +889,8 @@ fn closed_within(sock: &OwnedFd, timeout: Duration) -> bool {
 }
 
 /// Malformed input: the relay closes the offending connection, logs an error, and keeps
-/// serving.
+/// serving. The handshake, fd-index and connection-cap rules have their own test below
+/// (`relay_enforces_handshake_fd_indices_and_connection_cap`).
 #[test]
 fn relay_rejects_malformed_input() {
     if !privileged() {
