@@ -3,9 +3,9 @@
 //!
 //! The eBPF tests need root. [`privileged`] skips them for an unprivileged `cargo test` (and fails
 //! them under `CI` or `EMBER_REQUIRE_ALL`, where skipping would hide a broken setup); every other
-//! skip goes through [`skip`] too, which prints and records it (see the `gate` module). They must not run concurrently (each
-//! loads the sampler and counts samples of the whole machine), so every one holds
-//! [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
+//! skip goes through [`skip`] too, which prints and records it (see the `gate` module). They must
+//! not run concurrently (each loads the sampler and counts samples of the whole machine), so
+//! every one holds [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
 //!
 //! Timeouts here only keep a broken build from hanging the suite; no test asserts how fast
 //! anything is.
