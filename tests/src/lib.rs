@@ -2,9 +2,10 @@
 //! `ember-relay` binaries from `target/debug` against small C workloads compiled at test time.
 //!
 //! The eBPF tests need root. [`privileged`] skips them for an unprivileged `cargo test` (and fails
-//! them in CI, where skipping would hide a broken setup). They must not run concurrently (each
-//! loads the sampler and counts samples of the whole machine), so every one holds
-//! [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
+//! them under `CI` or `EMBER_REQUIRE_ALL`, where skipping would hide a broken setup); every other
+//! skip goes through [`skip`] too, which prints and records it (see the `gate` module). They must
+//! not run concurrently (each loads the sampler and counts samples of the whole machine), so
+//! every one holds [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
 //!
 //! Timeouts here only keep a broken build from hanging the suite; no test asserts how fast
 //! anything is.
@@ -13,6 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod attack;
+mod gate;
 pub mod otlp;
 pub mod pprof;
 
@@ -29,6 +31,8 @@ use std::{
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
+
+pub use crate::gate::{privileged, skip, RECORD_ENV};
 
 // ---------------------------------------------------------------------------------------------
 // Binaries
@@ -66,23 +70,6 @@ pub fn relay_bin() -> PathBuf {
 
 // ---------------------------------------------------------------------------------------------
 // Privilege gate and serialization
-
-/// True when eBPF tests can run (euid 0). Otherwise: panics in CI (`CI=true`), else prints why
-/// the test is skipped and returns false.
-pub fn privileged() -> bool {
-    let euid = nix::unistd::geteuid();
-    if euid.is_root() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("eBPF tests must run as root in CI");
-    }
-    eprintln!(
-        "SKIPPED: this test loads eBPF and needs root (euid is {euid}); \
-         run `sudo -E cargo test -p ember-tests -- --test-threads=1`"
-    );
-    false
-}
 
 static EBPF: Mutex<()> = Mutex::new(());
 

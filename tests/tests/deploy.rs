@@ -9,7 +9,8 @@
 //! The tools come from `scripts/setup.sh`: `systemd-analyze` (Debian's systemd),
 //! `docker-compose` (Debian's v1; `config` needs no Docker engine) and `kubernetes-validate`
 //! (PyPI, in `.tools/venv`, with the Kubernetes schemas it ships, so it runs offline). A missing
-//! tool skips its test with a printed reason, except under `CI=true`, where it fails.
+//! tool skips its test through `ember_tests::skip` (printed and recorded), except under `CI` or
+//! `EMBER_REQUIRE_ALL=1` (scripts/test.sh), where it fails.
 //!
 //! ```text
 //! cargo build && cargo test -p ember-tests --test deploy -- --nocapture
@@ -22,7 +23,7 @@ use std::{
     process::{Command, Output},
 };
 
-use ember_tests::{relay_bin, sampler_bin};
+use ember_tests::{relay_bin, sampler_bin, skip};
 
 /// `systemd-analyze security` exposure limits (0 = locked down, 10 = unconfined). For scale: the
 /// single-process agent unit of the OpenTelemetry eBPF profiler's setup guide scores 7.4.
@@ -74,12 +75,8 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn in_ci() -> bool {
-    env::var("CI").as_deref() == Ok("true")
-}
-
 /// The first executable among `candidates` (absolute paths, or names looked up on PATH). None,
-/// with the reason printed, when there is none, outside CI; in CI a missing tool is a failure.
+/// skipped through `ember_tests::skip`, when there is none (a failure where skips are not allowed).
 fn require_tool(candidates: &[PathBuf], what: &str) -> Option<PathBuf> {
     let path_dirs: Vec<PathBuf> = env::var_os("PATH")
         .map(|p| env::split_paths(&p).collect())
@@ -98,15 +95,10 @@ fn require_tool(candidates: &[PathBuf], what: &str) -> Option<PathBuf> {
         }
     }
     let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-    assert!(
-        !in_ci(),
-        "{what} not found (tried {}); CI must run this gate: scripts/setup.sh installs it",
+    skip(&format!(
+        "{what} not found (tried {}); run `sudo scripts/setup.sh` to install it",
         tried.join(", ")
-    );
-    eprintln!(
-        "SKIPPED: {what} not found (tried {}); run `sudo scripts/setup.sh` to install it",
-        tried.join(", ")
-    );
+    ));
     None
 }
 

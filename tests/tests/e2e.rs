@@ -27,7 +27,7 @@ use std::{
 use ember_protocol::{
     decode_sampler_message, encode_sampler_message,
     transport::{self, Received},
-    Batch, Hello, Limits, SamplerMessage, NO_FD, PROTOCOL_VERSION,
+    Batch, FileInfo, Hello, Limits, SamplerMessage, NO_FD, PROTOCOL_VERSION,
 };
 use ember_tests::*;
 use nix::{
@@ -889,7 +889,8 @@ fn closed_within(sock: &OwnedFd, timeout: Duration) -> bool {
 }
 
 /// Malformed input: the relay closes the offending connection, logs an error, and keeps
-/// serving.
+/// serving. The handshake, fd-index and connection-cap rules have their own test below
+/// (`relay_enforces_handshake_fd_indices_and_connection_cap`).
 #[test]
 fn relay_rejects_malformed_input() {
     if !privileged() {
@@ -1026,4 +1027,232 @@ fn relay_rejects_malformed_input() {
         is_batch,
     );
     assert!(relay.child.try_wait().is_none(), "the relay exited");
+}
+
+/// The relay's error for a connection it closed, from its log after `mark` (panics with the log
+/// when there is none within [`LOG_TIMEOUT`]).
+fn closing_error(relay: &RunningRelay, mark: usize, case: &str) -> String {
+    let (_, error) = relay.log.expect(
+        mark,
+        LOG_TIMEOUT,
+        &format!("ERROR \"closing connection...\" for {case}"),
+        is_closing_error,
+    );
+    eprintln!("relay: {}", message(&error));
+    field_text(&error, "error").unwrap_or_else(|| message(&error).to_owned())
+}
+
+/// Sends `bytes` (with `fds`), tolerating a peer that already closed.
+fn send_or_closed(sock: &OwnedFd, bytes: &[u8], fds: &[std::os::fd::BorrowedFd<'_>], what: &str) {
+    match transport::send(sock.as_fd(), bytes, fds, false) {
+        Ok(()) => {}
+        Err(err @ (Errno::EPIPE | Errno::ECONNRESET)) => eprintln!("send {what}: {err} (closed)"),
+        Err(err) => panic!("sending {what}: {err}"),
+    }
+}
+
+/// Connects, sends a valid Hello and waits until the relay took it ("sampler hello" logged for
+/// this connection); returns the connection and its id. Panics if the relay refuses or closes it.
+fn greeted_connection(relay: &RunningRelay, socket: &Path, what: &str) -> (OwnedFd, u64) {
+    let mark = relay.log.len();
+    let sock = connect(socket);
+    send_or_closed(
+        &sock,
+        &encode_sampler_message(&hello(PROTOCOL_VERSION)),
+        &[],
+        "a valid Hello",
+    );
+    let (_, hello) = relay.log.expect(
+        mark,
+        LOG_TIMEOUT,
+        &format!("\"sampler hello\" for {what}"),
+        |v| message(v) == "sampler hello" || is_closing_error(v),
+    );
+    assert_eq!(
+        message(&hello),
+        "sampler hello",
+        "the relay refused {what}:\n{}",
+        relay.log.text()
+    );
+    let conn = field_u64(&hello, "connection").expect("the hello line names its connection");
+    (sock, conn)
+}
+
+/// The handshake and fd rules of the relay's source, each broken by a fake sampler: a first
+/// message other than Hello (`NoHello`), a second Hello (`DuplicateHello`), a Files message
+/// naming fd index 3 in a datagram carrying one descriptor (`FdIndex`, with no MSG_CTRUNC); and
+/// the 64-connection cap. Each time the relay closes that connection and logs the exact reason,
+/// and the next client is served. Needs no root: the relay accepts this test's own uid.
+#[test]
+fn relay_enforces_handshake_fd_indices_and_connection_cap() {
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let uid = nix::unistd::geteuid().to_string();
+    let mut relay = spawn_relay_run("relay", &socket, &["--sampler-uid", &uid]);
+
+    // The cap first, on a fresh relay, so no earlier connection is still counted.
+    // Given 64 samplers connected and greeted, and idle.
+    let mut open: Vec<(OwnedFd, u64)> = (0..64)
+        .map(|i| greeted_connection(&relay, &socket, &format!("connection {}", i + 1)))
+        .collect();
+    // When a 65th connects, then it is closed with the logged reason.
+    let mark = relay.log.len();
+    let extra = connect(&socket);
+    assert!(
+        closed_within(&extra, LOG_TIMEOUT),
+        "the relay did not close a 65th connection:\n{}",
+        relay.log.text()
+    );
+    let (_, refused) = relay
+        .log
+        .expect(mark, LOG_TIMEOUT, "a refusal of the 65th", |v| {
+            is_closing_error(v)
+        });
+    assert_eq!(
+        message(&refused),
+        "closing connection: too many samplers connected at once",
+        "{refused}"
+    );
+    assert_eq!(field_u64(&refused, "max"), Some(64), "{refused}");
+    for (sock, conn) in &open {
+        assert!(
+            !closed_within(sock, Duration::from_millis(10)),
+            "connection {conn} was closed while the relay was full"
+        );
+    }
+    // When one closes, then a new one is let in (once the relay has seen it close: retried
+    // while refusals come back, each one a logged event, never a timed guess).
+    let (gone, gone_id) = open.pop().unwrap();
+    let mark = relay.log.len();
+    drop(gone);
+    relay.log.expect(mark, LOG_TIMEOUT, "the disconnect", |v| {
+        message(v) == "sampler disconnected" && field_u64(v, "connection") == Some(gone_id)
+    });
+    let mut admitted = None;
+    for attempt in 1..=50 {
+        let mark = relay.log.len();
+        let sock = connect(&socket);
+        let (_, outcome) = relay
+            .log
+            .expect(mark, LOG_TIMEOUT, "accept or refusal", |v| {
+                is_connected(v) || is_closing_error(v)
+            });
+        if is_connected(&outcome) {
+            admitted = Some(sock);
+            break;
+        }
+        eprintln!("attempt {attempt}: still refused ({})", message(&outcome));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let admitted = admitted.expect("no connection admitted after one of 64 closed");
+    send_or_closed(
+        &admitted,
+        &encode_sampler_message(&hello(PROTOCOL_VERSION)),
+        &[],
+        "a Hello on the admitted connection",
+    );
+    assert!(
+        !closed_within(&admitted, Duration::from_millis(500)),
+        "the admitted connection was closed:\n{}",
+        relay.log.text()
+    );
+    drop(admitted);
+    drop(open);
+
+    // The protocol rules.
+    let files = |fd: i32| {
+        encode_sampler_message(&SamplerMessage::Files(vec![FileInfo {
+            file_id: 1,
+            device: 1,
+            inode: 1,
+            path: "/fake/libfake.so".to_owned(),
+            fd,
+            open_error: String::new(),
+        }]))
+    };
+    let valid_hello = encode_sampler_message(&hello(PROTOCOL_VERSION));
+    let passed = std::fs::File::open("/dev/null").unwrap();
+    // (case, messages sent in order, the last with descriptors, the relay's exact reason)
+    let cases: [(&str, Vec<Vec<u8>>, bool, &str); 3] = [
+        (
+            "a Files message first",
+            vec![files(NO_FD)],
+            false,
+            "first message was `files`, expected `hello`",
+        ),
+        (
+            "a second Hello",
+            vec![valid_hello.clone(), valid_hello.clone()],
+            false,
+            "a second `hello` on one connection",
+        ),
+        (
+            "fd index 3 with one descriptor",
+            vec![valid_hello.clone(), files(3)],
+            true,
+            "message refers to fd index 3 but carried 1 descriptors",
+        ),
+    ];
+    for (case, messages, with_fd, reason) in cases {
+        eprintln!("--- {case}");
+        let mark = relay.log.len();
+        let sock = connect(&socket);
+        let last = messages.len() - 1;
+        for (i, bytes) in messages.iter().enumerate() {
+            let fds = if i == last && with_fd {
+                vec![passed.as_fd()]
+            } else {
+                Vec::new()
+            };
+            send_or_closed(&sock, bytes, &fds, case);
+        }
+        assert!(
+            closed_within(&sock, LOG_TIMEOUT),
+            "the relay did not close the connection after {case}:\n{}",
+            relay.log.text()
+        );
+        let error = closing_error(&relay, mark, case);
+        assert_eq!(error, reason, "the relay's reason for {case}");
+        // The next client is served.
+        let (next, _) = greeted_connection(&relay, &socket, &format!("the client after {case}"));
+        assert!(
+            !closed_within(&next, Duration::from_millis(500)),
+            "the relay closed a valid client after {case}:\n{}",
+            relay.log.text()
+        );
+    }
+    assert!(relay.child.try_wait().is_none(), "the relay exited");
+}
+
+/// `ember-relay run` as root without `--allow-root` refuses to start, naming the flag.
+#[test]
+fn relay_run_refuses_root_without_allow_root() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let mut command = std::process::Command::new(relay_bin());
+    command
+        .arg("run")
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = ChildGuard::spawn("relay without --allow-root", &mut command);
+    let stderr = read_to_string_thread(child.child_mut().stderr.take().unwrap());
+    let status = child
+        .wait_timeout(LOG_TIMEOUT)
+        .unwrap_or_else(|| panic!("ember-relay run as root kept running without --allow-root"));
+    let stderr = stderr.join().unwrap();
+    eprintln!("exit: {status}\nstderr:\n{stderr}");
+    assert!(!status.success(), "exit {status}:\n{stderr}");
+    assert!(
+        stderr.contains("refusing to run as root") && stderr.contains("--allow-root"),
+        "the refusal does not name --allow-root:\n{stderr}"
+    );
+    assert!(!socket.exists(), "the refused relay created its socket");
 }

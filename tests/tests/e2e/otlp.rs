@@ -549,7 +549,9 @@ fn otlp_tls_ca_file_client_certificate_and_verification() {
         let mark = log_mark();
         let strict = "    retry_on_failure: { initial_interval: 50ms, max_interval: 100ms, max_elapsed_time: 400ms }\n";
         match try_settings(&url(&receiver), protocol, ProtoVersion::V1_10, strict) {
-            Err(err) => eprintln!("no system CA store here: {err}"),
+            Err(err) => skip(&format!(
+                "no system CA store here, so the untrusted-server check is left out: {err}"
+            )),
             Ok(settings) => {
                 let exporter = Exporter::start(settings).unwrap();
                 exporter.export(synthetic(1, 3, 1, "untrusted"));
@@ -981,10 +983,10 @@ fn check_with_python(body: &[u8], ours: &Decoded, version: &str, other: &str) {
     let (Some(python), Some(other_python)) =
         (otlp::python_decoder(version), otlp::python_decoder(other))
     else {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("the Python OTLP decoders are missing; scripts/setup.sh installs them");
-        }
-        eprintln!("SKIPPED the Python decoder check: run scripts/setup.sh to install it");
+        skip(
+            "the Python OTLP decoders (.tools/py-otlp-*) are missing, so the official-decoder \
+             check is left out; run scripts/setup.sh to install them",
+        );
         return;
     };
     let facts = otlp::python_decode(&python, body);
