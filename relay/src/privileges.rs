@@ -354,6 +354,15 @@ mod tests {
         assert!(taken(&running, free));
         // root's uid (an account and a group) is taken even when no process is listed
         assert!(taken(&BTreeSet::new(), 0));
+        // So is a number only a group has (Debian's base-passwd has several, e.g. staff, 50):
+        // the relay's gid is its uid, and sharing a group's number would give it that group
+        let group_only = (1..=1000)
+            .find(|&n| {
+                matches!(User::from_uid(Uid::from_raw(n)), Ok(None))
+                    && matches!(Group::from_gid(Gid::from_raw(n)), Ok(Some(_)))
+            })
+            .expect("this system has a group without an account of the same number");
+        assert!(taken(&BTreeSet::new(), group_only), "gid {group_only}");
         // And a number nothing has is free
         assert!(!taken(&BTreeSet::new(), free));
         assert!(!has_account_or_group(free));
