@@ -419,6 +419,100 @@ mod tests {
         // empties the supplementary groups and every capability set, and sets no_new_privs.
     }
 
+    /// Set, in the child process of [`the_drop_leaves_no_group_no_capability_and_no_way_back`],
+    /// to the uid the child drops to.
+    const DROP_CHILD_UID: &str = "EMBER_TEST_DROP_CHILD_UID";
+
+    #[test]
+    fn the_drop_leaves_no_group_no_capability_and_no_way_back() {
+        // Needs root: only root can drop. Skipping is a failure where everything must run.
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            let required = std::env::var("CI").as_deref() == Ok("true")
+                || std::env::var("EMBER_REQUIRE_ALL").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "this test drops privileges and needs root (euid {euid})"
+            );
+            eprintln!("SKIPPED: this test drops privileges and needs root (euid {euid})");
+            return;
+        }
+        // Given a child process of this test binary that runs only `drop_child_process` and
+        // starts as root with supplementary groups (the drop must remove them)
+        let uid = unused_number();
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"));
+        child
+            .args([
+                "--exact",
+                "privileges::tests::drop_child_process",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(DROP_CHILD_UID, uid.to_string());
+        // SAFETY: the closure runs in the forked child before exec and only calls setgroups(2)
+        // on a local array; it allocates nothing and takes no lock.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut child, || {
+                let groups: [libc::gid_t; 2] = [4, 24];
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // When it drops to an unused uid, Then it passes its checks (and really ran them)
+        let output = child.output().expect("run the child test");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "the dropped child failed:\n{stdout}\n{stderr}"
+        );
+    }
+
+    /// The child half of [`the_drop_leaves_no_group_no_capability_and_no_way_back`]; does
+    /// nothing unless started by it.
+    #[test]
+    fn drop_child_process() {
+        let Ok(uid) = std::env::var(DROP_CHILD_UID) else {
+            return;
+        };
+        let uid: u32 = uid.parse().expect("a uid");
+        assert!(
+            !nix::unistd::getgroups().expect("getgroups").is_empty(),
+            "the child must start with supplementary groups"
+        );
+        drop_to(&Target {
+            name: uid.to_string(),
+            uid: Uid::from_raw(uid),
+            gid: Gid::from_raw(uid),
+            reason: Reason::Picked,
+        })
+        .expect("drop_to");
+        // The kernel's view of this thread (capability sets are per thread), read directly
+        // rather than through the calls drop_to checks itself with
+        let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+        let field = |name: &str| -> String {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| panic!("no {name} in status"))
+        };
+        let four = format!("{uid} {uid} {uid} {uid}");
+        assert_eq!(field("Uid:"), four);
+        assert_eq!(field("Gid:"), four);
+        assert_eq!(field("Groups:"), "");
+        for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+            assert_eq!(field(set), "0000000000000000", "{set}");
+        }
+        assert_eq!(field("NoNewPrivs:"), "1");
+        // No way back, and not dumpable
+        assert!(nix::unistd::setuid(Uid::from_raw(0)).is_err());
+        assert!(nix::unistd::setgid(Gid::from_raw(0)).is_err());
+        assert!(!dumpable().expect("PR_GET_DUMPABLE"));
+    }
+
     #[test]
     fn this_process_uid_is_seen_as_running() {
         let me = nix::unistd::getuid().as_raw();
