@@ -104,10 +104,7 @@ pub fn choose_user(requested: Option<&str>) -> anyhow::Result<Target> {
             },
             None => {
                 let running = process_uids();
-                let uid = pick_uid(PICK_RANGE, |uid| {
-                    running.contains(&uid) || has_account_or_group(uid)
-                })
-                .ok_or_else(|| {
+                let uid = pick_uid(PICK_RANGE, |uid| taken(&running, uid)).ok_or_else(|| {
                     anyhow!(
                         "no unused uid in {}..={}; create a dedicated `{DEDICATED_ACCOUNT}` \
                          account (`useradd --system {DEDICATED_ACCOUNT}`) or pass --user",
@@ -163,6 +160,12 @@ fn resolve(text: &str) -> anyhow::Result<Target> {
 /// The first uid of `range` that `taken` does not claim. Pure: the caller decides what is taken.
 pub fn pick_uid(range: RangeInclusive<u32>, taken: impl Fn(u32) -> bool) -> Option<u32> {
     range.into_iter().find(|&uid| !taken(uid))
+}
+
+/// Whether `uid` is unusable for the relay: a running process has it, or an account or a
+/// group has the number.
+fn taken(running: &BTreeSet<u32>, uid: u32) -> bool {
+    running.contains(&uid) || has_account_or_group(uid)
 }
 
 /// Whether an account (passwd, through NSS) or a group has this number.
@@ -336,6 +339,178 @@ mod tests {
         let status = "Name:\tcat\nUmask:\t0022\nUid:\t1000\t1000\t0\t1000\nGid:\t5\t5\t5\t5\n";
         assert_eq!(parse_status_uids(status), vec![1000, 1000, 0, 1000]);
         assert!(parse_status_uids("Name:\tx\n").is_empty());
+    }
+
+    /// A number no account and no group has on this machine, far above the usual ranges.
+    fn unused_number() -> u32 {
+        pick_uid(4_000_000..=4_100_000, has_account_or_group).expect("an unused number")
+    }
+
+    #[test]
+    fn a_uid_a_process_an_account_or_a_group_has_is_taken() {
+        let free = unused_number();
+        let running: BTreeSet<u32> = [free].into();
+        // A uid only a running process has is taken
+        assert!(taken(&running, free));
+        // root's uid (an account and a group) is taken even when no process is listed
+        assert!(taken(&BTreeSet::new(), 0));
+        // So is a number only a group has (Debian's base-passwd has several, e.g. staff, 50):
+        // the relay's gid is its uid, and sharing a group's number would give it that group
+        let group_only = (1..=1000)
+            .find(|&n| {
+                matches!(User::from_uid(Uid::from_raw(n)), Ok(None))
+                    && matches!(Group::from_gid(Gid::from_raw(n)), Ok(Some(_)))
+            })
+            .expect("this system has a group without an account of the same number");
+        assert!(taken(&BTreeSet::new(), group_only), "gid {group_only}");
+        // And a number nothing has is free
+        assert!(!taken(&BTreeSet::new(), free));
+        assert!(!has_account_or_group(free));
+        // The picker over the real predicate skips the running uid and any account: what it
+        // picks is free by every count
+        let picked = pick_uid(free..=free + 1000, |uid| taken(&running, uid)).expect("a uid");
+        assert_ne!(picked, free);
+        assert!(!running.contains(&picked) && !has_account_or_group(picked));
+    }
+
+    #[test]
+    fn root_is_refused_as_the_user_to_become() {
+        // Given root asked for by name and by number
+        for requested in ["root", "0"] {
+            // When choosing the user, it is refused, saying why
+            let err = choose_user(Some(requested)).expect_err("root must be refused");
+            assert!(err.to_string().contains("is root"), "{requested}: {err:#}");
+        }
+        // A uid without an account is accepted, with the number as its group
+        let free = unused_number();
+        let target = choose_user(Some(&free.to_string())).expect("an unused uid is accepted");
+        assert_eq!(
+            (target.name, target.uid, target.gid, target.reason),
+            (
+                free.to_string(),
+                Uid::from_raw(free),
+                Gid::from_raw(free),
+                Reason::Requested
+            )
+        );
+    }
+
+    #[test]
+    fn drop_to_refuses_root_before_changing_anything() {
+        // Given a target that is root (a caller that skipped choose_user's check)
+        let root = Target {
+            name: "root".to_owned(),
+            uid: Uid::from_raw(0),
+            gid: Gid::from_raw(0),
+            reason: Reason::Requested,
+        };
+        let dumpable_before = dumpable().expect("PR_GET_DUMPABLE");
+        // When dropping to it (on a thread of its own: capability sets are per thread, so a
+        // broken check cannot strip the other tests' thread)
+        let result = std::thread::spawn(move || drop_to(&root).map_err(|e| format!("{e:#}")))
+            .join()
+            .expect("the drop thread panicked");
+        // Then it is refused for being root, before anything changed (the process is as
+        // dumpable as before)
+        let err = result.expect_err("dropping to root must be refused");
+        assert!(err.contains("is root"), "{err}");
+        assert_eq!(dumpable().expect("PR_GET_DUMPABLE"), dumpable_before);
+        // What needs root and is left to the root-only end-to-end tests: that the drop really
+        // empties the supplementary groups and every capability set, and sets no_new_privs.
+    }
+
+    /// Set, in the child process of [`the_drop_leaves_no_group_no_capability_and_no_way_back`],
+    /// to the uid the child drops to.
+    const DROP_CHILD_UID: &str = "EMBER_TEST_DROP_CHILD_UID";
+
+    #[test]
+    fn the_drop_leaves_no_group_no_capability_and_no_way_back() {
+        // Needs root: only root can drop. Skipping is a failure where everything must run.
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            let required = std::env::var("CI").as_deref() == Ok("true")
+                || std::env::var("EMBER_REQUIRE_ALL").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "this test drops privileges and needs root (euid {euid})"
+            );
+            eprintln!("SKIPPED: this test drops privileges and needs root (euid {euid})");
+            return;
+        }
+        // Given a child process of this test binary that runs only `drop_child_process` and
+        // starts as root with supplementary groups (the drop must remove them)
+        let uid = unused_number();
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"));
+        child
+            .args([
+                "--exact",
+                "privileges::tests::drop_child_process",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(DROP_CHILD_UID, uid.to_string());
+        // SAFETY: the closure runs in the forked child before exec and only calls setgroups(2)
+        // on a local array; it allocates nothing and takes no lock.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut child, || {
+                let groups: [libc::gid_t; 2] = [4, 24];
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // When it drops to an unused uid, Then it passes its checks (and really ran them)
+        let output = child.output().expect("run the child test");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "the dropped child failed:\n{stdout}\n{stderr}"
+        );
+    }
+
+    /// The child half of [`the_drop_leaves_no_group_no_capability_and_no_way_back`]; does
+    /// nothing unless started by it.
+    #[test]
+    fn drop_child_process() {
+        let Ok(uid) = std::env::var(DROP_CHILD_UID) else {
+            return;
+        };
+        let uid: u32 = uid.parse().expect("a uid");
+        assert!(
+            !nix::unistd::getgroups().expect("getgroups").is_empty(),
+            "the child must start with supplementary groups"
+        );
+        drop_to(&Target {
+            name: uid.to_string(),
+            uid: Uid::from_raw(uid),
+            gid: Gid::from_raw(uid),
+            reason: Reason::Picked,
+        })
+        .expect("drop_to");
+        // The kernel's view of this thread (capability sets are per thread), read directly
+        // rather than through the calls drop_to checks itself with
+        let status = fs::read_to_string("/proc/thread-self/status").expect("status");
+        let field = |name: &str| -> String {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| panic!("no {name} in status"))
+        };
+        let four = format!("{uid} {uid} {uid} {uid}");
+        assert_eq!(field("Uid:"), four);
+        assert_eq!(field("Gid:"), four);
+        assert_eq!(field("Groups:"), "");
+        for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+            assert_eq!(field(set), "0000000000000000", "{set}");
+        }
+        assert_eq!(field("NoNewPrivs:"), "1");
+        // No way back, and not dumpable
+        assert!(nix::unistd::setuid(Uid::from_raw(0)).is_err());
+        assert!(nix::unistd::setgid(Gid::from_raw(0)).is_err());
+        assert!(!dumpable().expect("PR_GET_DUMPABLE"));
     }
 
     #[test]

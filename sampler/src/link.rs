@@ -389,6 +389,194 @@ mod tests {
         }
     }
 
+    fn batch(len: usize, sequence: u64, samples: u64) -> Outgoing {
+        message(len, Some(BatchMark { sequence, samples }))
+    }
+
+    /// Sequences of the queued batch parts, front first.
+    fn queued_sequences(link: &Link) -> Vec<u64> {
+        link.queue
+            .iter()
+            .filter_map(|m| m.batch.map(|b| b.sequence))
+            .collect()
+    }
+
+    /// A directory of its own under the system temp dir, removed on drop (also when a test
+    /// fails).
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("ember-link-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir(&dir).expect("create the test's temp dir");
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Waits (bounded) until the link reports the connection closed.
+    fn wait_closed(link: &mut Link) {
+        for _ in 0..50 {
+            if link.wait(Duration::from_millis(100)) == Event::Closed {
+                return;
+            }
+        }
+        panic!("the link never saw the relay close the connection");
+    }
+
+    #[test]
+    fn a_full_backlog_drops_the_oldest_batches_counted_and_keeps_state_messages() {
+        // Given a link with no relay and room for three 100-byte batches
+        let mut link = Link::new(
+            Target::Path("/nonexistent/ember.sock".into()),
+            None,
+            300,
+            None,
+        );
+        // When a state message and five batches (sequence s carries s + 1 samples) are queued
+        link.enqueue(message(1000, None));
+        for sequence in 0..5 {
+            link.enqueue(batch(100, sequence, sequence + 1));
+            // Then the backlog never exceeds its bound (state messages do not count)
+            assert!(
+                link.backlog_bytes() <= 300,
+                "{} bytes",
+                link.backlog_bytes()
+            );
+        }
+        // ...the two oldest batches were dropped and counted with their samples (1 + 2)...
+        assert_eq!(queued_sequences(&link), vec![2, 3, 4]);
+        assert_eq!(link.oldest_queued_sequence(), Some(2));
+        assert_eq!((link.dropped_batches, link.dropped_samples), (2, 3));
+        assert_eq!(link.backlog_bytes(), 300);
+        // ...and the state message, larger than the bound, was neither dropped nor counted.
+        assert_eq!(link.queued(), 4);
+        assert!(link.queue[0].batch.is_none());
+        assert_eq!(link.dropped_facts, 0);
+        // When one batch larger than the whole bound comes, everything older goes, and so
+        // does the new batch itself: the backlog stays bounded.
+        link.enqueue(batch(301, 5, 10));
+        assert_eq!(queued_sequences(&link), Vec::<u64>::new());
+        assert_eq!(
+            (link.dropped_batches, link.dropped_samples),
+            (6, 3 + 3 + 4 + 5 + 10)
+        );
+        assert_eq!(link.backlog_bytes(), 0);
+    }
+
+    #[test]
+    fn prepend_replaces_the_state_of_the_previous_connection_and_keeps_batches() {
+        // Given the state of an old connection queued between batches
+        let mut link = Link::new(
+            Target::Path("/nonexistent/ember.sock".into()),
+            None,
+            1000,
+            None,
+        );
+        link.enqueue(message(11, None));
+        link.enqueue(batch(100, 7, 1));
+        link.enqueue(message(12, None));
+        link.enqueue(batch(100, 8, 1));
+        // When the state of a new connection is prepended
+        link.prepend(vec![message(21, None), message(22, None)]);
+        // Then the new state comes first, in its order, the old state is gone, and the batches
+        // follow in their order with the backlog size unchanged
+        let layout: Vec<(usize, Option<u64>)> = link
+            .queue
+            .iter()
+            .map(|m| (m.bytes.len(), m.batch.map(|b| b.sequence)))
+            .collect();
+        assert_eq!(
+            layout,
+            vec![(21, None), (22, None), (100, Some(7)), (100, Some(8))]
+        );
+        assert_eq!(link.backlog_bytes(), 200);
+        assert_eq!((link.dropped_batches, link.dropped_facts), (0, 0));
+    }
+
+    #[test]
+    fn a_missing_relay_is_retried_after_a_doubling_backoff() {
+        // Given a socket path nobody listens on
+        let dir = TempDir::new("missing");
+        let mut link = Link::new(Target::Path(dir.0.join("relay.sock")), None, 1000, None);
+        let mut expected = BACKOFF_MIN;
+        for _ in 0..8 {
+            // When an attempt is due and fails
+            link.next_attempt = Instant::now();
+            let before = Instant::now();
+            assert_eq!(link.maybe_connect(), Event::Nothing);
+            // Then the next one waits at least the current backoff, which doubles up to 5 s
+            assert!(!link.is_connected());
+            assert!(link.next_attempt >= before + expected);
+            expected = (expected * 2).min(BACKOFF_MAX);
+            assert_eq!(link.backoff, expected);
+        }
+        assert_eq!(link.backoff, BACKOFF_MAX);
+        // And an attempt that is not due yet does not even try
+        link.next_attempt = Instant::now() + Duration::from_secs(3600);
+        let _listener = transport::listen(&dir.0.join("relay.sock")).expect("listen");
+        assert_eq!(link.maybe_connect(), Event::Nothing);
+        assert!(!link.is_connected());
+    }
+
+    #[test]
+    fn a_relay_closing_before_any_batch_went_through_backs_off_until_a_batch_is_sent() {
+        // Given a listener that accepts and closes at once (a relay refusing the sampler)
+        let dir = TempDir::new("refusing");
+        let path = dir.0.join("relay.sock");
+        let listener = transport::listen(&path).expect("listen");
+        let mut link = Link::new(Target::Path(path), None, 1 << 20, None);
+        let mut expected = BACKOFF_MIN;
+        for round in 0..8 {
+            // When the link connects (made due: no waiting in tests)...
+            link.next_attempt = Instant::now();
+            assert_eq!(link.maybe_connect(), Event::Connected, "round {round}");
+            // ...sends its per-connection state (not a batch)...
+            link.prepend(vec![message(16, None)]);
+            assert_eq!(link.flush(), Event::Nothing);
+            assert_eq!(link.queued(), 0);
+            // ...and the relay closes the connection
+            drop(transport::accept(listener.as_fd()).expect("accept"));
+            let before = Instant::now();
+            wait_closed(&mut link);
+            // Then connecting did not reset the backoff: the next attempt waits at least the
+            // current backoff, which doubles up to 5 s
+            assert!(!link.is_connected());
+            assert!(link.next_attempt >= before + expected, "round {round}");
+            expected = (expected * 2).min(BACKOFF_MAX);
+            assert_eq!(link.backoff, expected, "round {round}");
+        }
+        assert_eq!(link.backoff, BACKOFF_MAX);
+        // When a relay stays and a batch goes through
+        link.next_attempt = Instant::now();
+        assert_eq!(link.maybe_connect(), Event::Connected);
+        let relay = transport::accept(listener.as_fd()).expect("accept");
+        link.prepend(vec![message(16, None)]);
+        link.flush();
+        assert_eq!(
+            link.backoff, BACKOFF_MAX,
+            "state messages do not reset the backoff"
+        );
+        link.enqueue(batch(64, 1, 3));
+        link.flush();
+        // Then the backoff is back to 100 ms
+        assert_eq!(link.queued(), 0);
+        assert_eq!(link.backoff, BACKOFF_MIN);
+        // And the next loss waits that again
+        drop(relay);
+        let before = Instant::now();
+        wait_closed(&mut link);
+        assert!(link.next_attempt >= before + BACKOFF_MIN);
+        assert_eq!(link.backoff, BACKOFF_MIN * 2);
+    }
+
     #[test]
     fn a_datagram_the_socket_refuses_is_dropped_and_counted_and_the_link_stays_up() {
         // Given a connection whose send buffer can never take 64 KiB

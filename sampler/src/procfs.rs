@@ -559,6 +559,80 @@ mod tests {
         assert_eq!(cap_path(short.clone()), short);
     }
 
+    /// A file of its own under the system temp dir, removed on drop.
+    struct TempFile(std::path::PathBuf);
+
+    impl TempFile {
+        fn new(name: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("ember-procfs-{}-{name}", std::process::id()));
+            fs::write(&path, name).expect("write the test's temp file");
+            Self(path)
+        }
+
+        fn path(&self) -> String {
+            self.0.to_str().expect("UTF-8 temp path").to_owned()
+        }
+
+        fn dev_ino(&self) -> (u64, u64) {
+            let meta = fs::metadata(&self.0).expect("stat the temp file");
+            (meta.dev(), meta.ino())
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+
+    /// A mapping of `path` claiming (`device`, `inode`), at a range this process does not
+    /// map, so `map_files/` fails (as it does for non-root anyway) and the path under
+    /// `/proc/<pid>/root` is what gets opened.
+    fn mapping_of(path: String, device: u64, inode: u64) -> Mapping {
+        Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            path,
+            device,
+            inode,
+            file_id: 0,
+            build_id: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_path_holding_another_file_than_the_mapped_one_is_refused() {
+        // Given two files, and the (device, inode) of the first
+        let mapped = TempFile::new("mapped");
+        let other = TempFile::new("other");
+        let (device, inode) = mapped.dev_ino();
+        let me = std::process::id();
+        // When the right identity is asked for at the right path, the file is opened, and the
+        // descriptor is that file
+        let fd = open_mapped(me, &mapping_of(mapped.path(), device, inode))
+            .expect("the mapped file opens");
+        let opened = File::from(fd)
+            .metadata()
+            .expect("fstat the passed descriptor");
+        assert_eq!((opened.dev(), opened.ino()), (device, inode));
+        // When the path now holds another file (a replaced binary), it is refused, saying so
+        let err = open_mapped(me, &mapping_of(other.path(), device, inode))
+            .expect_err("another file at the mapped path must not be passed on");
+        assert!(
+            err.contains("is not the mapped file (device/inode differ)")
+                && err.contains(&other.path()),
+            "{err}"
+        );
+        // And a wrong inode alone, or a wrong device alone, is refused too
+        for (device, inode) in [(device, inode + 1), (device + 1, inode)] {
+            let err = open_mapped(me, &mapping_of(mapped.path(), device, inode))
+                .expect_err("a device/inode mismatch must be refused");
+            assert!(err.contains("device/inode differ"), "{err}");
+        }
+    }
+
     #[test]
     fn start_time_survives_odd_comm() {
         let stat = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 777 1000 10";

@@ -198,6 +198,184 @@ mod tests {
         profile
     }
 
+    /// What a decoded request says, generation-neutral: per profile its period, period type
+    /// (type, unit) and, per sample, the leaf function of its stack with its values.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Decoded {
+        period: i64,
+        period_type: (String, String),
+        samples: Vec<(String, Vec<i64>)>,
+    }
+
+    /// Reads `$message` (either generation: the field names are the same) into [`Decoded`]s.
+    macro_rules! decoded {
+        ($message:expr) => {{
+            let message = $message;
+            let d = message.dictionary.expect("a dictionary");
+            let string = |i: i32| d.string_table[usize::try_from(i).unwrap()].clone();
+            let leaf = |stack: i32| {
+                let stack = &d.stack_table[usize::try_from(stack).unwrap()];
+                let location =
+                    &d.location_table[usize::try_from(stack.location_indices[0]).unwrap()];
+                let function =
+                    &d.function_table[usize::try_from(location.lines[0].function_index).unwrap()];
+                string(function.name_strindex)
+            };
+            let mut out = Vec::new();
+            for resource in &message.resource_profiles {
+                for scope in &resource.scope_profiles {
+                    for profile in &scope.profiles {
+                        let period_type = profile.period_type.as_ref().expect("a period type");
+                        out.push(Decoded {
+                            period: profile.period,
+                            period_type: (
+                                string(period_type.type_strindex),
+                                string(period_type.unit_strindex),
+                            ),
+                            samples: profile
+                                .samples
+                                .iter()
+                                .map(|s| (leaf(s.stack_index), s.values.clone()))
+                                .collect(),
+                        });
+                    }
+                }
+            }
+            out
+        }};
+    }
+
+    /// Every profile of every request of `profile`, encoded in `version` (split at
+    /// `max_bytes`), decoded with that generation's definitions.
+    fn decode_all(profile: &Profile, version: ProtoVersion, max_bytes: usize) -> Vec<Decoded> {
+        let encoding = encode(profile, version, SampleAttributes::default(), max_bytes);
+        assert!(!encoding.requests.is_empty());
+        encoding
+            .requests
+            .iter()
+            .flat_map(|r| match version {
+                ProtoVersion::V1_9 => decoded!(
+                    v1_9::ExportProfilesServiceRequest::decode(r.body.clone())
+                        .expect("decodes as v1.9")
+                ),
+                ProtoVersion::V1_10 => decoded!(
+                    opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(
+                        r.body.clone(),
+                    )
+                    .expect("decodes as v1.10")
+                ),
+            })
+            .collect()
+    }
+
+    /// One sample of `count` on a one-frame stack `leaf` of process `pid`.
+    fn add_sample(profile: &mut Profile, pid: u32, leaf: &str, count: u64) {
+        let module = Arc::new(Module {
+            path: "/usr/bin/app".into(),
+            build_id: None,
+            start: 0x1000,
+            end: 0x10_0000,
+            file_offset: 0,
+        });
+        let frame = Frame {
+            function: leaf.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            inlined: false,
+            // A distinct address per function, so every stack is its own location.
+            address: 0x2000 + leaf.bytes().map(u64::from).sum::<u64>(),
+            module: Some(module),
+        };
+        profile.add(
+            SymbolizedSample {
+                thread: Thread {
+                    pid,
+                    tid: pid,
+                    process_name: "app".into(),
+                    thread_name: "main".into(),
+                    executable_path: "/usr/bin/app".into(),
+                    container_id: None,
+                },
+                stack: vec![frame].into(),
+                count,
+            },
+            1_000,
+            2_000,
+        );
+    }
+
+    #[test]
+    fn every_profile_carries_the_sampling_period_of_its_frequency() {
+        for (frequency_hz, max_bytes) in [(99, usize::MAX), (49, usize::MAX), (997, 1024)] {
+            // Given a profile sampled at `frequency_hz`, with two processes and enough stacks
+            // that a 1 KiB limit splits it into several requests
+            let mut profile = Profile::new(frequency_hz);
+            for pid in [1, 2] {
+                for i in 0..20 {
+                    add_sample(&mut profile, pid, &format!("function_{i}"), 1);
+                }
+            }
+            for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+                // When encoded and decoded with the generation's own definitions
+                let decoded = decode_all(&profile, version, max_bytes);
+                if max_bytes != usize::MAX {
+                    assert!(decoded.len() > 2, "{version}: the profile was not split");
+                }
+                // Then every profile's period is 1e9 / frequency ns of cpu time
+                for profile in &decoded {
+                    assert_eq!(
+                        profile.period,
+                        1_000_000_000 / i64::from(frequency_hz),
+                        "{version} at {frequency_hz} Hz"
+                    );
+                    assert_eq!(
+                        profile.period_type,
+                        ("cpu".to_owned(), "nanoseconds".to_owned())
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_stack_keeps_its_own_count() {
+        // Given one process with three stacks of different counts next to each other, and a
+        // second process with one more
+        let mut profile = Profile::new(99);
+        add_sample(&mut profile, 1, "alpha", 3);
+        add_sample(&mut profile, 1, "beta", 5);
+        add_sample(&mut profile, 1, "gamma", 7);
+        add_sample(&mut profile, 2, "delta", 11);
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            // When encoded in one request and decoded
+            let decoded = decode_all(&profile, version, usize::MAX);
+            // Then each process is its own profile and each stack has its own count, once
+            let mut per_profile: Vec<Vec<(String, Vec<i64>)>> = decoded
+                .into_iter()
+                .map(|p| {
+                    let mut samples = p.samples;
+                    samples.sort();
+                    samples
+                })
+                .collect();
+            per_profile.sort();
+            let expected = |rows: &[(&str, i64)]| -> Vec<(String, Vec<i64>)> {
+                rows.iter()
+                    .map(|&(leaf, count)| (leaf.to_owned(), vec![count]))
+                    .collect()
+            };
+            assert_eq!(
+                per_profile,
+                vec![
+                    expected(&[("alpha", 3), ("beta", 5), ("gamma", 7)]),
+                    expected(&[("delta", 11)]),
+                ],
+                "{version}"
+            );
+        }
+    }
+
     #[test]
     fn oversized_profiles_are_split_without_loss() {
         // Given a profile that encodes to far more than 64 KiB.
