@@ -838,7 +838,8 @@ fn check_ground_truth(chain: &Chain, label: &str) {
     let chain_share = full_chain as f64 / covered as f64;
     assert!(
         chain_share >= 0.95,
-        "{label}: only {:.1}% of samples carry main;outer_work;middle_work;inner_work",
+        "{label}: only {:.1}% of samples carry exactly \
+         __libc_start_call_main;main;outer_work;middle_work;inner_work (down to their leaf)",
         chain_share * 100.0
     );
 
