@@ -744,6 +744,72 @@ fn check_ground_truth(chain: &Chain, label: &str) {
         "{label}: the receiver got {total} samples, stacks.folded holds {folded_total}"
     );
     assert!(total >= 2000, "{label}: only {total} samples");
+    // And per stack: each exported stack carries its own count, the one stacks.folded of the
+    // same run has for it (a count moved to another stack keeps the total, not this). Folded
+    // names kernel frames `name_[k]` and unnamed frames `[unknown] module+offset`; the export
+    // marks the first by frame type and sends the second without a line.
+    let mut exported: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+    for d in &chain.decoded {
+        for (_, s) in d.samples() {
+            let root_first = s
+                .stack
+                .iter()
+                .zip(&s.frame_types)
+                .rev()
+                .map(|(name, kind)| match kind.as_str() {
+                    _ if name == "[unknown]" => name.clone(),
+                    "kernel" => format!("{name}{KERNEL_SUFFIX}"),
+                    _ => name.clone(),
+                })
+                .collect();
+            *exported.entry(root_first).or_default() += s.count;
+        }
+    }
+    let mut folded: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+    for stack in chain.recorded.folded() {
+        if stack.process != "groundtruth" {
+            continue;
+        }
+        let key = stack
+            .frames
+            .iter()
+            .map(|f| {
+                if is_unknown_frame(f) {
+                    "[unknown]".to_owned()
+                } else {
+                    f.clone()
+                }
+            })
+            .collect();
+        *folded.entry(key).or_default() += i64::try_from(stack.count).unwrap();
+    }
+    exported.retain(|_, count| *count != 0);
+    let differing: Vec<String> = exported
+        .keys()
+        .chain(folded.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|key| exported.get(*key) != folded.get(*key))
+        .map(|key| {
+            format!(
+                "{}: exported {}, stacks.folded {}",
+                key.join(";"),
+                exported.get(key).copied().unwrap_or(0),
+                folded.get(key).copied().unwrap_or(0)
+            )
+        })
+        .collect();
+    eprintln!(
+        "{label}: {} distinct stacks exported, {} in stacks.folded, {} with different counts",
+        exported.len(),
+        folded.len(),
+        differing.len()
+    );
+    assert!(
+        differing.is_empty(),
+        "{label}: per-stack counts of the export differ from stacks.folded of the same run:\n  {}",
+        differing[..differing.len().min(10)].join("\n  ")
+    );
     assert!(
         chain.recorded.stdout.contains("queue drained"),
         "record did not report a drained queue:\n{}",
@@ -774,7 +840,8 @@ fn check_ground_truth(chain: &Chain, label: &str) {
     let chain_share = full_chain as f64 / covered as f64;
     assert!(
         chain_share >= 0.95,
-        "{label}: only {:.1}% of samples carry main;outer_work;middle_work;inner_work",
+        "{label}: only {:.1}% of samples carry exactly \
+         __libc_start_call_main;main;outer_work;middle_work;inner_work (down to their leaf)",
         chain_share * 100.0
     );
 
