@@ -624,6 +624,11 @@ impl RecordRun {
         self.child.pid()
     }
 
+    /// What `record` has written to stderr so far (JSON lines with `--log-format json`).
+    pub fn log(&self) -> &LogReader {
+        &self.stderr
+    }
+
     /// Waits for the record to finish (up to `timeout`), asserts it succeeded and wrote its three
     /// outputs, and returns them.
     pub fn finish(mut self, timeout: Duration) -> Recorded {
