@@ -162,7 +162,7 @@ fn assert_go_pprof_reads_the_folded_stacks(out_dir: &Path, folded: &[FoldedStack
     assert!(
         differences.is_empty(),
         "go tool pprof reads other stacks or counts in profile.pb.gz than stacks.folded has \
-         ({} of {} stacks differ; kernel `_[k]` suffixes stripped): {:#?}",
+         ({} differences, {} stacks in stacks.folded; kernel `_[k]` suffixes stripped): {:#?}",
         differences.len(),
         from_folded.len(),
         &differences[..differences.len().min(20)]
