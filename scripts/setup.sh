@@ -11,11 +11,13 @@ log() { printf '[setup] %s\n' "$*"; }
 #    and the deployment gates (tests/tests/deploy.rs): systemd (systemd-analyze verify/security
 #    for systemd/*.service), docker-compose (Debian's v1, `config` for compose/compose.yaml; it
 #    needs no Docker engine for that), python3-venv (the venvs of kubernetes-validate, step 4,
-#    and of the OTLP decoders, step 5), openssl (certificates for the TLS export tests).
+#    and of the OTLP decoders, step 5), openssl (certificates for the TLS export tests),
+#    golang-go (`go tool pprof -raw`, a pprof reader that is not ours, reads profile.pb.gz in
+#    tests/tests/e2e.rs).
 #    EMBER_SETUP_GATES=0 leaves the gate and test tools out (compose/Dockerfile, which only builds).
 gates=${EMBER_SETUP_GATES:-1}
 pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
-[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl)
+[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl golang-go)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

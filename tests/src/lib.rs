@@ -15,6 +15,7 @@
 
 pub mod attack;
 mod gate;
+pub mod go_pprof;
 pub mod otlp;
 pub mod pprof;
 

@@ -81,6 +81,94 @@ fn process_state(pid: u32) -> Option<char> {
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
+/// profile.pb.gz of a recording, read by Go's pprof (`go tool pprof -raw`, not our decoder), says
+/// what stacks.folded of the same recording says, stack by stack: the same (process, stack root
+/// first) with the same count, nothing more, nothing less. It is a CPU profile (period type
+/// cpu/nanoseconds, period 1e9/`frequency`, sample types samples/count and cpu/nanoseconds) and
+/// each sample's CPU time is its count times the period. Counts moved between samples, a frame
+/// lost at either end of a stack, or a wrong period fail here even when totals agree.
+fn assert_go_pprof_reads_the_folded_stacks(out_dir: &Path, folded: &[FoldedStack], frequency: u32) {
+    let Some(raw) = go_pprof::read_raw(&out_dir.join("profile.pb.gz")) else {
+        return;
+    };
+    let period = 1_000_000_000 / i64::from(frequency);
+    assert_eq!(
+        raw.period_type,
+        ("cpu".to_owned(), "nanoseconds".to_owned()),
+        "go tool pprof reads the period type of profile.pb.gz as {:?}",
+        raw.period_type
+    );
+    assert_eq!(
+        raw.period, period,
+        "go tool pprof reads period {} in profile.pb.gz; sampling at {frequency} Hz is one \
+         sample per {period} ns",
+        raw.period
+    );
+    let types =
+        [("samples", "count"), ("cpu", "nanoseconds")].map(|(t, u)| (t.to_owned(), u.to_owned()));
+    assert_eq!(
+        raw.sample_types, types,
+        "go tool pprof reads these sample types in profile.pb.gz"
+    );
+    for sample in &raw.samples {
+        assert_eq!(
+            sample.values[1],
+            sample.values[0] * period,
+            "a sample of {} has CPU time {} ns, not its count x the period {period} ns; stack \
+             (leaf first): {:?}",
+            sample.values[0],
+            sample.values[1],
+            sample.stack
+        );
+    }
+
+    let from_pprof = go_pprof::raw_by_stack(&raw);
+    let from_folded = go_pprof::folded_by_stack(folded);
+    let show =
+        |(process, frames): &(String, Vec<String>)| format!("{process};{}", frames.join(";"));
+    let mut differences = Vec::new();
+    for (stack, &count) in &from_folded {
+        match from_pprof.get(stack) {
+            Some(&pprof_count) if pprof_count == count => {}
+            Some(&pprof_count) => differences.push(format!(
+                "{}: {count} in stacks.folded, {pprof_count} in profile.pb.gz",
+                show(stack)
+            )),
+            None => differences.push(format!(
+                "{}: {count} in stacks.folded, absent from profile.pb.gz",
+                show(stack)
+            )),
+        }
+    }
+    for (stack, &count) in &from_pprof {
+        if !from_folded.contains_key(stack) {
+            differences.push(format!(
+                "{}: {count} in profile.pb.gz, absent from stacks.folded",
+                show(stack)
+            ));
+        }
+    }
+    eprintln!(
+        "go tool pprof -raw: {} stacks, {} samples; stacks.folded: {} stacks; {} differ",
+        from_pprof.len(),
+        from_pprof.values().sum::<u64>(),
+        from_folded.len(),
+        differences.len()
+    );
+    assert!(
+        !from_folded.is_empty(),
+        "stacks.folded is empty: nothing to compare profile.pb.gz with"
+    );
+    assert!(
+        differences.is_empty(),
+        "go tool pprof reads other stacks or counts in profile.pb.gz than stacks.folded has \
+         ({} differences, {} stacks in stacks.folded; kernel `_[k]` suffixes stripped): {:#?}",
+        differences.len(),
+        from_folded.len(),
+        &differences[..differences.len().min(20)]
+    );
+}
+
 /// Ground truth: every sample the workload earned is there (its CPU time x the frequency, within
 /// a derived bound), the self-time split over main -> outer_work -> middle_work -> inner_work
 /// matches the split the workload measured with CLOCK_THREAD_CPUTIME_ID, and the stacks carry
@@ -156,6 +244,8 @@ fn ground_truth_split_matches_the_workload() {
         "--pid {pid} recorded other processes too: {others:?}"
     );
     let total = total_count(ours.iter().copied());
+
+    assert_go_pprof_reads_the_folded_stacks(&record.out_dir, &stacks, FREQUENCY);
 
     // Sample volume against the workload's own CPU time. The sampler's clock is a per-CPU
     // cpu-clock timer firing every 1/FREQUENCY s of that CPU's time, so the workload gets one
