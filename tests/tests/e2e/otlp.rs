@@ -1085,6 +1085,8 @@ const FIELDS_EMBER_SETS: &[&str] = &[
     "ExportProfilesServiceRequest.resource_profiles",
     "Function.filename_strindex",
     "Function.name_strindex",
+    "InstrumentationScope.name",
+    "InstrumentationScope.version",
     "KeyValue.key",
     "KeyValue.value",
     "KeyValueAndUnit.key_strindex",
@@ -1108,6 +1110,7 @@ const FIELDS_EMBER_SETS: &[&str] = &[
     "Profile.time_unix_nano",
     "ProfilesDictionary.attribute_table",
     "ProfilesDictionary.function_table",
+    "ProfilesDictionary.link_table",
     "ProfilesDictionary.location_table",
     "ProfilesDictionary.mapping_table",
     "ProfilesDictionary.stack_table",
@@ -1119,6 +1122,7 @@ const FIELDS_EMBER_SETS: &[&str] = &[
     "Sample.stack_index",
     "Sample.values",
     "ScopeProfiles.profiles",
+    "ScopeProfiles.scope",
     "Stack.location_indices",
     "ValueType.type_strindex",
     "ValueType.unit_strindex",
@@ -1383,9 +1387,11 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
         );
         if i == 0 {
             eprintln!(
-                "python opentelemetry-proto {} (the other generation) on request 0: unknown \
-                 fields {}",
-                wrong["package_version"], request["unknown_fields"]
+                "python opentelemetry-proto {} (the other generation) on request 0: {} \
+                 unknown fields, the first {}",
+                wrong["package_version"],
+                request["unknown_fields"].as_array().map_or(0, Vec::len),
+                request["unknown_fields"][0]
             );
         }
     }
