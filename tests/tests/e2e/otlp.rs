@@ -1143,8 +1143,9 @@ const FIELDS_REQUIRED: &[&str] = &[
     "Sample.values",
 ];
 
-/// The GNU build id of `binary`, as `readelf -n` (binutils, not ember) prints it.
-fn readelf_build_id(binary: &std::path::Path) -> String {
+/// The GNU build id of `binary`, as `readelf -n` (binutils, not ember) prints it; `None` when
+/// the file has none.
+fn readelf_build_id(binary: &std::path::Path) -> Option<String> {
     let output = std::process::Command::new("readelf")
         .arg("-n")
         .arg(binary)
@@ -1155,7 +1156,6 @@ fn readelf_build_id(binary: &std::path::Path) -> String {
     text.lines()
         .find_map(|l| l.trim().strip_prefix("Build ID:"))
         .map(|id| id.trim().to_owned())
-        .unwrap_or_else(|| panic!("{} has no build id:\n{text}", binary.display()))
 }
 
 /// The source lines (first, last) of each ground-truth function's definition, read from
@@ -1206,7 +1206,9 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
         facts["sample_fields"],
         bodies.len()
     );
-    let build_id = readelf_build_id(&workloads().groundtruth);
+    let build_id = readelf_build_id(&workloads().groundtruth).expect("groundtruth has a build id");
+    // Every mapping's file that exists here, with the build id binutils reads from it.
+    let mut readelf_ids: BTreeMap<String, Option<String>> = BTreeMap::new();
     let source_lines = groundtruth_source_lines();
     let allowed = key_set(FIELDS_EMBER_SETS);
     let mut python_total = 0i64;
@@ -1261,6 +1263,23 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
                 id.as_str(),
                 Some(build_id.as_str()),
                 "{what}: build id of {file}"
+            );
+        }
+        // And every other mapping ember gave a build id: the one of its file.
+        for m in request["mappings"].as_array().unwrap() {
+            let (Some(file), Some(id)) = (
+                m["filename"].as_str(),
+                m["attributes"]["process.executable.build_id.gnu"].as_str(),
+            ) else {
+                continue;
+            };
+            let actual = readelf_ids.entry(file.to_owned()).or_insert_with(|| {
+                let path = std::path::Path::new(file);
+                path.is_file().then(|| readelf_build_id(path)).flatten()
+            });
+            assert!(
+                actual.is_none() || actual.as_deref() == Some(id),
+                "{what}: mapping {file} carries build id {id}, readelf says {actual:?}"
             );
         }
         let profiles: Vec<&Value> = python_profiles(request).collect();
@@ -1359,7 +1378,10 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
     }
     let rust_total: i64 = chain.decoded.iter().map(Decoded::total).sum();
     assert_eq!(python_total, rust_total, "python v{version}: total samples");
-    eprintln!("python v{version}: frame types {frame_types:?}; lines {lines_seen:?}");
+    eprintln!(
+        "python v{version}: frame types {frame_types:?}; lines {lines_seen:?}; build ids checked \
+         with readelf: {readelf_ids:?}"
+    );
     assert!(
         frame_types
             .iter()
