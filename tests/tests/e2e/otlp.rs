@@ -1465,6 +1465,7 @@ fn otlp_ground_truth_grpc_v1_9() {
         "gRPC messages not gzipped"
     );
     check_ground_truth(&chain, "grpc v1.9");
+    check_other_generation_in_rust(&chain, "1.10");
     check_with_python(&chain, "1.9", "1.10");
 }
 
