@@ -1,7 +1,7 @@
 //! OTLP profiles receivers for the export tests, and decoders of what they received.
 //!
-//! - [`Receiver::grpc`]: a tonic server implementing `ProfilesService` from the official proto
-//!   definitions (the `opentelemetry-proto` crate, v1.10); it keeps each request re-encoded.
+//! - [`Receiver::grpc`]: a tonic server for the `ProfilesService/Export` method that keeps each
+//!   message's bytes exactly as received (unframed, gunzipped), whatever its generation.
 //! - [`Receiver::http`]: a hyper server for `POST /v1development/profiles` that keeps the raw
 //!   body (gunzipped), whatever its generation.
 //!
@@ -22,7 +22,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{body::Incoming, service::service_fn, Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::profiles::v1development::{
-    profiles_service_server::{ProfilesService, ProfilesServiceServer},
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
 use prost::Message as _;
@@ -49,7 +48,8 @@ pub enum Reply {
 /// One request as received.
 #[derive(Clone, Debug)]
 pub struct Received {
-    /// The protobuf message, uncompressed.
+    /// The protobuf message exactly as received (gunzipped; for gRPC without the frame header),
+    /// never re-encoded.
     pub body: Vec<u8>,
     /// Body bytes on the wire (HTTP only; 0 for gRPC).
     pub wire_bytes: usize,
@@ -118,8 +118,6 @@ fn bind(addr: Option<SocketAddr>) -> StdListener {
     }
 }
 
-struct GrpcService(Arc<Mutex<State>>);
-
 /// The scripted answer to a gRPC request, after the configured delay.
 async fn grpc_answer(
     state: &Mutex<State>,
@@ -158,28 +156,6 @@ fn metadata_headers(metadata: &tonic::metadata::MetadataMap) -> BTreeMap<String,
             )
         })
         .collect()
-}
-
-#[tonic::async_trait]
-impl ProfilesService for GrpcService {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportProfilesServiceRequest>,
-    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
-        let headers = metadata_headers(request.metadata());
-        let gzip = headers
-            .get("grpc-encoding")
-            .is_some_and(|v| v.contains("gzip"));
-        let received = Received {
-            body: request.into_inner().encode_to_vec(),
-            wire_bytes: 0,
-            gzip,
-            headers,
-        };
-        grpc_answer(&self.0, received)
-            .await
-            .map(tonic::Response::new)
-    }
 }
 
 /// Passes protobuf bytes through tonic undecoded, so a request of either generation is kept
@@ -389,7 +365,6 @@ async fn http_handler(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Grpc,
-    GrpcRaw,
     Http,
 }
 
@@ -427,8 +402,10 @@ async fn serve_grpc<S>(
 }
 
 impl Receiver {
-    /// A gRPC receiver on `addr` (a free loopback port when `None`), decoding with the official
-    /// v1.10 definitions.
+    /// A gRPC receiver on `addr` (a free loopback port when `None`). It serves the
+    /// `ProfilesService/Export` path but does not decode: it keeps each message's bytes exactly as
+    /// sent (after the 5-byte frame header and gzip), whatever their generation, so the checks
+    /// decode what ember put on the wire, not a re-encoding.
     pub fn grpc(addr: Option<SocketAddr>) -> Self {
         Self::start_with(addr, Kind::Grpc, None)
     }
@@ -436,12 +413,6 @@ impl Receiver {
     /// An HTTP receiver on `addr` (a free loopback port when `None`).
     pub fn http(addr: Option<SocketAddr>) -> Self {
         Self::start_with(addr, Kind::Http, None)
-    }
-
-    /// A gRPC receiver that keeps the request bytes undecoded (for v1.9, which the official
-    /// definitions of [`Receiver::grpc`] cannot decode).
-    pub fn grpc_raw(addr: Option<SocketAddr>) -> Self {
-        Self::start_with(addr, Kind::GrpcRaw, None)
     }
 
     /// A gRPC receiver behind TLS (`tls` should offer ALPN `h2`).
@@ -478,11 +449,6 @@ impl Receiver {
                         let _ = stopped.await;
                     };
                     if kind == Kind::Grpc {
-                        let service = ProfilesServiceServer::new(GrpcService(thread_state))
-                            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-                            .max_decoding_message_size(64 << 20);
-                        serve_grpc(service, listener, tls, shutdown).await;
-                    } else if kind == Kind::GrpcRaw {
                         serve_grpc(RawProfilesService(thread_state), listener, tls, shutdown)
                             .await;
                     } else {
@@ -888,26 +854,44 @@ pub fn python_decoder(version: &str) -> Option<std::path::PathBuf> {
     python.is_file().then_some(python)
 }
 
-/// Decodes `body` with the official Python package of generation `version`; returns its JSON
-/// facts (see tests/python/otlp_decode.py). Panics if the decoder fails.
-pub fn python_decode(python: &std::path::Path, body: &[u8]) -> Value {
+/// Decodes every one of `bodies` (the exact bytes received) with the official Python package
+/// behind `python`, in one run; returns its JSON facts (see tests/python/otlp_decode.py), one
+/// entry of `requests` per body. Unless `lenient`, a field unknown to that generation anywhere
+/// in any request fails the decoder, and this panics with what it found.
+pub fn python_decode(python: &std::path::Path, bodies: &[&[u8]], lenient: bool) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("request.pb");
-    std::fs::write(&file, body).expect("writing the request");
+    let files: Vec<std::path::PathBuf> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let file = dir.path().join(format!("request-{i:04}.pb"));
+            std::fs::write(&file, body).expect("writing the request");
+            file
+        })
+        .collect();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("python")
         .join("otlp_decode.py");
     let output = std::process::Command::new(python)
         .arg(&script)
-        .arg(&file)
+        .args(lenient.then_some("--lenient"))
+        .args(&files)
         .output()
         .expect("running the Python decoder");
     assert!(
         output.status.success(),
-        "the Python decoder failed:\n{}",
+        "the official Python decoder ({}) refused the requests:\n{}",
+        python.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).expect("the Python decoder printed no JSON")
+    let facts: Value =
+        serde_json::from_slice(&output.stdout).expect("the Python decoder printed no JSON");
+    assert_eq!(
+        facts["requests"].as_array().map(Vec::len),
+        Some(bodies.len()),
+        "the Python decoder did not report every request"
+    );
+    facts
 }
 
 // ---------------------------------------------------------------------------------------------

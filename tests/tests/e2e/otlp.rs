@@ -601,6 +601,16 @@ struct Chain {
     truth: Value,
     pid: u32,
     recorded: Recorded,
+    /// Wall-clock bounds of the `record` run, in ns since the epoch.
+    started_ns: u64,
+    ended_ns: u64,
+}
+
+fn now_ns() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after the epoch");
+    u64::try_from(since.as_nanos()).expect("ns fit u64")
 }
 
 /// Records the ground-truth workload with `ember-relay record --otlp-*` into `receiver`.
@@ -610,6 +620,7 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
     let pid = workload.pid();
     thread::sleep(Duration::from_millis(300));
     let url = receiver.url();
+    let started_ns = now_ns();
     let recorded = record(
         &[
             "--duration",
@@ -631,6 +642,7 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
         ],
         RECORD_TIMEOUT,
     );
+    let ended_ns = now_ns();
     let (status, out) = workload.terminate_and_read_stdout(Duration::from_secs(10));
     assert!(status.success(), "groundtruth exited with {status}");
     let truth = last_json_line(&out);
@@ -655,6 +667,8 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
         truth,
         pid,
         recorded,
+        started_ns,
+        ended_ns,
     }
 }
 
@@ -1014,25 +1028,29 @@ fn otlp_record_with_a_dead_receiver_times_out_and_says_so() {
     );
 }
 
-/// Sorted (stack, count) pairs of a Python decoder's JSON.
-fn python_samples(facts: &Value) -> Vec<(Vec<String>, i64)> {
-    let mut out: Vec<(Vec<String>, i64)> = facts["resources"]
-        .as_array()
-        .expect("resources")
-        .iter()
-        .flat_map(|r| r["samples"].as_array().cloned().unwrap_or_default())
+/// Sorted (stack, count) pairs of one request in a Python decoder's JSON.
+fn python_samples(request: &Value) -> Vec<(Vec<String>, i64)> {
+    let mut out: Vec<(Vec<String>, i64)> = python_profile_samples(request)
         .map(|s| {
-            let stack = s["stack"]
+            let stack = s["frames"]
                 .as_array()
-                .unwrap()
+                .expect("frames")
                 .iter()
-                .map(|f| f.as_str().unwrap_or_default().to_owned())
+                .map(|f| f["function"].as_str().unwrap_or_default().to_owned())
                 .collect();
             (stack, s["count"].as_i64().unwrap_or(-1))
         })
         .collect();
     out.sort();
     out
+}
+
+fn python_profiles(request: &Value) -> impl Iterator<Item = &Value> {
+    request["profiles"].as_array().expect("profiles").iter()
+}
+
+fn python_profile_samples(request: &Value) -> impl Iterator<Item = &Value> {
+    python_profiles(request).flat_map(|p| p["samples"].as_array().expect("samples").iter())
 }
 
 fn rust_samples(d: &Decoded) -> Vec<(Vec<String>, i64)> {
@@ -1044,9 +1062,133 @@ fn rust_samples(d: &Decoded) -> Vec<(Vec<String>, i64)> {
     out
 }
 
-/// The official Python package of `version` decodes `body` to the same facts as ours; the other
-/// generation's package does not.
-fn check_with_python(body: &[u8], ours: &Decoded, version: &str, other: &str) {
+fn keys(object: &Value) -> BTreeSet<String> {
+    object
+        .as_object()
+        .expect("an attribute object")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn key_set(keys: &[&str]) -> BTreeSet<String> {
+    keys.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// The fields ember may set in a request, as `Message.field` of the official definitions (the
+/// same names in both generations). Anything else present is a field ember put on a number the
+/// receiver's generation gives to something else.
+const FIELDS_EMBER_SETS: &[&str] = &[
+    "AnyValue.int_value",
+    "AnyValue.string_value",
+    "ExportProfilesServiceRequest.dictionary",
+    "ExportProfilesServiceRequest.resource_profiles",
+    "Function.filename_strindex",
+    "Function.name_strindex",
+    "InstrumentationScope.name",
+    "InstrumentationScope.version",
+    "KeyValue.key",
+    "KeyValue.value",
+    "KeyValueAndUnit.key_strindex",
+    "KeyValueAndUnit.value",
+    "Line.function_index",
+    "Line.line",
+    "Location.address",
+    "Location.attribute_indices",
+    "Location.lines",
+    "Location.mapping_index",
+    "Mapping.attribute_indices",
+    "Mapping.file_offset",
+    "Mapping.filename_strindex",
+    "Mapping.memory_limit",
+    "Mapping.memory_start",
+    "Profile.duration_nano",
+    "Profile.period",
+    "Profile.period_type",
+    "Profile.sample_type",
+    "Profile.samples",
+    "Profile.time_unix_nano",
+    "ProfilesDictionary.attribute_table",
+    "ProfilesDictionary.function_table",
+    "ProfilesDictionary.link_table",
+    "ProfilesDictionary.location_table",
+    "ProfilesDictionary.mapping_table",
+    "ProfilesDictionary.stack_table",
+    "ProfilesDictionary.string_table",
+    "Resource.attributes",
+    "ResourceProfiles.resource",
+    "ResourceProfiles.scope_profiles",
+    "Sample.attribute_indices",
+    "Sample.stack_index",
+    "Sample.values",
+    "ScopeProfiles.profiles",
+    "ScopeProfiles.scope",
+    "Stack.location_indices",
+    "ValueType.type_strindex",
+    "ValueType.unit_strindex",
+];
+
+/// Fields every ground-truth request must carry (a zero or empty value is not sent at all, so
+/// a zero period or a lost attribute list shows here).
+const FIELDS_REQUIRED: &[&str] = &[
+    "Line.line",
+    "Location.attribute_indices",
+    "Mapping.attribute_indices",
+    "Profile.duration_nano",
+    "Profile.period",
+    "Profile.period_type",
+    "Profile.sample_type",
+    "Profile.time_unix_nano",
+    "Sample.attribute_indices",
+    "Sample.values",
+];
+
+/// The GNU build id of `binary`, as `readelf -n` (binutils, not ember) prints it; `None` when
+/// the file has none.
+fn readelf_build_id(binary: &std::path::Path) -> Option<String> {
+    let output = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(binary)
+        .output()
+        .expect("running readelf (binutils)");
+    assert!(output.status.success(), "readelf -n {}", binary.display());
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID:"))
+        .map(|id| id.trim().to_owned())
+}
+
+/// The source lines (first, last) of each ground-truth function's definition, read from
+/// tests/workloads/groundtruth.c: from the line naming it with its opening brace to its
+/// closing `}`.
+fn groundtruth_source_lines() -> BTreeMap<&'static str, (i64, i64)> {
+    let source = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/groundtruth.c"),
+    )
+    .expect("reading groundtruth.c");
+    let lines: Vec<&str> = source.lines().collect();
+    ["main", "outer_work", "middle_work", "inner_work"]
+        .into_iter()
+        .map(|func| {
+            let first = lines
+                .iter()
+                .position(|l| l.contains(&format!(" {func}(")) && l.trim_end().ends_with('{'))
+                .unwrap_or_else(|| panic!("no definition of {func} in groundtruth.c"));
+            let last = first
+                + lines[first..]
+                    .iter()
+                    .position(|l| *l == "}")
+                    .expect("a closing brace");
+            (func, (first as i64 + 1, last as i64 + 1))
+        })
+        .collect()
+}
+
+/// The official Python package of `version` decodes every request received, exactly as
+/// received, without a field it does not know, to the facts ember means to send and to the same
+/// samples as our decoding; the other generation's package refuses or misreads each request.
+fn check_with_python(chain: &Chain, version: &str, other: &str) {
+    const PERIOD: i64 = 1_000_000_000 / 499;
     let (Some(python), Some(other_python)) =
         (otlp::python_decoder(version), otlp::python_decoder(other))
     else {
@@ -1056,71 +1198,244 @@ fn check_with_python(body: &[u8], ours: &Decoded, version: &str, other: &str) {
         );
         return;
     };
-    let facts = otlp::python_decode(&python, body);
+    let bodies: Vec<&[u8]> = chain.received.iter().map(|r| r.body.as_slice()).collect();
+    let facts = otlp::python_decode(&python, &bodies, false);
     eprintln!(
-        "python opentelemetry-proto {} (Sample fields {}) decoded the request",
-        facts["package_version"], facts["sample_fields"]
+        "python opentelemetry-proto {} (Sample fields {}) decoded all {} requests",
+        facts["package_version"],
+        facts["sample_fields"],
+        bodies.len()
     );
-    assert_eq!(facts["period"].as_i64(), Some(ours.period));
-    assert_eq!(
-        facts["sample_type"],
-        serde_json::json!(["samples", "count"])
-    );
-    assert_eq!(
-        facts["period_type"],
-        serde_json::json!(["cpu", "nanoseconds"])
-    );
-    for (name, ok) in facts["empty_first"].as_object().unwrap() {
+    let build_id = readelf_build_id(&workloads().groundtruth).expect("groundtruth has a build id");
+    // Every mapping's file that exists here, with the build id binutils reads from it.
+    let mut readelf_ids: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let source_lines = groundtruth_source_lines();
+    let allowed = key_set(FIELDS_EMBER_SETS);
+    let mut python_total = 0i64;
+    let mut lines_seen: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    let mut frame_types = BTreeSet::new();
+    for (i, request) in facts["requests"].as_array().unwrap().iter().enumerate() {
+        let what = format!("python v{version}, request {i}");
+        assert_eq!(request["unknown_fields"], serde_json::json!([]), "{what}");
+        let set: BTreeSet<String> = request["fields_set"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_owned())
+            .collect();
+        let unexpected: Vec<&String> = set.difference(&allowed).collect();
+        assert!(
+            unexpected.is_empty(),
+            "{what}: fields ember does not set are present: {unexpected:?}"
+        );
+        let missing: Vec<&&str> = FIELDS_REQUIRED
+            .iter()
+            .filter(|f| !set.contains(**f))
+            .collect();
+        assert!(missing.is_empty(), "{what}: fields missing: {missing:?}");
+        for (name, ok) in request["empty_first"].as_object().unwrap() {
+            assert_eq!(
+                ok.as_bool(),
+                Some(true),
+                "{what}: table {name} does not start empty"
+            );
+        }
+        // The groundtruth mapping carries the build id binutils reads from the binary.
+        let mapping_ids: Vec<(&str, &Value)> = request["mappings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                m["filename"]
+                    .as_str()
+                    .is_some_and(|f| f.ends_with("/groundtruth"))
+            })
+            .map(|m| {
+                (
+                    m["filename"].as_str().unwrap(),
+                    &m["attributes"]["process.executable.build_id.gnu"],
+                )
+            })
+            .collect();
+        assert!(!mapping_ids.is_empty(), "{what}: no groundtruth mapping");
+        for (file, id) in mapping_ids {
+            assert_eq!(
+                id.as_str(),
+                Some(build_id.as_str()),
+                "{what}: build id of {file}"
+            );
+        }
+        // And every other mapping ember gave a build id: the one of its file.
+        for m in request["mappings"].as_array().unwrap() {
+            let (Some(file), Some(id)) = (
+                m["filename"].as_str(),
+                m["attributes"]["process.executable.build_id.gnu"].as_str(),
+            ) else {
+                continue;
+            };
+            let actual = readelf_ids.entry(file.to_owned()).or_insert_with(|| {
+                let path = std::path::Path::new(file);
+                path.is_file().then(|| readelf_build_id(path)).flatten()
+            });
+            assert!(
+                actual.is_none() || actual.as_deref() == Some(id),
+                "{what}: mapping {file} carries build id {id}, readelf says {actual:?}"
+            );
+        }
+        let profiles: Vec<&Value> = python_profiles(request).collect();
+        assert!(!profiles.is_empty(), "{what}: no profile");
+        for p in profiles {
+            assert_eq!(
+                p["sample_type"],
+                serde_json::json!(["samples", "count"]),
+                "{what}"
+            );
+            assert_eq!(
+                p["period_type"],
+                serde_json::json!(["cpu", "nanoseconds"]),
+                "{what}"
+            );
+            assert_eq!(p["period"].as_i64(), Some(PERIOD), "{what}: period");
+            let start = p["time_unix_nano"].as_u64().unwrap();
+            let duration = p["duration_nano"].as_u64().unwrap();
+            assert!(
+                start >= chain.started_ns && duration > 0 && start + duration <= chain.ended_ns,
+                "{what}: time range [{start}, +{duration}] not within the recording \
+                 [{}, {}]",
+                chain.started_ns,
+                chain.ended_ns
+            );
+            // Attributes and where they sit: the process on the resource, the thread on the
+            // sample, nothing on the scope or the profile.
+            let resource = &p["resource_attributes"];
+            assert_eq!(
+                keys(resource),
+                key_set(&[
+                    "host.name",
+                    "process.executable.name",
+                    "process.executable.path",
+                    "process.pid",
+                    "service.name",
+                ]),
+                "{what}: resource attributes"
+            );
+            assert_eq!(resource["service.name"], "groundtruth", "{what}");
+            assert_eq!(resource["process.executable.name"], "groundtruth", "{what}");
+            assert_eq!(resource["process.pid"].as_u64(), Some(u64::from(chain.pid)));
+            assert!(
+                resource["process.executable.path"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with("/groundtruth")),
+                "{what}: {resource}"
+            );
+            assert!(resource["host.name"]
+                .as_str()
+                .is_some_and(|h| !h.is_empty()));
+            assert_eq!(keys(&p["scope_attributes"]), BTreeSet::new(), "{what}");
+            assert_eq!(keys(&p["profile_attributes"]), BTreeSet::new(), "{what}");
+            for s in p["samples"].as_array().unwrap() {
+                assert_eq!(
+                    keys(&s["attributes"]),
+                    key_set(&["thread.name"]),
+                    "{what}: sample attributes"
+                );
+                assert_eq!(s["attributes"]["thread.name"], "groundtruth", "{what}");
+                let values = s["values"].as_array().unwrap();
+                assert!(
+                    values.len() == 1 && values[0].as_i64().is_some_and(|v| v > 0),
+                    "{what}: one positive value per sample (one sample type), got {values:?}"
+                );
+                python_total += values[0].as_i64().unwrap();
+                for f in s["frames"].as_array().unwrap() {
+                    frame_types.insert(f["frame_type"].to_string());
+                    let name = f["function"].as_str().unwrap();
+                    if source_lines.contains_key(name) {
+                        lines_seen
+                            .entry(name.to_owned())
+                            .or_default()
+                            .insert(f["line"].as_i64().unwrap());
+                        assert!(
+                            f["filename"]
+                                .as_str()
+                                .is_some_and(|n| n.ends_with("groundtruth.c")),
+                            "{what}: {name} from file {}",
+                            f["filename"]
+                        );
+                    }
+                }
+            }
+        }
+        // The per-request samples and their sum agree with our decoding of the same bytes.
+        let sum: i64 = python_profile_samples(request)
+            .map(|s| s["count"].as_i64().unwrap())
+            .sum();
+        assert_eq!(sum, chain.decoded[i].total(), "{what}: sum of values");
         assert_eq!(
-            ok.as_bool(),
-            Some(true),
-            "python: table {name} does not start empty"
+            python_samples(request),
+            rust_samples(&chain.decoded[i]),
+            "{what}: python and Rust disagree"
         );
     }
-    for r in facts["resources"].as_array().unwrap() {
-        assert_eq!(r["attributes"]["service.name"], "groundtruth");
-    }
-    assert_eq!(
-        python_samples(&facts),
-        rust_samples(ours),
-        "python and Rust disagree"
+    let rust_total: i64 = chain.decoded.iter().map(Decoded::total).sum();
+    assert_eq!(python_total, rust_total, "python v{version}: total samples");
+    eprintln!(
+        "python v{version}: frame types {frame_types:?}; lines {lines_seen:?}; build ids checked \
+         with readelf: {readelf_ids:?}"
     );
-    let names: BTreeSet<String> = python_samples(&facts)
-        .into_iter()
-        .flat_map(|(stack, _)| stack)
-        .collect();
-    for func in ["main", "outer_work", "middle_work", "inner_work"] {
-        assert!(names.contains(func), "python sees no {func}");
+    assert!(
+        frame_types
+            .iter()
+            .all(|t| t == "\"native\"" || t == "\"kernel\""),
+        "python v{version}: frame types other than native/kernel (or none): {frame_types:?}"
+    );
+    assert!(frame_types.contains("\"native\""));
+    // Line numbers: every ground-truth function is seen with lines, each inside its definition.
+    for (func, (first, last)) in &source_lines {
+        let seen = lines_seen.get(*func).cloned().unwrap_or_default();
+        assert!(
+            !seen.is_empty() && seen.iter().all(|l| (first..=last).contains(&l)),
+            "python v{version}: {func} has lines {seen:?}, its definition spans {first}..={last}"
+        );
     }
 
-    // The same bytes through the other generation's definitions: wrong, silently.
-    let wrong = otlp::python_decode(&other_python, body);
-    let wrong_samples = python_samples(&wrong);
-    eprintln!(
-        "python opentelemetry-proto {} (the other generation) reads counts {:?} where v{version} \
-         has {:?}",
-        wrong["package_version"],
-        wrong_samples
-            .iter()
-            .map(|s| s.1)
-            .take(8)
-            .collect::<Vec<_>>(),
-        rust_samples(ours)
-            .iter()
-            .map(|s| s.1)
-            .take(8)
-            .collect::<Vec<_>>()
-    );
-    assert_ne!(
-        wrong_samples,
-        rust_samples(ours),
-        "a v{version} request read with v{other} definitions looked right"
-    );
+    // The same bytes through the other generation's definitions: refused (unknown fields) or
+    // wrong, request by request.
+    let wrong = otlp::python_decode(&other_python, &bodies, true);
+    for (i, request) in wrong["requests"].as_array().unwrap().iter().enumerate() {
+        let refused = !request["unknown_fields"].as_array().unwrap().is_empty();
+        assert!(
+            refused || python_samples(request) != rust_samples(&chain.decoded[i]),
+            "a v{version} request read with v{other} definitions looked right"
+        );
+        if i == 0 {
+            eprintln!(
+                "python opentelemetry-proto {} (the other generation) on request 0: {} \
+                 unknown fields, the first {}",
+                wrong["package_version"],
+                request["unknown_fields"].as_array().map_or(0, Vec::len),
+                request["unknown_fields"][0]
+            );
+        }
+    }
 }
 
-/// Ground truth over gRPC in the v1.10 generation, received by a tonic `ProfilesService` built
-/// from the official definitions; checked by our decoding, the official Python package, and
-/// shown wrong when read as v1.9.
+/// Every request, read by our prost definitions of the other generation: refused or wrong.
+fn check_other_generation_in_rust(chain: &Chain, other: &str) {
+    for (i, r) in chain.received.iter().enumerate() {
+        match otlp::decode(other, &r.body) {
+            Err(err) => eprintln!("request {i} read as v{other} (prost): refused: {err}"),
+            Ok(misread) => assert_ne!(
+                rust_samples(&misread),
+                rust_samples(&chain.decoded[i]),
+                "request {i} read as v{other} (prost) looked right"
+            ),
+        }
+    }
+}
+
+/// Ground truth over gRPC in the v1.10 generation, received as the exact bytes sent; checked by
+/// our decoding, the official Python package on every request, and shown wrong when read as
+/// v1.9.
 #[test]
 fn otlp_ground_truth_grpc_v1_10() {
     if !privileged() {
@@ -1130,61 +1445,32 @@ fn otlp_ground_truth_grpc_v1_10() {
     let receiver = Receiver::grpc(None);
     let chain = record_ground_truth(&receiver, "grpc", "1.10");
     check_ground_truth(&chain, "grpc v1.10");
-    let biggest = chain
-        .received
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, r)| r.body.len())
-        .map(|(i, _)| i)
-        .unwrap();
-    let body = &chain.received[biggest].body;
-    // Read as v1.9 by our own v1.9 definitions: refused or wrong.
-    match otlp::decode_v1_9(body) {
-        Err(err) => eprintln!("v1.10 bytes read as v1.9 (prost): refused: {err}"),
-        Ok(misread) => {
-            assert_ne!(
-                rust_samples(&misread),
-                rust_samples(&chain.decoded[biggest])
-            );
-            eprintln!("v1.10 bytes read as v1.9 (prost): wrong values");
-        }
-    }
-    check_with_python(body, &chain.decoded[biggest], "1.10", "1.9");
+    check_other_generation_in_rust(&chain, "1.9");
+    check_with_python(&chain, "1.10", "1.9");
 }
 
 /// Ground truth over gRPC in the v1.9 generation: what the shipped Compose and Kubernetes
 /// deployments send to Pyroscope 1.18. The receiver keeps the bytes; they decode with the v1.9
-/// definitions and the official Python package 1.40.0.
+/// definitions and, every request, the official Python package 1.40.0.
 #[test]
 fn otlp_ground_truth_grpc_v1_9() {
     if !privileged() {
         return;
     }
     let _lock = ebpf_lock();
-    let receiver = Receiver::grpc_raw(None);
+    let receiver = Receiver::grpc(None);
     let chain = record_ground_truth(&receiver, "grpc", "1.9");
     assert!(
         chain.received.iter().all(|r| r.gzip),
         "gRPC messages not gzipped"
     );
     check_ground_truth(&chain, "grpc v1.9");
-    let biggest = chain
-        .received
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, r)| r.body.len())
-        .map(|(i, _)| i)
-        .unwrap();
-    check_with_python(
-        &chain.received[biggest].body,
-        &chain.decoded[biggest],
-        "1.9",
-        "1.10",
-    );
+    check_other_generation_in_rust(&chain, "1.10");
+    check_with_python(&chain, "1.9", "1.10");
 }
 
 /// Ground truth over HTTP/protobuf in the v1.9 generation (Pyroscope 1.18's), checked by the v1.9
-/// definitions and the official Python package 1.40.0.
+/// definitions and, every request, the official Python package 1.40.0.
 #[test]
 fn otlp_ground_truth_http_v1_9() {
     if !privileged() {
@@ -1198,25 +1484,8 @@ fn otlp_ground_truth_http_v1_9() {
         "HTTP bodies not gzipped"
     );
     check_ground_truth(&chain, "http v1.9");
-    let biggest = chain
-        .received
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, r)| r.body.len())
-        .map(|(i, _)| i)
-        .unwrap();
-    let body = &chain.received[biggest].body;
-    match otlp::decode_v1_10(body) {
-        Err(err) => eprintln!("v1.9 bytes read as v1.10 (prost): refused: {err}"),
-        Ok(misread) => {
-            assert_ne!(
-                rust_samples(&misread),
-                rust_samples(&chain.decoded[biggest])
-            );
-            eprintln!("v1.9 bytes read as v1.10 (prost): wrong values");
-        }
-    }
-    check_with_python(body, &chain.decoded[biggest], "1.9", "1.10");
+    check_other_generation_in_rust(&chain, "1.10");
+    check_with_python(&chain, "1.9", "1.10");
 }
 
 /// The relay config shipped in deploy/kubernetes/20-configmap.yaml passes
