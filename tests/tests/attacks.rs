@@ -455,10 +455,16 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
         "batches stopped arriving after the attacker exited:\n{}",
         tail(&relay.log.text(), 40)
     );
-    assert!(
-        !ctrunc.is_empty(),
-        "no WARN about truncated descriptors (MSG_CTRUNC) naming the fix (LimitNOFILE / \
-         ulimit -n); relay log:\n{}",
+    // Whether the kernel had to drop descriptors (MSG_CTRUNC) depends on how far the relay's
+    // least-recently-used eviction (--max-open-files, at most the soft limit minus 256) got
+    // before a burst of Files datagrams arrived; both runs happen here. Either way no connection
+    // may be closed for it. The MSG_CTRUNC path itself is tested
+    // deterministically in protocol/src/transport.rs and relay/src/source.
+    assert_eq!(
+        protocol_errors,
+        0,
+        "the relay closed connections during the attack (MSG_CTRUNC warnings: {}):\n{}",
+        ctrunc.len(),
         tail(&relay.log.text(), 40)
     );
     assert!(
