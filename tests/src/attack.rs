@@ -27,8 +27,8 @@ use std::{
 };
 
 use crate::{
-    process_cpu_time, read_to_string_thread, relay_bin, sampler_bin, target_dir, wait_until,
-    ChildGuard, LogReader, RunningRelay, WORKLOAD_CFLAGS,
+    children_of, compile_workload, process_cpu_time, read_to_string_thread, relay_bin, sampler_bin,
+    target_dir, wait_until, ChildGuard, LogReader, RunningRelay,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ pub fn attack_programs() -> &'static AttackPrograms {
     static PROGRAMS: OnceLock<AttackPrograms> = OnceLock::new();
     PROGRAMS.get_or_init(|| {
         let dir = program_dir();
-        let build = |name: &str| compile(&dir, name, name, &[]);
+        let build = |name: &str| compile_workload(&dir, name, name, &["-ldl"]);
         AttackPrograms {
             mappings: build("attack_mappings"),
             bigfile: build("attack_bigfile"),
@@ -236,34 +236,6 @@ pub fn attack_programs() -> &'static AttackPrograms {
             probe: build("attack_probe"),
         }
     })
-}
-
-/// Compiles tests/workloads/`source`.c to `dir`/`out` with the workload flags plus `extra`
-/// (e.g. `-D` renames, `-Wl,--build-id=...`); mode 0755.
-pub fn compile(dir: &Path, source: &str, out: &str, extra: &[&str]) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("workloads")
-        .join(format!("{source}.c"));
-    let path = dir.join(out);
-    let tmp = dir.join(format!(".{out}.{}", std::process::id()));
-    let output = Command::new("cc")
-        .args(WORKLOAD_CFLAGS)
-        .args(extra)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&source)
-        .arg("-ldl")
-        .output()
-        .unwrap_or_else(|err| panic!("running `cc` to build {}: {err}", source.display()));
-    assert!(
-        output.status.success(),
-        "cc failed for {}:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).expect("chmod program");
-    fs::rename(&tmp, &path).expect("renaming the program into place");
-    path
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -663,15 +635,6 @@ pub fn spawn_relay_limited(
     })
     .unwrap_or_else(|| panic!("{name} did not create {}", socket.display()));
     relay
-}
-
-/// Children of `pid` (from /proc/PID/task/PID/children).
-pub fn children_of(pid: u32) -> Vec<u32> {
-    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
 }
 
 /// Whether `pid` exists and is not a zombie.

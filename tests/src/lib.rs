@@ -111,22 +111,25 @@ pub fn workloads() -> &'static Workloads {
         fs::create_dir_all(&dir).expect("creating the workload dir");
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod workload dir");
         Workloads {
-            groundtruth: compile_workload(&dir, "groundtruth"),
-            syscalls: compile_workload(&dir, "syscalls"),
-            spinner: compile_workload(&dir, "spinner"),
+            groundtruth: compile_workload(&dir, "groundtruth", "groundtruth", &[]),
+            syscalls: compile_workload(&dir, "syscalls", "syscalls", &[]),
+            spinner: compile_workload(&dir, "spinner", "spinner", &[]),
         }
     })
 }
 
-fn compile_workload(dir: &Path, name: &str) -> PathBuf {
+/// Compiles tests/workloads/`source`.c to `dir`/`out` with [`WORKLOAD_CFLAGS`] plus `extra`
+/// (e.g. `-D` renames, `-Wl,--build-id=...`, `-ldl`); mode 0755.
+pub fn compile_workload(dir: &Path, source: &str, out: &str, extra: &[&str]) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("workloads")
-        .join(format!("{name}.c"));
-    let out = dir.join(name);
+        .join(format!("{source}.c"));
+    let path = dir.join(out);
     // Build beside, then rename: another test process may be running the previous binary.
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let tmp = dir.join(format!(".{out}.{}", std::process::id()));
     let output = Command::new("cc")
         .args(WORKLOAD_CFLAGS)
+        .args(extra)
         .arg("-o")
         .arg(&tmp)
         .arg(&source)
@@ -139,8 +142,17 @@ fn compile_workload(dir: &Path, name: &str) -> PathBuf {
         String::from_utf8_lossy(&output.stderr)
     );
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).expect("chmod workload");
-    fs::rename(&tmp, &out).expect("renaming the workload into place");
-    out
+    fs::rename(&tmp, &path).expect("renaming the workload into place");
+    path
+}
+
+/// Children of `pid` (from /proc/PID/task/PID/children), e.g. `record`'s sampler.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 /// Starts a workload for `seconds` with stdout piped (for its JSON summary).

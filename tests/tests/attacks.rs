@@ -511,8 +511,8 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
     let who = attacker();
     let build_id = format!("-Wl,--build-id=0x{FORGED_BUILD_ID}");
     let dir = program_dir();
-    let victim = compile(&dir, "spinner", "victim_spin", &[&build_id]);
-    let forged = compile(
+    let victim = compile_workload(&dir, "spinner", "victim_spin", &[&build_id]);
+    let forged = compile_workload(
         &dir,
         "spinner",
         "forged_spin",

@@ -28,14 +28,6 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(60);
 const SAMPLER_CAPS: &str = "0000010000080004";
 const NOBODY: u32 = 65534;
 
-fn children_of(pid: u32) -> Vec<u32> {
-    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
 #[test]
 fn sampler_is_confined_while_recording() {
     if !privileged() {

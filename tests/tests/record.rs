@@ -8,15 +8,6 @@ use nix::{sys::signal::Signal, unistd::Pid};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The pids of `pid`'s children (record's sampler).
-fn children_of(pid: u32) -> Vec<u32> {
-    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
 #[test]
 fn ctrl_c_ends_a_recording_early_and_still_writes_every_output() {
     if !privileged() {
