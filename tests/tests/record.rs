@@ -1,7 +1,7 @@
 //! `ember-relay record` as a user drives it: Ctrl-C ends a recording early and every output is
 //! still written, from the samples taken until then.
 
-use std::{fs, time::Duration};
+use std::time::Duration;
 
 use ember_tests::*;
 use nix::{sys::signal::Signal, unistd::Pid};
