@@ -14,6 +14,7 @@ other, each for DURATION seconds at FREQ Hz on every CPU, with the same workload
 
   baseline       no profiler (workload throughput reference; skip with --baseline 0)
   ember          ember-relay run (as user nobody) + ember-sampler --socket ... (as root)
+  ember-before   the same with the binaries of --before DIR (an A/B of two ember builds)
   perf           perf record -F FREQ -a -g -o TMP/perf.data -- sleep DURATION
   bpftrace       bpftrace -e 'profile:hz:FREQ { @[kstack, ustack, comm] = count(); }'
                  (with BPFTRACE_MAP_KEYS_MAX=65536 unless set: the default 4096 keys overflow
@@ -40,11 +41,17 @@ Options (each also settable through the environment variable in brackets):
   -F, --frequency HZ        sampling frequency per CPU             [FREQ, default 97]
   -b, --baseline SECONDS    no-profiler phase; 0 skips it          [BASELINE, default 10]
   -i, --interval DURATION   ember-sampler --reporter-interval      [INTERVAL, default 5s]
-  -p, --profilers LIST      comma-separated subset of ember,perf,bpftrace, run in that order
+  -p, --profilers LIST      comma-separated subset of ember,ember-before,perf,bpftrace, in order
                                                                    [PROFILERS, default all]
   -t, --threads N           workload threads                       [THREADS, default nproc]
-      --relay-output        also pass --output-dir to ember-relay (rewrites pprof, folded stacks
-                            and flamegraph after every batch)      [RELAY_OUTPUT=1]
+      --relay-output        also pass --output-dir to ember-relay (its pprof, folded stacks and
+                            flamegraph files)                      [RELAY_OUTPUT=1]
+      --relay-otlp          also export over OTLP/HTTP from ember-relay, to a local sink that
+                            accepts every request (bench/otlp_sink.py) [RELAY_OTLP=1]
+  -w, --window DURATION     ember-relay run --window               [WINDOW, default 10m]
+      --before DIR          a second ember build to compare with, in the same run: DIR holds its
+                            ember-sampler and ember-relay; add the profiler `ember-before` to
+                            --profilers (e.g. -p ember-before,ember) [BEFORE_DIR]
       --no-bpf-stats        do not switch kernel.bpf_stats_enabled on for the run (it is needed for
                             the bpf_s/s column; the previous value is restored on exit) [BPF_STATS=0]
       --build               run the cargo build even if the binaries exist (it is a no-op when
@@ -66,6 +73,9 @@ INTERVAL=${INTERVAL:-5s}
 PROFILERS=${PROFILERS:-ember,perf,bpftrace}
 THREADS=${THREADS:-$(nproc)}
 RELAY_OUTPUT=${RELAY_OUTPUT:-0}
+RELAY_OTLP=${RELAY_OTLP:-0}
+WINDOW=${WINDOW:-10m}
+BEFORE_DIR=${BEFORE_DIR:-}
 KEEP=${KEEP:-0}
 BUILD=${BUILD:-0}
 BPF_STATS=${BPF_STATS:-1}
@@ -92,6 +102,9 @@ while [ $# -gt 0 ]; do
     -p | --profilers) PROFILERS=${2:?"$arg needs a value"}; shift 2 ;;
     -t | --threads) THREADS=${2:?"$arg needs a value"}; shift 2 ;;
     --relay-output) RELAY_OUTPUT=1; shift ;;
+    --relay-otlp) RELAY_OTLP=1; shift ;;
+    -w | --window) WINDOW=${2:?"$arg needs a value"}; shift 2 ;;
+    --before) BEFORE_DIR=${2:?"$arg needs a value"}; shift 2 ;;
     -k | --keep) KEEP=1; shift ;;
     --build) BUILD=1; shift ;;
     --no-bpf-stats) BPF_STATS=0; shift ;;
@@ -106,8 +119,16 @@ done
 [[ $INTERVAL =~ ^[0-9.]+(ms|s|m)?$ ]] || die "INTERVAL must look like 5s, 500ms or 1m, got '$INTERVAL'"
 IFS=, read -r -a PROFILER_LIST <<<"$PROFILERS"
 for p in "${PROFILER_LIST[@]}"; do
-  case $p in ember | perf | bpftrace) ;; *) die "unknown profiler '$p' in --profilers (use ember,perf,bpftrace)" ;; esac
+  case $p in ember | perf | bpftrace) ;;
+    ember-before)
+      [ -n "$BEFORE_DIR" ] || die "profiler ember-before needs --before DIR (the other build's binaries)"
+      [ -x "$BEFORE_DIR/ember-sampler" ] && [ -x "$BEFORE_DIR/ember-relay" ] ||
+        die "--before $BEFORE_DIR must hold executable ember-sampler and ember-relay"
+      ;;
+    *) die "unknown profiler '$p' in --profilers (use ember,ember-before,perf,bpftrace)" ;;
+  esac
 done
+[[ $WINDOW =~ ^[0-9.]+(ms|s|m|h)?$ ]] || die "WINDOW must look like 10m, 30s or 1h, got '$WINDOW'"
 
 [ "$(id -u)" -eq 0 ] || die "run as root (eBPF and perf -a need it): sudo $0 $*"
 [ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is required: apt-get install time"
@@ -426,79 +447,99 @@ wait_wrapper() { # reaps the /usr/bin/time process so its -o file is complete
 # ---------------------------------------------------------------------------------------------
 # The profilers.
 
-run_ember() {
-  local sockdir=$tmp/ember sock relay_pid sampler_pid t_ready t_stop
+# run_ember KEY SAMPLER RELAY: one ember phase with these binaries. Its processes are labelled
+# KEY-sampler and KEY-relay, its samples KEY.
+run_ember_build() {
+  local key=$1 sampler=$2 relay=$3
+  local rl=$key-relay sl=$key-sampler
+  local sockdir=$tmp/$key sock relay_pid sampler_pid t_ready t_stop sink_pid=
   # The relay runs as nobody: it must be able to reach and write the socket's directory.
   mkdir -p "$sockdir"
   chmod 1777 "$sockdir"
   sock=$sockdir/ember.sock
-  local relay_args=(--log-format json run --socket "$sock")
+  local relay_args=(--log-format json run --socket "$sock" --window "$WINDOW")
   if [ "$RELAY_OUTPUT" = 1 ]; then
-    mkdir -p "$tmp/ember-out"
-    chown "$nobody_uid:$nobody_gid" "$tmp/ember-out"
-    relay_args+=(--output-dir "$tmp/ember-out")
+    mkdir -p "$tmp/$key-out"
+    chown "$nobody_uid:$nobody_gid" "$tmp/$key-out"
+    relay_args+=(--output-dir "$tmp/$key-out")
   fi
-  log "ember: starting ember-relay as nobody and ember-sampler -F $FREQ (${DURATION}s)"
+  if [ "$RELAY_OTLP" = 1 ]; then
+    python3 "$bench_dir/otlp_sink.py" "$tmp/$key-otlp.port" >"$tmp/$key-otlp.out" 2>"$tmp/$key-otlp.err" &
+    sink_pid=$!
+    local i
+    for ((i = 0; i < 100; i++)); do [ -s "$tmp/$key-otlp.port" ] && break; sleep 0.05; done
+    [ -s "$tmp/$key-otlp.port" ] || die "the OTLP sink did not start: $(cat "$tmp/$key-otlp.err")"
+    relay_args+=(--otlp-endpoint "http://127.0.0.1:$(cat "$tmp/$key-otlp.port")" --otlp-protocol http)
+  fi
+  log "$key: starting ember-relay as nobody and ember-sampler -F $FREQ (${DURATION}s)"
   # `timeout` is a dead man's switch only (the script stops both itself).
-  launch ember-relay 2 timeout -k 10 -s TERM "$((DURATION + 300))" \
-    setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups "$relay_bin" "${relay_args[@]}"
+  launch "$rl" 2 timeout -k 10 -s TERM "$((DURATION + 300))" \
+    setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups "$relay" "${relay_args[@]}"
   relay_pid=$LAUNCHED_PID
-  wait_ready ember-relay "$tmp/ember-relay.err" '"message":"listening for ember-sampler"' 20 "$relay_pid"
+  wait_ready "$rl" "$tmp/$rl.err" '"message":"listening for ember-sampler"' 20 "$relay_pid"
   local sampler_args=(--log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval "$INTERVAL")
   # Newer samplers drop CAP_DAC_OVERRIDE after attaching and reach the relay's 0660 socket through
   # the relay user's group, which they join (and check the relay's uid) with --relay-uid.
-  if "$sampler_bin" --help 2>/dev/null | grep -q -- '--relay-uid'; then
+  if "$sampler" --help 2>/dev/null | grep -q -- '--relay-uid'; then
     sampler_args+=(--relay-uid "$nobody_uid")
   fi
-  launch ember-sampler 2 timeout -k 10 -s INT "$((DURATION + 300))" "$sampler_bin" "${sampler_args[@]}"
+  launch "$sl" 2 timeout -k 10 -s INT "$((DURATION + 300))" "$sampler" "${sampler_args[@]}"
   sampler_pid=$LAUNCHED_PID
-  wait_ready ember-sampler "$tmp/ember-sampler.err" '"message":"sampling"' 60 "$sampler_pid"
+  wait_ready "$sl" "$tmp/$sl.err" '"message":"sampling"' 60 "$sampler_pid"
   t_ready=$EPOCHREALTIME
-  wait_ready ember-relay "$tmp/ember-relay.err" '"message":"sampler hello"' 20 "$relay_pid"
+  wait_ready "$rl" "$tmp/$rl.err" '"message":"sampler hello"' 20 "$relay_pid"
   sleep "$SETTLE"
-  window ember "$STEADY" "ember-sampler:$sampler_pid" "ember-relay:$relay_pid"
+  window "$key" "$STEADY" "$sl:$sampler_pid" "$rl:$relay_pid"
   t_stop=$EPOCHREALTIME
   local label
-  for label in ember-sampler ember-relay; do
+  for label in "$sl" "$rl"; do
     [ "${W_GONE[$label]}" = 0 ] ||
       NOTE[$label]+="PROBLEM: exited on its own during the window; log tail: $(tail -n3 "$tmp/$label.err" | cut -c1-300 | tr '\n' ' ' || true); "
   done
   # Sampler first (it sends its last batch on the way out), then the relay once it has seen it go.
-  stop_and_wait ember-sampler INT 20 "$sampler_pid"
+  stop_and_wait "$sl" INT 20 "$sampler_pid"
   local deadline=$((SECONDS + 10))
-  until grep -qF '"message":"sampler disconnected"' "$tmp/ember-relay.err" || [ $SECONDS -ge $deadline ]; do
+  until grep -qF '"message":"sampler disconnected"' "$tmp/$rl.err" || [ $SECONDS -ge $deadline ]; do
     sleep 0.1
   done
-  grep -qF '"message":"sampler disconnected"' "$tmp/ember-relay.err" ||
-    NOTE[ember-relay]+="never logged 'sampler disconnected' after the sampler stopped; "
-  stop_and_wait ember-relay TERM 20 "$relay_pid"
+  grep -qF '"message":"sampler disconnected"' "$tmp/$rl.err" ||
+    NOTE[$rl]+="never logged 'sampler disconnected' after the sampler stopped; "
+  stop_and_wait "$rl" TERM 20 "$relay_pid"
   wait_wrapper
-  read_time ember-sampler ember-sampler
-  read_time ember-relay ember-relay
+  read_time "$sl" "$sl"
+  read_time "$rl" "$rl"
+  if [ -n "$sink_pid" ]; then
+    kill -TERM "$sink_pid" 2>/dev/null
+    wait "$sink_pid" 2>/dev/null || true
+    NOTE[$key]+="OTLP sink: $(tail -n1 "$tmp/$key-otlp.out" 2>/dev/null || echo 'no report'); "
+  fi
 
-  local relay_log=$tmp/ember-relay.err sampler_log=$tmp/ember-sampler.err
+  local relay_log=$tmp/$rl.err sampler_log=$tmp/$sl.err
   local received sent stopping_samples batches errors
   received=$(json_sum "$relay_log" "batch received" samples)
   batches=$(grep -cF '"message":"batch received"' "$relay_log" || true)
   sent=$(json_last "$sampler_log" "sampler status" samples)
   stopping_samples=$(json_last "$relay_log" stopping samples)
-  SAMPLES[ember]=$received
-  SAMPLE_SECS[ember]=$(calc '%.3f' "$t_stop - $t_ready")
-  NOTE[ember]+="relay received $received samples in $batches batch parts; sampler reports ${sent:-?} sent; relay's total at stop ${stopping_samples:-?}; "
+  SAMPLES[$key]=$received
+  SAMPLE_SECS[$key]=$(calc '%.3f' "$t_stop - $t_ready")
+  NOTE[$key]+="relay received $received samples in $batches batch parts; sampler reports ${sent:-?} sent; relay's total at stop ${stopping_samples:-?}; "
   if [ "$batches" -gt 0 ]; then
     local k losses=""
     for k in user_stack_lost kernel_stack_lost counts_full backlog_dropped_samples unknown_frames frames; do
       losses+="$k=$(json_last "$relay_log" "batch received" "$k") "
     done
-    NOTE[ember]+="relay/sampler counters at the last batch (cumulative): ${losses% }; "
+    NOTE[$key]+="relay/sampler counters at the last batch (cumulative): ${losses% }; "
   fi
-  [ "$received" -gt 0 ] || NOTE[ember]+="PROBLEM: the relay received no samples; "
-  [ -z "$sent" ] || [ "$sent" = "$received" ] || NOTE[ember]+="PROBLEM: sampler sent $sent but relay received $received; "
+  [ "$received" -gt 0 ] || NOTE[$key]+="PROBLEM: the relay received no samples; "
+  [ -z "$sent" ] || [ "$sent" = "$received" ] || NOTE[$key]+="PROBLEM: sampler sent $sent but relay received $received; "
   errors=$(cat "$relay_log" "$sampler_log" | grep -cE '"level":"(ERROR|WARN)"' || true)
   if [ "${errors:-0}" -gt 0 ]; then
-    NOTE[ember]+="$errors WARN/ERROR log line(s), first: $(cat "$sampler_log" "$relay_log" | grep -E '"level":"(ERROR|WARN)"' | sed -n 1p | cut -c1-300 || true); "
+    NOTE[$key]+="$errors WARN/ERROR log line(s), first: $(cat "$sampler_log" "$relay_log" | grep -E '"level":"(ERROR|WARN)"' | sed -n 1p | cut -c1-300 || true); "
   fi
 }
+
+run_ember() { run_ember_build ember "$sampler_bin" "$relay_bin"; }
+run_ember_before() { run_ember_build ember-before "$BEFORE_DIR/ember-sampler" "$BEFORE_DIR/ember-relay"; }
 
 run_perf() {
   local perf_bin perf_pid t_ready
@@ -632,7 +673,7 @@ if [ "$BASELINE" -gt 0 ]; then
   window baseline "$BASELINE"
 fi
 for p in "${PROFILER_LIST[@]}"; do
-  "run_$p"
+  "run_${p//-/_}"
   alive "$WORKLOAD_PID" || die "the workload died during the $p phase"
   sleep 1
 done
@@ -656,7 +697,7 @@ rate_col() { # rate_col PHASE [eff]: "rounds/s (+x.x%)", or rounds per workload 
 }
 
 row() { # row NAME CPU BPF CPU_ALL CPU_TOTAL RSS_MIB SAMPLES_PER_S WORKLOAD WORKLOAD_PER_CPU
-  printf '%-15s %8s %8s %11s %11s %12s %9s %17s %18s\n' "$@"
+  printf '%-20s %8s %8s %11s %11s %12s %9s %17s %18s\n' "$@"
 }
 
 # row_for LABEL DISPLAY SAMPLE_KEY SHOW_SAMPLES(0/1) PHASE
@@ -686,7 +727,7 @@ row_for() {
 echo
 echo "== profiler overhead, $(date '+%F %T %Z') =="
 echo "machine:    $(hostname), $ncpu CPU(s) ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r)"
-echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (expect ~$((FREQ * ncpu)) samples/s on busy CPUs), BASELINE=${BASELINE}s, ember --reporter-interval $INTERVAL$([ "$RELAY_OUTPUT" = 1 ] && echo ', relay --output-dir on')"
+echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (expect ~$((FREQ * ncpu)) samples/s on busy CPUs), BASELINE=${BASELINE}s, ember --reporter-interval $INTERVAL$([ "$RELAY_OUTPUT" = 1 ] && echo ', relay --output-dir on')$([ "$RELAY_OTLP" = 1 ] && echo ', relay OTLP/HTTP export on'), relay --window $WINDOW$([ -n "$BEFORE_DIR" ] && echo ", ember-before = $BEFORE_DIR")"
 echo "workload:   bench/burn.c, $THREADS busy thread(s), running throughout; load average before $load_before, after $load_after"
 echo "versions:   $("$relay_bin" --version 2>/dev/null || echo 'ember-relay ?'), $(perf --version 2>/dev/null || echo 'perf missing'), $(bpftrace --version 2>/dev/null || echo 'bpftrace missing')"
 echo
@@ -694,18 +735,18 @@ row profiler cpu_s/s bpf_s/s cpu_s/s_all cpu_s_total peak_rss_MiB samples/s "wl 
 [ "$BASELINE" -gt 0 ] && row "(no profiler)" - - - - - - "$(rate_col baseline)" "$(rate_col baseline eff)"
 for p in "${PROFILER_LIST[@]}"; do
   case $p in
-    ember)
-      row_for ember-sampler ember-sampler ember 1 ""
-      row_for ember-relay ember-relay ember 0 ""
+    ember | ember-before)
+      row_for "$p-sampler" "$p-sampler" "$p" 1 ""
+      row_for "$p-relay" "$p-relay" "$p" 0 ""
       # Total: the two processes' sums (the RSS sum is an upper bound: peaks need not coincide).
-      W_CPU[ember-total]=$(calc '%.6f' "${W_CPU[ember-sampler]:-0} + ${W_CPU[ember-relay]:-0}")
-      W_SECS[ember-total]=${W_SECS[ember-sampler]:-0}
-      [ -z "${W_BPF_NS[ember-sampler]:-}" ] || W_BPF_NS[ember-total]=${W_BPF_NS[ember-sampler]}
-      if [ -n "${T_ALL[ember-sampler]:-}" ] && [ -n "${T_ALL[ember-relay]:-}" ]; then
-        T_ALL[ember-total]=$(calc '%.3f' "${T_ALL[ember-sampler]} + ${T_ALL[ember-relay]}")
-        T_RSS[ember-total]=$((T_RSS[ember-sampler] + T_RSS[ember-relay]))
+      W_CPU[$p-total]=$(calc '%.6f' "${W_CPU[$p-sampler]:-0} + ${W_CPU[$p-relay]:-0}")
+      W_SECS[$p-total]=${W_SECS[$p-sampler]:-0}
+      [ -z "${W_BPF_NS[$p-sampler]:-}" ] || W_BPF_NS[$p-total]=${W_BPF_NS[$p-sampler]}
+      if [ -n "${T_ALL[$p-sampler]:-}" ] && [ -n "${T_ALL[$p-relay]:-}" ]; then
+        T_ALL[$p-total]=$(calc '%.3f' "${T_ALL[$p-sampler]} + ${T_ALL[$p-relay]}")
+        T_RSS[$p-total]=$((T_RSS[$p-sampler] + T_RSS[$p-relay]))
       fi
-      row_for ember-total "ember (total)" ember 1 ember
+      row_for "$p-total" "$p (total)" "$p" 1 "$p"
       ;;
     perf)
       if [ -n "${NOTE[perf]:-}" ] && [[ ${NOTE[perf]} == MISSING* ]]; then
@@ -736,17 +777,17 @@ echo "wl rounds/cpu_s  workload rounds per CPU s it got: insensitive to other lo
 echo "             profilers make the kernel do in the workload's context (interrupts, unwinding, BPF)"
 echo
 echo "notes:"
-for key in ember ember-sampler ember-relay perf bpftrace; do
+for key in ember-before ember-before-sampler ember-before-relay ember ember-sampler ember-relay perf bpftrace; do
   [ -n "${NOTE[$key]:-}" ] && echo "  $key: ${NOTE[$key]%; }"
 done
-for key in ember-sampler bpftrace; do
+for key in ember-before-sampler ember-sampler bpftrace; do
   if [ -n "${W_BPF_CNT[$key]:-}" ] && [ "$BPF_STATS_ON" = 1 ]; then
     echo "  $key BPF programs (fds ${BPF_FDS[$key]% }): $(calc '%.1f' "${W_BPF_CNT[$key]} / ${W_SECS[$key]}") runs/s, $(
       [ "${W_BPF_CNT[$key]}" -gt 0 ] && calc '%.0f' "${W_BPF_NS[$key]} / ${W_BPF_CNT[$key]}" || echo -) ns/run"
   fi
 done
 printf '  seconds from the stop signal to exit:'
-for key in ember-sampler ember-relay bpftrace; do
+for key in ember-before-sampler ember-before-relay ember-sampler ember-relay bpftrace; do
   [ -n "${STOP_SECS[$key]:-}" ] && printf ' %s=%s' "$key" "${STOP_SECS[$key]}"
 done
 echo " (perf stops by itself when sleep ends)"
@@ -760,8 +801,8 @@ for key in baseline "${PROFILER_LIST[@]}"; do
     echo "  interference: during the $key phase other profilers were running: $(tr ' ' '\n' <<<"${OTHERS[$key]}" | sort -u | tr '\n' ' ')"
   fi
 done
-echo "  memory at the end of the window (MiB):$(for k in ember-sampler ember-relay perf bpftrace; do
+echo "  memory at the end of the window (MiB):$(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf bpftrace; do
   [ -n "${W_RSS[$k]:-}" ] && printf ' %s: %s;' "$k" "${W_RSS[$k]}"; done)"
-echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-sampler ember-relay perf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
+echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
 [ "$KEEP" = 1 ] && echo "  logs and data: $tmp"
 exit 0
