@@ -12,9 +12,11 @@
 //! Runs unprivileged, on the exporter's own thread; reads no files after start-up (TLS material
 //! is loaded while the relay may still be root, by [`config`]).
 
+pub mod config;
 pub mod exporter;
 pub mod queue;
 pub mod request;
+pub mod retry;
 pub mod stats;
 pub mod transport;
 pub mod wire;
