@@ -251,4 +251,71 @@ mod tests {
             assert!(text.contains(needle), "no {needle:?} in:\n{text}");
         }
     }
+
+    #[test]
+    fn a_split_profile_is_shown_as_the_requests_the_exporter_sends() {
+        // Given a profile of 200 distinct stacks and a 4 KiB request limit
+        let mut profile = Profile::new(99);
+        for i in 0..200u64 {
+            let frame = Frame {
+                function: format!("function_{i}").into(),
+                file: None,
+                line: None,
+                kind: FrameKind::Native,
+                inlined: false,
+                address: 0x1000 + i,
+                module: None,
+            };
+            let thread = Thread {
+                pid: 7,
+                tid: 7,
+                process_name: "app".into(),
+                thread_name: "main".into(),
+                executable_path: "/usr/bin/app".into(),
+                container_id: None,
+            };
+            let stack = vec![frame].into();
+            profile.add(
+                SymbolizedSample {
+                    thread,
+                    stack,
+                    count: 1,
+                },
+                1,
+                2,
+            );
+        }
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            let encoding = EncodeSettings {
+                version,
+                attributes: SampleAttributes::default(),
+                max_request_bytes: 4096,
+            };
+            let settings = DebugSettings {
+                verbosity: Verbosity::Basic,
+                encoding,
+            };
+            // When the exporter encodes it and the debug exporter renders it
+            let sent = crate::sink::otlp::encode(&profile, version, encoding.attributes, 4096);
+            let text = render(&profile, &settings);
+            // Then the debug exporter shows one line per request sent, with its size and part
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(sent.requests.len() > 2, "{version}: not split");
+            assert_eq!(lines.len(), sent.requests.len(), "{version}:\n{text}");
+            let total = sent.requests.len();
+            for (i, (line, request)) in lines.iter().zip(&sent.requests).enumerate() {
+                assert!(line.starts_with("OTLP profiles request:"), "{line}");
+                let size = format!(
+                    "; {} bytes (v{version}), part {} of {total}",
+                    request.body.len(),
+                    i + 1
+                );
+                assert!(line.ends_with(&size), "{line} does not end with {size}");
+                assert!(
+                    line.contains(&format!("({} counted)", request.samples)),
+                    "{line}"
+                );
+            }
+        }
+    }
 }

@@ -14,12 +14,12 @@
 
 pub mod config;
 pub mod exporter;
-pub mod queue;
-pub mod request;
+pub(crate) mod queue;
+pub(crate) mod request;
 pub mod retry;
 pub mod stats;
 pub mod transport;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use self::{
     exporter::{Drained, Exporter},

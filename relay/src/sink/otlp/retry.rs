@@ -30,7 +30,7 @@ impl Default for RetrySettings {
 }
 
 /// gRPC codes the OTLP specification says to retry.
-pub fn grpc_retryable(code: Code) -> bool {
+pub(crate) fn grpc_retryable(code: Code) -> bool {
     matches!(
         code,
         Code::Cancelled
@@ -44,7 +44,7 @@ pub fn grpc_retryable(code: Code) -> bool {
 }
 
 /// HTTP statuses the OTLP specification says to retry.
-pub fn http_retryable(status: StatusCode) -> bool {
+pub(crate) fn http_retryable(status: StatusCode) -> bool {
     matches!(
         status,
         StatusCode::TOO_MANY_REQUESTS
@@ -56,7 +56,7 @@ pub fn http_retryable(status: StatusCode) -> bool {
 
 /// The delay before retry number `attempt + 1`: `initial * 2^attempt`, capped at
 /// `max_interval`, jittered uniformly by +-50% so that many relays do not retry in step.
-pub fn backoff(retry: &RetrySettings, attempt: u32) -> Duration {
+pub(crate) fn backoff(retry: &RetrySettings, attempt: u32) -> Duration {
     let base = retry
         .initial_interval
         .saturating_mul(1u32 << attempt.min(20))
@@ -68,7 +68,7 @@ impl RetrySettings {
     /// The wait before the next attempt after failed attempt number `attempt` (0-based):
     /// `asked` (the receiver's Retry-After / RetryInfo) or the backoff. `None` when retries are
     /// off or the wait would end past `max_elapsed_time` since the first attempt (`elapsed`).
-    pub fn next_delay(
+    pub(crate) fn next_delay(
         &self,
         attempt: u32,
         asked: Option<Duration>,

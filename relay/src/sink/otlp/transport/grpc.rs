@@ -18,7 +18,7 @@ use tonic::{
 use super::{redact_userinfo, status, Outcome, TransportError, TransportSettings};
 use crate::sink::otlp::{retry, GRPC_PATH};
 
-pub struct GrpcTransport {
+pub(crate) struct GrpcTransport {
     channel: Channel,
     settings: TransportSettings,
 }
@@ -63,7 +63,10 @@ impl Decoder for RawCodec {
 
 impl GrpcTransport {
     /// A lazily connecting channel to `settings.url` with `tls` for `https`.
-    pub fn new(settings: &TransportSettings, tls: ClientConfig) -> Result<Self, TransportError> {
+    pub(crate) fn new(
+        settings: &TransportSettings,
+        tls: ClientConfig,
+    ) -> Result<Self, TransportError> {
         let connector = HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -104,7 +107,7 @@ impl GrpcTransport {
         (grpc, request)
     }
 
-    pub async fn send(&self, body: Bytes) -> Outcome {
+    pub(crate) async fn send(&self, body: Bytes) -> Outcome {
         let wire_bytes = body.len();
         let (mut grpc, request) = self.request(body);
         let call = async {

@@ -17,7 +17,7 @@ use rustls::ClientConfig;
 use super::{redact_userinfo, status, Outcome, TransportSettings};
 use crate::sink::otlp::retry;
 
-pub struct HttpTransport {
+pub(crate) struct HttpTransport {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     settings: TransportSettings,
 }
@@ -29,7 +29,7 @@ const MAX_RESPONSE_BYTES: usize = 64 << 10;
 type Answer = (StatusCode, Option<std::time::Duration>, Bytes);
 
 impl HttpTransport {
-    pub fn new(settings: &TransportSettings, tls: ClientConfig) -> Self {
+    pub(crate) fn new(settings: &TransportSettings, tls: ClientConfig) -> Self {
         let connector = HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -58,7 +58,7 @@ impl HttpTransport {
         builder.body(Full::new(body))
     }
 
-    pub async fn send(&self, body: Bytes) -> Outcome {
+    pub(crate) async fn send(&self, body: Bytes) -> Outcome {
         let body = if self.settings.gzip {
             match gzip(&body) {
                 Ok(compressed) => compressed,

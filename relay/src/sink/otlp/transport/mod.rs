@@ -12,10 +12,10 @@
 //! dropped once the retry budget is spent. Nothing here logs a URL's userinfo
 //! ([`redact_userinfo`]).
 
-pub mod grpc;
-pub mod http;
-pub mod status;
-pub mod tls;
+mod grpc;
+mod http;
+mod status;
+mod tls;
 
 use std::time::Duration;
 
@@ -140,7 +140,7 @@ pub fn redact_userinfo(text: &str) -> String {
 
 /// What became of one attempt.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Accepted. `rejected` > 0 (or a message) when the receiver reported a partial success.
     Delivered {
         rejected: i64,
@@ -161,7 +161,7 @@ pub enum Outcome {
     clippy::large_enum_variant,
     reason = "one per exporter, built once and never moved on a hot path"
 )]
-pub enum Transport {
+pub(crate) enum Transport {
     Grpc(GrpcTransport),
     Http(HttpTransport),
 }

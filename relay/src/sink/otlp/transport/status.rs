@@ -11,7 +11,7 @@ use prost::Message as _;
 use super::Outcome;
 
 /// A success answer `body` as an [`Outcome::Delivered`] of `wire_bytes`.
-pub fn delivered(body: &[u8], wire_bytes: usize) -> Outcome {
+pub(crate) fn delivered(body: &[u8], wire_bytes: usize) -> Outcome {
     let partial = ExportProfilesServiceResponse::decode(body)
         .ok()
         .and_then(|r| r.partial_success)
@@ -58,7 +58,7 @@ pub(super) struct ProtoDuration {
 }
 
 /// The `RetryInfo` delay in gRPC status details, if the server sent one.
-pub fn retry_delay(details: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_delay(details: &[u8]) -> Option<Duration> {
     let status = RpcStatus::decode(details).ok()?;
     status
         .details
@@ -73,7 +73,7 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
 
 /// The server's message: a `google.rpc.Status` body (as OTLP/HTTP specifies), else its text
 /// (at most 512 bytes of it).
-pub fn error_text(body: &[u8]) -> String {
+pub(crate) fn error_text(body: &[u8]) -> String {
     if let Ok(status) = RpcStatus::decode(body) {
         if !status.message.is_empty() {
             return status.message;

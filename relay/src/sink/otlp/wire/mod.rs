@@ -169,7 +169,7 @@ pub fn split(profile: &Profile, settings: &EncodeSettings, mut each: impl FnMut(
 }
 
 /// The profile fields every generation shares (everything of `Profile` but its samples).
-pub struct ProfileHeader {
+pub(crate) struct ProfileHeader {
     pub sample_type: ValueType,
     pub time_unix_nano: u64,
     pub duration_nano: u64,
@@ -179,7 +179,7 @@ pub struct ProfileHeader {
 
 /// What one wire generation supplies to the generic encoder: the message types that contain a
 /// `Sample` (whose layout is what differs) and how to fill them.
-pub trait Generation {
+pub(crate) trait Generation {
     type Request: prost::Message;
     type ResourceProfiles;
     type Profile;
@@ -266,7 +266,7 @@ macro_rules! generation {
 use generation;
 
 /// The message of generation `G` for `request`.
-pub fn message<G: Generation>(request: &Request) -> G::Request {
+pub(crate) fn message<G: Generation>(request: &Request) -> G::Request {
     let resources = request
         .resources
         .iter()
