@@ -23,12 +23,13 @@ use tokio::{
     time::Instant,
 };
 
+pub use super::retry::RetrySettings;
 use super::{
-    encode,
     queue::Queue,
     stats::{self, DropReason, Snapshot, Stats},
     transport::{Outcome, Transport, TransportError, TransportSettings},
-    Encoded, ProtoVersion, SampleAttributes,
+    wire::{self, EncodeSettings},
+    Encoded,
 };
 use crate::model::Profile;
 
@@ -45,34 +46,12 @@ pub enum ExporterError {
     Died,
 }
 
-/// Retry policy (the Collector's `retry_on_failure`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetrySettings {
-    pub enabled: bool,
-    pub initial_interval: Duration,
-    pub max_interval: Duration,
-    /// Give a request up after retrying it this long.
-    pub max_elapsed_time: Duration,
-}
-
-impl Default for RetrySettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            initial_interval: Duration::from_secs(1),
-            max_interval: Duration::from_secs(30),
-            max_elapsed_time: Duration::from_secs(300),
-        }
-    }
-}
-
 /// Everything the exporter needs, resolved from config file, environment and flags.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub transport: TransportSettings,
-    pub version: ProtoVersion,
-    pub attributes: SampleAttributes,
-    pub max_request_bytes: usize,
+    /// Wire generation, sample attributes and request size limit.
+    pub encoding: EncodeSettings,
     pub queue_bytes: usize,
     pub retry: RetrySettings,
     /// How often the counters are logged.
@@ -119,7 +98,7 @@ impl Exporter {
             "{} {} (OTLP profiles v{})",
             settings.transport.protocol.as_str(),
             settings.transport.display_url(),
-            settings.version
+            settings.encoding.version
         );
         let thread_stats = Arc::clone(&stats);
         let thread = thread::Builder::new()
@@ -213,9 +192,24 @@ struct Shared {
     reply: Option<std_mpsc::Sender<Drained>>,
 }
 
+/// The exporter thread: three tasks on one single-threaded runtime. [`Worker::intake`] encodes
+/// what the pipeline hands over into the queue, [`Worker::send_all`] delivers it one request at
+/// a time, [`Worker::report`] logs the counters; [`Worker::finish`] counts what is left.
+struct Worker {
+    settings: Settings,
+    stats: Arc<Stats>,
+    shared: RefCell<Shared>,
+    /// Something was queued, or closing began.
+    work: Notify,
+    /// Closing began: retry waits end early.
+    closing: Notify,
+    /// The sender is done: the reporter stops.
+    done: Notify,
+}
+
 async fn run(
     settings: Settings,
-    mut rx: mpsc::Receiver<Command>,
+    rx: mpsc::Receiver<Command>,
     stats: Arc<Stats>,
     ready: std_mpsc::Sender<Result<(), ExporterError>>,
 ) {
@@ -227,67 +221,37 @@ async fn run(
         }
     };
     let _ = ready.send(Ok(()));
-    let shared = RefCell::new(Shared {
-        queue: Queue::new(settings.queue_bytes),
-        closing: None,
-        reply: None,
-    });
-    let work = Notify::new();
-    let closing = Notify::new();
-    let done = Notify::new();
+    let worker = Worker {
+        shared: RefCell::new(Shared {
+            queue: Queue::new(settings.queue_bytes),
+            closing: None,
+            reply: None,
+        }),
+        settings,
+        stats,
+        work: Notify::new(),
+        closing: Notify::new(),
+        done: Notify::new(),
+    };
+    tokio::join!(
+        worker.intake(rx),
+        worker.send_all(&transport),
+        worker.report()
+    );
+    worker.finish();
+}
 
-    let intake = async {
+impl Worker {
+    /// Takes commands until a shutdown (or the handle is dropped), then starts closing.
+    async fn intake(&self, mut rx: mpsc::Receiver<Command>) {
         while let Some(command) = rx.recv().await {
             match command {
                 Command::Export(profile) => {
-                    stats.profiles.fetch_add(1, Relaxed);
-                    let before = stats::thread_cpu_ns();
-                    let encoded = encode(
-                        &profile,
-                        settings.version,
-                        settings.attributes,
-                        settings.max_request_bytes,
-                    );
-                    stats
-                        .encode_cpu_ns
-                        .fetch_add(stats::thread_cpu_ns().saturating_sub(before), Relaxed);
-                    stats
-                        .samples_encoded
-                        .fetch_add(profile.total_samples(), Relaxed);
-                    if encoded.requests.len() > 1 {
-                        stats
-                            .split_requests
-                            .fetch_add(encoded.requests.len() as u64, Relaxed);
-                    }
-                    if encoded.oversized > 0 {
-                        tracing::warn!(
-                            requests = encoded.oversized,
-                            max_request_bytes = settings.max_request_bytes,
-                            "a single sample encodes larger than the request limit; sending it anyway"
-                        );
-                    }
-                    let mut shared = shared.borrow_mut();
-                    for request in encoded.requests {
-                        let dropped = shared.queue.push(request);
-                        if !dropped.is_empty() {
-                            let samples: u64 = dropped.iter().map(|d| d.samples).sum();
-                            for d in &dropped {
-                                stats.dropped(DropReason::QueueFull, d.samples);
-                            }
-                            tracing::warn!(
-                                requests = dropped.len(),
-                                samples,
-                                queue_bytes = shared.queue.bytes(),
-                                max_queue_bytes = shared.queue.max_bytes(),
-                                "OTLP queue full: dropped the oldest requests"
-                            );
-                        }
-                    }
-                    gauges(&stats, &shared.queue);
-                    work.notify_one();
+                    self.accept(&profile);
+                    self.work.notify_one();
                 }
                 Command::Shutdown { deadline, reply } => {
-                    let mut shared = shared.borrow_mut();
+                    let mut shared = self.shared.borrow_mut();
                     shared.closing = Some(deadline);
                     shared.reply = Some(reply);
                     break;
@@ -295,23 +259,82 @@ async fn run(
             }
         }
         // Channel closed without a shutdown (the handle was dropped): stop now.
-        shared.borrow_mut().closing.get_or_insert_with(Instant::now);
-        work.notify_one();
-        closing.notify_waiters();
-    };
+        self.shared
+            .borrow_mut()
+            .closing
+            .get_or_insert_with(Instant::now);
+        self.work.notify_one();
+        self.closing.notify_waiters();
+    }
 
-    let sender = async {
+    /// Encodes `profile` (split to the size limit) and queues its requests.
+    fn accept(&self, profile: &Profile) {
+        let (stats, settings) = (&self.stats, &self.settings.encoding);
+        stats.profiles.fetch_add(1, Relaxed);
+        let before = stats::thread_cpu_ns();
+        let encoded = wire::encode(
+            profile,
+            settings.version,
+            settings.attributes,
+            settings.max_request_bytes,
+        );
+        stats
+            .encode_cpu_ns
+            .fetch_add(stats::thread_cpu_ns().saturating_sub(before), Relaxed);
+        stats
+            .samples_encoded
+            .fetch_add(profile.total_samples(), Relaxed);
+        if encoded.requests.len() > 1 {
+            stats
+                .split_requests
+                .fetch_add(encoded.requests.len() as u64, Relaxed);
+        }
+        if encoded.oversized > 0 {
+            tracing::warn!(
+                requests = encoded.oversized,
+                max_request_bytes = settings.max_request_bytes,
+                "a single sample encodes larger than the request limit; sending it anyway"
+            );
+        }
+        self.enqueue(encoded.requests);
+    }
+
+    /// Queues `requests`, counting (and logging) the oldest ones dropped to make room.
+    fn enqueue(&self, requests: Vec<Encoded>) {
+        let mut shared = self.shared.borrow_mut();
+        for request in requests {
+            let dropped = shared.queue.push(request);
+            if dropped.is_empty() {
+                continue;
+            }
+            let samples: u64 = dropped.iter().map(|d| d.samples).sum();
+            for d in &dropped {
+                self.stats.dropped(DropReason::QueueFull, d.samples);
+            }
+            tracing::warn!(
+                requests = dropped.len(),
+                samples,
+                queue_bytes = shared.queue.bytes(),
+                max_queue_bytes = shared.queue.max_bytes(),
+                "OTLP queue full: dropped the oldest requests"
+            );
+        }
+        gauges(&self.stats, &shared.queue);
+    }
+
+    /// Delivers queued requests one at a time until the queue is empty while closing, or the
+    /// shutdown deadline passes.
+    async fn send_all(&self, transport: &Transport) {
         let mut delivery = Delivery {
-            transport: &transport,
-            settings: &settings,
-            stats: &stats,
+            worker: self,
+            transport,
             logged_errors: HashSet::new(),
         };
         loop {
             let next = {
-                let mut s = shared.borrow_mut();
+                let mut s = self.shared.borrow_mut();
                 let item = s.queue.pop();
-                gauges(&stats, &s.queue);
+                gauges(&self.stats, &s.queue);
                 match item {
                     Some(item) => Some(item),
                     None if s.closing.is_some() => break,
@@ -319,57 +342,65 @@ async fn run(
                 }
             };
             match next {
-                Some(item) => delivery.deliver(item, &shared, &closing).await,
-                None => work.notified().await,
+                Some(item) => delivery.deliver(item).await,
+                None => self.work.notified().await,
             }
-            let past_deadline = shared
-                .borrow()
-                .closing
-                .is_some_and(|deadline| Instant::now() >= deadline);
-            if past_deadline {
+            if self.past_deadline() {
                 break;
             }
         }
-        done.notify_one();
-    };
+        self.done.notify_one();
+    }
 
-    let reporter = async {
-        let mut ticker = tokio::time::interval(settings.stats_interval);
+    fn deadline(&self) -> Option<Instant> {
+        self.shared.borrow().closing
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// Logs the counters every `stats_interval` until the sender is done.
+    async fn report(&self) {
+        let mut ticker = tokio::time::interval(self.settings.stats_interval);
         // Encoding a big profile can hold the thread past a tick: log once, not in a burst.
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         ticker.tick().await;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    stats.thread_cpu_ns.store(stats::thread_cpu_ns(), Relaxed);
-                    stats.snapshot().log("otlp export stats");
+                    self.stats.thread_cpu_ns.store(stats::thread_cpu_ns(), Relaxed);
+                    self.stats.snapshot().log("otlp export stats");
                 }
-                _ = done.notified() => break,
+                _ = self.done.notified() => break,
             }
         }
-    };
-
-    tokio::join!(intake, sender, reporter);
-
-    // Whatever is still queued did not make it before the deadline.
-    let mut shared = shared.into_inner();
-    while let Some(item) = shared.queue.pop() {
-        stats.dropped(DropReason::Shutdown, item.samples);
     }
-    gauges(&stats, &shared.queue);
-    stats.thread_cpu_ns.store(stats::thread_cpu_ns(), Relaxed);
-    let snapshot = stats.snapshot();
-    snapshot.log("otlp export stats (final)");
-    if let Some(reply) = shared.reply.take() {
-        // Only a shutdown drops for reason `shutdown`: queued or in flight at the deadline.
-        let result = match snapshot.dropped_requests(DropReason::Shutdown) {
-            0 => Drained::Drained,
-            requests => Drained::TimedOut {
-                requests,
-                samples: snapshot.dropped_samples(DropReason::Shutdown),
-            },
-        };
-        let _ = reply.send(result);
+
+    /// Counts what is still queued as dropped at shutdown, logs the final counters and answers
+    /// the shutdown.
+    fn finish(self) {
+        let stats = self.stats;
+        let mut shared = self.shared.into_inner();
+        while let Some(item) = shared.queue.pop() {
+            stats.dropped(DropReason::Shutdown, item.samples);
+        }
+        gauges(&stats, &shared.queue);
+        stats.thread_cpu_ns.store(stats::thread_cpu_ns(), Relaxed);
+        let snapshot = stats.snapshot();
+        snapshot.log("otlp export stats (final)");
+        if let Some(reply) = shared.reply.take() {
+            // Only a shutdown drops for reason `shutdown`: queued or in flight at the deadline.
+            let result = match snapshot.dropped_requests(DropReason::Shutdown) {
+                0 => Drained::Drained,
+                requests => Drained::TimedOut {
+                    requests,
+                    samples: snapshot.dropped_samples(DropReason::Shutdown),
+                },
+            };
+            let _ = reply.send(result);
+        }
     }
 }
 
@@ -381,10 +412,10 @@ fn gauges(stats: &Stats, queue: &Queue) {
     stats.queue_requests.store(queue.len() as u64, Relaxed);
 }
 
+/// One request's way to the receiver: attempts, retries, and how it ended, counted.
 struct Delivery<'a> {
+    worker: &'a Worker,
     transport: &'a Transport,
-    settings: &'a Settings,
-    stats: &'a Stats,
     /// Permanent errors already logged at error level (each distinct message once).
     logged_errors: HashSet<String>,
 }
@@ -392,136 +423,114 @@ struct Delivery<'a> {
 impl Delivery<'_> {
     /// Sends `item` until it is delivered, refused for good, out of retry budget, or the
     /// shutdown deadline passes.
-    async fn deliver(&mut self, item: Encoded, shared: &RefCell<Shared>, closing: &Notify) {
+    async fn deliver(&mut self, item: Encoded) {
         let started = Instant::now();
-        let retry = self.settings.retry;
         let mut attempt: u32 = 0;
         loop {
-            let deadline = shared.borrow().closing;
-            let send = self.transport.send(item.body.clone());
-            let outcome = match deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, send).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => {
-                        self.stats.dropped(DropReason::Shutdown, item.samples);
-                        return;
-                    }
-                },
-                None => send.await,
+            let Some(outcome) = self.attempt(&item).await else {
+                return;
             };
-            match outcome {
+            let (reason, after) = match outcome {
                 Outcome::Delivered {
                     rejected,
                     message,
                     wire_bytes,
-                } => {
-                    self.stats.requests_sent.fetch_add(1, Relaxed);
-                    self.stats.samples_sent.fetch_add(item.samples, Relaxed);
-                    self.stats
-                        .bytes_sent
-                        .fetch_add(item.body.len() as u64, Relaxed);
-                    if matches!(self.transport, Transport::Http(_)) {
-                        self.stats
-                            .http_body_bytes_sent
-                            .fetch_add(wire_bytes as u64, Relaxed);
-                    }
-                    if rejected > 0 || !message.is_empty() {
-                        self.stats.partial_success.fetch_add(1, Relaxed);
-                        self.stats
-                            .rejected_profiles
-                            .fetch_add(u64::try_from(rejected).unwrap_or(0), Relaxed);
-                        tracing::warn!(
-                            rejected_profiles = rejected,
-                            message = %message,
-                            "OTLP receiver accepted the request only in part"
-                        );
-                    }
-                    return;
-                }
-                Outcome::Permanent { reason } => {
-                    self.stats.dropped(DropReason::Permanent, item.samples);
-                    if self.logged_errors.len() < 64 && self.logged_errors.insert(reason.clone()) {
-                        tracing::error!(
-                            samples = item.samples,
-                            error = %reason,
-                            "OTLP receiver refused the request; dropped (not retried; further \
-                             identical errors are only counted)"
-                        );
-                    } else {
-                        tracing::debug!(samples = item.samples, error = %reason, "OTLP request refused");
-                    }
-                    return;
-                }
-                Outcome::Retry { reason, after } => {
-                    let delay = after.unwrap_or_else(|| backoff(&retry, attempt));
-                    let elapsed = started.elapsed();
-                    if !retry.enabled || elapsed + delay > retry.max_elapsed_time {
-                        self.stats
-                            .dropped(DropReason::RetriesExhausted, item.samples);
-                        tracing::error!(
-                            samples = item.samples,
-                            attempts = attempt + 1,
-                            error = %reason,
-                            "OTLP request failed and its retry budget is spent; dropped"
-                        );
-                        return;
-                    }
-                    self.stats.retries.fetch_add(1, Relaxed);
-                    if attempt == 0 {
-                        tracing::warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "OTLP export failed; retrying");
-                    } else {
-                        tracing::debug!(error = %reason, attempt, retry_in_ms = delay.as_millis() as u64, "OTLP export failed again; retrying");
-                    }
-                    let wake = Instant::now() + delay;
-                    let wake = match shared.borrow().closing {
-                        Some(deadline) => wake.min(deadline),
-                        None => wake,
-                    };
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(wake) => {}
-                        _ = closing.notified() => {}
-                    }
-                    let deadline = shared.borrow().closing;
-                    if let Some(deadline) = deadline {
-                        if Instant::now() >= deadline {
-                            self.stats.dropped(DropReason::Shutdown, item.samples);
-                            return;
-                        }
-                    }
-                    attempt = attempt.saturating_add(1);
-                }
+                } => return self.delivered(&item, rejected, &message, wire_bytes),
+                Outcome::Permanent { reason } => return self.refused(&item, reason),
+                Outcome::Retry { reason, after } => (reason, after),
+            };
+            let retry = &self.worker.settings.retry;
+            let Some(delay) = retry.next_delay(attempt, after, started.elapsed()) else {
+                self.worker
+                    .stats
+                    .dropped(DropReason::RetriesExhausted, item.samples);
+                tracing::error!(
+                    samples = item.samples,
+                    attempts = attempt + 1,
+                    error = %reason,
+                    "OTLP request failed and its retry budget is spent; dropped"
+                );
+                return;
+            };
+            self.worker.stats.retries.fetch_add(1, Relaxed);
+            if attempt == 0 {
+                tracing::warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "OTLP export failed; retrying");
+            } else {
+                tracing::debug!(error = %reason, attempt, retry_in_ms = delay.as_millis() as u64, "OTLP export failed again; retrying");
             }
+            if !self.wait(delay).await {
+                self.worker
+                    .stats
+                    .dropped(DropReason::Shutdown, item.samples);
+                return;
+            }
+            attempt = attempt.saturating_add(1);
         }
     }
-}
 
-/// The delay before retry number `attempt + 1`: `initial * 2^attempt`, capped at
-/// `max_interval`, jittered uniformly by +-50% so that many relays do not retry in step.
-fn backoff(retry: &RetrySettings, attempt: u32) -> Duration {
-    let base = retry
-        .initial_interval
-        .saturating_mul(1u32 << attempt.min(20))
-        .min(retry.max_interval);
-    base.mul_f64(0.5 + fastrand::f64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_is_capped_and_jittered() {
-        let retry = RetrySettings {
-            enabled: true,
-            initial_interval: Duration::from_millis(100),
-            max_interval: Duration::from_secs(1),
-            max_elapsed_time: Duration::from_secs(10),
+    /// One send, cut short by the shutdown deadline (then counted as dropped: `None`).
+    async fn attempt(&self, item: &Encoded) -> Option<Outcome> {
+        let send = self.transport.send(item.body.clone());
+        let Some(deadline) = self.worker.deadline() else {
+            return Some(send.await);
         };
-        for attempt in 0..10 {
-            let d = backoff(&retry, attempt);
-            let base = (100u64 << attempt).min(1000);
-            assert!(d >= Duration::from_millis(base / 2), "{attempt}: {d:?}");
-            assert!(d <= Duration::from_millis(base * 3 / 2), "{attempt}: {d:?}");
+        let outcome = tokio::time::timeout_at(deadline, send).await.ok();
+        if outcome.is_none() {
+            self.worker
+                .stats
+                .dropped(DropReason::Shutdown, item.samples);
+        }
+        outcome
+    }
+
+    /// Sleeps `delay` before the next attempt, less if closing begins; `false` when the
+    /// shutdown deadline has passed.
+    async fn wait(&self, delay: Duration) -> bool {
+        let wake = Instant::now() + delay;
+        let wake = self.worker.deadline().map_or(wake, |d| wake.min(d));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = self.worker.closing.notified() => {}
+        }
+        !self.worker.past_deadline()
+    }
+
+    fn delivered(&self, item: &Encoded, rejected: i64, message: &str, wire_bytes: usize) {
+        let stats = &self.worker.stats;
+        stats.requests_sent.fetch_add(1, Relaxed);
+        stats.samples_sent.fetch_add(item.samples, Relaxed);
+        stats.bytes_sent.fetch_add(item.body.len() as u64, Relaxed);
+        if matches!(self.transport, Transport::Http(_)) {
+            stats
+                .http_body_bytes_sent
+                .fetch_add(wire_bytes as u64, Relaxed);
+        }
+        if rejected > 0 || !message.is_empty() {
+            stats.partial_success.fetch_add(1, Relaxed);
+            stats
+                .rejected_profiles
+                .fetch_add(u64::try_from(rejected).unwrap_or(0), Relaxed);
+            tracing::warn!(
+                rejected_profiles = rejected,
+                message = %message,
+                "OTLP receiver accepted the request only in part"
+            );
+        }
+    }
+
+    fn refused(&mut self, item: &Encoded, reason: String) {
+        self.worker
+            .stats
+            .dropped(DropReason::Permanent, item.samples);
+        if self.logged_errors.len() < 64 && self.logged_errors.insert(reason.clone()) {
+            tracing::error!(
+                samples = item.samples,
+                error = %reason,
+                "OTLP receiver refused the request; dropped (not retried; further \
+                 identical errors are only counted)"
+            );
+        } else {
+            tracing::debug!(samples = item.samples, error = %reason, "OTLP request refused");
         }
     }
 }

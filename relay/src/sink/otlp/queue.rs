@@ -56,10 +56,6 @@ impl Queue {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     /// Bytes queued now.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -72,11 +68,6 @@ impl Queue {
 
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
-    }
-
-    /// Samples queued now.
-    pub fn samples(&self) -> u64 {
-        self.items.iter().map(|i| i.samples).sum()
     }
 }
 

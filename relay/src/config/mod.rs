@@ -1,0 +1,350 @@
+//! The relay's YAML config file (`--config FILE`), shaped like an OpenTelemetry Collector
+//! config: the schema's root, and the resolution of each sink's section with the flags and the
+//! environment into what the relay runs with ([`Exporters`]).
+//!
+//! ```yaml
+//! exporters:
+//!   otlp:
+//!     endpoint: http://pyroscope:4040
+//!     protocol: grpc          # grpc | http
+//!     proto_version: "1.9"    # "1.9" (Pyroscope 1.18, Collector <= 0.147) | "1.10"
+//!     headers: { X-Scope-OrgID: team-a }
+//!   debug:
+//!     verbosity: detailed
+//! ```
+//!
+//! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
+//! [`crate::sink::debug::config`]); [`layers`] holds what they share (errors, durations, the
+//! precedence flag > file > environment > default). Resolution reads the TLS files named here,
+//! so it runs before the relay drops privileges.
+
+pub mod layers;
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub use self::layers::{ConfigError, DurationText};
+pub use crate::sink::otlp::config::{parse_header_flag, OtlpConfig, OtlpFlags};
+use crate::sink::{
+    debug::{self, DebugConfig, DebugSettings},
+    otlp::{self, exporter::Settings},
+};
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Where profiles go besides the local files.
+    #[serde(default)]
+    pub exporters: ExportersConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportersConfig {
+    /// OTLP profiles exporter (Pyroscope, OpenTelemetry Collector). Present = enabled.
+    pub otlp: Option<OtlpConfig>,
+    /// Prints what the OTLP exporter would send. Present = enabled.
+    pub debug: Option<DebugConfig>,
+}
+
+/// Parses a config file's text; `path` names it in errors.
+pub fn parse(text: &str, path: &str) -> Result<RelayConfig, ConfigError> {
+    serde_saphyr::from_str(text).map_err(|err| ConfigError::Parse {
+        path: path.to_owned(),
+        message: err.to_string(),
+    })
+}
+
+/// Reads and parses a config file.
+pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// What the relay exports to, resolved.
+#[derive(Clone, Debug, Default)]
+pub struct Exporters {
+    pub otlp: Option<Settings>,
+    pub debug: Option<DebugSettings>,
+}
+
+/// Resolves `config`, `flags` and the environment (`env` looks a variable up) into exporter
+/// settings, reading the TLS files it names.
+pub fn resolve(
+    config: &RelayConfig,
+    flags: &OtlpFlags,
+    env: layers::Env<'_>,
+) -> Result<Exporters, ConfigError> {
+    let otlp_file = config.exporters.otlp.as_ref();
+    // The debug exporter shows the requests the OTLP exporter would send: same shape.
+    let encoding = otlp::config::encode_settings(otlp_file, flags)?;
+    Ok(Exporters {
+        otlp: otlp::config::resolve(otlp_file, flags, env, encoding)?,
+        debug: config
+            .exporters
+            .debug
+            .as_ref()
+            .map(|d| debug::config::resolve(d, encoding)),
+    })
+}
+
+/// One line per exporter describing what it resolved to, for logs and `validate`.
+pub fn describe(exporters: &Exporters) -> Vec<String> {
+    vec![
+        exporters
+            .otlp
+            .as_ref()
+            .map_or_else(|| "otlp: off".to_owned(), otlp::config::describe),
+        exporters
+            .debug
+            .as_ref()
+            .map_or_else(|| "debug: off".to_owned(), debug::config::describe),
+    ]
+}
+
+/// Warnings about resolved exporters, for logs and `validate` (credentials in plaintext).
+pub fn warnings(exporters: &Exporters) -> Vec<String> {
+    exporters
+        .otlp
+        .as_ref()
+        .map(otlp::config::warnings)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sink::{
+        debug::Verbosity,
+        otlp::{transport::Protocol, ProtoVersion},
+    };
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |key| vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let config = parse(
+            r#"
+exporters:
+  otlp:
+    endpoint: http://pyroscope:4040
+    protocol: grpc
+    proto_version: "1.9"
+    headers:
+      X-Scope-OrgID: team-a
+    compression: none
+    timeout: 5s
+    tls: { insecure: true }
+    max_request_bytes: 1048576
+    sending_queue: { queue_size_bytes: 8388608 }
+    retry_on_failure: { initial_interval: 100ms, max_interval: 2s, max_elapsed_time: 1m }
+    sample_attributes: { thread_name: false, tid: true }
+    stats_interval: 10s
+  debug:
+    verbosity: detailed
+"#,
+            "test.yaml",
+        )
+        .unwrap();
+        let resolved = resolve(&config, &OtlpFlags::default(), &env(&[])).unwrap();
+        let otlp = resolved.otlp.unwrap();
+        assert_eq!(otlp.transport.protocol, Protocol::Grpc);
+        assert_eq!(otlp.transport.url.to_string(), "http://pyroscope:4040/");
+        assert_eq!(otlp.encoding.version, ProtoVersion::V1_9);
+        assert!(!otlp.transport.gzip);
+        assert_eq!(otlp.transport.timeout, Duration::from_secs(5));
+        assert_eq!(otlp.transport.headers[0].0.as_str(), "x-scope-orgid");
+        assert_eq!(otlp.queue_bytes, 8 << 20);
+        assert_eq!(otlp.retry.initial_interval, Duration::from_millis(100));
+        assert!(!otlp.encoding.attributes.thread_name && otlp.encoding.attributes.tid);
+        assert_eq!(resolved.debug.unwrap().verbosity, Verbosity::Detailed);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_versions_are_refused_with_a_location() {
+        let err = parse("exporters:\n  otlp:\n    endpont: x\n", "c.yaml").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("endpont"), "{text}");
+        assert!(text.contains('3'), "no line number in: {text}");
+        assert!(parse(
+            "exporters:\n  otlp:\n    proto_version: \"2.0\"\n",
+            "c.yaml"
+        )
+        .is_err());
+        // Unquoted 1.10 is a YAML float; it must not silently become 1.1.
+        let unquoted = parse("exporters:\n  otlp:\n    proto_version: 1.10\n", "c.yaml");
+        if let Ok(config) = unquoted {
+            assert_eq!(
+                config.exporters.otlp.unwrap().proto_version,
+                Some(ProtoVersion::V1_10)
+            );
+        }
+    }
+
+    #[test]
+    fn environment_precedence_follows_the_spec() {
+        let none = RelayConfig::default();
+        // Nothing set: no exporter.
+        assert!(resolve(&none, &OtlpFlags::default(), &env(&[]))
+            .unwrap()
+            .otlp
+            .is_none());
+        // The generic endpoint is a base URL: the signal path is appended.
+        let generic = resolve(
+            &none,
+            &OtlpFlags::default(),
+            &env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/base/"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,b=x%20y"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ]),
+        )
+        .unwrap()
+        .otlp
+        .unwrap();
+        assert_eq!(
+            generic.transport.url.to_string(),
+            "http://collector:4318/base/v1development/profiles"
+        );
+        assert_eq!(generic.transport.timeout, Duration::from_millis(2500));
+        let b = &generic.transport.headers[1];
+        assert_eq!((b.0.as_str(), b.1.to_str().unwrap()), ("b", "x y"));
+        // The signal-specific endpoint wins and is used as is; the signal-specific protocol too.
+        let specific = resolve(
+            &none,
+            &OtlpFlags::default(),
+            &env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://generic:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+                    "http://profiles:9999/custom",
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/protobuf"),
+            ]),
+        )
+        .unwrap()
+        .otlp
+        .unwrap();
+        assert_eq!(
+            specific.transport.url.to_string(),
+            "http://profiles:9999/custom"
+        );
+        assert_eq!(specific.transport.protocol, Protocol::Http);
+        // Flags beat the file, which beats the environment.
+        let file = parse(
+            "exporters:\n  otlp:\n    endpoint: http://file:4040\n    headers: { a: file }\n",
+            "c.yaml",
+        )
+        .unwrap();
+        let flags = OtlpFlags {
+            endpoint: Some("flag:4317".into()),
+            protocol: Some(Protocol::Grpc),
+            proto_version: Some(ProtoVersion::V1_9),
+            headers: vec![("b".into(), "flag".into())],
+            insecure: true,
+        };
+        let both = resolve(
+            &file,
+            &flags,
+            &env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "a=env,c=env"),
+            ]),
+        )
+        .unwrap()
+        .otlp
+        .unwrap();
+        assert_eq!(both.transport.url.to_string(), "http://flag:4317/");
+        assert_eq!(both.encoding.version, ProtoVersion::V1_9);
+        let headers: Vec<(String, String)> = both
+            .transport
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(
+            headers,
+            vec![
+                ("a".into(), "file".into()),
+                ("b".into(), "flag".into()),
+                ("c".into(), "env".into())
+            ]
+        );
+        // http/json is refused, not silently replaced.
+        assert!(resolve(
+            &none,
+            &OtlpFlags::default(),
+            &env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:1"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+            ])
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn credentials_over_plaintext_are_warned_about_and_userinfo_never_shown() {
+        let with = |endpoint: &str, protocol: Protocol, headers: Vec<(String, String)>| {
+            resolve(
+                &RelayConfig::default(),
+                &OtlpFlags {
+                    endpoint: Some(endpoint.into()),
+                    protocol: Some(protocol),
+                    headers,
+                    ..OtlpFlags::default()
+                },
+                &env(&[]),
+            )
+            .unwrap()
+        };
+        let secret = vec![("Authorization".to_owned(), "Bearer s3cret".to_owned())];
+        // Headers over plain HTTP and over h2c: one warning naming the header and the fix.
+        for protocol in [Protocol::Http, Protocol::Grpc] {
+            let exporters = with("http://collector:4318", protocol, secret.clone());
+            let warnings = warnings(&exporters);
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(warnings[0].contains("authorization"), "{}", warnings[0]);
+            assert!(warnings[0].contains("https://"), "{}", warnings[0]);
+            assert!(!warnings[0].contains("s3cret"), "{}", warnings[0]);
+        }
+        // Userinfo over plaintext, no headers: warned, and redacted everywhere it is shown.
+        let exporters = with("http://user:pw@collector:4317", Protocol::Grpc, Vec::new());
+        let warnings = warnings(&exporters);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("user:password"), "{}", warnings[0]);
+        let described = describe(&exporters).join("\n");
+        for text in [&warnings[0], &described] {
+            assert!(!text.contains("pw@"), "{text}");
+            assert!(text.contains("http://***@collector:4317"), "{text}");
+        }
+        // TLS, or nothing secret: no warning.
+        assert!(super::warnings(&with("https://c:4317", Protocol::Grpc, secret)).is_empty());
+        assert!(super::warnings(&with("http://c:4317", Protocol::Grpc, Vec::new())).is_empty());
+        // A bad endpoint's error does not echo its userinfo.
+        let err = resolve(
+            &RelayConfig::default(),
+            &OtlpFlags {
+                endpoint: Some("ftp://user:pw@host".into()),
+                ..OtlpFlags::default()
+            },
+            &env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("pw@") && err.contains("***@host"), "{err}");
+    }
+}

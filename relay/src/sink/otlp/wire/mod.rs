@@ -1,0 +1,813 @@
+//! The wire: a neutral [`Request`] as the bytes of one OTLP profiles generation, and a profile
+//! split into requests that fit the size limit.
+//!
+//! The two generations ([`v1_9`], [`v1_10`]) differ on the wire only in `Sample` (v1.9: values
+//! = 2, attribute indices = 3, link index = 4; v1.10: attribute indices = 2, link index = 3,
+//! values = 4). Everything around it (dictionary, resource, scope) is the same message, so one
+//! generic encoder ([`message`]) builds both: a [`Generation`] supplies only the message types
+//! that contain a `Sample` and how to fill them. A request is encoded wholly in the generation
+//! the exporter is configured for ([`ProtoVersion`]); nothing mixes them.
+//!
+//! [`split`] is the one place a profile becomes requests: the exporter sends what it yields and
+//! the debug exporter prints it, so both show the same split.
+
+pub mod v1_10;
+pub mod v1_9;
+
+use std::fmt;
+
+use opentelemetry_proto::tonic::{
+    common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
+    profiles::v1development::{
+        Function, KeyValueAndUnit, Line, Link, Location, Mapping, ProfilesDictionary, Stack,
+        ValueType,
+    },
+    resource::v1::Resource,
+};
+
+use super::request::{self, Request, SampleAttributes};
+use crate::model::{Profile, SymbolizedSample};
+
+/// The OTLP profiles wire generation a receiver speaks (see the README's compatibility matrix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
+pub enum ProtoVersion {
+    /// Pyroscope 1.18.x, OpenTelemetry Collector <= 0.147.
+    #[serde(rename = "1.9")]
+    V1_9,
+    /// Pyroscope >= 1.20, OpenTelemetry Collector >= 0.148 (v1.11 is the same on the wire).
+    #[serde(rename = "1.10")]
+    V1_10,
+}
+
+impl ProtoVersion {
+    pub const DEFAULT: Self = Self::V1_10;
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1_9 => "1.9",
+            Self::V1_10 => "1.10",
+        }
+    }
+
+    /// Encodes a neutral request in this generation.
+    pub fn encode(self, request: &Request) -> Vec<u8> {
+        match self {
+            Self::V1_9 => encode_as::<v1_9::V1_9>(request),
+            Self::V1_10 => encode_as::<v1_10::V1_10>(request),
+        }
+    }
+}
+
+impl fmt::Display for ProtoVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ProtoVersion {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim().trim_start_matches('v') {
+            "1.9" | "1.9.0" => Ok(Self::V1_9),
+            "1.10" | "1.10.0" | "1.11" | "1.11.0" => Ok(Self::V1_10),
+            other => Err(format!(
+                "unknown OTLP profiles version `{other}`: use 1.9 (Pyroscope 1.18, Collector <= \
+                 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148)"
+            )),
+        }
+    }
+}
+
+/// What decides the bytes of the requests a profile becomes: the exporter sends them, the debug
+/// exporter shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeSettings {
+    pub version: ProtoVersion,
+    pub attributes: SampleAttributes,
+    /// Largest request (uncompressed); bigger ones are split.
+    pub max_request_bytes: usize,
+}
+
+/// One encoded request, ready to send.
+#[derive(Clone, Debug)]
+pub struct Encoded {
+    /// The protobuf message, uncompressed.
+    pub body: bytes::Bytes,
+    /// Samples it carries (sum of counts).
+    pub samples: u64,
+}
+
+/// How a profile was encoded.
+#[derive(Clone, Debug, Default)]
+pub struct Encoding {
+    pub requests: Vec<Encoded>,
+    /// Requests that were over the limit on their own (a single sample bigger than the limit);
+    /// sent anyway rather than dropped.
+    pub oversized: usize,
+}
+
+/// One request of a split profile: the neutral form and its bytes.
+pub struct Part {
+    pub request: Request,
+    pub body: Vec<u8>,
+    /// Over the limit on its own (a single sample bigger than the limit); sent anyway.
+    pub oversized: bool,
+}
+
+/// Encodes `profile` into requests of at most `max_bytes` each (uncompressed). A request over the
+/// limit is split in halves by sample (each half gets its own dictionary) until every part fits;
+/// no sample is dropped to fit.
+pub fn encode(
+    profile: &Profile,
+    version: ProtoVersion,
+    attributes: SampleAttributes,
+    max_bytes: usize,
+) -> Encoding {
+    let settings = EncodeSettings {
+        version,
+        attributes,
+        max_request_bytes: max_bytes,
+    };
+    let mut out = Encoding::default();
+    split(profile, &settings, |part| {
+        out.oversized += usize::from(part.oversized);
+        out.requests.push(Encoded {
+            samples: part.request.sample_count(),
+            body: part.body.into(),
+        });
+    });
+    out
+}
+
+/// Hands `each` the requests `profile` becomes under `settings`, in sample order (see
+/// [`encode`]). An empty profile becomes no request.
+pub fn split(profile: &Profile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
+    let samples = profile.samples();
+    if samples.is_empty() {
+        return;
+    }
+    let meta = request::Meta::of(profile);
+    let mut pending: Vec<&[SymbolizedSample]> = vec![&samples];
+    while let Some(part) = pending.pop() {
+        let request = request::build(part, &meta, settings.attributes);
+        let body = settings.version.encode(&request);
+        let over = body.len() > settings.max_request_bytes;
+        if over && part.len() > 1 {
+            let (first, second) = part.split_at(part.len() / 2);
+            // Second pushed first so parts come out in sample order.
+            pending.push(second);
+            pending.push(first);
+            continue;
+        }
+        each(Part {
+            request,
+            body,
+            oversized: over,
+        });
+    }
+}
+
+/// The profile fields every generation shares (everything of `Profile` but its samples).
+pub(crate) struct ProfileHeader {
+    pub sample_type: ValueType,
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+    pub period_type: ValueType,
+    pub period: i64,
+}
+
+/// What one wire generation supplies to the generic encoder: the message types that contain a
+/// `Sample` (whose layout is what differs) and how to fill them.
+pub(crate) trait Generation {
+    type Request: prost::Message;
+    type ResourceProfiles;
+    type Profile;
+    type Sample;
+
+    fn sample(sample: &request::Sample) -> Self::Sample;
+    fn profile(header: ProfileHeader, samples: Vec<Self::Sample>) -> Self::Profile;
+    fn resource_profiles(
+        resource: Resource,
+        scope: InstrumentationScope,
+        profile: Self::Profile,
+    ) -> Self::ResourceProfiles;
+    fn request(
+        resources: Vec<Self::ResourceProfiles>,
+        dictionary: ProfilesDictionary,
+    ) -> Self::Request;
+}
+
+/// Implements [`Generation`] for the uninhabited type `$generation`, with the
+/// `ExportProfilesServiceRequest`, `ResourceProfiles`, `ScopeProfiles`, `Profile` and `Sample`
+/// in scope where it is invoked. Their field names are the same in both generations (only
+/// `Sample`'s field numbers differ), so one body fills either.
+macro_rules! generation {
+    ($generation:ident) => {
+        impl $crate::sink::otlp::wire::Generation for $generation {
+            type Request = ExportProfilesServiceRequest;
+            type ResourceProfiles = ResourceProfiles;
+            type Profile = Profile;
+            type Sample = Sample;
+
+            fn sample(s: &$crate::sink::otlp::request::Sample) -> Sample {
+                Sample {
+                    stack_index: s.stack,
+                    values: vec![s.count],
+                    attribute_indices: s.attributes.clone(),
+                    link_index: 0,
+                    timestamps_unix_nano: Vec::new(),
+                }
+            }
+
+            fn profile(
+                h: $crate::sink::otlp::wire::ProfileHeader,
+                samples: Vec<Sample>,
+            ) -> Profile {
+                Profile {
+                    sample_type: Some(h.sample_type),
+                    samples,
+                    time_unix_nano: h.time_unix_nano,
+                    duration_nano: h.duration_nano,
+                    period_type: Some(h.period_type),
+                    period: h.period,
+                    ..Profile::default()
+                }
+            }
+
+            fn resource_profiles(
+                resource: opentelemetry_proto::tonic::resource::v1::Resource,
+                scope: opentelemetry_proto::tonic::common::v1::InstrumentationScope,
+                profile: Profile,
+            ) -> ResourceProfiles {
+                ResourceProfiles {
+                    resource: Some(resource),
+                    scope_profiles: vec![ScopeProfiles {
+                        scope: Some(scope),
+                        profiles: vec![profile],
+                        schema_url: String::new(),
+                    }],
+                    schema_url: String::new(),
+                }
+            }
+
+            fn request(
+                resource_profiles: Vec<ResourceProfiles>,
+                dictionary: opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary,
+            ) -> ExportProfilesServiceRequest {
+                ExportProfilesServiceRequest {
+                    resource_profiles,
+                    dictionary: Some(dictionary),
+                }
+            }
+        }
+    };
+}
+use generation;
+
+/// The message of generation `G` for `request`.
+pub(crate) fn message<G: Generation>(request: &Request) -> G::Request {
+    let resources = request
+        .resources
+        .iter()
+        .map(|r| {
+            let samples = r.samples.iter().map(G::sample).collect();
+            G::resource_profiles(resource(r), scope(), G::profile(header(request), samples))
+        })
+        .collect();
+    G::request(resources, dictionary(&request.dictionary))
+}
+
+fn encode_as<G: Generation>(request: &Request) -> Vec<u8> {
+    prost::Message::encode_to_vec(&message::<G>(request))
+}
+
+fn header(request: &Request) -> ProfileHeader {
+    ProfileHeader {
+        sample_type: ValueType {
+            type_strindex: request.sample_type.0,
+            unit_strindex: request.sample_type.1,
+        },
+        time_unix_nano: request.time_unix_nano,
+        duration_nano: request.duration_nano,
+        period_type: ValueType {
+            type_strindex: request.period_type.0,
+            unit_strindex: request.period_type.1,
+        },
+        period: request.period,
+    }
+}
+
+fn resource(r: &request::ResourceProfile) -> Resource {
+    Resource {
+        attributes: r
+            .resource
+            .iter()
+            .map(|kv| KeyValue {
+                key: kv.key.to_owned(),
+                value: Some(any_value(&kv.value)),
+                ..KeyValue::default()
+            })
+            .collect(),
+        ..Resource::default()
+    }
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope {
+        name: super::SCOPE_NAME.to_owned(),
+        version: super::SCOPE_VERSION.to_owned(),
+        ..InstrumentationScope::default()
+    }
+}
+
+fn any_value(value: &request::Value) -> AnyValue {
+    AnyValue {
+        value: Some(match value {
+            request::Value::Str(s) => any_value::Value::StringValue(s.to_string()),
+            request::Value::Int(i) => any_value::Value::IntValue(*i),
+        }),
+    }
+}
+
+/// The dictionary, the same message in both generations. Index 0 of every table is the empty
+/// element (the attribute table's too, whatever the neutral form holds there).
+fn dictionary(d: &request::Dictionary) -> ProfilesDictionary {
+    ProfilesDictionary {
+        mapping_table: d.mappings.iter().map(mapping).collect(),
+        location_table: d.locations.iter().map(location).collect(),
+        function_table: d
+            .functions
+            .iter()
+            .map(|f| Function {
+                name_strindex: f.name,
+                system_name_strindex: f.system_name,
+                filename_strindex: f.filename,
+                start_line: 0,
+            })
+            .collect(),
+        link_table: vec![Link::default()],
+        string_table: d.strings.iter().map(|s| s.to_string()).collect(),
+        attribute_table: d
+            .attributes
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match i {
+                0 => KeyValueAndUnit::default(),
+                _ => KeyValueAndUnit {
+                    key_strindex: a.key,
+                    value: Some(any_value(&a.value)),
+                    unit_strindex: 0,
+                },
+            })
+            .collect(),
+        stack_table: d
+            .stacks
+            .iter()
+            .map(|s| Stack {
+                location_indices: s.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn mapping(m: &request::Mapping) -> Mapping {
+    Mapping {
+        memory_start: m.memory_start,
+        memory_limit: m.memory_limit,
+        file_offset: m.file_offset,
+        filename_strindex: m.filename,
+        attribute_indices: m.attributes.clone(),
+    }
+}
+
+fn location(l: &request::Location) -> Location {
+    Location {
+        mapping_index: l.mapping,
+        address: l.address,
+        lines: l
+            .lines
+            .iter()
+            .map(|line| Line {
+                function_index: line.function,
+                line: line.line,
+                column: 0,
+            })
+            .collect(),
+        attribute_indices: l.attributes.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use prost::Message as _;
+
+    use super::*;
+    use crate::model::{Frame, FrameKind, Module, SymbolizedSample, Thread};
+
+    fn profile(processes: u32, stacks_each: u64) -> Profile {
+        let mut profile = Profile::new(99);
+        profile.hostname = Some("h".into());
+        for pid in 1..=processes {
+            let module = Arc::new(Module {
+                path: format!("/usr/bin/app{pid}").into(),
+                build_id: Some("00ff".into()),
+                start: 0x1000,
+                end: 0x100_0000,
+                file_offset: 0,
+            });
+            for s in 0..stacks_each {
+                let frames: Vec<Frame> = (0..20u64)
+                    .map(|depth| Frame {
+                        function: format!("function_{s}_{depth}").into(),
+                        file: Some("src/app.c".into()),
+                        line: Some(u32::try_from(depth).unwrap_or(0)),
+                        kind: FrameKind::Native,
+                        inlined: false,
+                        address: 0x2000 + s * 64 + depth,
+                        module: Some(Arc::clone(&module)),
+                    })
+                    .collect();
+                profile.add(
+                    SymbolizedSample {
+                        thread: Thread {
+                            pid,
+                            tid: pid,
+                            process_name: format!("app{pid}").into(),
+                            thread_name: "main".into(),
+                            executable_path: format!("/usr/bin/app{pid}").into(),
+                            container_id: None,
+                        },
+                        stack: frames.into(),
+                        count: 2,
+                    },
+                    1_000,
+                    2_000,
+                );
+            }
+        }
+        profile
+    }
+
+    /// What a decoded request says, generation-neutral: per profile its period, period type
+    /// (type, unit) and, per sample, the leaf function of its stack with its values.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Decoded {
+        period: i64,
+        period_type: (String, String),
+        samples: Vec<(String, Vec<i64>)>,
+    }
+
+    /// Reads `$message` (either generation: the field names are the same) into [`Decoded`]s.
+    macro_rules! decoded {
+        ($message:expr) => {{
+            let message = $message;
+            let d = message.dictionary.expect("a dictionary");
+            let string = |i: i32| d.string_table[usize::try_from(i).unwrap()].clone();
+            let leaf = |stack: i32| {
+                let stack = &d.stack_table[usize::try_from(stack).unwrap()];
+                let location =
+                    &d.location_table[usize::try_from(stack.location_indices[0]).unwrap()];
+                let function =
+                    &d.function_table[usize::try_from(location.lines[0].function_index).unwrap()];
+                string(function.name_strindex)
+            };
+            let mut out = Vec::new();
+            for resource in &message.resource_profiles {
+                for scope in &resource.scope_profiles {
+                    for profile in &scope.profiles {
+                        let period_type = profile.period_type.as_ref().expect("a period type");
+                        out.push(Decoded {
+                            period: profile.period,
+                            period_type: (
+                                string(period_type.type_strindex),
+                                string(period_type.unit_strindex),
+                            ),
+                            samples: profile
+                                .samples
+                                .iter()
+                                .map(|s| (leaf(s.stack_index), s.values.clone()))
+                                .collect(),
+                        });
+                    }
+                }
+            }
+            out
+        }};
+    }
+
+    /// Every profile of every request of `profile`, encoded in `version` (split at
+    /// `max_bytes`), decoded with that generation's definitions.
+    fn decode_all(profile: &Profile, version: ProtoVersion, max_bytes: usize) -> Vec<Decoded> {
+        let encoding = encode(profile, version, SampleAttributes::default(), max_bytes);
+        assert!(!encoding.requests.is_empty());
+        encoding
+            .requests
+            .iter()
+            .flat_map(|r| match version {
+                ProtoVersion::V1_9 => decoded!(
+                    v1_9::ExportProfilesServiceRequest::decode(r.body.clone())
+                        .expect("decodes as v1.9")
+                ),
+                ProtoVersion::V1_10 => decoded!(
+                    opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(
+                        r.body.clone(),
+                    )
+                    .expect("decodes as v1.10")
+                ),
+            })
+            .collect()
+    }
+
+    /// One sample of `count` on a one-frame stack `leaf` of process `pid`.
+    fn add_sample(profile: &mut Profile, pid: u32, leaf: &str, count: u64) {
+        let module = Arc::new(Module {
+            path: "/usr/bin/app".into(),
+            build_id: None,
+            start: 0x1000,
+            end: 0x10_0000,
+            file_offset: 0,
+        });
+        let frame = Frame {
+            function: leaf.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            inlined: false,
+            // A distinct address per function, so every stack is its own location.
+            address: 0x2000 + leaf.bytes().map(u64::from).sum::<u64>(),
+            module: Some(module),
+        };
+        profile.add(
+            SymbolizedSample {
+                thread: Thread {
+                    pid,
+                    tid: pid,
+                    process_name: "app".into(),
+                    thread_name: "main".into(),
+                    executable_path: "/usr/bin/app".into(),
+                    container_id: None,
+                },
+                stack: vec![frame].into(),
+                count,
+            },
+            1_000,
+            2_000,
+        );
+    }
+
+    #[test]
+    fn every_profile_carries_the_sampling_period_of_its_frequency() {
+        for (frequency_hz, max_bytes) in [(99, usize::MAX), (49, usize::MAX), (997, 1024)] {
+            // Given a profile sampled at `frequency_hz`, with two processes and enough stacks
+            // that a 1 KiB limit splits it into several requests
+            let mut profile = Profile::new(frequency_hz);
+            for pid in [1, 2] {
+                for i in 0..20 {
+                    add_sample(&mut profile, pid, &format!("function_{i}"), 1);
+                }
+            }
+            for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+                // When encoded and decoded with the generation's own definitions
+                let decoded = decode_all(&profile, version, max_bytes);
+                if max_bytes != usize::MAX {
+                    assert!(decoded.len() > 2, "{version}: the profile was not split");
+                }
+                // Then every profile's period is 1e9 / frequency ns of cpu time
+                for profile in &decoded {
+                    assert_eq!(
+                        profile.period,
+                        1_000_000_000 / i64::from(frequency_hz),
+                        "{version} at {frequency_hz} Hz"
+                    );
+                    assert_eq!(
+                        profile.period_type,
+                        ("cpu".to_owned(), "nanoseconds".to_owned())
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_stack_keeps_its_own_count() {
+        // Given one process with three stacks of different counts next to each other, and a
+        // second process with one more
+        let mut profile = Profile::new(99);
+        add_sample(&mut profile, 1, "alpha", 3);
+        add_sample(&mut profile, 1, "beta", 5);
+        add_sample(&mut profile, 1, "gamma", 7);
+        add_sample(&mut profile, 2, "delta", 11);
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            // When encoded in one request and decoded
+            let decoded = decode_all(&profile, version, usize::MAX);
+            // Then each process is its own profile and each stack has its own count, once
+            let mut per_profile: Vec<Vec<(String, Vec<i64>)>> = decoded
+                .into_iter()
+                .map(|p| {
+                    let mut samples = p.samples;
+                    samples.sort();
+                    samples
+                })
+                .collect();
+            per_profile.sort();
+            let expected = |rows: &[(&str, i64)]| -> Vec<(String, Vec<i64>)> {
+                rows.iter()
+                    .map(|&(leaf, count)| (leaf.to_owned(), vec![count]))
+                    .collect()
+            };
+            assert_eq!(
+                per_profile,
+                vec![
+                    expected(&[("alpha", 3), ("beta", 5), ("gamma", 7)]),
+                    expected(&[("delta", 11)]),
+                ],
+                "{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_profiles_are_split_without_loss() {
+        // Given a profile that encodes to far more than 64 KiB.
+        let profile = profile(3, 400);
+        let whole = encode(
+            &profile,
+            ProtoVersion::V1_10,
+            SampleAttributes::default(),
+            usize::MAX,
+        );
+        assert_eq!(whole.requests.len(), 1);
+        assert!(whole.requests[0].body.len() > 4 * 65536);
+        // When encoded with a 64 KiB limit.
+        let split = encode(
+            &profile,
+            ProtoVersion::V1_10,
+            SampleAttributes::default(),
+            65536,
+        );
+        // Then every part fits, and all samples are there.
+        assert!(split.requests.len() > 4, "{} parts", split.requests.len());
+        assert_eq!(split.oversized, 0);
+        assert!(split.requests.iter().all(|r| r.body.len() <= 65536));
+        let total: u64 = split.requests.iter().map(|r| r.samples).sum();
+        assert_eq!(total, profile.total_samples());
+        // Each part decodes with its own dictionary holding every string it references.
+        for part in &split.requests {
+            let message =
+                opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(
+                    part.body.clone(),
+                )
+                .unwrap();
+            let dictionary = message.dictionary.unwrap();
+            assert_eq!(dictionary.string_table[0], "");
+            for f in &dictionary.function_table {
+                assert!((f.name_strindex as usize) < dictionary.string_table.len());
+            }
+        }
+    }
+
+    #[test]
+    fn the_two_generations_differ_only_in_samples_and_v1_10_read_as_v1_9_is_wrong() {
+        // Given the same profile in both generations.
+        let profile = profile(1, 3);
+        let v9 = encode(
+            &profile,
+            ProtoVersion::V1_9,
+            SampleAttributes::default(),
+            usize::MAX,
+        );
+        let v10 = encode(
+            &profile,
+            ProtoVersion::V1_10,
+            SampleAttributes::default(),
+            usize::MAX,
+        );
+        let v9 = v1_9::ExportProfilesServiceRequest::decode(v9.requests[0].body.clone()).unwrap();
+        let v10_bytes = v10.requests[0].body.clone();
+        let v10 =
+            opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest::decode(
+                v10_bytes.clone(),
+            )
+            .unwrap();
+        // Then each decodes with its own definitions to the same values...
+        let values_9: Vec<i64> = v9.resource_profiles[0].scope_profiles[0].profiles[0]
+            .samples
+            .iter()
+            .flat_map(|s| s.values.clone())
+            .collect();
+        let values_10: Vec<i64> = v10.resource_profiles[0].scope_profiles[0].profiles[0]
+            .samples
+            .iter()
+            .flat_map(|s| s.values.clone())
+            .collect();
+        assert_eq!(values_9, vec![2, 2, 2]);
+        assert_eq!(values_9, values_10);
+        // ...but v1.10 bytes read with v1.9 definitions are wrong: prost refuses them (field 4
+        // is now packed values where v1.9 expects the link index), and decoders that skip
+        // mismatched wire types (Go, Python) take the attribute indexes (field 2) for values.
+        let wrong: Vec<i64> = match v1_9::ExportProfilesServiceRequest::decode(v10_bytes) {
+            Err(err) => {
+                assert!(err.to_string().contains("link_index"), "{err}");
+                return;
+            }
+            Ok(misread) => misread.resource_profiles[0].scope_profiles[0].profiles[0]
+                .samples
+                .iter()
+                .flat_map(|s| s.values.clone())
+                .collect(),
+        };
+        assert_ne!(
+            wrong, values_10,
+            "a v1.10 message read as v1.9 must not look right"
+        );
+    }
+}
+
+#[cfg(test)]
+mod pinned {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{Frame, FrameKind, Module, Thread};
+
+    /// Four processes, 60 stacks each, with every kind of frame and attribute the builder emits.
+    fn profile() -> Profile {
+        let mut profile = Profile::new(97);
+        profile.hostname = Some("host-a".into());
+        for pid in 1..=4u32 {
+            let module = Arc::new(Module {
+                path: format!("/usr/bin/app{pid}").into(),
+                build_id: (pid % 2 == 0).then(|| "00ff".into()),
+                start: 0x1000,
+                end: 0x100_0000,
+                file_offset: 0x10,
+            });
+            for s in 0..60u64 {
+                let frames: Vec<Frame> = (0..12u64)
+                    .map(|depth| Frame {
+                        function: format!("function_{}_{depth}", s % 7).into(),
+                        file: (depth % 3 != 0).then(|| "src/app.c".into()),
+                        line: u32::try_from(depth).ok(),
+                        kind: if depth == 11 {
+                            FrameKind::Kernel
+                        } else {
+                            FrameKind::Native
+                        },
+                        inlined: depth % 4 == 1,
+                        address: 0x2000 + s * 64 + depth,
+                        module: (depth != 11).then(|| Arc::clone(&module)),
+                    })
+                    .collect();
+                let thread = Thread {
+                    pid,
+                    tid: pid + u32::try_from(s % 3).unwrap(),
+                    process_name: format!("app{pid}").into(),
+                    thread_name: format!("t{}", s % 3).into(),
+                    executable_path: format!("/usr/bin/app{pid}").into(),
+                    container_id: (pid == 3).then(|| "abc123".into()),
+                };
+                let sample = SymbolizedSample {
+                    thread,
+                    stack: frames.into(),
+                    count: 1 + s,
+                };
+                profile.add(sample, 1_000, 2_000_000);
+            }
+        }
+        profile
+    }
+
+    #[test]
+    fn the_bytes_on_the_wire_are_those_of_the_hand_written_encoders() {
+        // Given a varied profile, both generations, two attribute sets and three size limits
+        let profile = profile();
+        let attributes = [
+            SampleAttributes::default(),
+            SampleAttributes {
+                thread_name: false,
+                pid: true,
+                tid: true,
+            },
+        ];
+        // When every request is encoded, FNV-1a over all bodies in order
+        let (mut hash, mut requests) = (0xcbf2_9ce4_8422_2325_u64, 0);
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            for attributes in attributes {
+                for max in [usize::MAX, 4096, 1024] {
+                    for request in encode(&profile, version, attributes, max).requests {
+                        requests += 1;
+                        for byte in request.body {
+                            hash = (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
+                        }
+                    }
+                }
+            }
+        }
+        // Then they are byte for byte what the two hand-written encoders before the generic
+        // one produced (main at f6e9ea9). Change this only for an intended wire change.
+        assert_eq!((requests, hash), (1092, 0x02df_6c91_1ece_d4cf));
+    }
+}
