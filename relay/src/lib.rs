@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod config;
 pub mod export;
+pub mod labels;
 pub mod model;
 pub mod output;
 pub mod pipeline;

@@ -1,0 +1,298 @@
+//! Container and systemd labels from a process's cgroup: `container.id` + `container.runtime`
+//! for Docker, containerd (CRI and plain), CRI-O and Podman, under cgroup v1 and v2 and both
+//! cgroup drivers (cgroupfs, systemd), and `systemd.unit` + `systemd.slice`.
+//!
+//! Input is either one cgroup path (what the sampler forwards today: the `0::` line of
+//! `/proc/PID/cgroup`) or the whole `/proc/PID/cgroup` text (cgroup v1 hosts: one line per
+//! hierarchy). Pure string work, no I/O. Invariants: a container id is exactly 64 lowercase hex
+//! digits (what every runtime here generates), so session scopes, user slices and pod slices
+//! never pass for one; the `conmon` monitor scopes of CRI-O and Podman are not containers.
+
+use super::{keys, Labels};
+
+/// The container runtime a cgroup path names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Runtime {
+    Docker,
+    Containerd,
+    CriO,
+    Podman,
+}
+
+impl Runtime {
+    /// The `container.runtime` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::Containerd => "containerd",
+            Self::CriO => "cri-o",
+            Self::Podman => "podman",
+        }
+    }
+}
+
+/// A container found in a cgroup path. The runtime is unknown for the bare-id layouts that more
+/// than one runtime uses (`/kubepods/<qos>/pod<uid>/<id>` under the cgroupfs driver).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Container {
+    pub id: String,
+    pub runtime: Option<Runtime>,
+}
+
+/// A systemd unit (`nginx.service`, `session-2.scope`) and the slice that holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemdUnit {
+    pub unit: String,
+    pub slice: Option<String>,
+}
+
+/// The labels of a cgroup: container id and runtime, systemd unit and slice, and the path itself
+/// as the meta label `__meta_process_cgroup`.
+pub fn labels(cgroup: &str) -> Labels {
+    let mut labels = Labels::new();
+    labels.set(keys::META_PROCESS_CGROUP, preferred_path(cgroup).unwrap_or(""));
+    if let Some(container) = container(cgroup) {
+        labels.set(keys::CONTAINER_ID, container.id);
+        if let Some(runtime) = container.runtime {
+            labels.set(keys::CONTAINER_RUNTIME, runtime.as_str());
+        }
+    }
+    if let Some(unit) = systemd_unit(cgroup) {
+        labels.set(keys::SYSTEMD_UNIT, unit.unit);
+        labels.set(keys::SYSTEMD_SLICE, unit.slice.unwrap_or_default());
+    }
+    labels
+}
+
+/// The paths in `cgroup`: each line's path (after `hierarchy:controllers:` when present).
+fn paths(cgroup: &str) -> impl Iterator<Item = (Option<&str>, &str)> {
+    cgroup.lines().filter(|l| !l.trim().is_empty()).map(|line| {
+        let mut parts = line.splitn(3, ':');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(hierarchy), Some(controllers), Some(path))
+                if hierarchy.bytes().all(|b| b.is_ascii_digit()) && !hierarchy.is_empty() =>
+            {
+                (Some(controllers), path)
+            }
+            _ => (None, line),
+        }
+    })
+}
+
+/// The one path that places the process in the unified hierarchy: the cgroup v2 line (`0::`),
+/// else the v1 `name=systemd` line, else a lone path.
+fn preferred_path(cgroup: &str) -> Option<&str> {
+    let mut fallback = None;
+    for (controllers, path) in paths(cgroup) {
+        match controllers {
+            None | Some("") => return Some(path),
+            Some("name=systemd") => fallback = Some(path),
+            Some(_) => {}
+        }
+    }
+    fallback
+}
+
+/// The container a cgroup names, searching every hierarchy's path from the leaf up.
+pub fn container(cgroup: &str) -> Option<Container> {
+    paths(cgroup).find_map(|(_, path)| container_in_path(path))
+}
+
+fn container_in_path(path: &str) -> Option<Container> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    segments.iter().enumerate().rev().find_map(|(i, segment)| {
+        let segment = segment.strip_suffix(".scope").unwrap_or(segment);
+        if is_container_id(segment) {
+            // A bare id: only the cgroupfs Docker layout (`/docker/<id>`) says which runtime.
+            let parent = i.checked_sub(1).and_then(|p| segments.get(p)).copied();
+            let runtime = (parent == Some("docker")).then_some(Runtime::Docker);
+            return Some(Container {
+                id: segment.to_owned(),
+                runtime,
+            });
+        }
+        let (prefix, id) = segment.rsplit_once('-')?;
+        let runtime = match prefix {
+            "docker" => Runtime::Docker,
+            "cri-containerd" | "containerd" | "nerdctl" => Runtime::Containerd,
+            "crio" => Runtime::CriO,
+            "libpod" => Runtime::Podman,
+            // `crio-conmon-<id>`, `libpod-conmon-<id>`: the monitor beside the container.
+            _ => return None,
+        };
+        is_container_id(id).then(|| Container {
+            id: id.to_owned(),
+            runtime: Some(runtime),
+        })
+    })
+}
+
+fn is_container_id(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The innermost systemd unit (`.service`, or a `.scope` that is not a container's) of the
+/// unified path, with the slice it sits in.
+pub fn systemd_unit(cgroup: &str) -> Option<SystemdUnit> {
+    let path = preferred_path(cgroup)?;
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (at, unit) = segments.iter().enumerate().rev().find(|(_, s)| {
+        s.ends_with(".service") || (s.ends_with(".scope") && container_in_path(s).is_none())
+    })?;
+    let slice = segments
+        .get(..at)
+        .and_then(|before| before.iter().rev().find(|s| s.ends_with(".slice")));
+    Some(SystemdUnit {
+        unit: (*unit).to_owned(),
+        slice: slice.map(|s| (*s).to_owned()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "3f4b7a1c9e2d8f6a0b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a";
+
+    fn found(path: &str) -> Option<(String, Option<&'static str>)> {
+        container(path).map(|c| (c.id, c.runtime.map(Runtime::as_str)))
+    }
+
+    #[test]
+    fn docker_paths_v1_and_v2_both_drivers() {
+        for path in [
+            // cgroup v2, systemd driver (the default on current distributions).
+            format!("0::/system.slice/docker-{ID}.scope"),
+            // cgroup v1, cgroupfs driver: one line per hierarchy.
+            format!("12:pids:/docker/{ID}\n11:cpu,cpuacct:/docker/{ID}\n1:name=systemd:/docker/{ID}"),
+            // cgroup v2, cgroupfs driver.
+            format!("/docker/{ID}"),
+            // Kubernetes with dockershim and the systemd driver.
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8695_a4b3c2d1e0f9.slice/docker-{ID}.scope"),
+            // Rootless Docker under the user's manager.
+            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope"),
+        ] {
+            assert_eq!(found(&path), Some((ID.to_owned(), Some("docker"))), "{path}");
+        }
+    }
+
+    #[test]
+    fn containerd_paths() {
+        for path in [
+            format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod7c3b1f2e_9a8d_4c6b_b5e4_1d2c3b4a5f6e.slice/cri-containerd-{ID}.scope"),
+            format!("0::/kubepods.slice/kubepods-pod7c3b1f2e_9a8d_4c6b_b5e4_1d2c3b4a5f6e.slice/cri-containerd-{ID}.scope"),
+            // Plain containerd (nerdctl, systemd driver).
+            format!("/nerdctl.slice/nerdctl-{ID}.scope"),
+        ] {
+            assert_eq!(found(&path), Some((ID.to_owned(), Some("containerd"))), "{path}");
+        }
+        // cgroupfs driver (k3s, kind): a bare id under the pod; several runtimes use it.
+        for path in [
+            format!("/kubepods/besteffort/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/{ID}"),
+            format!("11:memory:/kubepods/burstable/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/{ID}"),
+        ] {
+            assert_eq!(found(&path), Some((ID.to_owned(), None)), "{path}");
+        }
+    }
+
+    #[test]
+    fn cri_o_paths_and_its_conmon_is_no_container() {
+        for path in [
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c3b1f2e_9a8d_4c6b_b5e4_1d2c3b4a5f6e.slice/crio-{ID}.scope"),
+            format!("0::/kubepods.slice/kubepods-pod7c3b1f2e_9a8d_4c6b_b5e4_1d2c3b4a5f6e.slice/crio-{ID}.scope/container"),
+            format!("4:pids:/kubepods/burstable/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/crio-{ID}"),
+        ] {
+            assert_eq!(found(&path), Some((ID.to_owned(), Some("cri-o"))), "{path}");
+        }
+        let conmon = format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7c3b1f2e_9a8d_4c6b_b5e4_1d2c3b4a5f6e.slice/crio-conmon-{ID}.scope");
+        assert_eq!(found(&conmon), None);
+    }
+
+    #[test]
+    fn podman_paths_rootful_rootless_v1() {
+        for path in [
+            format!("0::/machine.slice/libpod-{ID}.scope"),
+            // A container with its own cgroup namespace / systemd inside: one level deeper.
+            format!("/machine.slice/libpod-{ID}.scope/container"),
+            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
+            format!("3:cpu,cpuacct:/libpod_parent/libpod-{ID}"),
+        ] {
+            assert_eq!(found(&path), Some((ID.to_owned(), Some("podman"))), "{path}");
+        }
+        assert_eq!(found(&format!("/machine.slice/libpod-conmon-{ID}.scope")), None);
+    }
+
+    #[test]
+    fn no_container_on_host_paths() {
+        for path in [
+            "",
+            "/",
+            "0::/init.scope",
+            "/user.slice/user-1000.slice/session-2.scope",
+            "/system.slice/docker.service",
+            "/system.slice/nginx.service",
+            // Too short, upper case: not an id.
+            "/docker/3f4b7a1c9e2d",
+            "/docker/3F4B7A1C9E2D8F6A0B5C4D3E2F1A0B9C8D7E6F5A4B3C2D1E0F9A8B7C6D5E4F3A",
+        ] {
+            assert_eq!(found(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn systemd_units_and_slices() {
+        let unit = |path: &str| systemd_unit(path).map(|u| (u.unit, u.slice));
+        let some = |u: &str, s: &str| Some((u.to_owned(), Some(s.to_owned())));
+        assert_eq!(unit("/system.slice/nginx.service"), some("nginx.service", "system.slice"));
+        assert_eq!(unit("0::/system.slice/getty@tty1.service"), some("getty@tty1.service", "system.slice"));
+        assert_eq!(
+            unit("/user.slice/user-1000.slice/session-2.scope"),
+            some("session-2.scope", "user-1000.slice")
+        );
+        assert_eq!(
+            unit("/user.slice/user-1000.slice/user@1000.service/app.slice/app-org.gnome.Terminal.slice/vte-spawn-1b2c.scope"),
+            some("vte-spawn-1b2c.scope", "app-org.gnome.Terminal.slice")
+        );
+        assert_eq!(
+            unit("/user.slice/user-1000.slice/user@1000.service/app.slice/syncthing.service"),
+            some("syncthing.service", "app.slice")
+        );
+        // A service's own delegated sub-cgroup still belongs to the service.
+        assert_eq!(
+            unit("/system.slice/buildkitd.service/worker"),
+            some("buildkitd.service", "system.slice")
+        );
+        assert_eq!(unit("0::/init.scope").map(|u| u.0), Some("init.scope".to_owned()));
+        // cgroup v1: the name=systemd hierarchy places the process; the v2 line wins when both are there.
+        assert_eq!(
+            unit("12:pids:/user.slice\n1:name=systemd:/system.slice/cron.service"),
+            some("cron.service", "system.slice")
+        );
+        assert_eq!(
+            unit("1:name=systemd:/system.slice/cron.service\n0::/system.slice/nginx.service"),
+            some("nginx.service", "system.slice")
+        );
+        // Containers and pods are not units of their own here.
+        assert_eq!(unit(&format!("/system.slice/docker-{ID}.scope")), None);
+        assert_eq!(unit(&format!("/kubepods.slice/kubepods-besteffort.slice/cri-containerd-{ID}.scope")), None);
+        assert_eq!(unit("/"), None);
+        assert_eq!(unit(""), None);
+    }
+
+    #[test]
+    fn labels_of_a_cgroup() {
+        let labels = labels(&format!("0::/system.slice/docker-{ID}.scope"));
+        assert_eq!(labels.get(keys::CONTAINER_ID), Some(ID));
+        assert_eq!(labels.get(keys::CONTAINER_RUNTIME), Some("docker"));
+        assert_eq!(labels.get(keys::SYSTEMD_UNIT), None);
+        assert_eq!(
+            labels.get(keys::META_PROCESS_CGROUP),
+            Some(format!("/system.slice/docker-{ID}.scope").as_str())
+        );
+        let labels = super::labels("/system.slice/nginx.service");
+        assert_eq!(labels.get(keys::SYSTEMD_UNIT), Some("nginx.service"));
+        assert_eq!(labels.get(keys::SYSTEMD_SLICE), Some("system.slice"));
+        assert_eq!(labels.get(keys::CONTAINER_ID), None);
+    }
+}
