@@ -10,6 +10,7 @@ pub mod output;
 pub mod pipeline;
 pub mod privileges;
 pub mod record;
+pub mod relabel;
 pub mod run;
 pub mod session;
 pub mod sink;
