@@ -51,7 +51,10 @@ pub struct SystemdUnit {
 /// as the meta label `__meta_process_cgroup`.
 pub fn labels(cgroup: &str) -> Labels {
     let mut labels = Labels::new();
-    labels.set(keys::META_PROCESS_CGROUP, preferred_path(cgroup).unwrap_or(""));
+    labels.set(
+        keys::META_PROCESS_CGROUP,
+        preferred_path(cgroup).unwrap_or(""),
+    );
     if let Some(container) = container(cgroup) {
         labels.set(keys::CONTAINER_ID, container.id);
         if let Some(runtime) = container.runtime {
@@ -218,9 +221,16 @@ mod tests {
             format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
             format!("3:cpu,cpuacct:/libpod_parent/libpod-{ID}"),
         ] {
-            assert_eq!(found(&path), Some((ID.to_owned(), Some("podman"))), "{path}");
+            assert_eq!(
+                found(&path),
+                Some((ID.to_owned(), Some("podman"))),
+                "{path}"
+            );
         }
-        assert_eq!(found(&format!("/machine.slice/libpod-conmon-{ID}.scope")), None);
+        assert_eq!(
+            found(&format!("/machine.slice/libpod-conmon-{ID}.scope")),
+            None
+        );
     }
 
     #[test]
@@ -244,8 +254,14 @@ mod tests {
     fn systemd_units_and_slices() {
         let unit = |path: &str| systemd_unit(path).map(|u| (u.unit, u.slice));
         let some = |u: &str, s: &str| Some((u.to_owned(), Some(s.to_owned())));
-        assert_eq!(unit("/system.slice/nginx.service"), some("nginx.service", "system.slice"));
-        assert_eq!(unit("0::/system.slice/getty@tty1.service"), some("getty@tty1.service", "system.slice"));
+        assert_eq!(
+            unit("/system.slice/nginx.service"),
+            some("nginx.service", "system.slice")
+        );
+        assert_eq!(
+            unit("0::/system.slice/getty@tty1.service"),
+            some("getty@tty1.service", "system.slice")
+        );
         assert_eq!(
             unit("/user.slice/user-1000.slice/session-2.scope"),
             some("session-2.scope", "user-1000.slice")
@@ -263,7 +279,10 @@ mod tests {
             unit("/system.slice/buildkitd.service/worker"),
             some("buildkitd.service", "system.slice")
         );
-        assert_eq!(unit("0::/init.scope").map(|u| u.0), Some("init.scope".to_owned()));
+        assert_eq!(
+            unit("0::/init.scope").map(|u| u.0),
+            Some("init.scope".to_owned())
+        );
         // cgroup v1: the name=systemd hierarchy places the process; the v2 line wins when both are there.
         assert_eq!(
             unit("12:pids:/user.slice\n1:name=systemd:/system.slice/cron.service"),
@@ -275,7 +294,12 @@ mod tests {
         );
         // Containers and pods are not units of their own here.
         assert_eq!(unit(&format!("/system.slice/docker-{ID}.scope")), None);
-        assert_eq!(unit(&format!("/kubepods.slice/kubepods-besteffort.slice/cri-containerd-{ID}.scope")), None);
+        assert_eq!(
+            unit(&format!(
+                "/kubepods.slice/kubepods-besteffort.slice/cri-containerd-{ID}.scope"
+            )),
+            None
+        );
         assert_eq!(unit("/"), None);
         assert_eq!(unit(""), None);
     }

@@ -108,7 +108,11 @@ mod tests {
     #[test]
     fn machine_id_files_checked_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let (empty, huge, good) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+        let (empty, huge, good) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
         std::fs::write(&empty, "").unwrap();
         // A huge file is never read whole, and what is read is not an id.
         std::fs::write(&huge, "a".repeat(1 << 20)).unwrap();

@@ -30,8 +30,14 @@ pub struct ProcessFacts {
 pub fn labels(facts: &ProcessFacts, users: &UserNames) -> Labels {
     let mut labels = cgroup::labels(&facts.cgroup);
     labels.set(keys::PROCESS_PID, facts.pid.to_string());
-    labels.set(keys::PROCESS_EXECUTABLE_NAME, facts.executable_name.as_str());
-    labels.set(keys::PROCESS_EXECUTABLE_PATH, facts.executable_path.as_str());
+    labels.set(
+        keys::PROCESS_EXECUTABLE_NAME,
+        facts.executable_name.as_str(),
+    );
+    labels.set(
+        keys::PROCESS_EXECUTABLE_PATH,
+        facts.executable_path.as_str(),
+    );
     if let Some(uid) = facts.uid {
         labels.set(keys::PROCESS_OWNER, users.name(uid));
     }
@@ -145,7 +151,10 @@ mod tests {
         assert!(users.truncated);
         assert_eq!(users.name(0), "root");
         assert_eq!(users.name(4242), "4242", "past the bound: not read");
-        assert_eq!(users.malformed_lines, 0, "the cut line was dropped, not misread");
+        assert_eq!(
+            users.malformed_lines, 0,
+            "the cut line was dropped, not misread"
+        );
     }
 
     #[test]
@@ -178,10 +187,16 @@ mod tests {
         };
         let labels = super::labels(&facts, &users);
         assert_eq!(labels.get(keys::PROCESS_OWNER), Some("1000"));
-        assert_eq!(labels.get(keys::PROCESS_COMMAND_LINE), Some("nginx -g daemon off;"));
+        assert_eq!(
+            labels.get(keys::PROCESS_COMMAND_LINE),
+            Some("nginx -g daemon off;")
+        );
         assert_eq!(labels.get(keys::PROCESS_EXECUTABLE_PATH), None);
         assert_eq!(labels.get(keys::META_PROCESS_CGROUP), None);
         let thread = thread_labels(7, "worker-1");
-        assert_eq!(thread.to_string(), r#"{thread.id="7", thread.name="worker-1"}"#);
+        assert_eq!(
+            thread.to_string(),
+            r#"{thread.id="7", thread.name="worker-1"}"#
+        );
     }
 }

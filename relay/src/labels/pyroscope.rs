@@ -164,7 +164,10 @@ mod tests {
     #[test]
     fn names_map_like_pyroscope() {
         assert_eq!(label_name("service.name"), "service_name");
-        assert_eq!(label_name("k8s.pod.label.app.kubernetes.io/name"), "k8s_pod_label_app_kubernetes_io_name");
+        assert_eq!(
+            label_name("k8s.pod.label.app.kubernetes.io/name"),
+            "k8s_pod_label_app_kubernetes_io_name"
+        );
         assert_eq!(label_name("team-name"), "team_name");
         assert_eq!(label_name("9lives"), "_9lives");
         assert!(is_valid_label_name("service_name"));
@@ -191,8 +194,14 @@ mod tests {
         // When it is checked for Pyroscope, with one custom label pinned by the user
         let series = series(&labels, &["custom.39"]);
         // Then 29 of ours fit beside __name__, by priority
-        assert_eq!(series.labels.len(), MAX_LABEL_NAMES_PER_SERIES - ADDED_BY_PYROSCOPE);
-        assert_eq!(series.labels.get("service_name").map(String::as_str), Some("checkout"));
+        assert_eq!(
+            series.labels.len(),
+            MAX_LABEL_NAMES_PER_SERIES - ADDED_BY_PYROSCOPE
+        );
+        assert_eq!(
+            series.labels.get("service_name").map(String::as_str),
+            Some("checkout")
+        );
         assert!(series.labels.contains_key("custom_39"), "pinned");
         assert!(series.labels.contains_key("k8s_pod_name"));
         assert!(series.labels.contains_key("custom_00"));
@@ -220,7 +229,10 @@ mod tests {
         .collect();
         let series = series(&labels, &[]);
         // Same rank: `team.name` sorts first and keeps the name.
-        assert_eq!(series.labels.get("team_name").map(String::as_str), Some("a"));
+        assert_eq!(
+            series.labels.get("team_name").map(String::as_str),
+            Some("a")
+        );
         assert_eq!(
             series.dropped,
             [

@@ -167,7 +167,10 @@ mod tests {
             ResourceAttributes::parse("service.name=a,service.name=b").service_name(),
             Some("b")
         );
-        assert_eq!(ResourceAttributes::parse("service.name=").service_name(), None);
+        assert_eq!(
+            ResourceAttributes::parse("service.name=").service_name(),
+            None
+        );
         assert_eq!(service_name_variable("  api \n"), Some("api"));
         assert_eq!(service_name_variable("  "), None);
     }

@@ -96,15 +96,36 @@ mod tests {
         };
         // Given every source, When each higher one is taken away in turn, Then the next one names
         // the service.
-        let table: [(fn(&mut ServiceNameSources), &str, S); 9] = [
+        type TakeAway = fn(&mut ServiceNameSources);
+        let table: [(TakeAway, &str, S); 9] = [
             (|_| {}, "relabeled", S::Relabel),
             (|s| s.relabeled = None, "env-name", S::OtelServiceName),
-            (|s| s.otel_service_name = Some("  "), "attr-name", S::ResourceAttributes),
-            (|s| s.resource_attributes = None, "app-label", S::KubernetesAppLabel),
-            (|s| s.k8s_app_name_label = Some(""), "deploy", S::KubernetesOwner),
-            (|s| s.k8s_owner_name = None, "container", S::KubernetesContainer),
+            (
+                |s| s.otel_service_name = Some("  "),
+                "attr-name",
+                S::ResourceAttributes,
+            ),
+            (
+                |s| s.resource_attributes = None,
+                "app-label",
+                S::KubernetesAppLabel,
+            ),
+            (
+                |s| s.k8s_app_name_label = Some(""),
+                "deploy",
+                S::KubernetesOwner,
+            ),
+            (
+                |s| s.k8s_owner_name = None,
+                "container",
+                S::KubernetesContainer,
+            ),
             (|s| s.k8s_container_name = None, "nginx", S::Systemd),
-            (|s| s.systemd_unit = Some("session-2.scope"), "flag", S::Default),
+            (
+                |s| s.systemd_unit = Some("session-2.scope"),
+                "flag",
+                S::Default,
+            ),
             (|s| s.default = None, "exe", S::Executable),
         ];
         let mut sources = all;

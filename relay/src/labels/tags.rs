@@ -27,11 +27,9 @@ pub fn parse(text: &str) -> Result<Labels, TagsError> {
     let mut labels = Labels::new();
     for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
         let error_entry = || entry.to_owned();
-        let (key, value) = entry
-            .split_once('=')
-            .ok_or_else(|| TagsError::NoEquals {
-                entry: error_entry(),
-            })?;
+        let (key, value) = entry.split_once('=').ok_or_else(|| TagsError::NoEquals {
+            entry: error_entry(),
+        })?;
         let (key, value) = (key.trim(), value.trim());
         if is_meta(key) {
             return Err(TagsError::MetaKey {
@@ -86,7 +84,12 @@ mod tests {
     #[test]
     fn bad_tags_name_the_entry() {
         let err = |text| parse(text).unwrap_err();
-        assert_eq!(err("env"), TagsError::NoEquals { entry: "env".into() });
+        assert_eq!(
+            err("env"),
+            TagsError::NoEquals {
+                entry: "env".into()
+            }
+        );
         assert_eq!(
             err("ok=1;9lives=x"),
             TagsError::BadKey {
@@ -96,8 +99,20 @@ mod tests {
         );
         assert!(matches!(err("a b=c"), TagsError::BadKey { .. }));
         assert!(matches!(err("=c"), TagsError::BadKey { .. }));
-        assert_eq!(err("__meta_x=1"), TagsError::MetaKey { entry: "__meta_x=1".into() });
-        assert_eq!(err("env= "), TagsError::EmptyValue { entry: "env=".into() });
-        assert!(err("env").to_string().contains("\"env\": expected key=value"));
+        assert_eq!(
+            err("__meta_x=1"),
+            TagsError::MetaKey {
+                entry: "__meta_x=1".into()
+            }
+        );
+        assert_eq!(
+            err("env= "),
+            TagsError::EmptyValue {
+                entry: "env=".into()
+            }
+        );
+        assert!(err("env")
+            .to_string()
+            .contains("\"env\": expected key=value"));
     }
 }

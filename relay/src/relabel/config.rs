@@ -172,11 +172,15 @@ fn compile_one(config: &RelabelConfig) -> Result<Rule, String> {
         Some("") => return Err("relabel action cannot be empty".into()),
         Some(text) => Action::parse(text).ok_or_else(|| {
             let names: Vec<&str> = Action::ALL.iter().map(|a| a.as_str()).collect();
-            format!("unknown relabel action {text:?} (one of {})", names.join(", "))
+            format!(
+                "unknown relabel action {text:?} (one of {})",
+                names.join(", ")
+            )
         })?,
     };
     let regex_text = config.regex.as_deref().unwrap_or(DEFAULT_REGEX);
-    let regex = anchored(regex_text).map_err(|err| format!("invalid regex {regex_text:?}: {err}"))?;
+    let regex =
+        anchored(regex_text).map_err(|err| format!("invalid regex {regex_text:?}: {err}"))?;
     let rule = Rule {
         action,
         source_labels: config.source_labels.clone().unwrap_or_default(),
@@ -201,7 +205,9 @@ fn check_fields(config: &RelabelConfig, rule: &Rule) -> Result<(), String> {
     use Action as A;
     let action = rule.action.as_str();
     if let Some(bad) = rule.source_labels.iter().find(|l| !is_attribute_name(l)) {
-        return Err(format!("{bad:?} in source_labels is not a valid label name"));
+        return Err(format!(
+            "{bad:?} in source_labels is not a valid label name"
+        ));
     }
     if rule.action == A::HashMod && rule.modulus == 0 {
         return Err("hashmod requires a non-zero modulus".into());
@@ -240,7 +246,10 @@ fn check_fields(config: &RelabelConfig, rule: &Rule) -> Result<(), String> {
     let modulus_set = config.modulus.is_some();
     let extra = match rule.action {
         A::KeepEqual | A::DropEqual => set_fields(&[
-            ("regex", config.regex.as_deref().is_some_and(|r| r != DEFAULT_REGEX)),
+            (
+                "regex",
+                config.regex.as_deref().is_some_and(|r| r != DEFAULT_REGEX),
+            ),
             ("separator", separator_set),
             ("replacement", !default_replacement),
             ("modulus", modulus_set),
@@ -414,7 +423,10 @@ relabel_configs:
             (3, "hashmod requires a non-zero modulus"),
             (4, "replace requires a target_label"),
             (5, "replacement cannot be set for lowercase"),
-            (6, "keepequal takes only source_labels and target_label; remove regex"),
+            (
+                6,
+                "keepequal takes only source_labels and target_label; remove regex",
+            ),
             (7, "labeldrop takes only regex; remove source_labels"),
             (8, "\"bad name\" is not a valid replacement for labelmap"),
             (9, "\"${1\" is not a valid target_label template"),
@@ -425,12 +437,22 @@ relabel_configs:
         assert_eq!(found.len(), expect.len(), "{found:#?}");
         for ((index, reason), (want_index, want)) in found.iter().zip(expect) {
             assert_eq!(*index, want_index);
-            assert!(reason.starts_with(want), "rule {index}: {reason:?} vs {want:?}");
+            assert!(
+                reason.starts_with(want),
+                "rule {index}: {reason:?} vs {want:?}"
+            );
         }
-        let message = compile(&parse("relabel_configs:\n  - action: drop\n  - action: nope\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(message.starts_with("1 bad relabel rule(s): relabel_configs[1]: unknown relabel action \"nope\""), "{message}");
+        let message = compile(&parse(
+            "relabel_configs:\n  - action: drop\n  - action: nope\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.starts_with(
+                "1 bad relabel rule(s): relabel_configs[1]: unknown relabel action \"nope\""
+            ),
+            "{message}"
+        );
     }
 
     #[test]

@@ -112,9 +112,7 @@ pub fn hash_mod(value: &str, modulus: u64) -> u64 {
     let digest = Md5::digest(value.as_bytes());
     let mut tail = [0u8; 8];
     tail.copy_from_slice(&digest[8..]);
-    u64::from_be_bytes(tail)
-        .checked_rem(modulus)
-        .unwrap_or(0)
+    u64::from_be_bytes(tail).checked_rem(modulus).unwrap_or(0)
 }
 
 #[cfg(test)]

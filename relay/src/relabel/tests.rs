@@ -38,7 +38,9 @@ fn replace_with_groups_and_defaults() {
     );
     assert_eq!(
         out.as_deref(),
-        Some(r#"{host.name="web-1", process.executable.name="nginx", service.name="nginx", systemd.unit="nginx.service"}"#)
+        Some(
+            r#"{host.name="web-1", process.executable.name="nginx", service.name="nginx", systemd.unit="nginx.service"}"#
+        )
     );
     // Several sources joined by the separator; ${n} and literal text in the replacement.
     let out = run(
@@ -106,19 +108,29 @@ fn replace_with_empty_result_removes_and_templated_target() {
 
 #[test]
 fn keep_and_drop() {
-    let keep_nginx = "  - source_labels: [process.executable.name]\n    regex: nginx|envoy\n    action: keep";
+    let keep_nginx =
+        "  - source_labels: [process.executable.name]\n    regex: nginx|envoy\n    action: keep";
     assert!(run(keep_nginx, NGINX).is_some());
     assert!(run(keep_nginx, &[("process.executable.name", "sshd")]).is_none());
     // keep on a missing label: the value is "" and must match.
     assert!(run(keep_nginx, &[]).is_none());
     let drop_noise = "  - source_labels: [process.executable.name]\n    regex: (sshd|cron|systemd-.*)\n    action: drop";
-    assert!(run(drop_noise, &[("process.executable.name", "systemd-journald")]).is_none());
+    assert!(run(
+        drop_noise,
+        &[("process.executable.name", "systemd-journald")]
+    )
+    .is_none());
     assert!(run(drop_noise, NGINX).is_some());
     // drop with the default regex (.*) drops everything.
     assert!(run("  - action: drop", NGINX).is_none());
     // The first drop ends the run: later rules are not applied.
-    let rules = rules(&format!("{drop_noise}\n  - target_label: never\n    replacement: x"));
-    assert_eq!(apply(&rules, labels(&[("process.executable.name", "cron")])), None);
+    let rules = rules(&format!(
+        "{drop_noise}\n  - target_label: never\n    replacement: x"
+    ));
+    assert_eq!(
+        apply(&rules, labels(&[("process.executable.name", "cron")])),
+        None
+    );
 }
 
 #[test]
@@ -126,14 +138,18 @@ fn keepequal_and_dropequal() {
     let pair = &[("a", "x"), ("b", "x"), ("c", "y")];
     let keepequal = |source: &str, target: &str| {
         run(
-            &format!("  - action: keepequal\n    source_labels: [{source}]\n    target_label: {target}"),
+            &format!(
+                "  - action: keepequal\n    source_labels: [{source}]\n    target_label: {target}"
+            ),
             pair,
         )
         .is_some()
     };
     let dropequal = |source: &str, target: &str| {
         run(
-            &format!("  - action: dropequal\n    source_labels: [{source}]\n    target_label: {target}"),
+            &format!(
+                "  - action: dropequal\n    source_labels: [{source}]\n    target_label: {target}"
+            ),
             pair,
         )
         .is_some()
@@ -150,7 +166,12 @@ fn keepequal_and_dropequal() {
 fn hashmod_is_prometheus_md5() {
     // Independently computed: int.from_bytes(md5(v).digest()[8:], "big") % m. "baz" % 1000 = 976
     // is also the figure Prometheus' own relabel tests expect.
-    for (value, modulus, bucket) in [("baz", 1000, 976), ("foo", 1000, 696), ("", 4, 2), ("a;b", 7, 2)] {
+    for (value, modulus, bucket) in [
+        ("baz", 1000, 976),
+        ("foo", 1000, 696),
+        ("", 4, 2),
+        ("a;b", 7, 2),
+    ] {
         assert_eq!(hash_mod(value, modulus), bucket, "{value:?} % {modulus}");
     }
     let out = run(
@@ -176,19 +197,32 @@ fn labelmap_copies_matching_names() {
         r#"{k8s.pod.label.app="shop", k8s.pod.label.tier="web", keep="me"}"#
     );
     // The default replacement $1 maps to the captured name; a match on the whole name is needed.
-    let out = run("  - action: labelmap\n    regex: 'x_(.*)'", &[("x_a", "1"), ("yx_b", "2")]).unwrap();
+    let out = run(
+        "  - action: labelmap\n    regex: 'x_(.*)'",
+        &[("x_a", "1"), ("yx_b", "2")],
+    )
+    .unwrap();
     assert_eq!(out, r#"{a="1", x_a="1", yx_b="2"}"#);
 }
 
 #[test]
 fn labeldrop_and_labelkeep_match_names() {
-    let input = &[("tmp_a", "1"), ("tmp_b", "2"), ("service.name", "s"), ("atmp_c", "3")];
+    let input = &[
+        ("tmp_a", "1"),
+        ("tmp_b", "2"),
+        ("service.name", "s"),
+        ("atmp_c", "3"),
+    ];
     assert_eq!(
         run("  - action: labeldrop\n    regex: tmp_.*", input).unwrap(),
         r#"{atmp_c="3", service.name="s"}"#
     );
     assert_eq!(
-        run("  - action: labelkeep\n    regex: 'tmp_.*|service\\..*'", input).unwrap(),
+        run(
+            "  - action: labelkeep\n    regex: 'tmp_.*|service\\..*'",
+            input
+        )
+        .unwrap(),
         r#"{service.name="s", tmp_a="1", tmp_b="2"}"#
     );
 }
@@ -196,16 +230,25 @@ fn labeldrop_and_labelkeep_match_names() {
 #[test]
 fn lowercase_and_uppercase() {
     let input = &[("a", "MiXeD"), ("b", "Ünïcode")];
-    assert!(run("  - action: lowercase\n    source_labels: [a, b]\n    target_label: low", input)
-        .unwrap()
-        .contains(r#"low="mixed;ünïcode""#));
-    assert!(run("  - action: uppercase\n    source_labels: [a]\n    target_label: a", input)
-        .unwrap()
-        .contains(r#"a="MIXED""#));
+    assert!(run(
+        "  - action: lowercase\n    source_labels: [a, b]\n    target_label: low",
+        input
+    )
+    .unwrap()
+    .contains(r#"low="mixed;ünïcode""#));
+    assert!(run(
+        "  - action: uppercase\n    source_labels: [a]\n    target_label: a",
+        input
+    )
+    .unwrap()
+    .contains(r#"a="MIXED""#));
     // Lowercasing an absent source writes "", i.e. removes the target.
-    assert!(!run("  - action: lowercase\n    source_labels: [nope]\n    target_label: a", input)
-        .unwrap()
-        .contains("a=\""));
+    assert!(!run(
+        "  - action: lowercase\n    source_labels: [nope]\n    target_label: a",
+        input
+    )
+    .unwrap()
+    .contains("a=\""));
 }
 
 #[test]
