@@ -6,7 +6,8 @@
 //! [`process`] (pid, executable, owner), [`cgroup`] (container id and runtime, systemd unit and
 //! slice), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
 //! `OTEL_RESOURCE_ATTRIBUTES`), [`tags`] (`--tags`), [`service`] (the `service.name` precedence)
-//! and [`pyroscope`] (what a Pyroscope series accepts).
+//! and [`pyroscope`] (what a Pyroscope series accepts). [`resource`] merges them into one
+//! process's labels before relabeling ([`crate::relabel`] runs the rules on them).
 //!
 //! Invariants: providers are pure functions of their inputs (no `/proc` reads; the sampler is the
 //! only reader of other processes). The two file reads here ([`read_bounded`]: `/etc/passwd`,
@@ -19,6 +20,7 @@ pub mod cgroup;
 pub mod host;
 pub mod process;
 pub mod pyroscope;
+pub mod resource;
 pub mod resource_env;
 pub mod service;
 pub mod tags;

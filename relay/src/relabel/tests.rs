@@ -282,3 +282,181 @@ fn rules_chain_in_order_and_meta_labels_go_after() {
     // No rules: labels pass, only meta labels are removed.
     assert_eq!(process(&[], labels(input)).unwrap().len(), 2);
 }
+
+/// The rules of a platform team: name services, drop noise, normalise, shard.
+const FLEET_RULES: &str = r"  - source_labels: [process.executable.name]
+    regex: (sshd|cron|systemd-.*|kworker.*)
+    action: drop
+  - source_labels: [__meta_process_cgroup]
+    regex: '/system\.slice/(.+)\.service'
+    target_label: service.name
+    replacement: 'host-$1'
+  - source_labels: [service.name]
+    regex: 'ledger'
+    target_label: service.name
+    replacement: 'finance-ledger'
+  - action: lowercase
+    source_labels: [team]
+    target_label: team
+  - action: labeldrop
+    regex: 'process\.command_line'
+";
+
+#[test]
+fn whole_chain_providers_rules_cache_pyroscope() {
+    use crate::labels::{
+        process::{ProcessFacts, UserNames},
+        pyroscope,
+        resource::{resource_labels, restore_service_name, ProcessEnv, Shared},
+    };
+    use cache::RelabelCache;
+
+    let rules = rules(FLEET_RULES);
+    let shared = Shared {
+        host: labels(&[("host.name", "node-1")]),
+        tags: labels(&[("env", "prod")]),
+        default_service_name: None,
+        users: UserNames::default(),
+    };
+    let facts_of = |pid, name: &str, cgroup: &str| ProcessFacts {
+        pid,
+        start_time_unix_ns: 1,
+        executable_path: format!("/usr/bin/{name}"),
+        executable_name: name.into(),
+        uid: None,
+        cgroup: cgroup.into(),
+        command_line: None,
+    };
+    let env = |attrs: &str| ProcessEnv {
+        otel_service_name: None,
+        otel_resource_attributes: Some(attrs.into()),
+    };
+    let mut cache = RelabelCache::new(1024);
+    let mut label = |facts: &ProcessFacts, env: &ProcessEnv| {
+        cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
+            let (resource, _) = resource_labels(&shared, facts, env);
+            let before = resource.get("service.name").unwrap_or_default().to_owned();
+            let mut out = process(&rules, resource)?;
+            restore_service_name(&mut out, &before);
+            Some(out)
+        })
+    };
+    // Given four processes: a systemd service, an app naming itself, sshd, a plain binary
+    let nginx = label(
+        &facts_of(1, "nginx", "/system.slice/nginx.service"),
+        &ProcessEnv::default(),
+    );
+    let ledger = label(
+        &facts_of(2, "java", "/user.slice"),
+        &env("service.name=ledger,team=FinOps"),
+    );
+    let sshd = label(
+        &facts_of(3, "sshd", "/system.slice/ssh.service"),
+        &ProcessEnv::default(),
+    );
+    let tool = label(&facts_of(4, "tool", ""), &ProcessEnv::default());
+    // Then the rules renamed, normalised and dropped as written
+    let name = |l: &Option<std::sync::Arc<Labels>>| {
+        l.as_ref()
+            .and_then(|l| l.get("service.name").map(str::to_owned))
+    };
+    assert_eq!(name(&nginx).as_deref(), Some("host-nginx"));
+    assert_eq!(name(&ledger).as_deref(), Some("finance-ledger"));
+    assert_eq!(ledger.as_ref().and_then(|l| l.get("team")), Some("finops"));
+    assert_eq!(sshd, None, "dropped");
+    assert_eq!(name(&tool).as_deref(), Some("tool"));
+    // And no meta label leaves, the static tag is on every kept process
+    for kept in [&nginx, &ledger, &tool].into_iter().flatten() {
+        assert!(!kept.iter().any(|(n, _)| n.starts_with("__")), "{kept}");
+        assert_eq!(kept.get("env"), Some("prod"));
+        let series = pyroscope::series(kept, &["env"]);
+        assert!(series.labels.contains_key("service_name"));
+        assert!(series.dropped.is_empty(), "{series:?}");
+    }
+    // And a second sample of the same processes does not run the rules again
+    label(
+        &facts_of(1, "nginx", "/system.slice/nginx.service"),
+        &ProcessEnv::default(),
+    );
+    label(
+        &facts_of(3, "sshd", "/system.slice/ssh.service"),
+        &ProcessEnv::default(),
+    );
+    assert_eq!((cache.stats().misses, cache.stats().hits), (4, 2));
+}
+
+/// Label cost, printed: `cargo test -p ember-relay --lib label_cost -- --ignored --nocapture`.
+/// 1,000 processes, 10 rules: cold (every process labelled and relabelled) and warm (cache hits).
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn label_cost() {
+    use std::time::Instant;
+
+    use crate::labels::{
+        process::{ProcessFacts, UserNames},
+        resource::{resource_labels, ProcessEnv, Shared},
+    };
+    use cache::RelabelCache;
+
+    let rules = rules(&format!(
+        "{FLEET_RULES}  - source_labels: [container.id]\n    action: hashmod\n    modulus: 8\n    target_label: shard
+  - action: labelmap\n    regex: 'k8s\\.pod\\.label\\.(.+)'\n    replacement: 'pod.$1'
+  - action: keep\n    source_labels: [os.type]\n    regex: 'linux|'
+  - action: uppercase\n    source_labels: [env]\n    target_label: env_upper
+  - action: dropequal\n    source_labels: [host.name]\n    target_label: service.name
+"
+    ));
+    assert_eq!(rules.len(), 10);
+    let shared = Shared {
+        host: labels(&[("host.name", "node-1"), ("os.type", "linux")]),
+        tags: labels(&[("env", "prod")]),
+        default_service_name: None,
+        users: UserNames::default(),
+    };
+    let processes: Vec<(ProcessFacts, ProcessEnv)> = (0..1000u32)
+        .map(|pid| {
+            let facts = ProcessFacts {
+                pid,
+                start_time_unix_ns: 1,
+                executable_path: format!("/usr/bin/app{pid}"),
+                executable_name: format!("app{pid}"),
+                uid: Some(1000),
+                cgroup: format!(
+                    "/kubepods.slice/kubepods-pod{pid}.slice/cri-containerd-{:064x}.scope",
+                    pid
+                ),
+                command_line: None,
+            };
+            let env = ProcessEnv {
+                otel_service_name: None,
+                otel_resource_attributes: Some(format!(
+                    "service.name=svc{},team=t{}",
+                    pid % 50,
+                    pid % 7
+                )),
+            };
+            (facts, env)
+        })
+        .collect();
+    let mut cache = RelabelCache::new(4096);
+    let batch = |cache: &mut RelabelCache| {
+        let start = Instant::now();
+        let mut kept = 0;
+        for (facts, env) in &processes {
+            let outcome = cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
+                process(&rules, resource_labels(&shared, facts, env).0)
+            });
+            kept += usize::from(outcome.is_some());
+        }
+        (start.elapsed(), kept)
+    };
+    let (cold, kept) = batch(&mut cache);
+    let (warm, _) = batch(&mut cache);
+    println!(
+        "label cost, 1,000 processes x 10 rules ({} build): cold batch {cold:?} ({:?}/process), warm batch {warm:?} ({:?}/process), {kept} kept",
+        if cfg!(debug_assertions) { "debug" } else { "release" },
+        cold / 1000,
+        warm / 1000,
+    );
+    assert_eq!(kept, 1000);
+}
