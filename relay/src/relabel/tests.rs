@@ -61,6 +61,17 @@ fn replace_with_groups_and_defaults() {
 }
 
 #[test]
+fn replace_without_sources_adds_a_static_label() {
+    // No source labels: the joined value is "", which (.*) matches, so the target is written;
+    // a `$` that starts no reference is kept as text.
+    let out = run(
+        "  - target_label: cluster\n    replacement: 'eu-1 $-cost'",
+        NGINX,
+    );
+    assert!(out.unwrap().contains(r#"cluster="eu-1 $-cost""#));
+}
+
+#[test]
 fn replace_is_fully_anchored_and_no_match_changes_nothing() {
     // "ngin" matches only a prefix of "nginx": anchored, so no match, no change.
     let out = run(
