@@ -212,26 +212,7 @@ fn check_fields(config: &RelabelConfig, rule: &Rule) -> Result<(), String> {
     if rule.action == A::HashMod && rule.modulus == 0 {
         return Err("hashmod requires a non-zero modulus".into());
     }
-    let needs_target = matches!(
-        rule.action,
-        A::Replace | A::HashMod | A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
-    );
-    if needs_target && rule.target_label.is_empty() {
-        return Err(format!("{action} requires a target_label"));
-    }
-    let templated = rule.action == A::Replace && rule.target_label.contains('$');
-    if needs_target && !templated && !is_attribute_name(&rule.target_label) {
-        return Err(format!(
-            "{:?} is not a valid target_label for {action}",
-            rule.target_label
-        ));
-    }
-    if templated && !is_template(&rule.target_label) {
-        return Err(format!(
-            "{:?} is not a valid target_label template",
-            rule.target_label
-        ));
-    }
+    check_target(rule)?;
     let default_replacement = rule.replacement == DEFAULT_REPLACEMENT;
     if matches!(rule.action, A::Lowercase | A::Uppercase) && !default_replacement {
         return Err(format!("replacement cannot be set for {action}"));
@@ -242,39 +223,77 @@ fn check_fields(config: &RelabelConfig, rule: &Rule) -> Result<(), String> {
             rule.replacement
         ));
     }
-    let separator_set = rule.separator != DEFAULT_SEPARATOR;
-    let modulus_set = config.modulus.is_some();
-    let extra = match rule.action {
-        A::KeepEqual | A::DropEqual => set_fields(&[
-            (
-                "regex",
-                config.regex.as_deref().is_some_and(|r| r != DEFAULT_REGEX),
-            ),
-            ("separator", separator_set),
-            ("replacement", !default_replacement),
-            ("modulus", modulus_set),
-        ]),
-        A::LabelDrop | A::LabelKeep => set_fields(&[
-            ("source_labels", config.source_labels.is_some()),
-            ("target_label", !rule.target_label.is_empty()),
-            ("separator", separator_set),
-            ("replacement", !default_replacement),
-            ("modulus", modulus_set),
-        ]),
-        _ => Vec::new(),
-    };
-    if !extra.is_empty() {
-        let allowed = if matches!(rule.action, A::KeepEqual | A::DropEqual) {
-            "source_labels and target_label"
-        } else {
-            "regex"
-        };
+    check_only_fields(config, rule)
+}
+
+/// The actions that write or compare `target_label` need a valid one (replace: a template).
+fn check_target(rule: &Rule) -> Result<(), String> {
+    use Action as A;
+    let action = rule.action.as_str();
+    let needs_target = matches!(
+        rule.action,
+        A::Replace | A::HashMod | A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
+    );
+    if !needs_target {
+        return Ok(());
+    }
+    let target = &rule.target_label;
+    if target.is_empty() {
+        return Err(format!("{action} requires a target_label"));
+    }
+    if rule.action == A::Replace && target.contains('$') {
+        if !is_template(target) {
+            return Err(format!("{target:?} is not a valid target_label template"));
+        }
+    } else if !is_attribute_name(target) {
         return Err(format!(
-            "{action} takes only {allowed}; remove {}",
-            extra.join(", ")
+            "{target:?} is not a valid target_label for {action}"
         ));
     }
     Ok(())
+}
+
+/// keepequal/dropequal take only `source_labels` and `target_label`; labeldrop/labelkeep only
+/// `regex`. A field written with its default value counts as not set.
+fn check_only_fields(config: &RelabelConfig, rule: &Rule) -> Result<(), String> {
+    use Action as A;
+    let separator_set = rule.separator != DEFAULT_SEPARATOR;
+    let replacement_set = rule.replacement != DEFAULT_REPLACEMENT;
+    let modulus_set = config.modulus.is_some();
+    let (allowed, extra) = match rule.action {
+        A::KeepEqual | A::DropEqual => (
+            "source_labels and target_label",
+            set_fields(&[
+                (
+                    "regex",
+                    config.regex.as_deref().is_some_and(|r| r != DEFAULT_REGEX),
+                ),
+                ("separator", separator_set),
+                ("replacement", replacement_set),
+                ("modulus", modulus_set),
+            ]),
+        ),
+        A::LabelDrop | A::LabelKeep => (
+            "regex",
+            set_fields(&[
+                ("source_labels", config.source_labels.is_some()),
+                ("target_label", !rule.target_label.is_empty()),
+                ("separator", separator_set),
+                ("replacement", replacement_set),
+                ("modulus", modulus_set),
+            ]),
+        ),
+        _ => return Ok(()),
+    };
+    if extra.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} takes only {allowed}; remove {}",
+            rule.action.as_str(),
+            extra.join(", ")
+        ))
+    }
 }
 
 /// The names of the fields that are set.
