@@ -242,6 +242,8 @@ mod tests {
             "/user.slice/user-1000.slice/session-2.scope",
             "/system.slice/docker.service",
             "/system.slice/nginx.service",
+            // A hybrid v1/v2 host (this project's build sandbox): a 32-hex job id is no container.
+            "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/f5e88c6bcc80acacde0e02b51740c084\n1:cpu:/\n0::/",
             // Too short, upper case: not an id.
             "/docker/3f4b7a1c9e2d",
             "/docker/3F4B7A1C9E2D8F6A0B5C4D3E2F1A0B9C8D7E6F5A4B3C2D1E0F9A8B7C6D5E4F3A",

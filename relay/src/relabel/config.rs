@@ -15,6 +15,10 @@
 //! Validation follows Prometheus' own checks (its documented field rules per action); where a
 //! label name is checked, ours are attribute names (dots, dashes and `/` allowed, see
 //! [`crate::labels::tags::is_attribute_name`]) rather than Prometheus' `[a-zA-Z_][a-zA-Z0-9_]*`.
+//!
+//! Regex dialect: the `regex` crate's syntax is RE2's, with one difference users may meet: `\w`,
+//! `\d`, `\s` and `\b` are Unicode-aware here and ASCII-only in Go, so `\w+` also matches `café`
+//! whole. Write `[A-Za-z0-9_]` or `(?-u:\w)` where that matters.
 
 use regex::Regex;
 use serde::Deserialize;
@@ -491,6 +495,14 @@ relabel_configs:
 "#,
         ));
         assert!(rules.is_ok(), "{rules:?}");
+    }
+
+    #[test]
+    fn regex_dialect_as_documented() {
+        assert!(anchored(r"\w+").unwrap().is_match("café"));
+        assert!(!anchored(r"(?-u:\w)+").unwrap().is_match("café"));
+        assert!(anchored("a.b").unwrap().is_match("a\nb"));
+        assert!(!anchored("b").unwrap().is_match("abc"));
     }
 
     #[test]
