@@ -43,8 +43,8 @@ Options (each also settable through the environment variable in brackets):
   -p, --profilers LIST      comma-separated subset of ember,perf,bpftrace, run in that order
                                                                    [PROFILERS, default all]
   -t, --threads N           workload threads                       [THREADS, default nproc]
-      --relay-output        also pass --output-dir to ember-relay (rewrites pprof, folded stacks
-                            and flamegraph after every batch)      [RELAY_OUTPUT=1]
+      --relay-output        also pass --output-dir to ember-relay (writes pprof, folded stacks
+                            and flamegraph when its window closes) [RELAY_OUTPUT=1]
       --no-bpf-stats        do not switch kernel.bpf_stats_enabled on for the run (it is needed for
                             the bpf_s/s column; the previous value is restored on exit) [BPF_STATS=0]
       --build               run the cargo build even if the binaries exist (it is a no-op when
