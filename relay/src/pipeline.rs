@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
 
-use ember_protocol::{Losses, SamplerMessage};
+use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
     model::Profile,
@@ -151,42 +151,48 @@ impl Pipeline {
                 session.remove_process(pid);
                 Handled::Nothing
             }
-            SamplerMessage::Batch(batch) => {
-                if self.interval.frequency_hz == 0 {
-                    self.interval.frequency_hz = batch.frequency_hz;
-                }
-                session.symbolize_batch(&batch, &mut self.cache, &mut self.interval);
-                let samples = batch.sample_count();
-                self.samples += samples;
-                self.last_losses = *batch.losses;
-                tracing::info!(
-                    connection = conn,
-                    sequence = batch.sequence,
-                    part = batch.part,
-                    parts = batch.parts,
-                    interval_start_unix_ns = batch.interval_start_unix_ns,
-                    interval_end_unix_ns = batch.interval_end_unix_ns,
-                    samples,
-                    processes = session.process_count(),
-                    files = session.file_count(),
-                    unknown_frames = session.stats.unknown_frames,
-                    frames = session.stats.frames,
-                    user_stack_lost = batch.losses.user_stack_lost,
-                    kernel_stack_lost = batch.losses.kernel_stack_lost,
-                    counts_full = batch.losses.counts_full,
-                    backlog_dropped_samples = batch.losses.backlog_dropped_samples,
-                    facts_dropped = batch.losses.facts_dropped,
-                    facts_truncated = batch.losses.facts_truncated,
-                    files_unopened = batch.losses.files_unopened,
-                    "batch received"
-                );
-                self.cache.evict_idle(RESOLVER_IDLE);
-                self.check_sigbus();
-                Handled::Batch {
-                    samples,
-                    last_part: batch.part.saturating_add(1) >= batch.parts,
-                }
-            }
+            SamplerMessage::Batch(batch) => self.batch(conn, &batch),
+        }
+    }
+
+    /// Symbolizes one batch part into the current interval.
+    fn batch(&mut self, conn: ConnectionId, batch: &Batch) -> Handled {
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return Handled::Nothing;
+        };
+        if self.interval.frequency_hz == 0 {
+            self.interval.frequency_hz = batch.frequency_hz;
+        }
+        session.symbolize_batch(batch, &mut self.cache, &mut self.interval);
+        let samples = batch.sample_count();
+        self.samples += samples;
+        self.last_losses = *batch.losses;
+        tracing::info!(
+            connection = conn,
+            sequence = batch.sequence,
+            part = batch.part,
+            parts = batch.parts,
+            interval_start_unix_ns = batch.interval_start_unix_ns,
+            interval_end_unix_ns = batch.interval_end_unix_ns,
+            samples,
+            processes = session.process_count(),
+            files = session.file_count(),
+            unknown_frames = session.stats.unknown_frames,
+            frames = session.stats.frames,
+            user_stack_lost = batch.losses.user_stack_lost,
+            kernel_stack_lost = batch.losses.kernel_stack_lost,
+            counts_full = batch.losses.counts_full,
+            backlog_dropped_samples = batch.losses.backlog_dropped_samples,
+            facts_dropped = batch.losses.facts_dropped,
+            facts_truncated = batch.losses.facts_truncated,
+            files_unopened = batch.losses.files_unopened,
+            "batch received"
+        );
+        self.cache.evict_idle(RESOLVER_IDLE);
+        self.check_sigbus();
+        Handled::Batch {
+            samples,
+            last_part: batch.part.saturating_add(1) >= batch.parts,
         }
     }
 
