@@ -1,5 +1,6 @@
 //! The relay's data model between stages: symbolized frames, samples and the aggregated profile
-//! of an interval that sinks write out.
+//! of an interval that sinks write out, and how a frame is named in text outputs
+//! ([`Frame::text_name`]), so every sink and `record`'s summary name frames alike.
 //!
 //! Flow: `RawBatch` (protocol) -> [`SymbolizedSample`] (symbolize) -> [`Profile`] (aggregate)
 //! -> sinks. A frame that could not be named is still a frame (`[unknown]` with its module), so
