@@ -44,8 +44,8 @@ Options (each also settable through the environment variable in brackets):
   -p, --profilers LIST      comma-separated subset of ember,ember-before,perf,bpftrace, in order
                                                                    [PROFILERS, default all]
   -t, --threads N           workload threads                       [THREADS, default nproc]
-      --relay-output        also pass --output-dir to ember-relay (its pprof, folded stacks and
-                            flamegraph files)                      [RELAY_OUTPUT=1]
+      --relay-output        also pass --output-dir to ember-relay (writes pprof, folded stacks
+                            and flamegraph when its window closes) [RELAY_OUTPUT=1]
       --relay-otlp          also export over OTLP/HTTP from ember-relay, to a local sink that
                             accepts every request (bench/otlp_sink.py) [RELAY_OTLP=1]
   -w, --window DURATION     ember-relay run --window               [WINDOW, default 10m]

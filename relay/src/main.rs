@@ -101,11 +101,12 @@ struct RunArgs {
     /// Unix socket to listen on (SOCK_SEQPACKET).
     #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
     socket: PathBuf,
-    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here after every batch, covering
-    /// the current window (see --window).
+    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here, covering one window (see
+    /// --window): written when the window closes and when the relay stops, never per batch.
     #[arg(long)]
     output_dir: Option<PathBuf>,
-    /// Length of the window the output files cover; a new window starts empty.
+    /// Length of the window the output files cover: when it closes they are rewritten with it,
+    /// and a new window starts empty.
     #[arg(long, default_value = "10m", value_parser = cli::parse_duration)]
     window: Duration,
     /// Largest message accepted from a sampler; larger ones close the connection.

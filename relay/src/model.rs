@@ -1,5 +1,6 @@
 //! The relay's data model between stages: symbolized frames, samples and the aggregated profile
-//! of an interval that sinks write out.
+//! of an interval that sinks write out, and how a frame is named in text outputs
+//! ([`Frame::text_name`]), so every sink and `record`'s summary name frames alike.
 //!
 //! Flow: `RawBatch` (protocol) -> [`SymbolizedSample`] (symbolize) -> [`Profile`] (aggregate)
 //! -> sinks. A frame that could not be named is still a frame (`[unknown]` with its module), so
@@ -82,6 +83,36 @@ impl Frame {
     pub fn is_unknown(&self) -> bool {
         &*self.function == UNKNOWN
     }
+
+    /// The frame's name in every text output (folded stacks, flamegraph, `record`'s top list):
+    /// [`Frame::display_name`] made [`text_safe`], `_[k]` appended for kernel frames.
+    pub fn text_name(&self) -> String {
+        let mut name = text_safe(&self.display_name());
+        if self.kind == FrameKind::Kernel {
+            name.push_str(KERNEL_SUFFIX);
+        }
+        name
+    }
+}
+
+/// Appended to kernel frames' text names, as `stackcollapse-perf.pl --kernel` does; flamegraph
+/// palettes colour such frames apart.
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// Replaces the folded format's frame separator inside a name.
+const SEPARATOR_REPLACEMENT: char = ':';
+
+/// `name` safe for line-based text outputs: `;` separates frames and a line break ends a line,
+/// so both (and other control characters) are replaced and a name can split neither a line nor
+/// a frame. `[u8; 8]` becomes `[u8: 8]`.
+pub fn text_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => SEPARATOR_REPLACEMENT,
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect()
 }
 
 /// The name of a frame that could not be symbolized.
@@ -210,15 +241,13 @@ impl Profile {
     }
 
     /// The `n` functions with the most self samples (samples whose leaf frame they are), most
-    /// first, ties by name. Named as in folded output (kernel frames end in `_[k]`); samples
+    /// first, ties by name. Named by [`Frame::text_name`] (kernel frames end in `_[k]`); samples
     /// with an empty stack have no function and are not counted.
     pub fn top_self(&self, n: usize) -> Vec<(String, u64)> {
         let mut self_samples: HashMap<String, u64> = HashMap::new();
         for ((_, stack), &count) in &self.counts {
             if let Some(leaf) = stack.first() {
-                *self_samples
-                    .entry(crate::sink::folded::frame_name(leaf))
-                    .or_insert(0) += count;
+                *self_samples.entry(leaf.text_name()).or_insert(0) += count;
             }
         }
         let mut top: Vec<(String, u64)> = self_samples.into_iter().collect();

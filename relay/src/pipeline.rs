@@ -1,10 +1,11 @@
-//! The relay's single pipeline thread: takes source events in order, keeps one [`Session`] per
-//! sampler connection, symbolizes batches and accumulates them into the current [`Profile`].
-//! Symbolizer state is not `Send` (blazesym resolvers), which is why all of it lives here.
+//! The relay's pipeline stage: takes source events in order, keeps one [`Session`] per sampler
+//! connection, symbolizes batches and accumulates them into the current interval's [`Profile`],
+//! which the driver takes when a batch completes its interval. Symbolizer state is not `Send`
+//! (blazesym resolvers), which is why all of it lives on the driver's thread.
 
 use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
 
-use ember_protocol::{Losses, SamplerMessage};
+use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
     model::Profile,
@@ -18,7 +19,7 @@ const RESOLVER_IDLE: Duration = Duration::from_secs(600);
 
 /// What one handled event amounted to, for callers that report progress.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub enum Handled {
+pub(crate) enum Handled {
     #[default]
     Nothing,
     /// A batch part was symbolized into the profile; `last_part` when it completed its interval.
@@ -28,20 +29,17 @@ pub enum Handled {
 }
 
 #[derive(Default)]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     sessions: HashMap<ConnectionId, Session>,
     cache: ElfCache,
-    pub profile: Profile,
-    /// Samples since the last [`Pipeline::take_export`], when exporting (see
-    /// [`Pipeline::with_export`]).
-    export: Option<Profile>,
+    /// Samples symbolized since the last [`Pipeline::take_interval`].
+    interval: Profile,
     /// Samples symbolized since start.
-    pub samples: u64,
+    samples: u64,
     /// Samples the sampler could not deliver, from its latest loss report.
-    pub last_losses: Losses,
-    pub connections_seen: u64,
+    last_losses: Losses,
     /// `processMappings` messages that continued no known process (ignored).
-    pub orphan_mappings_messages: u64,
+    orphan_mappings_messages: u64,
     /// `--max-copy-bytes` / `--max-open-files`, see [`Pipeline::set_file_limits`].
     limits: FileLimits,
     /// The SIGBUS guard's repair count when the pipeline last looked.
@@ -53,13 +51,19 @@ impl Pipeline {
         Self::default()
     }
 
-    /// A pipeline that also keeps the samples of each interval for exporters
-    /// ([`Pipeline::take_export`]), besides the window profile.
-    pub fn with_export() -> Self {
-        Self {
-            export: Some(Profile::default()),
-            ..Self::default()
-        }
+    /// Samples symbolized since start.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// The sampler's latest loss report (totals since it started).
+    pub fn last_losses(&self) -> Losses {
+        self.last_losses
+    }
+
+    /// The sampling frequency, from the first hello or batch (0 before).
+    pub fn frequency_hz(&self) -> u32 {
+        self.interval.frequency_hz
     }
 
     /// Applies the file limits; `max_open_files` is lowered to the soft RLIMIT_NOFILE minus a
@@ -76,7 +80,6 @@ impl Pipeline {
                 peer_uid,
                 peer_pid,
             } => {
-                self.connections_seen += 1;
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
                 Handled::Nothing
             }
@@ -111,8 +114,8 @@ impl Pipeline {
                 target_pid = hello.target_pid,
                 "sampler hello"
             );
-            if self.profile.frequency_hz == 0 {
-                self.profile.frequency_hz = hello.frequency_hz;
+            if self.interval.frequency_hz == 0 {
+                self.interval.frequency_hz = hello.frequency_hz;
             }
             let session = Session::new(hello, fds).with_max_open_files(self.limits.max_open_files);
             self.sessions.insert(conn, session);
@@ -148,47 +151,48 @@ impl Pipeline {
                 session.remove_process(pid);
                 Handled::Nothing
             }
-            SamplerMessage::Batch(batch) => {
-                if self.profile.frequency_hz == 0 {
-                    self.profile.frequency_hz = batch.frequency_hz;
-                }
-                let mut part = Profile::new(self.profile.frequency_hz);
-                session.symbolize_batch(&batch, &mut self.cache, &mut part);
-                if let Some(export) = self.export.as_mut() {
-                    export.merge(part.clone());
-                }
-                self.profile.merge(part);
-                let samples = batch.sample_count();
-                self.samples += samples;
-                self.last_losses = *batch.losses;
-                tracing::info!(
-                    connection = conn,
-                    sequence = batch.sequence,
-                    part = batch.part,
-                    parts = batch.parts,
-                    interval_start_unix_ns = batch.interval_start_unix_ns,
-                    interval_end_unix_ns = batch.interval_end_unix_ns,
-                    samples,
-                    processes = session.process_count(),
-                    files = session.file_count(),
-                    unknown_frames = session.stats.unknown_frames,
-                    frames = session.stats.frames,
-                    user_stack_lost = batch.losses.user_stack_lost,
-                    kernel_stack_lost = batch.losses.kernel_stack_lost,
-                    counts_full = batch.losses.counts_full,
-                    backlog_dropped_samples = batch.losses.backlog_dropped_samples,
-                    facts_dropped = batch.losses.facts_dropped,
-                    facts_truncated = batch.losses.facts_truncated,
-                    files_unopened = batch.losses.files_unopened,
-                    "batch received"
-                );
-                self.cache.evict_idle(RESOLVER_IDLE);
-                self.check_sigbus();
-                Handled::Batch {
-                    samples,
-                    last_part: batch.part.saturating_add(1) >= batch.parts,
-                }
-            }
+            SamplerMessage::Batch(batch) => self.batch(conn, &batch),
+        }
+    }
+
+    /// Symbolizes one batch part into the current interval.
+    fn batch(&mut self, conn: ConnectionId, batch: &Batch) -> Handled {
+        let Some(session) = self.sessions.get_mut(&conn) else {
+            return Handled::Nothing;
+        };
+        if self.interval.frequency_hz == 0 {
+            self.interval.frequency_hz = batch.frequency_hz;
+        }
+        session.symbolize_batch(batch, &mut self.cache, &mut self.interval);
+        let samples = batch.sample_count();
+        self.samples += samples;
+        self.last_losses = *batch.losses;
+        tracing::info!(
+            connection = conn,
+            sequence = batch.sequence,
+            part = batch.part,
+            parts = batch.parts,
+            interval_start_unix_ns = batch.interval_start_unix_ns,
+            interval_end_unix_ns = batch.interval_end_unix_ns,
+            samples,
+            processes = session.process_count(),
+            files = session.file_count(),
+            unknown_frames = session.stats.unknown_frames,
+            frames = session.stats.frames,
+            user_stack_lost = batch.losses.user_stack_lost,
+            kernel_stack_lost = batch.losses.kernel_stack_lost,
+            counts_full = batch.losses.counts_full,
+            backlog_dropped_samples = batch.losses.backlog_dropped_samples,
+            facts_dropped = batch.losses.facts_dropped,
+            facts_truncated = batch.losses.facts_truncated,
+            files_unopened = batch.losses.files_unopened,
+            "batch received"
+        );
+        self.cache.evict_idle(RESOLVER_IDLE);
+        self.check_sigbus();
+        Handled::Batch {
+            samples,
+            last_part: batch.part.saturating_add(1) >= batch.parts,
         }
     }
 
@@ -209,20 +213,259 @@ impl Pipeline {
         }
     }
 
-    /// Takes the samples accumulated for exporters since the last call (`None` without
-    /// [`Pipeline::with_export`], or when there are none).
-    pub fn take_export(&mut self) -> Option<Profile> {
-        let export = self.export.as_mut()?;
-        if export.is_empty() {
+    /// Takes the samples symbolized since the last call, leaving an empty profile with the same
+    /// frequency (`None` when there are none).
+    pub fn take_interval(&mut self) -> Option<Profile> {
+        if self.interval.is_empty() {
             return None;
         }
-        let frequency = self.profile.frequency_hz;
-        Some(std::mem::replace(export, Profile::new(frequency)))
+        let frequency = self.interval.frequency_hz;
+        Some(std::mem::replace(
+            &mut self.interval,
+            Profile::new(frequency),
+        ))
+    }
+}
+
+/// Hand-built source events around a real binary (this test executable, passed by descriptor as
+/// the sampler would), for the pipeline's and the driver's tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::{fs::File, io::Write as _, os::fd::OwnedFd};
+
+    use ember_protocol::{
+        Batch, FileInfo, Hello, Mapping, ProcessInfo, Row, SamplerMessage, StackRef,
+        PROTOCOL_VERSION,
+    };
+
+    use crate::source::{ConnectionId, SourceEvent};
+
+    pub const CONN: ConnectionId = 7;
+    pub const PID: u32 = 4242;
+    pub const FREQUENCY_HZ: u32 = 99;
+    /// A kernel address inside `do_one` of [`KALLSYMS`].
+    pub const KERNEL_ADDRESS: u64 = 0xffff_ffff_8100_0150;
+    const KALLSYMS: &str = "ffffffff81000000 T _stext\nffffffff81000100 T do_one\n";
+
+    /// The user-space leaf of every fixture sample: a function of this executable.
+    #[inline(never)]
+    pub fn fixture_leaf_function() -> u64 {
+        std::hint::black_box(17)
     }
 
-    /// Takes the accumulated profile, leaving an empty one with the same frequency.
-    pub fn take_profile(&mut self) -> Profile {
-        let frequency = self.profile.frequency_hz;
-        std::mem::replace(&mut self.profile, Profile::new(frequency))
+    /// The address of [`fixture_leaf_function`] and the mapping of this executable holding it,
+    /// from /proc/self/maps (file id 1).
+    pub fn leaf_address_and_mapping() -> (u64, Mapping) {
+        let address = fixture_leaf_function as *const () as usize as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        let mapping = maps
+            .lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (start, end) = fields.first()?.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                (start..end).contains(&address).then(|| Mapping {
+                    start,
+                    end,
+                    file_offset: u64::from_str_radix(fields[2], 16).unwrap_or(0),
+                    path: fields.get(5).copied().unwrap_or("").to_owned(),
+                    file_id: 1,
+                    ..Mapping::default()
+                })
+            })
+            .expect("this executable maps its own function");
+        (address, mapping)
+    }
+
+    fn message(message: SamplerMessage, fds: Vec<OwnedFd>) -> SourceEvent {
+        SourceEvent::Message {
+            conn: CONN,
+            message,
+            fds,
+        }
+    }
+
+    /// Hello (with a kallsyms descriptor), the executable's file, its process: what a sampler
+    /// sends before its first batch.
+    pub fn session_start() -> Vec<SourceEvent> {
+        let mut kallsyms = tempfile::tempfile().expect("temp file");
+        kallsyms
+            .write_all(KALLSYMS.as_bytes())
+            .expect("write kallsyms");
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            hostname: "fixture-host".into(),
+            frequency_hz: FREQUENCY_HZ,
+            kallsyms_fd: 0,
+            ..Hello::default()
+        };
+        let (_, mapping) = leaf_address_and_mapping();
+        let exe = File::open("/proc/self/exe").expect("open this executable");
+        let files = vec![FileInfo {
+            file_id: 1,
+            path: mapping.path.clone(),
+            fd: 0,
+            ..FileInfo::default()
+        }];
+        let process = ProcessInfo {
+            pid: PID,
+            executable_name: "fixture".into(),
+            executable_path: mapping.path.clone(),
+            mappings: vec![mapping],
+            ..ProcessInfo::default()
+        };
+        vec![
+            SourceEvent::Connected {
+                conn: CONN,
+                peer_uid: 0,
+                peer_pid: 1,
+            },
+            message(SamplerMessage::Hello(hello), vec![kallsyms.into()]),
+            message(SamplerMessage::Files(files), vec![exe.into()]),
+            message(SamplerMessage::Process(process), Vec::new()),
+        ]
+    }
+
+    /// Part `part` of `parts` of interval `sequence`: `count` samples of thread "worker" in
+    /// [`fixture_leaf_function`] called from the kernel's `do_one`, and one more sample of it
+    /// without a kernel stack (user mode).
+    pub fn batch(sequence: u64, part: u32, parts: u32, count: u64) -> SourceEvent {
+        let (address, _) = leaf_address_and_mapping();
+        let row = |kernel_stack, count| Row {
+            pid: PID,
+            tid: PID + 1,
+            comm: "worker".into(),
+            user_stack: StackRef::Index(0),
+            kernel_stack,
+            count,
+        };
+        let second = 1_000_000_000;
+        message(
+            SamplerMessage::Batch(Batch {
+                sequence,
+                part,
+                parts,
+                interval_start_unix_ns: sequence * second,
+                interval_end_unix_ns: (sequence + 1) * second,
+                frequency_hz: FREQUENCY_HZ,
+                user_stacks: vec![vec![address]],
+                kernel_stacks: vec![vec![KERNEL_ADDRESS]],
+                rows: vec![
+                    row(StackRef::Index(0), count - 1),
+                    row(StackRef::Missing(14), 1),
+                ],
+                ..Batch::default()
+            }),
+            Vec::new(),
+        )
+    }
+
+    pub fn closed() -> SourceEvent {
+        SourceEvent::Closed {
+            conn: CONN,
+            error: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fixtures::*, *};
+    use crate::model::FrameKind;
+
+    fn started() -> Pipeline {
+        let mut pipeline = Pipeline::new();
+        for event in session_start() {
+            assert_eq!(pipeline.handle(event), Handled::Nothing);
+        }
+        pipeline
+    }
+
+    #[test]
+    fn a_batch_is_named_through_the_descriptors_the_sampler_passed() {
+        // Given a session that passed this executable and a kallsyms descriptor
+        let mut pipeline = started();
+        // When a one-part batch of 5 samples arrives
+        let handled = pipeline.handle(batch(1, 0, 1, 5));
+        // Then it completes its interval, and the interval's profile names both frames
+        assert_eq!(
+            handled,
+            Handled::Batch {
+                samples: 5,
+                last_part: true
+            }
+        );
+        let profile = pipeline.take_interval().expect("an interval");
+        assert_eq!(profile.total_samples(), 5);
+        assert_eq!(profile.frequency_hz, FREQUENCY_HZ);
+        assert_eq!(profile.hostname.as_deref(), Some("fixture-host"));
+        assert_eq!(
+            (profile.start_unix_ns, profile.end_unix_ns),
+            (1_000_000_000, 2_000_000_000)
+        );
+        let samples = profile.samples();
+        assert_eq!(samples.len(), 2, "{samples:#?}");
+        for sample in &samples {
+            assert_eq!(&*sample.thread.process_name, "fixture");
+            assert_eq!(&*sample.thread.thread_name, "worker");
+            assert_eq!(sample.thread.pid, PID);
+        }
+        let user_leaf = |s: &crate::model::SymbolizedSample| {
+            let frame = s.stack.last().expect("a user frame");
+            assert_eq!(frame.kind, FrameKind::Native);
+            assert!(
+                frame.function.ends_with("fixture_leaf_function"),
+                "{frame:?}"
+            );
+        };
+        // Leaf first: kernel frames come before the user frames they interrupted.
+        let with_kernel = samples.iter().find(|s| s.count == 4).expect("4 samples");
+        assert_eq!(with_kernel.stack.len(), 2);
+        assert_eq!(&*with_kernel.stack[0].function, "do_one");
+        assert_eq!(with_kernel.stack[0].kind, FrameKind::Kernel);
+        user_leaf(with_kernel);
+        let user_only = samples.iter().find(|s| s.count == 1).expect("1 sample");
+        assert_eq!(user_only.stack.len(), 1);
+        user_leaf(user_only);
+        assert_eq!(profile.top_self(1), [("do_one_[k]".to_owned(), 4)]);
+        // And the interval was taken: the next one starts empty, the totals stay
+        assert!(pipeline.take_interval().is_none());
+        assert_eq!(pipeline.samples(), 5);
+    }
+
+    #[test]
+    fn parts_accumulate_until_the_last_one() {
+        // Given a started session
+        let mut pipeline = started();
+        // When an interval comes in two parts
+        let first = pipeline.handle(batch(1, 0, 2, 3));
+        let second = pipeline.handle(batch(1, 1, 2, 4));
+        // Then only the second completes it, and the interval holds both
+        assert_eq!(
+            (first, second),
+            (
+                Handled::Batch {
+                    samples: 3,
+                    last_part: false
+                },
+                Handled::Batch {
+                    samples: 4,
+                    last_part: true
+                }
+            )
+        );
+        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(7));
+    }
+
+    #[test]
+    fn a_batch_on_an_unknown_connection_is_ignored() {
+        // Given no hello on the connection
+        let mut pipeline = Pipeline::new();
+        // When a batch arrives, then it is not symbolized
+        assert_eq!(pipeline.handle(batch(1, 0, 1, 5)), Handled::Nothing);
+        assert!(pipeline.take_interval().is_none());
+        // And a closed connection is reported as such
+        assert_eq!(pipeline.handle(closed()), Handled::Closed);
     }
 }

@@ -7,29 +7,34 @@
 use std::{
     io::IsTerminal as _,
     os::{
-        fd::{AsFd as _, AsRawFd as _},
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::process::CommandExt as _,
     },
     path::PathBuf,
-    process::{Command, Stdio},
-    sync::mpsc::{self, RecvTimeoutError},
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, bail, Context as _};
-use ember_protocol::{transport, Limits};
+use ember_protocol::{transport, Limits, Losses};
 
 use crate::{
     cli::{self, LogFormat},
     config::Exporters,
-    export::{Exports, Finished},
-    output::OutputSet,
-    pipeline::{Handled, Pipeline},
+    driver::{self, Driver, Ended, Flow, Policy, Tick},
+    model::Profile,
+    pipeline::Handled,
     privileges,
     session::FileLimits,
-    sink::otlp::{stats::DropReason, Drained},
-    source, symbolize,
+    sink::{
+        exporters::{self, OtlpFinished},
+        files::FilesSink,
+        otlp::{stats::DropReason, Drained},
+        SinkReport, Sinks,
+    },
+    source::{self, SourceEvent},
+    symbolize,
 };
 
 pub struct RecordConfig {
@@ -76,9 +81,50 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let user = privileges::choose_user(config.user.as_deref())?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
-    let mut outputs = OutputSet::create(&config.output)?;
+    // Created as root (in a directory the invoking user may own), written after the drop.
+    let files = FilesSink::create(&config.output)?;
+    let (ours, mut child) = start_sampler(&config)?;
 
-    // The sampler gets one end of a socketpair as an inherited descriptor.
+    privileges::drop_to(&user)?;
+    let status = privileges::status();
+    tracing::info!(
+        user = %user.name,
+        why = user.reason.as_str(),
+        uid = %status.uid,
+        gid = %status.gid,
+        groups = %status.groups,
+        cap_eff = %status.cap_eff,
+        cap_prm = %status.cap_prm,
+        cap_bnd = %status.cap_bnd,
+        no_new_privs = %status.no_new_privs,
+        "relay privileges dropped"
+    );
+
+    let control = ours.try_clone().context("duplicating the sampler socket")?;
+    let limits = Limits {
+        max_message_bytes: config.max_message_bytes,
+    };
+    let (events_tx, events) = driver::intake();
+    thread::Builder::new()
+        .name("sampler-conn".into())
+        .spawn(move || source::serve_connection(1, ours, limits, events_tx))
+        .context("starting the connection thread")?;
+
+    let mut sinks = Sinks::default();
+    sinks.push(Box::new(files));
+    // Started unprivileged: threads created earlier would keep root's capabilities.
+    sinks.extend(exporters::start(config.exporters)?);
+    let mut policy = Recording::new(config.duration, control);
+    let ended = Driver::new(sinks, config.file_limits, None).run(&events, &mut policy)?;
+    if policy.tty {
+        eprintln!();
+    }
+    let exit = wait_child(&mut child);
+    finish(ended, policy.sampler_error, &exit, config.export_timeout)
+}
+
+/// Starts ember-sampler on one end of a socketpair (inherited as `--fd`); returns our end.
+fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
     let (ours, theirs) = transport::pair().context("creating the sampler socketpair")?;
     nix::fcntl::fcntl(
         &theirs,
@@ -101,134 +147,133 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         command.arg("--pid").arg(pid.to_string());
     }
     die_with_parent(&mut command);
-    let mut child = command.spawn().with_context(|| {
+    let child = command.spawn().with_context(|| {
         format!(
             "starting {}; build it (`cargo build`) or pass --sampler PATH",
             sampler.display()
         )
     })?;
     drop(theirs);
+    Ok((ours, child))
+}
 
-    privileges::drop_to(&user)?;
-    let status = privileges::status();
-    tracing::info!(
-        user = %user.name,
-        why = user.reason.as_str(),
-        uid = %status.uid,
-        gid = %status.gid,
-        groups = %status.groups,
-        cap_eff = %status.cap_eff,
-        cap_prm = %status.cap_prm,
-        cap_bnd = %status.cap_bnd,
-        no_new_privs = %status.no_new_privs,
-        "relay privileges dropped"
-    );
-
-    let control = ours.try_clone().context("duplicating the sampler socket")?;
-    let limits = Limits {
-        max_message_bytes: config.max_message_bytes,
-    };
-    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
-    thread::Builder::new()
-        .name("sampler-conn".into())
-        .spawn(move || source::serve_connection(1, ours, limits, events_tx))
-        .context("starting the connection thread")?;
-
-    // Started unprivileged: threads created earlier would keep root's capabilities.
-    let exports = Exports::start(config.exporters)?;
-    let mut pipeline = if exports.enabled() {
-        Pipeline::with_export()
-    } else {
-        Pipeline::new()
-    };
-    pipeline.set_file_limits(config.file_limits);
-    let tty = std::io::stderr().is_terminal();
-    let mut started: Option<Instant> = None;
-    let mut stop_sent: Option<Instant> = None;
-    let mut last_progress = Instant::now();
-    let mut sampler_error: Option<String> = None;
-    loop {
-        match events.recv_timeout(Duration::from_millis(200)) {
-            Ok(event) => {
-                if let source::SourceEvent::Closed { error, .. } = &event {
-                    sampler_error = error.clone();
-                }
-                if started.is_none() && matches!(event, source::SourceEvent::Message { .. }) {
-                    started = Some(Instant::now());
-                }
-                match pipeline.handle(event) {
-                    Handled::Closed => break,
-                    Handled::Batch {
-                        last_part: true, ..
-                    } => {
-                        if let Some(profile) = pipeline.take_export() {
-                            exports.export(profile);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-        let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
-        if stop_sent.is_none() && (elapsed >= config.duration || cli::stop_requested()) {
-            // Shutting down our sending side tells the sampler to send its last batch and exit.
-            if let Err(err) = transport::shutdown_write(control.as_fd()) {
-                tracing::warn!(%err, "could not signal the sampler to stop");
-            }
-            stop_sent = Some(Instant::now());
-        }
-        if stop_sent.is_some_and(|t| t.elapsed() > FINISH_TIMEOUT) {
-            tracing::warn!("ember-sampler did not finish in time; writing what arrived");
-            break;
-        }
-        let every = if tty {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(5)
-        };
-        if started.is_some() && stop_sent.is_none() && last_progress.elapsed() >= every {
-            last_progress = Instant::now();
-            let secs = elapsed.as_secs_f64().min(config.duration.as_secs_f64());
-            if tty {
-                eprint!(
-                    "\rrecording {secs:5.1}s / {:.0}s   {} samples   ",
-                    config.duration.as_secs_f64(),
-                    pipeline.samples
-                );
-            } else {
-                tracing::info!(
-                    elapsed_s = secs.round(),
-                    samples = pipeline.samples,
-                    "recording"
-                );
-            }
-        }
-    }
-    if tty {
-        eprintln!();
-    }
-    let exit = wait_child(&mut child);
-    if let Some(rest) = pipeline.take_export() {
-        exports.export(rest);
-    }
-    let profile = pipeline.take_profile();
+/// Ends a recording: refuses an empty one, writes the files and prints the summary, then drains
+/// the exporters and prints how that went.
+fn finish(
+    ended: Ended,
+    sampler_error: Option<String>,
+    exit: &str,
+    export_timeout: Duration,
+) -> anyhow::Result<()> {
+    let Ended {
+        window: profile,
+        losses,
+        sinks,
+    } = ended;
     if profile.is_empty() {
         let why = sampler_error
             .map(|e| format!("the connection failed: {e}"))
             .unwrap_or_else(|| format!("ember-sampler exited ({exit}); see its log above"));
         return Err(anyhow!("no samples were recorded: {why}"));
     }
-    outputs.write(&profile)?;
-    print_summary(&profile, &outputs, &pipeline);
-    if let Some(finished) = exports.finish(config.export_timeout) {
-        print_export_summary(&finished, config.export_timeout);
-    }
-    Ok(())
+    sinks.finish(&profile, export_timeout, &mut |report| {
+        match report? {
+            SinkReport::Files(paths) => print_summary(&profile, &paths, &losses),
+            SinkReport::Otlp(finished) => print_export_summary(&finished, export_timeout),
+            SinkReport::Quiet => {}
+        }
+        Ok(())
+    })
 }
 
-fn print_export_summary(finished: &Finished, timeout: Duration) {
+/// `record`'s policy: stop the sampler after `duration` (or on Ctrl-C), end when its connection
+/// closes (or it does not finish in time), and show progress meanwhile.
+struct Recording {
+    duration: Duration,
+    /// Our end of the sampler socket, to shut down our sending side.
+    control: OwnedFd,
+    tty: bool,
+    /// When the sampler's first message arrived: the recording's clock.
+    started: Option<Instant>,
+    stop_sent: Option<Instant>,
+    last_progress: Instant,
+    sampler_error: Option<String>,
+}
+
+impl Recording {
+    fn new(duration: Duration, control: OwnedFd) -> Self {
+        Self {
+            duration,
+            control,
+            tty: std::io::stderr().is_terminal(),
+            started: None,
+            stop_sent: None,
+            last_progress: Instant::now(),
+            sampler_error: None,
+        }
+    }
+
+    fn progress(&mut self, elapsed: Duration, samples: u64) {
+        let every = if self.tty {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(5)
+        };
+        if self.started.is_none()
+            || self.stop_sent.is_some()
+            || self.last_progress.elapsed() < every
+        {
+            return;
+        }
+        self.last_progress = Instant::now();
+        let secs = elapsed.as_secs_f64().min(self.duration.as_secs_f64());
+        if self.tty {
+            eprint!(
+                "\rrecording {secs:5.1}s / {:.0}s   {samples} samples   ",
+                self.duration.as_secs_f64(),
+            );
+        } else {
+            tracing::info!(elapsed_s = secs.round(), samples, "recording");
+        }
+    }
+}
+
+impl Policy for Recording {
+    fn poll_period(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    fn saw(&mut self, event: &SourceEvent) {
+        if let SourceEvent::Closed { error, .. } = event {
+            self.sampler_error.clone_from(error);
+        }
+        if self.started.is_none() && matches!(event, SourceEvent::Message { .. }) {
+            self.started = Some(Instant::now());
+        }
+    }
+
+    fn check(&mut self, tick: &Tick, samples: u64) -> anyhow::Result<Flow> {
+        if matches!(tick, Tick::Handled(Handled::Closed) | Tick::Disconnected) {
+            return Ok(Flow::Stop);
+        }
+        let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
+        if self.stop_sent.is_none() && (elapsed >= self.duration || cli::stop_requested()) {
+            // Shutting down our sending side tells the sampler to send its last batch and exit.
+            if let Err(err) = transport::shutdown_write(self.control.as_fd()) {
+                tracing::warn!(%err, "could not signal the sampler to stop");
+            }
+            self.stop_sent = Some(Instant::now());
+        }
+        if self.stop_sent.is_some_and(|t| t.elapsed() > FINISH_TIMEOUT) {
+            tracing::warn!("ember-sampler did not finish in time; writing what arrived");
+            return Ok(Flow::Stop);
+        }
+        self.progress(elapsed, samples);
+        Ok(Flow::Continue)
+    }
+}
+
+fn print_export_summary(finished: &OtlpFinished, timeout: Duration) {
     let s = &finished.stats;
     match &finished.drained {
         Drained::Drained => println!(
@@ -295,9 +340,8 @@ fn wait_child(child: &mut std::process::Child) -> String {
     }
 }
 
-fn print_summary(profile: &crate::model::Profile, outputs: &OutputSet, pipeline: &Pipeline) {
+fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses) {
     let total = profile.total_samples();
-    let losses = &pipeline.last_losses;
     println!(
         "recorded {total} samples at {} Hz over {:.1}s",
         profile.frequency_hz,
@@ -310,7 +354,7 @@ fn print_summary(profile: &crate::model::Profile, outputs: &OutputSet, pipeline:
         );
     }
     println!("wrote:");
-    for path in &outputs.paths {
+    for path in paths {
         println!("  {}", path.display());
     }
     println!("top 10 functions by self time:");

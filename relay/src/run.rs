@@ -1,12 +1,9 @@
-//! `ember-relay run`: the long-running service. Listens for samplers, symbolizes every batch and,
-//! with `--output-dir`, keeps the local files of the current window up to date; with exporters
-//! configured, hands each completed interval to them.
+//! `ember-relay run`: the long-running service. Listens for samplers and runs the driver with
+//! its sinks: with `--output-dir`, the files of each window, written when the window closes and
+//! at stop; with exporters configured, each completed interval to them. Owns only the policy:
+//! refusing root, the stop signal, the window length, the drain timeout.
 
-use std::{
-    path::PathBuf,
-    sync::mpsc::{self, RecvTimeoutError},
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
@@ -14,11 +11,10 @@ use ember_protocol::Limits;
 use crate::{
     cli,
     config::Exporters,
-    export::Exports,
-    output::OutputSet,
-    pipeline::{Handled, Pipeline},
+    driver::{self, Driver, Flow, Policy, Tick},
     privileges,
     session::FileLimits,
+    sink::{exporters, files::FilesSink, SinkReport, Sinks},
     source, symbolize,
 };
 
@@ -56,7 +52,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     let limits = Limits {
         max_message_bytes: config.max_message_bytes,
     };
-    let (events_tx, events) = mpsc::sync_channel(source::INTAKE_CAPACITY);
+    let (events_tx, events) = driver::intake();
     source::spawn_listener(&config.socket, limits, config.sampler_uids, events_tx).with_context(
         || {
             format!(
@@ -72,59 +68,47 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         cap_eff = %status.cap_eff,
         "listening for ember-sampler"
     );
-    let mut outputs = match &config.output_dir {
-        Some(dir) => Some(OutputSet::create(dir)?),
-        None => None,
-    };
-    let exports = Exports::start(config.exporters)?;
-    let mut pipeline = if exports.enabled() {
-        Pipeline::with_export()
-    } else {
-        Pipeline::new()
-    };
-    pipeline.set_file_limits(config.file_limits);
-    let mut window_start = Instant::now();
-    loop {
-        match events.recv_timeout(Duration::from_millis(250)) {
-            Ok(event) => {
-                if let Handled::Batch { last_part, .. } = pipeline.handle(event) {
-                    if let Some(outputs) = outputs.as_mut() {
-                        if let Err(err) = outputs.write(&pipeline.profile) {
-                            tracing::error!("{err:#}");
-                        }
-                    }
-                    if last_part {
-                        if let Some(profile) = pipeline.take_export() {
-                            exports.export(profile);
-                        }
-                    }
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => bail!("the socket listener stopped"),
-        }
-        if cli::stop_requested() {
-            tracing::info!(samples = pipeline.samples, "stopping");
-            if let Some(profile) = pipeline.take_export() {
-                exports.export(profile);
-            }
-            if let Some(done) = exports.finish(EXPORT_DRAIN_TIMEOUT) {
-                tracing::info!(
+    let mut sinks = Sinks::default();
+    if let Some(dir) = &config.output_dir {
+        sinks.push(Box::new(FilesSink::create(dir)?));
+    }
+    sinks.extend(exporters::start(config.exporters)?);
+    let driver = Driver::new(sinks, config.file_limits, Some(config.window));
+    let ended = driver.run(&events, &mut Service)?;
+    ended
+        .sinks
+        .finish(&ended.window, EXPORT_DRAIN_TIMEOUT, &mut |report| {
+            match report {
+                Ok(SinkReport::Otlp(done)) => tracing::info!(
                     endpoint = %done.endpoint,
                     outcome = ?done.drained,
                     samples_sent = done.stats.samples_sent,
                     "OTLP exporter stopped"
-                );
+                ),
+                Ok(_) => {}
+                // A failed sink must not keep the others from finishing.
+                Err(err) => tracing::error!("{err:#}"),
             }
-            return Ok(());
+            Ok(())
+        })
+}
+
+/// `run`'s policy: serve until the stop signal; the listener must never go away.
+struct Service;
+
+impl Policy for Service {
+    fn poll_period(&self) -> Duration {
+        Duration::from_millis(250)
+    }
+
+    fn check(&mut self, tick: &Tick, samples: u64) -> anyhow::Result<Flow> {
+        if *tick == Tick::Disconnected {
+            bail!("the socket listener stopped");
         }
-        if window_start.elapsed() >= config.window {
-            let done = pipeline.take_profile();
-            tracing::info!(
-                samples = done.total_samples(),
-                "window complete; starting a new one"
-            );
-            window_start = Instant::now();
+        if cli::stop_requested() {
+            tracing::info!(samples, "stopping");
+            return Ok(Flow::Stop);
         }
+        Ok(Flow::Continue)
     }
 }

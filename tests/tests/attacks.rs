@@ -446,8 +446,14 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
         ctrunc.len()
     );
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 40));
-    // The output files are rewritten after the batch's log line: give the rewrite a moment.
-    thread::sleep(Duration::from_secs(1));
+    // The output files are written when a window closes or the relay stops (never per batch):
+    // stop it, so they hold the whole run.
+    relay.child.signal(Signal::SIGTERM);
+    assert!(
+        relay.child.wait_timeout(Duration::from_secs(30)).is_some(),
+        "the relay did not stop on SIGTERM:\n{}",
+        tail(&relay.log.text(), 40)
+    );
     let folded = fs::read_to_string(out.join("stacks.folded")).unwrap_or_default();
     assert_witness_kept(&folded, cpu, "1,100 mapped files against 1024 descriptors");
     assert!(

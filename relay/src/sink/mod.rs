@@ -1,9 +1,84 @@
-//! Sinks: where aggregated profiles go. Local files (pprof, folded stacks, flamegraph SVG), the
-//! OTLP profiles exporter, and the debug exporter that prints what OTLP would send. Each sink
-//! owns one output format.
+//! Sinks: where profiles go. Local files (`files/`: pprof, folded stacks, flamegraph SVG), the
+//! OTLP profiles exporter (`otlp/`) and the debug exporter that prints what OTLP would send
+//! (`debug`). Each sink owns one output; the commands choose their sinks once, and the driver
+//! hands every sink the same calls through the narrow [`Sink`] trait, so adding an output never
+//! touches the loop.
+//!
+//! The calls, in order: [`Sink::interval`] for each completed interval (the samples since the
+//! previous one), [`Sink::window`] when a window closes (`run --window`), and [`Sink::finish`]
+//! once at exit with the last, unfinished window. A sink does its slow work where it fits: OTLP
+//! queues each interval, the files are rendered only at window close and at exit.
+
+use std::{path::PathBuf, time::Duration};
+
+use crate::model::Profile;
 
 pub mod debug;
-pub mod flamegraph;
-pub mod folded;
+pub(crate) mod exporters;
+pub(crate) mod files;
 pub mod otlp;
-pub mod pprof;
+
+/// One output of the relay.
+pub(crate) trait Sink {
+    /// A completed interval: the samples since the previous call. Must not block on I/O.
+    fn interval(&mut self, _profile: &Profile) {}
+
+    /// A window closed; `profile` holds all of it. Failures are logged by the sink.
+    fn window(&mut self, _profile: &Profile) {}
+
+    /// The relay is stopping: `window` is the last (unfinished) window, `drain` the longest
+    /// the sink may take to deliver what it still holds.
+    fn finish(self: Box<Self>, window: &Profile, drain: Duration) -> anyhow::Result<SinkReport>;
+}
+
+/// What a sink says when it finishes, for the command to print or log.
+#[derive(Debug)]
+pub(crate) enum SinkReport {
+    /// Nothing worth saying.
+    Quiet,
+    /// The files sink wrote these files (flamegraph, pprof, folded).
+    Files(Vec<PathBuf>),
+    /// The OTLP exporter stopped.
+    Otlp(Box<exporters::OtlpFinished>),
+}
+
+/// The chosen sinks, in the order they get each call (and finish).
+#[derive(Default)]
+pub(crate) struct Sinks(Vec<Box<dyn Sink>>);
+
+impl Sinks {
+    pub(crate) fn push(&mut self, sink: Box<dyn Sink>) {
+        self.0.push(sink);
+    }
+
+    pub(crate) fn extend(&mut self, sinks: impl IntoIterator<Item = Box<dyn Sink>>) {
+        self.0.extend(sinks);
+    }
+
+    pub(crate) fn interval(&mut self, profile: &Profile) {
+        for sink in &mut self.0 {
+            sink.interval(profile);
+        }
+    }
+
+    pub(crate) fn window(&mut self, profile: &Profile) {
+        for sink in &mut self.0 {
+            sink.window(profile);
+        }
+    }
+
+    /// Finishes every sink in order, handing each outcome to `report` as soon as it is there
+    /// (so a summary prints before a slow OTLP drain starts). An error `report` returns stops:
+    /// later sinks are dropped unfinished.
+    pub(crate) fn finish(
+        self,
+        window: &Profile,
+        drain: Duration,
+        report: &mut dyn FnMut(anyhow::Result<SinkReport>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        for sink in self.0 {
+            report(sink.finish(window, drain))?;
+        }
+        Ok(())
+    }
+}

@@ -98,6 +98,7 @@ impl KernelSymbols {
     }
 
     /// Parses kallsyms text: `address type name [module]`; keeps text symbols with an address.
+    #[cfg(test)]
     pub fn parse(text: &str) -> Self {
         let mut symbols: Vec<(u64, Arc<str>)> = Vec::new();
         for line in text.lines() {
@@ -126,6 +127,7 @@ impl KernelSymbols {
         self.symbols.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.symbols.is_empty()
     }

@@ -5,12 +5,11 @@
 //! distinct frame is one Location with one Line (inlined frames stay separate Locations, as in
 //! the model); Functions are unique by (name, file), Mappings by module, and kernel frames without
 //! a module share one `[kernel.kallsyms]` Mapping. Output is deterministic for a given profile.
-//! Writing never opens a path: the caller opened the file before dropping privileges.
+//! Rendering only: the files sink writes the result.
 
 use std::{
     collections::HashMap,
-    fs::File,
-    io::{self, Seek, Write},
+    io::{self, Write},
     sync::Arc,
 };
 
@@ -27,12 +26,6 @@ const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 pub enum PprofError {
     #[error("gzip-compressing the pprof profile failed")]
     Compress(#[source] io::Error),
-    #[error("`{call}` on the pprof file failed")]
-    Io {
-        call: &'static str,
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// The pprof messages, written by hand with prost derive from google/pprof proto/profile.proto
@@ -232,19 +225,6 @@ pub fn encode(profile: &Profile) -> Result<Vec<u8>, PprofError> {
     );
     gzip.write_all(&message).map_err(PprofError::Compress)?;
     gzip.finish().map_err(PprofError::Compress)
-}
-
-/// Replaces the content of `file` (opened by the caller) with the pprof encoding of `profile`.
-pub fn write(profile: &Profile, file: &mut File) -> Result<(), PprofError> {
-    let bytes = encode(profile)?;
-    // The same three steps in each file sink; they belong in sink/mod.rs once it is shared.
-    file.set_len(0).map_err(failed("set_len"))?;
-    file.rewind().map_err(failed("rewind"))?;
-    file.write_all(&bytes).map_err(failed("write_all"))
-}
-
-fn failed(call: &'static str) -> impl FnOnce(io::Error) -> PprofError {
-    move |source| PprofError::Io { call, source }
 }
 
 fn num_label(key: i64, num: u32) -> proto::Label {
@@ -638,21 +618,5 @@ mod tests {
             ["[unknown] app+0x1234"]
         );
         assert!(!rendered.mapping[0].has_functions);
-    }
-
-    #[test]
-    fn write_replaces_previous_content() {
-        // Given a file already holding other content
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(&[b'x'; 8192]).unwrap();
-
-        // When the profile is written into it
-        write(&profile(), &mut file).unwrap();
-
-        // Then the file is exactly one gzip'd profile
-        let mut content = Vec::new();
-        file.rewind().unwrap();
-        file.read_to_end(&mut content).unwrap();
-        assert_eq!(decode(&content), render(&profile()));
     }
 }

@@ -1,60 +1,16 @@
 //! Folded-stacks sink: Brendan Gregg's collapsed format, one line per unique stack,
-//! `process;root;...;leaf COUNT`, as read by flamegraph.pl, inferno and speedscope. Also owns
-//! how a frame is named in every text output ([`frame_name`]), so the flamegraph and
-//! [`Profile::top_self`] show the same names.
+//! `process;root;...;leaf COUNT`, as read by flamegraph.pl, inferno and speedscope. Frames are
+//! named by [`Frame::text_name`] (the model's), so the flamegraph and [`Profile::top_self`] show
+//! the same names.
 //!
 //! Invariants: lines are sorted and unique (stacks with the same text are merged, so two pids of
 //! one program become one line); no name contains `;` or a line break, so every line splits back
 //! into the frames it was made of; the count follows the last space (names may contain spaces).
-//! Writing never opens a path: the caller opened the file before dropping privileges.
+//! Rendering only: the files sink writes the result.
 
-use std::{
-    collections::BTreeMap,
-    fs::File,
-    io::{self, Seek, Write},
-};
+use std::collections::BTreeMap;
 
-use crate::model::{Frame, FrameKind, Profile, UNKNOWN};
-
-/// Appended to kernel frames, as `stackcollapse-perf.pl --kernel` does; flamegraph palettes
-/// colour such frames apart.
-pub const KERNEL_SUFFIX: &str = "_[k]";
-
-/// Replaces the frame separator inside a name.
-const SEPARATOR_REPLACEMENT: char = ':';
-
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FoldedError {
-    #[error("`{call}` on the folded-stacks file failed")]
-    Io {
-        call: &'static str,
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// A frame's name in text outputs: [`Frame::display_name`], `_[k]` appended for kernel frames,
-/// made safe for the folded format.
-pub fn frame_name(frame: &Frame) -> String {
-    let mut name = sanitize(&frame.display_name());
-    if frame.kind == FrameKind::Kernel {
-        name.push_str(KERNEL_SUFFIX);
-    }
-    name
-}
-
-/// `;` separates frames and a line break ends a line: replace both (and other control
-/// characters) so a name cannot split a line or a frame. `[u8; 8]` becomes `[u8: 8]`.
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => SEPARATOR_REPLACEMENT,
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
-}
+use crate::model::{text_safe, Frame, Profile, UNKNOWN};
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
 /// whose samples add up to zero left out.
@@ -64,11 +20,11 @@ pub fn lines(profile: &Profile) -> Vec<String> {
         let process = if sample.thread.process_name.is_empty() {
             UNKNOWN.to_owned()
         } else {
-            sanitize(&sample.thread.process_name)
+            text_safe(&sample.thread.process_name)
         };
         // Root first: the model's stacks are leaf first.
         let text = std::iter::once(process)
-            .chain(sample.stack.iter().rev().map(frame_name))
+            .chain(sample.stack.iter().rev().map(Frame::text_name))
             .collect::<Vec<_>>()
             .join(";");
         *counts.entry(text).or_insert(0) += sample.count;
@@ -91,25 +47,12 @@ pub fn render(profile: &Profile) -> String {
         .collect()
 }
 
-/// Replaces the content of `file` (opened by the caller) with the folded stacks of `profile`.
-pub fn write(profile: &Profile, file: &mut File) -> Result<(), FoldedError> {
-    // The same three steps in each file sink; they belong in sink/mod.rs once it is shared.
-    file.set_len(0).map_err(failed("set_len"))?;
-    file.rewind().map_err(failed("rewind"))?;
-    file.write_all(render(profile).as_bytes())
-        .map_err(failed("write_all"))
-}
-
-fn failed(call: &'static str) -> impl FnOnce(io::Error) -> FoldedError {
-    move |source| FoldedError::Io { call, source }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::{io::Read, sync::Arc};
+    use std::sync::Arc;
 
     use super::*;
-    use crate::model::{Module, SymbolizedSample, Thread};
+    use crate::model::{FrameKind, Module, SymbolizedSample, Thread};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
         Frame {
@@ -276,21 +219,5 @@ mod tests {
         );
         assert_eq!(profile.top_self(10).len(), 4);
         assert_eq!(profile.top_self(10)[3], ("zz".to_owned(), 1));
-    }
-
-    #[test]
-    fn write_replaces_previous_content() {
-        // Given a file already holding longer content
-        let mut file = tempfile::tempfile().unwrap();
-        file.write_all(&[b'x'; 4096]).unwrap();
-
-        // When the profile is written into it
-        write(&small_profile(), &mut file).unwrap();
-
-        // Then the file holds exactly the folded stacks
-        let mut content = String::new();
-        file.rewind().unwrap();
-        file.read_to_string(&mut content).unwrap();
-        assert_eq!(content, render(&small_profile()));
     }
 }

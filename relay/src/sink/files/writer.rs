@@ -1,4 +1,5 @@
-//! The local output set: `stacks.folded`, `profile.pb.gz` and `flamegraph.svg` in one directory.
+//! The files sink's writer: `stacks.folded`, `profile.pb.gz` and `flamegraph.svg` in one
+//! directory, created once (atomically replacing what was there) and rewritten in place.
 //!
 //! Invariants (`record` creates them as root in a directory another user may own):
 //! - the directory is opened once (O_DIRECTORY) and every name is resolved relative to that
@@ -7,15 +8,16 @@
 //!   handed to the invoking user (`SUDO_UID`/`SUDO_GID`, when root) with fchown, and renamed onto
 //!   its final name while still privileged: whatever was there (a symlink to a root-only file, a
 //!   file of someone else) is replaced, never followed or truncated;
-//! - later writes go through the descriptors only (truncate + write from offset 0), so `record`
-//!   writes them after dropping its privileges and nothing is reopened by name.
+//! - later writes go through the descriptors only (truncate + write from offset 0, one shared
+//!   [`replace`]), so `record` writes them after dropping its privileges and nothing is
+//!   reopened by name.
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
 use std::{
     ffi::OsStr,
     fs::{self, File},
-    io,
+    io::{self, Seek as _, Write as _},
     os::{fd::OwnedFd, unix::ffi::OsStrExt as _},
     path::{Path, PathBuf},
 };
@@ -27,7 +29,8 @@ use nix::{
     unistd::{self, Gid, Uid},
 };
 
-use crate::{model::Profile, sink};
+use super::{flamegraph, folded, pprof};
+use crate::model::Profile;
 
 pub const FOLDED: &str = "stacks.folded";
 pub const PPROF: &str = "profile.pb.gz";
@@ -128,12 +131,22 @@ impl OutputSet {
                 message: err.to_string(),
             }
         };
-        sink::folded::write(profile, &mut self.folded).map_err(|e| failed(FOLDED)(&e))?;
-        sink::pprof::write(profile, &mut self.pprof).map_err(|e| failed(PPROF)(&e))?;
-        sink::flamegraph::write(profile, &mut self.flamegraph)
-            .map_err(|e| failed(FLAMEGRAPH)(&e))?;
+        replace(&mut self.folded, folded::render(profile).as_bytes())
+            .map_err(|e| failed(FOLDED)(&e))?;
+        let bytes = pprof::encode(profile).map_err(|e| failed(PPROF)(&e))?;
+        replace(&mut self.pprof, &bytes).map_err(|e| failed(PPROF)(&e))?;
+        let svg = flamegraph::render(profile).map_err(|e| failed(FLAMEGRAPH)(&e))?;
+        replace(&mut self.flamegraph, &svg).map_err(|e| failed(FLAMEGRAPH)(&e))?;
         Ok(())
     }
+}
+
+/// Replaces the whole content of `file` (opened by us earlier) with `bytes`: truncate, rewind,
+/// write. Never reopens anything by name.
+fn replace(file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(bytes)
 }
 
 /// Opens `dir` (O_DIRECTORY), creating its last component if missing: mode 0755, given to
@@ -343,6 +356,20 @@ mod tests {
         // Then nothing is created through the link
         assert!(result.is_err());
         assert!(!target.exists());
+    }
+
+    #[test]
+    fn replace_leaves_only_the_new_content() {
+        // Given a file holding longer content
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[b'x'; 4096]).unwrap();
+        // When new bytes replace it
+        replace(&mut file, b"new").unwrap();
+        // Then the file holds exactly them
+        let mut content = Vec::new();
+        file.rewind().unwrap();
+        std::io::Read::read_to_end(&mut file, &mut content).unwrap();
+        assert_eq!(content, b"new");
     }
 
     #[test]

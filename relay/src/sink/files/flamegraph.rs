@@ -3,13 +3,9 @@
 //!
 //! Invariants: every profile gives a valid SVG; one without samples (which inferno refuses)
 //! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
-//! same profile gives the same file. Writing never opens a path: the caller opened the file
-//! before dropping privileges.
+//! same profile gives the same file. Rendering only: the files sink writes the result.
 
-use std::{
-    fs::File,
-    io::{self, Seek, Write},
-};
+use std::io;
 
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
 
@@ -23,12 +19,6 @@ const TITLE: &str = "ember CPU flamegraph";
 pub enum FlamegraphError {
     #[error("`inferno::flamegraph::from_lines` failed")]
     Render(#[source] io::Error),
-    #[error("`{call}` on the flamegraph file failed")]
-    Io {
-        call: &'static str,
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// The SVG document of `profile`.
@@ -51,19 +41,6 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, FlamegraphError> {
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .map_err(FlamegraphError::Render)?;
     Ok(svg)
-}
-
-/// Replaces the content of `file` (opened by the caller) with the flamegraph of `profile`.
-pub fn write(profile: &Profile, file: &mut File) -> Result<(), FlamegraphError> {
-    let svg = render(profile)?;
-    // The same three steps in each file sink; they belong in sink/mod.rs once it is shared.
-    file.set_len(0).map_err(failed("set_len"))?;
-    file.rewind().map_err(failed("rewind"))?;
-    file.write_all(&svg).map_err(failed("write_all"))
-}
-
-fn failed(call: &'static str) -> impl FnOnce(io::Error) -> FlamegraphError {
-    move |source| FlamegraphError::Io { call, source }
 }
 
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
@@ -134,7 +111,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
 
     use super::*;
     use crate::model::{Frame, FrameKind, SymbolizedSample, Thread};
@@ -231,21 +207,5 @@ mod tests {
         // A leap day, and the last second of a year.
         assert_eq!(utc(951_782_400_000_000_000), "2000-02-29 00:00:00");
         assert_eq!(utc(1_735_689_599_999_999_999), "2024-12-31 23:59:59");
-    }
-
-    #[test]
-    fn write_replaces_previous_content() {
-        // Given a file holding a larger flamegraph
-        let mut file = tempfile::tempfile().unwrap();
-        write(&profile(), &mut file).unwrap();
-
-        // When an empty profile is written into it
-        write(&Profile::new(99), &mut file).unwrap();
-
-        // Then only the new SVG is left
-        let mut content = Vec::new();
-        file.rewind().unwrap();
-        file.read_to_end(&mut content).unwrap();
-        assert_eq!(content, render(&Profile::new(99)).unwrap());
     }
 }

@@ -1,0 +1,406 @@
+//! The relay's one loop, shared by `run` and `record`: source events arrive over the bounded
+//! intake channel -> the [`Pipeline`] (sessions, symbolization) -> one [`Profile`] per completed
+//! interval -> the [`Sinks`]. The driver owns the window clock and the current window; the
+//! command's [`Policy`] decides when to stop (and prints progress), so `run` and `record` keep
+//! only their policy. Label and relabel stages go between the pipeline and the sinks, here.
+//!
+//! Invariants: every sample the pipeline symbolized reaches the sinks exactly once per call
+//! kind (each interval once to [`Sinks::interval`], each window once to [`Sinks::window`] or,
+//! for the last one, to the finish); the loop never blocks longer than the policy's poll
+//! period, so stop requests are seen promptly.
+
+use std::{
+    sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender},
+    time::{Duration, Instant},
+};
+
+use ember_protocol::Losses;
+
+use crate::{
+    model::Profile,
+    pipeline::{Handled, Pipeline},
+    session::FileLimits,
+    sink::Sinks,
+    source::{self, SourceEvent},
+};
+
+/// The intake channel between the connection threads and the driver, bounded: when the driver
+/// falls behind, connection threads block, which backpressures the samplers.
+pub(crate) fn intake() -> (SyncSender<SourceEvent>, Receiver<SourceEvent>) {
+    mpsc::sync_channel(source::INTAKE_CAPACITY)
+}
+
+/// What the loop saw since it last asked the policy.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Tick {
+    /// The pipeline handled an event.
+    Handled(Handled),
+    /// Nothing arrived within the poll period.
+    Quiet,
+    /// Every sender is gone: nothing more will arrive.
+    Disconnected,
+}
+
+/// Whether the loop goes on.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Stop,
+}
+
+/// A command's side of the loop: when to stop, what to print on the way.
+pub(crate) trait Policy {
+    /// The longest the loop waits for an event before asking [`Policy::check`] anyway.
+    fn poll_period(&self) -> Duration;
+
+    /// Sees each event before the pipeline takes it.
+    fn saw(&mut self, _event: &SourceEvent) {}
+
+    /// After each event or quiet poll period: go on or stop. `samples` counts every sample
+    /// symbolized since start. An error ends the loop with that error (sinks unfinished).
+    fn check(&mut self, tick: &Tick, samples: u64) -> anyhow::Result<Flow>;
+}
+
+/// How the loop ended: the last window, the sinks still to finish.
+pub(crate) struct Ended {
+    /// The last window (everything, when windows never close).
+    pub window: Profile,
+    /// The sampler's latest loss report.
+    pub losses: Losses,
+    pub sinks: Sinks,
+}
+
+pub(crate) struct Driver {
+    pipeline: Pipeline,
+    sinks: Sinks,
+    /// The window so far: every completed interval since it started.
+    window: Profile,
+    /// `None`: one window for the whole run (`record`).
+    window_length: Option<Duration>,
+    window_started: Instant,
+}
+
+impl Driver {
+    pub(crate) fn new(sinks: Sinks, file_limits: FileLimits, window: Option<Duration>) -> Self {
+        let mut pipeline = Pipeline::new();
+        pipeline.set_file_limits(file_limits);
+        Self {
+            pipeline,
+            sinks,
+            window: Profile::default(),
+            window_length: window,
+            window_started: Instant::now(),
+        }
+    }
+
+    /// Runs until the policy says stop; hands the unfinished interval to the sinks before it
+    /// returns.
+    pub(crate) fn run(
+        mut self,
+        events: &Receiver<SourceEvent>,
+        policy: &mut dyn Policy,
+    ) -> anyhow::Result<Ended> {
+        loop {
+            let tick = match events.recv_timeout(policy.poll_period()) {
+                Ok(event) => {
+                    policy.saw(&event);
+                    self.handle(event)
+                }
+                Err(RecvTimeoutError::Timeout) => Tick::Quiet,
+                Err(RecvTimeoutError::Disconnected) => Tick::Disconnected,
+            };
+            let flow = policy.check(&tick, self.pipeline.samples())?;
+            if flow == Flow::Stop {
+                break;
+            }
+            self.rotate_window();
+        }
+        self.end_interval();
+        Ok(Ended {
+            window: self.window,
+            losses: self.pipeline.last_losses(),
+            sinks: self.sinks,
+        })
+    }
+
+    fn handle(&mut self, event: SourceEvent) -> Tick {
+        let handled = self.pipeline.handle(event);
+        if let Handled::Batch {
+            last_part: true, ..
+        } = handled
+        {
+            self.end_interval();
+        }
+        Tick::Handled(handled)
+    }
+
+    /// Hands the interval so far to the sinks and adds it to the window.
+    fn end_interval(&mut self) {
+        if let Some(interval) = self.pipeline.take_interval() {
+            self.sinks.interval(&interval);
+            self.window.merge(interval);
+        }
+    }
+
+    /// Closes the window when it is due: the sinks get it, a new empty one starts.
+    fn rotate_window(&mut self) {
+        let Some(length) = self.window_length else {
+            return;
+        };
+        if self.window_started.elapsed() < length {
+            return;
+        }
+        let frequency = self.pipeline.frequency_hz();
+        let window = std::mem::replace(&mut self.window, Profile::new(frequency));
+        self.sinks.window(&window);
+        tracing::info!(
+            samples = window.total_samples(),
+            "window complete; starting a new one"
+        );
+        self.window_started = Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, fs, rc::Rc};
+
+    use super::*;
+    use crate::{
+        pipeline::fixtures::{self, batch, session_start},
+        sink::{files::FilesSink, Sink, SinkReport},
+    };
+
+    /// What a sink was handed, by call, with the sample count.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Call {
+        Interval(u64),
+        Window(u64),
+        Finish(u64),
+    }
+
+    /// A sink that writes down its calls into a log the test keeps.
+    struct Recorder(Rc<RefCell<Vec<Call>>>);
+
+    impl Sink for Recorder {
+        fn interval(&mut self, profile: &Profile) {
+            self.0
+                .borrow_mut()
+                .push(Call::Interval(profile.total_samples()));
+        }
+
+        fn window(&mut self, profile: &Profile) {
+            self.0
+                .borrow_mut()
+                .push(Call::Window(profile.total_samples()));
+        }
+
+        fn finish(self: Box<Self>, window: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+            self.0
+                .borrow_mut()
+                .push(Call::Finish(window.total_samples()));
+            Ok(SinkReport::Quiet)
+        }
+    }
+
+    /// Runs until the source is gone.
+    struct UntilDisconnected;
+
+    impl Policy for UntilDisconnected {
+        fn poll_period(&self) -> Duration {
+            Duration::from_millis(10)
+        }
+
+        fn check(&mut self, tick: &Tick, _: u64) -> anyhow::Result<Flow> {
+            Ok(if *tick == Tick::Disconnected {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            })
+        }
+    }
+
+    /// A session, an interval in two parts (3 + 4 samples), then one of 5; the source then
+    /// goes away.
+    fn three_batches_two_intervals() -> Receiver<SourceEvent> {
+        let (tx, rx) = intake();
+        for event in session_start().into_iter().chain([
+            batch(1, 0, 2, 3),
+            batch(1, 1, 2, 4),
+            batch(2, 0, 1, 5),
+        ]) {
+            tx.send(event).expect("queue an event");
+        }
+        rx
+    }
+
+    fn recorder() -> (Box<dyn Sink>, Rc<RefCell<Vec<Call>>>) {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        (Box::new(Recorder(Rc::clone(&log))), log)
+    }
+
+    fn run(sinks: Sinks, window: Option<Duration>) -> Ended {
+        let driver = Driver::new(sinks, FileLimits::default(), window);
+        driver
+            .run(&three_batches_two_intervals(), &mut UntilDisconnected)
+            .expect("the driver runs")
+    }
+
+    fn finish(ended: Ended) -> Vec<SinkReport> {
+        let mut reports = Vec::new();
+        ended
+            .sinks
+            .finish(&ended.window, Duration::ZERO, &mut |report| {
+                reports.push(report?);
+                Ok(())
+            })
+            .expect("the sinks finish");
+        reports
+    }
+
+    fn folded(dir: &std::path::Path) -> String {
+        fs::read_to_string(dir.join("stacks.folded")).expect("read stacks.folded")
+    }
+
+    #[test]
+    fn each_interval_reaches_the_sinks_once_and_the_window_at_finish() {
+        // Given a recording sink and no window length (record)
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(sink);
+        // When three batches of two intervals pass through the driver and it finishes
+        let ended = run(sinks, None);
+        assert_eq!(ended.window.total_samples(), 12);
+        let reports = finish(ended);
+        // Then the sink got each interval when its last part came, and the whole window once
+        assert_eq!(
+            *log.borrow(),
+            [Call::Interval(7), Call::Interval(5), Call::Finish(12)]
+        );
+        assert!(matches!(reports[..], [SinkReport::Quiet]));
+    }
+
+    #[test]
+    fn files_are_written_at_finish_not_per_batch() {
+        // Given the files sink and no window length
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut sinks = Sinks::default();
+        sinks.push(Box::new(FilesSink::create_unowned(tmp.path())));
+        // When every batch has passed through the driver
+        let ended = run(sinks, None);
+        // Then nothing was written yet
+        assert_eq!(folded(tmp.path()), "");
+        // And after finishing, the files hold the whole window, named
+        let reports = finish(ended);
+        let text = folded(tmp.path());
+        let total: u64 = text
+            .lines()
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert_eq!(total, 12, "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("fixture;")
+                    && l.contains("fixture_leaf_function;do_one_[k] ")),
+            "{text}"
+        );
+        let [SinkReport::Files(paths)] = &reports[..] else {
+            panic!("{reports:?}");
+        };
+        assert_eq!(paths.len(), 3);
+    }
+
+    #[test]
+    fn a_closed_window_goes_to_the_sinks_and_a_new_one_starts() {
+        // Given a window so short that every step of the loop closes it (run --window)
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(Box::new(FilesSink::create_unowned(tmp.path())));
+        sinks.push(sink);
+        // When the batches pass through
+        let ended = run(sinks, Some(Duration::ZERO));
+        // Then each interval closed its own window right after it reached the sinks
+        let calls: Vec<Call> = log
+            .borrow_mut()
+            .drain(..)
+            .filter(|c| !matches!(c, Call::Window(0)))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                Call::Interval(7),
+                Call::Window(7),
+                Call::Interval(5),
+                Call::Window(5)
+            ]
+        );
+        // And the files hold the last closed window
+        assert!(
+            folded(tmp.path()).ends_with(" 4\n"),
+            "{}",
+            folded(tmp.path())
+        );
+        // And finishing with the new, empty window keeps them
+        assert_eq!(ended.window.total_samples(), 0);
+        finish(ended);
+        assert_eq!(*log.borrow(), [Call::Finish(0)]);
+        let text = folded(tmp.path());
+        assert!(text.contains("do_one_[k] 4\n"), "{text}");
+    }
+
+    #[test]
+    fn the_intake_is_bounded() {
+        // Given the intake channel
+        let (tx, _rx) = intake();
+        // When nobody receives, then it takes INTAKE_CAPACITY events and refuses the next
+        for _ in 0..source::INTAKE_CAPACITY {
+            tx.try_send(fixtures::closed()).expect("room in the intake");
+        }
+        assert!(matches!(
+            tx.try_send(fixtures::closed()),
+            Err(mpsc::TrySendError::Full(_))
+        ));
+    }
+
+    #[test]
+    fn the_policy_sees_every_event_and_stops_the_loop() {
+        // Given a policy that stops at the first completed interval
+        struct FirstInterval(usize);
+        impl Policy for FirstInterval {
+            fn poll_period(&self) -> Duration {
+                Duration::from_millis(10)
+            }
+            fn saw(&mut self, _: &SourceEvent) {
+                self.0 += 1;
+            }
+            fn check(&mut self, tick: &Tick, samples: u64) -> anyhow::Result<Flow> {
+                let done = matches!(
+                    tick,
+                    Tick::Handled(Handled::Batch {
+                        last_part: true,
+                        ..
+                    })
+                );
+                Ok(if done {
+                    assert_eq!(samples, 7);
+                    Flow::Stop
+                } else {
+                    Flow::Continue
+                })
+            }
+        }
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(sink);
+        let mut policy = FirstInterval(0);
+        // When the driver runs
+        let ended = Driver::new(sinks, FileLimits::default(), None)
+            .run(&three_batches_two_intervals(), &mut policy)
+            .expect("the driver runs");
+        // Then it stopped after the session's 4 events and the interval's 2 parts
+        assert_eq!(policy.0, 6);
+        assert_eq!(ended.window.total_samples(), 7);
+        assert_eq!(*log.borrow(), [Call::Interval(7)]);
+    }
+}
