@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{anyhow, Context as _};
 use caps::{CapSet, Capability, CapsHashSet};
+use ember_common::set_no_new_privs;
 use nix::unistd::{Gid, Uid};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -182,16 +183,6 @@ fn check_identity(identity: &Identity) -> anyhow::Result<()> {
         return Err(anyhow!(
             "after the uid change: uids {uids:?}, gids {gids:?}, groups {groups:?}; expected {identity:?}"
         ));
-    }
-    Ok(())
-}
-
-fn set_no_new_privs() -> anyhow::Result<()> {
-    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes plain integers and affects only this process;
-    // it is also what lets an unprivileged process install a seccomp filter.
-    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_NO_NEW_PRIVS)");
     }
     Ok(())
 }

@@ -16,12 +16,14 @@ use std::{
     os::fd::OwnedFd,
     path::PathBuf,
     rc::Rc,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context as _;
 use clap::Parser;
+use ember_common::{
+    init_logging, install_stop_handlers, parse_duration, stop_requested, LogFormat, ProcStatus,
+};
 use ember_protocol::{encode_sampler_message, Hello, SamplerMessage, NO_FD, PROTOCOL_VERSION};
 
 use crate::{
@@ -78,38 +80,6 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 1m"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "s" | "" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "unknown unit `{unit}` in `{text}`; use ms, s, m or h"
-            ))
-        }
-    };
-    if !(0.01..=86_400.0).contains(&secs) {
-        return Err(format!("`{text}` is out of range (10ms to 24h)"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 impl Cli {
     fn into_config(self) -> SamplerConfig {
         SamplerConfig {
@@ -124,40 +94,6 @@ impl Cli {
             relay_user: self.relay_uid,
             user: self.user,
         }
-    }
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> anyhow::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for signal in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(signal, &action) }
-            .with_context(|| format!("installing a {signal} handler"))?;
-    }
-    Ok(())
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }
 
@@ -189,7 +125,7 @@ fn main() {
 fn run(config: SamplerConfig) -> anyhow::Result<()> {
     // Under `ember-relay record`, the process that started us and must outlive us.
     let parent = nix::unistd::getppid().as_raw();
-    install_signal_handlers()?;
+    install_stop_handlers()?;
     raise_nofile_limit();
     // Read now: getrlimit (prlimit64) is not on the seccomp allowlist.
     let max_open_files = procfs::open_files_cap();
@@ -237,21 +173,15 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     let parent = (mode == harden::Mode::Inherited).then_some(parent);
     harden::harden(&harden::Identity { uid, gid, groups }, mode, parent)
         .context("confining the sampler")?;
-    let status = procfs::read_small("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
+    let status = ProcStatus::read_self();
+    let field = |name| status.field(name);
     tracing::info!(
         uid,
         gid,
-        cap_eff = %field("CapEff:"),
-        cap_bnd = %field("CapBnd:"),
-        no_new_privs = %field("NoNewPrivs:"),
-        seccomp = %field("Seccomp:"),
+        cap_eff = %field("CapEff"),
+        cap_bnd = %field("CapBnd"),
+        no_new_privs = %field("NoNewPrivs"),
+        seccomp = %field("Seccomp"),
         allowed_syscalls = harden::allowed_count(mode),
         "sampler confined"
     );
@@ -300,7 +230,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
             link.prepend(snapshot);
         }
         link.flush();
-        let stopping = STOP.load(Ordering::SeqCst);
+        let stopping = stop_requested();
         let now = Instant::now();
         let peer_closed = if !stopping && now < next_tick {
             let wait = (next_tick - now).min(Duration::from_millis(100));
@@ -428,15 +358,6 @@ fn resolve_user(flag: &str, user: &str) -> anyhow::Result<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5x").is_err());
-        assert!(parse_duration("0s").is_err());
-    }
 
     #[test]
     fn a_numeric_user_without_passwd_entry_gets_the_same_gid() {
