@@ -1,5 +1,5 @@
 //! Plumbing both ember binaries need, in one copy: duration flags, log set-up, the stop signal,
-//! `no_new_privs` and the `/proc/<pid>/status` reader.
+//! `no_new_privs`, the open-file limit and the `/proc/<pid>/status` reader.
 //!
 //! Privilege assumptions: none. Everything here runs in the privileged sampler too, after its
 //! seccomp filter is installed, so at run time it may only make the system calls the sampler's
@@ -14,6 +14,6 @@ mod status;
 
 pub use duration::parse_duration;
 pub use logging::{init_logging, LogFormat};
-pub use privileges::set_no_new_privs;
+pub use privileges::{raise_nofile_limit, set_no_new_privs};
 pub use signal::{install_stop_handlers, stop_requested};
-pub use status::{ProcStatus, STATUS_READ_LIMIT};
+pub use status::{read_bounded, ProcStatus, STATUS_READ_LIMIT};

@@ -1,7 +1,17 @@
-//! `/proc/<pid>/status`, read bounded: the kernel formats it, but a process name (and so the
-//! text) is whatever the process chose, and a reader must never take more than it needs.
+//! Small /proc files read bounded, and `/proc/<pid>/status` among them: the kernel formats
+//! them, but a process name (and so the text) is whatever the process chose, and a reader must
+//! never take more than it needs.
 
 use std::{fs::File, io::Read as _, path::Path};
+
+/// Reads at most `limit` bytes of `path` as text (bytes that are not UTF-8 replaced; a longer
+/// file is cut). Only `openat` (read-only), `read` and `close`: allowed in the sampler after
+/// seccomp.
+pub fn read_bounded(path: impl AsRef<Path>, limit: u64) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    File::open(path)?.take(limit).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
 
 /// Most bytes read of one status file: every field ember reads is in the first kilobytes (the
 /// relay's copy read without a bound, the sampler's at most 64 KiB; the stricter one is kept).
@@ -14,14 +24,10 @@ pub struct ProcStatus {
 }
 
 impl ProcStatus {
-    /// Reads at most [`STATUS_READ_LIMIT`] bytes of `path` (`/proc/self/status`, ...). Only
-    /// `openat` (read-only), `read` and `close`: allowed in the sampler after seccomp.
+    /// Reads at most [`STATUS_READ_LIMIT`] bytes of `path` (`/proc/self/status`, ...).
     pub fn read(path: impl AsRef<Path>) -> std::io::Result<Self> {
-        let mut bytes = Vec::new();
-        File::open(path)?
-            .take(STATUS_READ_LIMIT)
-            .read_to_end(&mut bytes)?;
-        Ok(Self::parse(&bytes))
+        let text = read_bounded(path, STATUS_READ_LIMIT)?;
+        Ok(Self { text })
     }
 
     /// This process's status; empty (every field "") when it cannot be read.

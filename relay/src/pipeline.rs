@@ -148,6 +148,10 @@ impl Pipeline {
                 session.remove_process(pid);
                 Handled::Nothing
             }
+            SamplerMessage::FilesClosed(ids) => {
+                session.close_files(&ids);
+                Handled::Nothing
+            }
             SamplerMessage::Batch(batch) => {
                 if self.profile.frequency_hz == 0 {
                     self.profile.frequency_hz = batch.frequency_hz;
