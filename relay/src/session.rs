@@ -597,6 +597,138 @@ mod tests {
         assert_eq!(session.stats.unknown_frames, 1);
     }
 
+    /// A function of this test binary to find by name in a profile.
+    #[inline(never)]
+    fn session_test_marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// This test binary as the sampler would pass it: its file (`file_id` 1, descriptor 0) and
+    /// the executable mapping of it holding `address`, from this process's own maps.
+    fn this_binary(address: u64) -> (FileInfo, OwnedFd, Mapping) {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        let hex = |text: &str| u64::from_str_radix(text, 16).expect("hex");
+        let range = |fields: &[&str]| {
+            let (start, end) = fields[0].split_once('-').expect("start-end");
+            (hex(start), hex(end))
+        };
+        let fields: Vec<&str> = maps
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|fields| {
+                let (start, end) = range(fields);
+                (start..end).contains(&address)
+            })
+            .expect("the mapping of this test binary's code");
+        let (start, end) = range(&fields);
+        let path = fields[5].to_owned();
+        let mapping = Mapping {
+            start,
+            end,
+            file_offset: hex(fields[2]),
+            path: path.clone(),
+            file_id: 1,
+            ..Mapping::default()
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open this binary"));
+        let info = FileInfo {
+            file_id: 1,
+            path,
+            fd: 0,
+            ..FileInfo::default()
+        };
+        (info, fd, mapping)
+    }
+
+    /// The (process name, leaf function) of every sample in `profile`.
+    fn leaves(profile: &Profile) -> Vec<(String, String)> {
+        profile
+            .samples()
+            .iter()
+            .map(|s| {
+                let leaf = s.stack.first().map_or(String::new(), Frame::display_name);
+                (s.thread.process_name.to_string(), leaf)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hand_built_sampler_sequence_names_frames_follows_pid_reuse_and_closes_as_told() {
+        // Given a session greeted by a sampler, passed this test binary with a real descriptor,
+        // and told that pid 7 (started at 100) maps it
+        let marker = session_test_marker as fn() -> u64 as usize as u64;
+        let (file, fd, mapping) = this_binary(marker);
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let mut cache = ElfCache::default();
+        let mut run = |session: &mut Session, batch: &Batch| {
+            let mut profile = Profile::default();
+            session.symbolize_batch(batch, &mut cache, &mut profile);
+            leaves(&profile)
+        };
+        session.add_files(vec![file], vec![Some(fd)]);
+        let first = ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 100,
+            executable_name: "first".into(),
+            mappings: vec![mapping.clone()],
+            ..ProcessInfo::default()
+        };
+        session.set_process(first);
+        // When a sample of pid 7 lands on the marker function
+        let named = run(&mut session, &batch(7, vec![marker]));
+        // Then its frame is named from the passed file, under the process's name
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].0, "first");
+        assert!(named[0].1.contains("session_test_marker"), "{named:?}");
+
+        // When pid 7 is reused by a process that maps nothing (start time 200), the sampler
+        // closes the file only the old process mapped, and a late continuation of the old
+        // process's mappings arrives
+        session.set_process(ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 200,
+            executable_name: "second".into(),
+            ..ProcessInfo::default()
+        });
+        session.close_files(&[1]);
+        assert!(!session.append_mappings(7, 100, vec![mapping]));
+        let after = run(&mut session, &batch(7, vec![marker]));
+        // Then nothing of the old process is left: the new name, an unknown frame, the file
+        // closed because the sampler said so, nothing left for the sweep
+        assert_eq!(after.len(), 1);
+        assert_eq!(after[0].0, "second");
+        assert!(after[0].1.starts_with("[unknown]"), "{after:?}");
+        assert_eq!(session.file_count(), 0);
+        assert_eq!(
+            (session.stats.files_closed, session.stats.files_swept),
+            (1, 0)
+        );
+    }
+
+    #[test]
+    fn a_shared_file_stays_until_the_sampler_closes_it() {
+        // Given two processes mapping one passed file
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let (infos, fds) = files(&[1]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1], 0));
+        session.set_process(process(11, &[1], 0));
+        // When one exits (the sampler closes nothing: the other maps it) and a batch comes
+        session.remove_process(10);
+        symbolize(&mut session, &batch(11, vec![0x1010]));
+        // Then the file is still open
+        assert!(session.has_fd(1));
+        // When the other exits and the sampler closes the file (and names one it never passed)
+        session.remove_process(11);
+        session.close_files(&[1, 99]);
+        // Then exactly that file is gone, and the sweep had nothing to do
+        assert_eq!(session.file_count(), 0);
+        assert_eq!(
+            (session.stats.files_closed, session.stats.files_swept),
+            (1, 0)
+        );
+    }
+
     fn mapping(start: u64, file_id: u64) -> Mapping {
         Mapping {
             start,
