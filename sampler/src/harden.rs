@@ -211,7 +211,6 @@ fn allowed(mode: Mode) -> Vec<(i64, &'static str)> {
         ),
         (libc::SYS_newfstatat, "file metadata"),
         (libc::SYS_fstat, "file metadata"),
-        (libc::SYS_getdents64, "listing /proc/<pid>/task"),
         (libc::SYS_readlinkat, "reading /proc/<pid>/exe"),
         (libc::SYS_fcntl, "descriptor flags"),
         (libc::SYS_sendmsg, "sending batches and descriptors"),
