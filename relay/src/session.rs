@@ -238,7 +238,16 @@ impl Session {
             .collect();
         let before = self.files.len();
         self.files.retain(|id, _| referenced.contains(id));
-        self.stats.files_swept += (before - self.files.len()) as u64;
+        let swept = (before - self.files.len()) as u64;
+        if swept > 0 && self.stats.files_swept == 0 {
+            tracing::warn!(
+                swept,
+                "closed passed files that no known process maps and the sampler never named \
+                 closed: the sampler and the relay disagree about file lifetime, or a facts \
+                 message was lost (logged once per connection)"
+            );
+        }
+        self.stats.files_swept += swept;
     }
 
     /// Records the facts of a process, replacing what was known of its pid: newer facts of the

@@ -213,10 +213,10 @@ fn confine(config: &SamplerConfig, parent: i32) -> anyhow::Result<Option<u32>> {
     tracing::info!(
         uid,
         gid,
-        cap_eff = status.field("CapEff"),
-        cap_bnd = status.field("CapBnd"),
-        no_new_privs = status.field("NoNewPrivs"),
-        seccomp = status.field("Seccomp"),
+        cap_eff = %status.field("CapEff"),
+        cap_bnd = %status.field("CapBnd"),
+        no_new_privs = %status.field("NoNewPrivs"),
+        seccomp = %status.field("Seccomp"),
         allowed_syscalls = harden::allowed_count(mode),
         "sampler confined"
     );
