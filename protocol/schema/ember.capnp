@@ -4,7 +4,9 @@
 # bump `protocolVersion` when a change is not backwards compatible.
 @0x8a66bb243be03d9d;
 
-const protocolVersion :UInt32 = 2;
+# v3: `filesClosed` added; `Hello.bootTimeUnixNs`, `Mapping.buildId` and the thread list of
+# `ProcessInfo` removed (nobody read them: thread names come with each sample's row).
+const protocolVersion :UInt32 = 3;
 
 # Everything the sampler sends. The first message on a connection is `hello`.
 struct SamplerMessage {
@@ -15,6 +17,7 @@ struct SamplerMessage {
     batch @3 :Batch;
     exited @4 :ProcessExit;
     processMappings @5 :ProcessMappings;
+    filesClosed @6 :FilesClosed;
   }
 }
 
@@ -24,14 +27,14 @@ struct Hello {
   hostname @2 :Text;
   frequencyHz @3 :UInt32;
   # Index of an fd of /proc/kallsyms opened by the privileged sampler; -1 when it could not open it.
+  # Must stay the first five fields: a relay reads `protocolVersion` of any generation's hello.
   kallsymsFd @4 :Int32;
-  # Wall-clock time of boot, to turn the kernel's monotonic times into wall-clock times.
-  bootTimeUnixNs @5 :UInt64;
   # Only this process is sampled; 0 means all processes.
-  targetPid @6 :UInt32;
+  targetPid @5 :UInt32;
 }
 
-# Mapped files, each opened once per (device, inode) by the sampler and passed as an fd.
+# Mapped files, each opened once per (device, inode) by the sampler and passed as an fd. A file
+# stays valid on the connection until a `filesClosed` names its id.
 struct FileBatch {
   files @0 :List(FileInfo);
 }
@@ -56,21 +59,15 @@ struct Mapping {
   device @4 :UInt64;
   inode @5 :UInt64;
   # The `FileInfo.fileId` of the mapped file; 0 when no file was passed (anonymous, vdso, ...).
+  # The sampler parses no ELF: the relay reads the build id from the passed file.
   fileId @6 :UInt64;
-  # GNU build id, when known. The sampler parses no ELF: it leaves this empty and the relay reads
-  # the build id from the passed file.
-  buildId @7 :Data;
-}
-
-struct ThreadInfo {
-  tid @0 :UInt32;
-  name @1 :Text;
 }
 
 # Facts about a process: sent when the sampler first sees it and whenever its mappings change.
 struct ProcessInfo {
   pid @0 :UInt32;
-  # Process start, wall clock (0 when unknown); with `pid` it identifies the process across reuse.
+  # Process start, wall clock (0 when unknown); with `pid` it identifies the process across reuse:
+  # facts with another start time for a known pid replace the old process's.
   startTimeUnixNs @1 :UInt64;
   executablePath @2 :Text;
   executableName @3 :Text;
@@ -78,11 +75,8 @@ struct ProcessInfo {
   cgroup @4 :Text;
   # Executable mappings only, sorted by start address.
   mappings @5 :List(Mapping);
-  threads @6 :List(ThreadInfo);
   # Executable mappings the sampler left out because of its per-process cap.
-  mappingsOmitted @7 :UInt32;
-  # Threads the sampler left out because of its per-process cap.
-  threadsOmitted @8 :UInt32;
+  mappingsOmitted @6 :UInt32;
 }
 
 # More executable mappings of the process whose `process` message came just before: its facts
@@ -95,6 +89,13 @@ struct ProcessMappings {
 
 struct ProcessExit {
   pid @0 :UInt32;
+}
+
+# Files the sampler closed: no process it describes maps them any more (the process exited or its
+# new facts no longer map them). Sent after the `exited` or `process` that made them unreferenced;
+# the relay closes exactly these. File ids are never reused on a connection.
+struct FilesClosed {
+  fileIds @0 :List(UInt64);
 }
 
 # A stack: raw instruction addresses, leaf first.

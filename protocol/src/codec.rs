@@ -4,7 +4,8 @@ use capnp::message::{Builder, ReaderOptions};
 
 use crate::{
     ember_capnp::{
-        batch, file_info, hello, mapping, process_info, process_mappings, row, sampler_message,
+        batch, file_info, files_closed, hello, mapping, process_info, process_mappings, row,
+        sampler_message,
     },
     messages::*,
 };
@@ -71,6 +72,7 @@ pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
         SamplerMessage::ProcessMappings(more) => {
             write_process_mappings(root.init_process_mappings(), more);
         }
+        SamplerMessage::FilesClosed(ids) => write_files_closed(root.init_files_closed(), ids),
     }
     capnp::serialize::write_message_to_words(&builder)
 }
@@ -110,6 +112,9 @@ pub fn decode_sampler_message(
         Ok(sampler_message::ProcessMappings(more)) => {
             SamplerMessage::ProcessMappings(read_process_mappings(more?)?)
         }
+        Ok(sampler_message::FilesClosed(closed)) => {
+            SamplerMessage::FilesClosed(closed?.get_file_ids()?.iter().collect())
+        }
         Err(capnp::NotInSchema(kind)) => return Err(DecodeError::UnknownKind(kind)),
     };
     Ok(message)
@@ -120,7 +125,7 @@ fn len_u32(len: usize) -> u32 {
 }
 
 fn text(reader: capnp::Result<capnp::text::Reader<'_>>) -> Result<String, DecodeError> {
-    // Paths and thread names are bytes to the kernel; keep what we can rather than fail.
+    // Paths and command names are bytes to the kernel; keep what we can rather than fail.
     Ok(String::from_utf8_lossy(reader?.as_bytes()).into_owned())
 }
 
@@ -130,7 +135,6 @@ fn write_hello(mut b: hello::Builder<'_>, hello: &Hello) {
     b.set_hostname(&hello.hostname[..]);
     b.set_frequency_hz(hello.frequency_hz);
     b.set_kallsyms_fd(hello.kallsyms_fd);
-    b.set_boot_time_unix_ns(hello.boot_time_unix_ns);
     b.set_target_pid(hello.target_pid);
 }
 
@@ -141,7 +145,6 @@ fn read_hello(r: hello::Reader<'_>) -> Result<Hello, DecodeError> {
         hostname: text(r.get_hostname())?,
         frequency_hz: r.get_frequency_hz(),
         kallsyms_fd: r.get_kallsyms_fd(),
-        boot_time_unix_ns: r.get_boot_time_unix_ns(),
         target_pid: r.get_target_pid(),
     })
 }
@@ -174,7 +177,6 @@ fn write_mapping(mut b: mapping::Builder<'_>, m: &Mapping) {
     b.set_device(m.device);
     b.set_inode(m.inode);
     b.set_file_id(m.file_id);
-    b.set_build_id(&m.build_id);
 }
 
 fn read_mapping(r: mapping::Reader<'_>) -> Result<Mapping, DecodeError> {
@@ -186,7 +188,6 @@ fn read_mapping(r: mapping::Reader<'_>) -> Result<Mapping, DecodeError> {
         device: r.get_device(),
         inode: r.get_inode(),
         file_id: r.get_file_id(),
-        build_id: r.get_build_id()?.to_vec(),
     };
     if mapping.end < mapping.start {
         return Err(DecodeError::Invalid {
@@ -204,16 +205,13 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_executable_name(&p.executable_name[..]);
     b.set_cgroup(&p.cgroup[..]);
     b.set_mappings_omitted(p.mappings_omitted);
-    b.set_threads_omitted(p.threads_omitted);
-    write_mappings(
-        b.reborrow().init_mappings(len_u32(p.mappings.len())),
-        &p.mappings,
-    );
-    let mut threads = b.init_threads(len_u32(p.threads.len()));
-    for (i, t) in p.threads.iter().enumerate() {
-        let mut tb = threads.reborrow().get(i as u32);
-        tb.set_tid(t.tid);
-        tb.set_name(&t.name[..]);
+    write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
+}
+
+fn write_files_closed(b: files_closed::Builder<'_>, ids: &[u64]) {
+    let mut list = b.init_file_ids(len_u32(ids.len()));
+    for (i, &id) in ids.iter().enumerate() {
+        list.set(i as u32, id);
     }
 }
 
@@ -249,14 +247,6 @@ fn read_process_mappings(r: process_mappings::Reader<'_>) -> Result<ProcessMappi
 
 fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError> {
     let mappings = read_mappings(r.get_mappings()?)?;
-    let threads_r = r.get_threads()?;
-    let mut threads = Vec::with_capacity(threads_r.len() as usize);
-    for t in threads_r.iter() {
-        threads.push(ThreadInfo {
-            tid: t.get_tid(),
-            name: text(t.get_name())?,
-        });
-    }
     Ok(ProcessInfo {
         pid: r.get_pid(),
         start_time_unix_ns: r.get_start_time_unix_ns(),
@@ -264,9 +254,7 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         executable_name: text(r.get_executable_name())?,
         cgroup: text(r.get_cgroup())?,
         mappings,
-        threads,
         mappings_omitted: r.get_mappings_omitted(),
-        threads_omitted: r.get_threads_omitted(),
     })
 }
 
@@ -476,7 +464,6 @@ mod tests {
                 hostname: "node-1".into(),
                 frequency_hz: 97,
                 kallsyms_fd: 0,
-                boot_time_unix_ns: 123,
                 target_pid: 0,
             }),
             SamplerMessage::Files(vec![FileInfo {
@@ -501,14 +488,8 @@ mod tests {
                     device: 2049,
                     inode: 77,
                     file_id: 1,
-                    build_id: vec![0xab, 0xcd],
-                }],
-                threads: vec![ThreadInfo {
-                    tid: 43,
-                    name: "worker".into(),
                 }],
                 mappings_omitted: 6,
-                threads_omitted: 7,
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,
@@ -521,17 +502,52 @@ mod tests {
                     device: 2049,
                     inode: 78,
                     file_id: 2,
-                    build_id: Vec::new(),
                 }],
             }),
             SamplerMessage::Batch(sample_batch()),
             SamplerMessage::Exited { pid: 42 },
+            SamplerMessage::FilesClosed(vec![1, 2, u64::MAX]),
+            SamplerMessage::FilesClosed(Vec::new()),
         ];
         for message in messages {
             let bytes = encode_sampler_message(&message);
             let back = decode_sampler_message(&bytes, &Limits::default()).expect("decodes");
             assert_eq!(back, message);
         }
+    }
+
+    #[test]
+    fn a_version_2_hello_still_decodes_so_its_version_can_be_refused() {
+        // Given a hello as a v2 sampler wrote it (built word by word: this build has no v2
+        // schema): data section protocolVersion 2, frequencyHz 99, kallsymsFd -1, targetPid 0,
+        // then v2's bootTimeUnixNs in a third data word that v3 no longer has
+        let words: [u64; 8] = [
+            1 << 32 | 1 << 48,   // root: struct, 1 data word, 1 pointer
+            0,                   // union discriminant 0: hello
+            3 << 32 | 2 << 48,   // -> Hello: 3 data words, 2 pointers (v3 has 2 words)
+            2 | 99 << 32,        // protocolVersion, frequencyHz
+            u64::from(u32::MAX), // kallsymsFd -1, targetPid 0
+            123,                 // bootTimeUnixNs (v2 only)
+            0,                   // samplerVersion: null
+            0,                   // hostname: null
+        ];
+        let mut bytes = vec![0, 0, 0, 0, 8, 0, 0, 0];
+        bytes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        // When this build decodes it
+        let decoded = decode_sampler_message(&bytes, &Limits::default()).expect("decodes");
+        // Then it is a hello whose version the relay can read (and refuse)
+        let SamplerMessage::Hello(hello) = decoded else {
+            panic!("expected a hello, got {}", decoded.kind());
+        };
+        assert_eq!(
+            (
+                hello.protocol_version,
+                hello.frequency_hz,
+                hello.kallsyms_fd
+            ),
+            (2, 99, NO_FD)
+        );
+        assert_ne!(hello.protocol_version, crate::PROTOCOL_VERSION);
     }
 
     #[test]

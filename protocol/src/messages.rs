@@ -7,8 +7,12 @@ pub enum SamplerMessage {
     Files(Vec<FileInfo>),
     Process(ProcessInfo),
     Batch(Batch),
-    Exited { pid: u32 },
+    Exited {
+        pid: u32,
+    },
     ProcessMappings(ProcessMappings),
+    /// Ids of files the sampler closed (see `FilesClosed` in the schema).
+    FilesClosed(Vec<u64>),
 }
 
 impl SamplerMessage {
@@ -21,6 +25,7 @@ impl SamplerMessage {
             Self::Batch(_) => "batch",
             Self::Exited { .. } => "exited",
             Self::ProcessMappings(_) => "process mappings",
+            Self::FilesClosed(_) => "files closed",
         }
     }
 }
@@ -38,7 +43,6 @@ pub struct Hello {
     pub hostname: String,
     pub frequency_hz: u32,
     pub kallsyms_fd: FdIndex,
-    pub boot_time_unix_ns: u64,
     pub target_pid: u32,
 }
 
@@ -62,13 +66,6 @@ pub struct Mapping {
     pub inode: u64,
     /// 0 when no file was passed for this mapping.
     pub file_id: u64,
-    pub build_id: Vec<u8>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ThreadInfo {
-    pub tid: u32,
-    pub name: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -79,11 +76,8 @@ pub struct ProcessInfo {
     pub executable_name: String,
     pub cgroup: String,
     pub mappings: Vec<Mapping>,
-    pub threads: Vec<ThreadInfo>,
     /// Executable mappings left out by the sampler's per-process cap.
     pub mappings_omitted: u32,
-    /// Threads left out by the sampler's per-process cap.
-    pub threads_omitted: u32,
 }
 
 /// More executable mappings of the process described just before (its facts did not fit one

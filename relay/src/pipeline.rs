@@ -151,6 +151,10 @@ impl Pipeline {
                 session.remove_process(pid);
                 Handled::Nothing
             }
+            SamplerMessage::FilesClosed(ids) => {
+                session.close_files(&ids);
+                Handled::Nothing
+            }
             SamplerMessage::Batch(batch) => self.batch(conn, &batch),
         }
     }

@@ -8,10 +8,12 @@
 //! never a shared account such as `nobody`: by default a dedicated `ember` account, else a uid no
 //! account, group or running process uses.
 
-use std::{collections::BTreeSet, fs, io::Read as _, ops::RangeInclusive};
+use std::{collections::BTreeSet, fs, ops::RangeInclusive};
 
 use anyhow::{anyhow, bail, Context as _};
 use caps::CapSet;
+pub use ember_common::set_no_new_privs;
+use ember_common::ProcStatus;
 use nix::unistd::{Gid, Group, Uid, User};
 
 /// The dedicated account `record` becomes when it exists (`useradd --system ember`).
@@ -20,9 +22,6 @@ pub const DEDICATED_ACCOUNT: &str = "ember";
 /// Where a uid is picked when there is no dedicated account: systemd's range for dynamic users
 /// (DynamicUser=), which no package allocates statically.
 pub const PICK_RANGE: RangeInclusive<u32> = 61184..=65519;
-
-/// Most bytes read of one /proc/PID/status: the Uid line is within the first kilobyte.
-const STATUS_READ_LIMIT: u64 = 16 << 10;
 
 /// What /proc/self/status says about our privileges.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,22 +35,18 @@ pub struct Status {
     pub no_new_privs: String,
 }
 
+/// Reads /proc/self/status (bounded, see [`ProcStatus`]); fields are "" when it cannot be read.
 pub fn status() -> Status {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
+    let status = ProcStatus::read_self();
+    let field = |name: &str| status.field(name).to_owned();
     Status {
-        uid: field("Uid:"),
-        gid: field("Gid:"),
-        groups: field("Groups:"),
-        cap_eff: field("CapEff:"),
-        cap_prm: field("CapPrm:"),
-        cap_bnd: field("CapBnd:"),
-        no_new_privs: field("NoNewPrivs:"),
+        uid: field("Uid"),
+        gid: field("Gid"),
+        groups: field("Groups"),
+        cap_eff: field("CapEff"),
+        cap_prm: field("CapPrm"),
+        cap_bnd: field("CapBnd"),
+        no_new_privs: field("NoNewPrivs"),
     }
 }
 
@@ -186,32 +181,12 @@ fn process_uids() -> BTreeSet<u32> {
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        // Bytes, not a String: a process name can be any bytes.
-        let mut bytes = Vec::new();
-        if fs::File::open(entry.path().join("status"))
-            .and_then(|f| f.take(STATUS_READ_LIMIT).read_to_end(&mut bytes))
-            .is_err()
-        {
-            // Gone meanwhile.
-            continue;
+        // A process gone meanwhile has no uid to take.
+        if let Ok(status) = ProcStatus::read(entry.path().join("status")) {
+            uids.extend(status.uids());
         }
-        let text = String::from_utf8_lossy(&bytes);
-        uids.extend(parse_status_uids(&text));
     }
     uids
-}
-
-/// The numbers of the `Uid:` line of a /proc/PID/status text.
-fn parse_status_uids(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .map(|v| {
-            v.split_whitespace()
-                .filter_map(|n| n.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Becomes `target` for good: no supplementary groups, no capabilities in any set,
@@ -273,16 +248,6 @@ pub fn drop_to(target: &Target) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Forbids gaining privileges through execve (setuid binaries, file capabilities).
-pub fn set_no_new_privs() -> anyhow::Result<()> {
-    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes plain integers and affects only this process.
-    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_NO_NEW_PRIVS)");
-    }
-    Ok(())
-}
-
 /// Makes the process non-dumpable: its /proc/PID entries (mem, fd, environ, maps) belong to
 /// root, and ptrace, process_vm_readv and pidfd_getfd fail for processes of the same uid. The
 /// process itself still reads /proc/self/status and reopens /proc/self/fd/N (the kernel lets a
@@ -332,13 +297,6 @@ mod tests {
         // 65534 is nobody, 65535 is the invalid uid; below 61184 are static allocations.
         assert!(!PICK_RANGE.contains(&65534) && !PICK_RANGE.contains(&65535));
         assert!(*PICK_RANGE.start() >= 60000);
-    }
-
-    #[test]
-    fn status_uid_lines_are_parsed() {
-        let status = "Name:\tcat\nUmask:\t0022\nUid:\t1000\t1000\t0\t1000\nGid:\t5\t5\t5\t5\n";
-        assert_eq!(parse_status_uids(status), vec![1000, 1000, 0, 1000]);
-        assert!(parse_status_uids("Name:\tx\n").is_empty());
     }
 
     /// A number no account and no group has on this machine, far above the usual ranges.

@@ -4,12 +4,22 @@
 //! The relay never opens anything of other processes itself: every binary is read through a
 //! descriptor in `files`.
 //!
-//! Descriptors are bounded: files no process refers to are closed at the next batch, and at most
-//! `max_open_files` stay open per connection (the least recently used are closed beyond, their
-//! frames stay unnamed). Addresses and offsets from the sampler are untrusted: arithmetic on them
-//! is checked, and a result that would wrap makes an unknown frame.
+//! File lifetime is the sampler's to say: a passed file stays until a `filesClosed` names it, and
+//! the relay keeps no reference counts of its own. Facts for a known pid replace the old ones
+//! (with another start time, the pid was reused: nothing of the old process is kept).
+//!
+//! Descriptors are bounded whatever the peer says: files no known process refers to are closed at
+//! the next batch (`files_swept`, which stays 0 while the sampler's closes and the relay's facts
+//! agree), and at most `max_open_files` stay open per connection (the least recently used are
+//! closed beyond, their frames stay unnamed). Addresses and offsets from the sampler are
+//! untrusted: arithmetic on them is checked, and a result that would wrap makes an unknown frame.
 
-use std::{cell::Cell, collections::HashMap, os::fd::OwnedFd, sync::Arc};
+use std::{
+    cell::Cell,
+    collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    sync::Arc,
+};
 
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
 
@@ -43,7 +53,10 @@ pub struct SymbolStats {
     pub frames: u64,
     pub unknown_frames: u64,
     pub samples_without_process_facts: u64,
-    /// Passed files closed because no process referred to them any more.
+    /// Passed files closed because the sampler said so (`filesClosed`).
+    pub files_closed: u64,
+    /// Passed files closed because no process referred to them at a batch, though the sampler
+    /// had not closed them: a peer that disagrees with its own facts (or lost a message).
     pub files_swept: u64,
     /// Descriptors closed because more than `max_open_files` were open (least recently used).
     pub files_evicted: u64,
@@ -94,8 +107,6 @@ pub struct Session {
     kernel_module: Arc<Module>,
     files: HashMap<u64, PassedFile>,
     processes: HashMap<u32, Process>,
-    /// How many known processes map each file; a file nobody maps is closed.
-    file_refs: HashMap<u64, usize>,
     pub stats: SymbolStats,
     /// Samples received on this connection.
     pub samples: u64,
@@ -130,7 +141,6 @@ impl Session {
             kernel_module: symbolize::kernel_module(),
             files: HashMap::new(),
             processes: HashMap::new(),
-            file_refs: HashMap::new(),
             stats: SymbolStats::default(),
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
@@ -208,22 +218,40 @@ impl Session {
         self.stats.files_evicted += excess as u64;
     }
 
-    /// Closes files no known process refers to (e.g. passed for a process whose facts never
-    /// came or were replaced), recounting the references from the processes themselves.
-    fn sweep_unreferenced_files(&mut self) {
-        let mut refs: HashMap<u64, usize> = HashMap::new();
-        for process in self.processes.values() {
-            for id in file_ids(&process.info) {
-                *refs.entry(id).or_insert(0) += 1;
+    /// Closes the files the sampler closed. Ids the session does not hold are ignored.
+    pub fn close_files(&mut self, ids: &[u64]) {
+        for id in ids {
+            if self.files.remove(id).is_some() {
+                self.stats.files_closed += 1;
             }
         }
-        let before = self.files.len();
-        self.files.retain(|id, _| refs.contains_key(id));
-        self.stats.files_swept += (before - self.files.len()) as u64;
-        self.file_refs = refs;
     }
 
-    /// Records (or replaces) the facts of a process.
+    /// The bound on a peer that never closes what it passed: closes files no known process
+    /// refers to (counted; an honest sampler has closed them already).
+    fn sweep_unreferenced_files(&mut self) {
+        let referenced: HashSet<u64> = self
+            .processes
+            .values()
+            .flat_map(|p| p.info.mappings.iter().map(|m| m.file_id))
+            .filter(|&id| id != 0)
+            .collect();
+        let before = self.files.len();
+        self.files.retain(|id, _| referenced.contains(id));
+        let swept = (before - self.files.len()) as u64;
+        if swept > 0 && self.stats.files_swept == 0 {
+            tracing::warn!(
+                swept,
+                "closed passed files that no known process maps and the sampler never named \
+                 closed: the sampler and the relay disagree about file lifetime, or a facts \
+                 message was lost (logged once per connection)"
+            );
+        }
+        self.stats.files_swept += swept;
+    }
+
+    /// Records the facts of a process, replacing what was known of its pid: newer facts of the
+    /// same process, or (another start time) a new process that reused the pid.
     pub fn set_process(&mut self, info: ProcessInfo) {
         let modules = info
             .mappings
@@ -243,29 +271,26 @@ impl Session {
                 })
             })
             .collect();
-        for id in file_ids(&info) {
-            *self.file_refs.entry(id).or_insert(0) += 1;
-        }
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
         let executable_path: Arc<str> = Arc::from(info.executable_path.as_str());
         let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
-        let pid = info.pid;
-        if let Some(old) = self.processes.insert(
-            pid,
-            Process {
-                info,
-                name,
-                executable_path,
-                container_id,
-                modules,
-            },
-        ) {
-            self.release_files(&old.info);
+        let (pid, start) = (info.pid, info.start_time_unix_ns);
+        let process = Process {
+            info,
+            name,
+            executable_path,
+            container_id,
+            modules,
+        };
+        if let Some(old) = self.processes.insert(pid, process) {
+            if old.info.start_time_unix_ns != start {
+                tracing::debug!(pid, old = %old.name, "pid reused: the old process's facts are dropped");
+            }
         }
     }
 
     /// Appends the mappings of a `processMappings` message to the process they continue (same
-    /// pid and start time), keeping them sorted and rebuilding its modules and file references as
+    /// pid and start time), keeping them sorted and rebuilding its modules as
     /// [`Session::set_process`] does. Returns `false` (nothing changed) when no such process is
     /// known.
     pub fn append_mappings(
@@ -283,29 +308,13 @@ impl Session {
         let mut info = process.info.clone();
         info.mappings.extend(mappings);
         info.mappings.sort_by_key(|m| m.start);
-        // Takes references for the whole new list before releasing the old one, so no file
-        // both lists share is closed in between.
         self.set_process(info);
         true
     }
 
-    /// Forgets an exited process and closes files no remaining process maps.
+    /// Forgets an exited process. Its files stay until the sampler closes them.
     pub fn remove_process(&mut self, pid: u32) {
-        if let Some(process) = self.processes.remove(&pid) {
-            self.release_files(&process.info);
-        }
-    }
-
-    fn release_files(&mut self, info: &ProcessInfo) {
-        for id in file_ids(info) {
-            if let Some(refs) = self.file_refs.get_mut(&id) {
-                *refs = refs.saturating_sub(1);
-                if *refs == 0 {
-                    self.file_refs.remove(&id);
-                    self.files.remove(&id);
-                }
-            }
-        }
+        self.processes.remove(&pid);
     }
 
     pub fn process_count(&self) -> usize {
@@ -390,15 +399,6 @@ impl Session {
             );
         }
     }
-}
-
-/// The distinct passed files a process maps.
-fn file_ids(info: &ProcessInfo) -> std::collections::BTreeSet<u64> {
-    info.mappings
-        .iter()
-        .map(|m| m.file_id)
-        .filter(|&id| id != 0)
-        .collect()
 }
 
 /// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point
@@ -606,6 +606,138 @@ mod tests {
         assert_eq!(session.stats.unknown_frames, 1);
     }
 
+    /// A function of this test binary to find by name in a profile.
+    #[inline(never)]
+    fn session_test_marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// This test binary as the sampler would pass it: its file (`file_id` 1, descriptor 0) and
+    /// the executable mapping of it holding `address`, from this process's own maps.
+    fn this_binary(address: u64) -> (FileInfo, OwnedFd, Mapping) {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        let hex = |text: &str| u64::from_str_radix(text, 16).expect("hex");
+        let range = |fields: &[&str]| {
+            let (start, end) = fields[0].split_once('-').expect("start-end");
+            (hex(start), hex(end))
+        };
+        let fields: Vec<&str> = maps
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|fields| {
+                let (start, end) = range(fields);
+                (start..end).contains(&address)
+            })
+            .expect("the mapping of this test binary's code");
+        let (start, end) = range(&fields);
+        let path = fields[5].to_owned();
+        let mapping = Mapping {
+            start,
+            end,
+            file_offset: hex(fields[2]),
+            path: path.clone(),
+            file_id: 1,
+            ..Mapping::default()
+        };
+        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open this binary"));
+        let info = FileInfo {
+            file_id: 1,
+            path,
+            fd: 0,
+            ..FileInfo::default()
+        };
+        (info, fd, mapping)
+    }
+
+    /// The (process name, leaf function) of every sample in `profile`.
+    fn leaves(profile: &Profile) -> Vec<(String, String)> {
+        profile
+            .samples()
+            .iter()
+            .map(|s| {
+                let leaf = s.stack.first().map_or(String::new(), Frame::display_name);
+                (s.thread.process_name.to_string(), leaf)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hand_built_sampler_sequence_names_frames_follows_pid_reuse_and_closes_as_told() {
+        // Given a session greeted by a sampler, passed this test binary with a real descriptor,
+        // and told that pid 7 (started at 100) maps it
+        let marker = session_test_marker as fn() -> u64 as usize as u64;
+        let (file, fd, mapping) = this_binary(marker);
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let mut cache = ElfCache::default();
+        let mut run = |session: &mut Session, batch: &Batch| {
+            let mut profile = Profile::default();
+            session.symbolize_batch(batch, &mut cache, &mut profile);
+            leaves(&profile)
+        };
+        session.add_files(vec![file], vec![Some(fd)]);
+        let first = ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 100,
+            executable_name: "first".into(),
+            mappings: vec![mapping.clone()],
+            ..ProcessInfo::default()
+        };
+        session.set_process(first);
+        // When a sample of pid 7 lands on the marker function
+        let named = run(&mut session, &batch(7, vec![marker]));
+        // Then its frame is named from the passed file, under the process's name
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].0, "first");
+        assert!(named[0].1.contains("session_test_marker"), "{named:?}");
+
+        // When pid 7 is reused by a process that maps nothing (start time 200), the sampler
+        // closes the file only the old process mapped, and a late continuation of the old
+        // process's mappings arrives
+        session.set_process(ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 200,
+            executable_name: "second".into(),
+            ..ProcessInfo::default()
+        });
+        session.close_files(&[1]);
+        assert!(!session.append_mappings(7, 100, vec![mapping]));
+        let after = run(&mut session, &batch(7, vec![marker]));
+        // Then nothing of the old process is left: the new name, an unknown frame, the file
+        // closed because the sampler said so, nothing left for the sweep
+        assert_eq!(after.len(), 1);
+        assert_eq!(after[0].0, "second");
+        assert!(after[0].1.starts_with("[unknown]"), "{after:?}");
+        assert_eq!(session.file_count(), 0);
+        assert_eq!(
+            (session.stats.files_closed, session.stats.files_swept),
+            (1, 0)
+        );
+    }
+
+    #[test]
+    fn a_shared_file_stays_until_the_sampler_closes_it() {
+        // Given two processes mapping one passed file
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let (infos, fds) = files(&[1]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1], 0));
+        session.set_process(process(11, &[1], 0));
+        // When one exits (the sampler closes nothing: the other maps it) and a batch comes
+        session.remove_process(10);
+        symbolize(&mut session, &batch(11, vec![0x1010]));
+        // Then the file is still open
+        assert!(session.has_fd(1));
+        // When the other exits and the sampler closes the file (and names one it never passed)
+        session.remove_process(11);
+        session.close_files(&[1, 99]);
+        // Then exactly that file is gone, and the sweep had nothing to do
+        assert_eq!(session.file_count(), 0);
+        assert_eq!(
+            (session.stats.files_closed, session.stats.files_swept),
+            (1, 0)
+        );
+    }
+
     fn mapping(start: u64, file_id: u64) -> Mapping {
         Mapping {
             start,
@@ -635,8 +767,6 @@ mod tests {
         assert_eq!(starts, [0x1000, 0x5000, 0x9000]);
         assert_eq!(process.modules.len(), 3);
         assert_eq!(process.modules[0].start, 0x1000);
-        assert_eq!(session.file_refs.len(), 3);
-        assert!(session.file_refs.values().all(|&refs| refs == 1));
         // And mappings for another start time or an unknown pid are ignored
         assert!(!session.append_mappings(7, 101, vec![mapping(0xa000, 4)]));
         assert!(!session.append_mappings(8, 100, vec![mapping(0xa000, 4)]));

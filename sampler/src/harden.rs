@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{anyhow, Context as _};
 use caps::{CapSet, Capability, CapsHashSet};
+use ember_common::set_no_new_privs;
 use nix::unistd::{Gid, Uid};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -186,16 +187,6 @@ fn check_identity(identity: &Identity) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn set_no_new_privs() -> anyhow::Result<()> {
-    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes plain integers and affects only this process;
-    // it is also what lets an unprivileged process install a seccomp filter.
-    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("prctl(PR_SET_NO_NEW_PRIVS)");
-    }
-    Ok(())
-}
-
 /// The syscalls the steady-state loop makes, found by tracing full recordings (strace -f of a
 /// sampler through connect, drain, reconnect and exit), each with the reason it is there.
 /// Syscalls with argument conditions are listed here too; [`filter`] adds the conditions.
@@ -220,7 +211,6 @@ fn allowed(mode: Mode) -> Vec<(i64, &'static str)> {
         ),
         (libc::SYS_newfstatat, "file metadata"),
         (libc::SYS_fstat, "file metadata"),
-        (libc::SYS_getdents64, "listing /proc/<pid>/task"),
         (libc::SYS_readlinkat, "reading /proc/<pid>/exe"),
         (libc::SYS_fcntl, "descriptor flags"),
         (libc::SYS_sendmsg, "sending batches and descriptors"),

@@ -20,9 +20,6 @@ pub const PATH_CUT_MARK: &str = "...[path cut]";
 /// Executable mappings kept per process (large JVMs and browsers have a few hundred).
 pub const MAX_MAPPINGS_PER_PROCESS: usize = 4096;
 
-/// Threads described per process (their names label samples; the rows carry the tid anyway).
-pub const MAX_THREADS_PER_PROCESS: usize = 1024;
-
 /// Distinct mapped files one process may make the sampler open.
 pub const MAX_FILES_PER_PROCESS: usize = 1024;
 
@@ -35,6 +32,9 @@ pub const NOFILE_RESERVE: u64 = 128;
 /// Largest per-connection state datagram (files, process, processMappings). Fits the default
 /// socket buffers (`net.core.wmem_default` is 212,992) with room for a batch behind it.
 pub const MAX_DATAGRAM_BYTES: usize = 64 << 10;
+
+/// Most file ids in one `filesClosed` datagram (8 bytes each: 32 KiB).
+pub const MAX_CLOSED_PER_MESSAGE: usize = 4096;
 
 /// Largest encoded batch part.
 pub const MAX_BATCH_BYTES: usize = 128 << 10;

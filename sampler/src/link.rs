@@ -23,6 +23,7 @@ use nix::{
 };
 
 /// One encoded datagram waiting to be sent.
+#[derive(Clone)]
 pub struct Outgoing {
     pub bytes: Vec<u8>,
     pub fds: Vec<Rc<OwnedFd>>,

@@ -1,6 +1,7 @@
 //! Reads the facts only the privileged side can see about a process from /proc: executable
-//! mappings, executable path, thread names, cgroup and start time, and opens each mapped file
-//! once per (device, inode) so the relay can read it through the passed descriptor.
+//! mappings, executable path, cgroup and start time, and opens each mapped file once per
+//! (device, inode) so the relay can read it through the passed descriptor. Thread names are not
+//! read here: each sample's row carries the name of its thread, from eBPF.
 //!
 //! Only kernel-formatted text is read here (maps, stat, cgroup); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
@@ -15,11 +16,11 @@ use std::{
     rc::Rc,
 };
 
-use ember_protocol::{FileInfo, Mapping, ProcessInfo, ThreadInfo, NO_FD};
+use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
 
 use crate::limits::{
     MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS, MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES,
-    MAX_THREADS_PER_PROCESS, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
+    NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
 };
 
 /// One mapped file, shared by every process that maps it.
@@ -44,6 +45,8 @@ pub struct FileTable {
     max_open: usize,
     /// Files not opened because of a cap, since start.
     pub unopened: u64,
+    /// Ids of files closed since the last [`FileTable::take_closed`], for the relay.
+    closed: Vec<u64>,
 }
 
 /// The global open-file cap: [`MAX_OPEN_FILES`], and never closer than [`NOFILE_RESERVE`] to
@@ -71,6 +74,7 @@ impl FileTable {
             open: 0,
             max_open,
             unopened: 0,
+            closed: Vec::new(),
         }
     }
 
@@ -198,7 +202,8 @@ impl FileTable {
         }
     }
 
-    /// Forgets one reference of every file of `mappings`, closing files nobody maps any more.
+    /// Forgets one reference of every file of `mappings`, closing files nobody maps any more
+    /// (their ids are kept for [`FileTable::take_closed`]).
     pub fn release(&mut self, mappings: &[Mapping]) {
         let mut seen = HashSet::new();
         for mapping in mappings.iter().filter(|m| m.file_id != 0) {
@@ -213,10 +218,16 @@ impl FileTable {
                         self.open -= 1;
                     }
                     self.ids.remove(&file.id);
+                    self.closed.push(file.id);
                     self.files.remove(&key);
                 }
             }
         }
+    }
+
+    /// The ids of the files closed since the last call, in closing order.
+    pub fn take_closed(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.closed)
     }
 
     pub fn by_id(&self, id: u64) -> Option<&OpenFile> {
@@ -272,11 +283,7 @@ pub fn boot_time_unix_ns() -> u64 {
 
 /// Reads at most [`SMALL_FILE_MAX_BYTES`] of a small /proc file (a longer one is cut).
 pub fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
-    let mut bytes = Vec::new();
-    File::open(path)?
-        .take(SMALL_FILE_MAX_BYTES)
-        .read_to_end(&mut bytes)?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    ember_common::read_bounded(path, SMALL_FILE_MAX_BYTES)
 }
 
 /// Cuts `path` to at most [`PATH_MAX_BYTES`] (plus the mark), at a char boundary.
@@ -296,7 +303,7 @@ pub fn cap_path(mut path: String) -> String {
 /// The facts of a process and whether caps cut them.
 pub struct ReadProcess {
     pub info: ProcessInfo,
-    /// Some mappings or threads were left out, or the maps file was longer than read.
+    /// Some mappings were left out, or the maps file was longer than read.
     pub truncated: bool,
 }
 
@@ -342,29 +349,6 @@ pub fn read_process(
         .map_or(0, |ticks| {
             boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks()))
         });
-    let mut threads = Vec::new();
-    let mut threads_omitted = 0u32;
-    if let Ok(entries) = fs::read_dir(format!("{dir}/task")) {
-        for entry in entries.flatten() {
-            let Some(tid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if threads.len() >= MAX_THREADS_PER_PROCESS {
-                threads_omitted = threads_omitted.saturating_add(1);
-                continue;
-            }
-            if let Ok(name) = read_small(entry.path().join("comm")) {
-                threads.push(ThreadInfo {
-                    tid,
-                    name: name.trim_end().to_owned(),
-                });
-            }
-        }
-    }
     let ParsedMaps {
         mut mappings,
         omitted: mappings_omitted,
@@ -372,7 +356,7 @@ pub fn read_process(
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
     Ok(ReadProcess {
-        truncated: cut || mappings_omitted > 0 || threads_omitted > 0,
+        truncated: cut || mappings_omitted > 0,
         info: ProcessInfo {
             pid,
             start_time_unix_ns,
@@ -380,9 +364,7 @@ pub fn read_process(
             executable_name,
             cgroup,
             mappings,
-            threads,
             mappings_omitted,
-            threads_omitted,
         },
     })
 }
@@ -497,12 +479,11 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
         device,
         inode: inode.parse().unwrap_or(0),
         file_id: 0,
-        build_id: Vec::new(),
     })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -560,21 +541,21 @@ mod tests {
     }
 
     /// A file of its own under the system temp dir, removed on drop.
-    struct TempFile(std::path::PathBuf);
+    pub(crate) struct TempFile(std::path::PathBuf);
 
     impl TempFile {
-        fn new(name: &str) -> Self {
+        pub(crate) fn new(name: &str) -> Self {
             let path =
                 std::env::temp_dir().join(format!("ember-procfs-{}-{name}", std::process::id()));
             fs::write(&path, name).expect("write the test's temp file");
             Self(path)
         }
 
-        fn path(&self) -> String {
+        pub(crate) fn path(&self) -> String {
             self.0.to_str().expect("UTF-8 temp path").to_owned()
         }
 
-        fn dev_ino(&self) -> (u64, u64) {
+        pub(crate) fn dev_ino(&self) -> (u64, u64) {
             let meta = fs::metadata(&self.0).expect("stat the temp file");
             (meta.dev(), meta.ino())
         }
@@ -589,16 +570,14 @@ mod tests {
     /// A mapping of `path` claiming (`device`, `inode`), at a range this process does not
     /// map, so `map_files/` fails (as it does for non-root anyway) and the path under
     /// `/proc/<pid>/root` is what gets opened.
-    fn mapping_of(path: String, device: u64, inode: u64) -> Mapping {
+    pub(crate) fn mapping_of(path: String, device: u64, inode: u64) -> Mapping {
         Mapping {
             start: 0x1000,
             end: 0x2000,
-            file_offset: 0,
             path,
             device,
             inode,
-            file_id: 0,
-            build_id: Vec::new(),
+            ..Mapping::default()
         }
     }
 

@@ -1,6 +1,11 @@
 //! Tracks the processes seen in samples: reads their facts on first sight and when a sampled
 //! address falls outside their known executable mappings (dlopen, exec), notices exits, and
 //! produces the protocol messages (with file descriptors) that describe them.
+//!
+//! File lifetime is the sampler's to say: a file is held while a tracked process maps it, and
+//! when the last one stops (new facts without it, or the process is reaped) the file is closed
+//! and a `filesClosed` naming it follows the message that made it unreferenced. The relay frees
+//! exactly those.
 
 use std::{
     collections::HashMap,
@@ -12,12 +17,12 @@ use std::{
 
 use ember_protocol::{
     encode_sampler_message, transport::MAX_FDS_PER_MESSAGE, FileInfo, Mapping, ProcessInfo,
-    ProcessMappings, SamplerMessage, ThreadInfo,
+    ProcessMappings, SamplerMessage,
 };
 
 use crate::{
     drain::Drained,
-    limits::{MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING},
+    limits::{MAX_CLOSED_PER_MESSAGE, MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING},
     link::Outgoing,
     procfs::{self, FileTable},
 };
@@ -91,23 +96,8 @@ impl Tracker {
         let mut fresh = Vec::new();
         match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {
             Ok(read) => {
-                let info = read.info;
-                if read.truncated {
-                    self.truncated += 1;
-                }
-                let mut out = self.files_messages(&fresh);
-                out.extend(process_messages(&info));
-                if let Some(old) = self.procs.insert(
-                    pid,
-                    Tracked {
-                        info,
-                        exited_after: None,
-                        refreshed: Instant::now(),
-                    },
-                ) {
-                    self.files.release(&old.info.mappings);
-                }
-                out
+                self.truncated += u64::from(read.truncated);
+                self.replace(read.info, &fresh)
             }
             Err(err) => {
                 self.errors += 1;
@@ -124,6 +114,24 @@ impl Tracker {
                 Vec::new()
             }
         }
+    }
+
+    /// Takes new facts of a process whose files are interned (`fresh`: those to send); returns
+    /// the messages saying so, then `filesClosed` for the files only its old facts mapped.
+    fn replace(&mut self, info: ProcessInfo, fresh: &[u64]) -> Vec<Outgoing> {
+        let mut out = self.files_messages(fresh);
+        out.extend(process_messages(&info));
+        let (pid, refreshed) = (info.pid, Instant::now());
+        let tracked = Tracked {
+            info,
+            exited_after: None,
+            refreshed,
+        };
+        if let Some(old) = self.procs.insert(pid, tracked) {
+            self.files.release(&old.info.mappings);
+        }
+        out.extend(self.closed_messages());
+        out
     }
 
     /// Files messages for `ids`, each at most [`MAX_DATAGRAM_BYTES`] with at most
@@ -158,6 +166,16 @@ impl Tracker {
         out
     }
 
+    /// `filesClosed` messages for the files closed since the last call, each at most
+    /// [`MAX_CLOSED_PER_MESSAGE`] ids.
+    fn closed_messages(&mut self) -> Vec<Outgoing> {
+        let closed = self.files.take_closed();
+        closed
+            .chunks(MAX_CLOSED_PER_MESSAGE)
+            .map(|ids| state(SamplerMessage::FilesClosed(ids.to_vec()), Vec::new()))
+            .collect()
+    }
+
     /// Marks processes that no longer exist as exited, after the batches of `sequence` were
     /// queued: samples taken before the exit was seen may still be in the next drain.
     pub fn notice_exits(&mut self, sequence: u64) {
@@ -171,8 +189,8 @@ impl Tracker {
     /// Forgets exited processes that no batch still to be sent can refer to: every batch up to
     /// their last possible one was built (`next_sequence` is past it) and none of those is
     /// queued (`oldest_queued`). At most [`MAX_EXITED_WAITING`] wait; beyond, the oldest go.
-    /// Works connected or not; returns exit notices, to queue only when connected (a relay that
-    /// connects later gets a snapshot without them).
+    /// Works connected or not; returns exit notices and then the `filesClosed` they caused, to
+    /// queue only when connected (a relay that connects later gets a snapshot without them).
     pub fn reap(&mut self, oldest_queued: Option<u64>, next_sequence: u64) -> Vec<Outgoing> {
         let mut waiting: Vec<(u64, u32)> = self
             .procs
@@ -192,6 +210,7 @@ impl Tracker {
                 out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
             }
         }
+        out.extend(self.closed_messages());
         out
     }
 
@@ -225,35 +244,20 @@ fn file_size(f: &FileInfo) -> usize {
 }
 
 fn mapping_size(m: &Mapping) -> usize {
-    8 * 8 + text_size(m.path.len()) + text_size(m.build_id.len())
-}
-
-fn thread_size(t: &ThreadInfo) -> usize {
-    2 * 8 + text_size(t.name.len())
+    7 * 8 + text_size(m.path.len())
 }
 
 /// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`]: a `process` with
-/// its header, threads and the mappings that fit, then `processMappings` with the rest. Threads
-/// that do not fit the first datagram are counted as omitted.
+/// its header and the mappings that fit, then `processMappings` with the rest.
 fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
     let mut first = ProcessInfo {
         mappings: Vec::new(),
-        threads: Vec::new(),
         ..info.clone()
     };
     let mut size = MESSAGE_OVERHEAD
         + text_size(info.executable_path.len())
         + text_size(info.executable_name.len())
         + text_size(info.cgroup.len());
-    for thread in &info.threads {
-        let added = thread_size(thread);
-        if size + added > MAX_DATAGRAM_BYTES {
-            first.threads_omitted = first.threads_omitted.saturating_add(1);
-            continue;
-        }
-        size += added;
-        first.threads.push(thread.clone());
-    }
     let mut rest = info.mappings.iter().peekable();
     while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= MAX_DATAGRAM_BYTES) {
         size += mapping_size(mapping);
@@ -298,7 +302,10 @@ mod tests {
     use ember_protocol::{decode_sampler_message, Limits};
 
     use super::*;
-    use crate::limits::{MAX_MAPPINGS_PER_PROCESS, PATH_CUT_MARK};
+    use crate::{
+        limits::{MAX_MAPPINGS_PER_PROCESS, PATH_CUT_MARK},
+        procfs::tests::{mapping_of, TempFile},
+    };
 
     /// Decodes what was sent and checks every datagram's bounds.
     fn decode_all(out: &[Outgoing]) -> Vec<SamplerMessage> {
@@ -318,7 +325,7 @@ mod tests {
     #[test]
     fn a_process_with_1200_long_mappings_fits_in_bounded_datagrams() {
         // Given a process with 1,200 executable mappings of distinct files under 3.9 KB paths
-        // and 1,024 threads (attack 1 of issue 7)
+        // (attack 1 of issue 7)
         let dir = format!("/{}", "d".repeat(3_900));
         let mut maps = String::new();
         for i in 0..1_200u64 {
@@ -350,12 +357,6 @@ mod tests {
             executable_name: "app".into(),
             cgroup: "/user.slice".into(),
             mappings,
-            threads: (0..1_024)
-                .map(|tid| ThreadInfo {
-                    tid,
-                    name: format!("worker-{tid:08}"),
-                })
-                .collect(),
             ..ProcessInfo::default()
         };
         let before = encode_sampler_message(&SamplerMessage::Process(ProcessInfo {
@@ -413,11 +414,6 @@ mod tests {
         assert!(files.iter().all(|f| f.path.ends_with(PATH_CUT_MARK)));
         let process = process.expect("a process message");
         assert_eq!(process.mappings, info.mappings);
-        assert_eq!(
-            process.threads.len() + process.threads_omitted as usize,
-            info.threads.len()
-        );
-        assert_eq!(process.threads[..], info.threads[..process.threads.len()]);
     }
 
     fn exited(tracker: &mut Tracker, pid: u32, after: u64) {
@@ -455,6 +451,65 @@ mod tests {
         // When every batch up to 5 was built and sent, the second goes too
         assert_eq!(tracker.reap(None, 6).len(), 1);
         assert!(pids(&tracker).is_empty());
+    }
+
+    #[test]
+    fn the_files_the_relay_holds_are_the_files_the_sampler_holds() {
+        // Given two files, and a relay-side ledger that holds what `files` passes until a
+        // `filesClosed` names it (as the relay's session does, with no counts of its own)
+        let files = [TempFile::new("a"), TempFile::new("b")];
+        let [a, b] = files
+            .each_ref()
+            .map(|f| mapping_of(f.path(), f.dev_ino().0, f.dev_ino().1));
+        let mut tracker = Tracker::new(0, 16);
+        let mut relay = std::collections::BTreeSet::new();
+        // When process 1 maps a and b, process 2 maps b, process 1's new facts map only a, then
+        // process 2 exits (b goes), then process 1 (a goes)
+        type Step<'a> = (u32, Option<Vec<Mapping>>, &'a [u64]);
+        let steps: [Step<'_>; 5] = [
+            (1, Some(vec![a.clone(), b.clone()]), &[]),
+            (2, Some(vec![b]), &[]),
+            (1, Some(vec![a]), &[]),
+            (2, None, &[2]),
+            (1, None, &[1]),
+        ];
+        for (pid, facts, closed) in steps {
+            let out = if let Some(mut mappings) = facts {
+                let mut fresh = Vec::new();
+                (tracker.files).intern_mappings(std::process::id(), &mut mappings, &mut fresh);
+                let info = ProcessInfo {
+                    pid,
+                    mappings,
+                    ..ProcessInfo::default()
+                };
+                tracker.replace(info, &fresh)
+            } else {
+                tracker.procs.get_mut(&pid).expect("tracked").exited_after = Some(0);
+                tracker.reap(None, 1)
+            };
+            let mut seen = Vec::new();
+            for message in decode_all(&out) {
+                match message {
+                    SamplerMessage::Files(files) => relay.extend(files.iter().map(|f| f.file_id)),
+                    SamplerMessage::FilesClosed(ids) => {
+                        assert!(
+                            ids.iter().all(|id| relay.remove(id)),
+                            "an unknown file closed"
+                        );
+                        seen.extend(ids);
+                    }
+                    _ => {}
+                }
+            }
+            // Then after every step the relay holds exactly what the sampler holds open
+            let held: std::collections::BTreeSet<u64> = tracker.files.all().map(|f| f.id).collect();
+            assert_eq!((&relay, &seen[..]), (&held, closed), "pid {pid}'s step");
+            assert_eq!(
+                tracker.files.open_count(),
+                held.len(),
+                "opened through /proc/self/root"
+            );
+        }
     }
 
     #[test]

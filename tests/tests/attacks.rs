@@ -891,7 +891,6 @@ fn fake_hello(kallsyms_fd: i32) -> Vec<u8> {
         hostname: "attack".to_owned(),
         frequency_hz: 99,
         kallsyms_fd,
-        boot_time_unix_ns: 1,
         ..Hello::default()
     }))
 }
@@ -1111,7 +1110,6 @@ fn attack8c_an_overflowing_file_offset_is_harmless() {
             device: meta.dev(),
             inode: meta.ino(),
             file_id: 7,
-            ..Mapping::default()
         }],
         ..ProcessInfo::default()
     });

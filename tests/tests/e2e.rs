@@ -1065,7 +1065,6 @@ fn hello(protocol_version: u32) -> SamplerMessage {
         hostname: "e2e".to_owned(),
         frequency_hz: 99,
         kallsyms_fd: NO_FD,
-        boot_time_unix_ns: 1,
         target_pid: 0,
     })
 }

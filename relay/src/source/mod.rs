@@ -60,7 +60,8 @@ pub enum ConnectionError {
     NoHello(&'static str),
     #[error(
         "protocol version mismatch: sampler speaks v{got}, this relay speaks v{PROTOCOL_VERSION}; \
-         run ember-sampler and ember-relay of the same release"
+         run ember-sampler and ember-relay of the same release ({})",
+        if *got < PROTOCOL_VERSION { "upgrade ember-sampler" } else { "upgrade ember-relay" }
     )]
     Version { got: u32 },
     #[error("a second `hello` on one connection")]
@@ -69,28 +70,7 @@ pub enum ConnectionError {
     FdIndex { index: i32, count: usize },
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit (every passed file is a descriptor in the
-/// relay) and logs the result. Call once at start.
-pub fn raise_nofile_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::info!(
-                from = soft,
-                to = hard,
-                "raised the open-file limit (RLIMIT_NOFILE soft) to its hard limit"
-            ),
-            Err(err) => tracing::warn!(
-                soft,
-                hard,
-                %err,
-                "could not raise the open-file limit (RLIMIT_NOFILE) to its hard limit"
-            ),
-        },
-        Ok((soft, hard)) => tracing::info!(soft, hard, "open-file limit (RLIMIT_NOFILE)"),
-        Err(err) => tracing::warn!(%err, "cannot read the open-file limit (RLIMIT_NOFILE)"),
-    }
-}
+pub use ember_common::raise_nofile_limit;
 
 /// Descriptors of one connection lost to MSG_CTRUNC.
 #[derive(Debug, Default)]
@@ -375,6 +355,19 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    #[test]
+    fn a_version_2_sampler_is_refused_naming_the_fix() {
+        let text = ConnectionError::Version { got: 2 }.to_string();
+        assert!(
+            text.starts_with("protocol version mismatch: sampler speaks v2, this relay speaks v3;")
+                && text.contains("run ember-sampler and ember-relay of the same release")
+                && text.ends_with("(upgrade ember-sampler)"),
+            "{text}"
+        );
+        let newer = ConnectionError::Version { got: 4 }.to_string();
+        assert!(newer.ends_with("(upgrade ember-relay)"), "{newer}");
     }
 
     #[test]

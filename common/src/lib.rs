@@ -1,0 +1,19 @@
+//! Plumbing both ember binaries need, in one copy: duration flags, log set-up, the stop signal,
+//! `no_new_privs`, the open-file limit and the `/proc/<pid>/status` reader.
+//!
+//! Privilege assumptions: none. Everything here runs in the privileged sampler too, after its
+//! seccomp filter is installed, so at run time it may only make the system calls the sampler's
+//! allowlist has (`sampler/src/harden.rs`): `openat` read-only, `read`, `close`, `write` to
+//! stderr, `rt_sigreturn`. Nothing here spawns threads or allocates without bound.
+
+mod duration;
+mod logging;
+mod privileges;
+mod signal;
+mod status;
+
+pub use duration::parse_duration;
+pub use logging::{init_logging, LogFormat};
+pub use privileges::{raise_nofile_limit, set_no_new_privs};
+pub use signal::{install_stop_handlers, stop_requested};
+pub use status::{read_bounded, ProcStatus, STATUS_READ_LIMIT};
