@@ -183,6 +183,8 @@ impl Pipeline {
             files = session.file_count(),
             unknown_frames = session.stats.unknown_frames,
             frames = session.stats.frames,
+            files_closed = session.stats.files_closed,
+            files_swept = session.stats.files_swept,
             user_stack_lost = batch.losses.user_stack_lost,
             kernel_stack_lost = batch.losses.kernel_stack_lost,
             counts_full = batch.losses.counts_full,
