@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-pub use self::layers::{ConfigError, DurationText};
+pub use self::layers::ConfigError;
 pub use crate::sink::otlp::config::{parse_header_flag, OtlpConfig, OtlpFlags};
 use crate::sink::{
     debug::{self, DebugConfig, DebugSettings},

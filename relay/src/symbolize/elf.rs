@@ -58,9 +58,8 @@ pub struct Resolved {
 
 /// A passed file, opened for symbolization.
 pub struct OpenElf {
+    /// `None` when the file cannot be symbolized (the reason was logged when it was opened).
     resolver: Option<ElfResolver>,
-    /// Why the file cannot be symbolized, when `resolver` is `None`.
-    pub error: Option<String>,
     last_used: Instant,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
@@ -276,7 +275,7 @@ impl ElfCache {
             &mut self.live_copy_bytes,
         );
         let entry = self.files.entry(*key).or_insert_with(|| {
-            let (resolver, error, copy_bytes) = match open_resolver(fd, cap) {
+            let (resolver, copy_bytes) = match open_resolver(fd, cap) {
                 Ok((resolver, bytes)) => {
                     if bytes > 0 {
                         tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
@@ -284,7 +283,7 @@ impl ElfCache {
                         *copied_bytes += bytes;
                         *live_copy_bytes += bytes;
                     }
-                    (Some(resolver), None, bytes)
+                    (Some(resolver), bytes)
                 }
                 Err(err) => {
                     // Logged once per file: the failed entry stays cached until evicted.
@@ -294,12 +293,11 @@ impl ElfCache {
                     } else {
                         tracing::debug!(file = %path, error = %err, "file not symbolized");
                     }
-                    (None, Some(err.to_string()), 0)
+                    (None, 0)
                 }
             };
             OpenElf {
                 resolver,
-                error,
                 last_used: Instant::now(),
                 memo: HashMap::new(),
                 copy_bytes,
@@ -319,11 +317,6 @@ impl ElfCache {
         }
         entry.memo.insert(file_offset, Rc::clone(&resolved));
         Some(resolved)
-    }
-
-    /// Why `key` cannot be symbolized, if it cannot.
-    pub fn error(&self, key: &FileKey) -> Option<&str> {
-        self.files.get(key).and_then(|f| f.error.as_deref())
     }
 
     /// Drops resolvers unused for `idle`.
@@ -351,10 +344,6 @@ impl ElfCache {
 
     pub fn len(&self) -> usize {
         self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
     }
 }
 
@@ -460,7 +449,7 @@ mod tests {
         );
         assert_eq!(cache.len(), 1);
         cache.evict_idle(Duration::ZERO);
-        assert!(cache.is_empty());
+        assert_eq!(cache.len(), 0);
     }
 
     /// The file offset of `symbol` in the ELF file at `path`, through `nm` and the program

@@ -4,7 +4,7 @@
 //! - [`config`]: the `exporters.otlp` file section, the `--otlp-*` flags and the
 //!   `OTEL_EXPORTER_OTLP_*` variables, resolved into [`exporter::Settings`].
 //! - [`request`]: the generation-neutral request (one dictionary per request).
-//! - [`wire`]: one generic encoder over the two generations ([`v1_9`], [`v1_10`]), and the split
+//! - [`wire`]: one generic encoder over the two generations ([`v1_9`], [`wire::v1_10`]), and the split
 //!   of a profile into requests that fit the size limit ([`encode`](encode())).
 //! - [`exporter`]: the exporter thread: intake -> [`queue`] -> [`transport`] (TLS, gRPC, HTTP,
 //!   answers) with [`retry`], every outcome counted in [`stats`].
@@ -24,7 +24,7 @@ pub(crate) mod wire;
 pub use self::{
     exporter::{Drained, Exporter},
     request::SampleAttributes,
-    wire::{encode, v1_10, v1_9, EncodeSettings, Encoded, Encoding, ProtoVersion},
+    wire::{encode, v1_9, EncodeSettings, Encoded, ProtoVersion},
 };
 
 /// `InstrumentationScope.name` of every profile ember sends.
