@@ -3,19 +3,65 @@
 //!
 //! Flow: `source` (socket threads) -> bounded intake -> `driver` (the one loop of `run` and
 //! `record`) -> `pipeline` (sessions, `symbolize`) -> a `model::Profile` per interval -> `sink`s
-//! (files, OTLP, debug). `run` and `record` only hold their policy.
+//! (files, OTLP, debug). `run` and `record` only hold their policy; `cli` parses the command
+//! line and is the executable's whole [`main`].
+//!
+//! Every module is crate-private, so the compiler flags what nothing uses. The public surface
+//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `labels` and `relabel`
+//! stay public until the labels stage is wired into the driver.
 
-pub mod cli;
-pub mod config;
+pub(crate) mod cli;
+pub(crate) mod config;
 pub(crate) mod driver;
 pub mod labels;
-pub mod model;
+pub(crate) mod model;
 pub(crate) mod pipeline;
 pub(crate) mod privileges;
-pub mod record;
+pub(crate) mod record;
 pub mod relabel;
-pub mod run;
-pub mod session;
-pub mod sink;
+pub(crate) mod run;
+pub(crate) mod session;
+pub(crate) mod sink;
 pub(crate) mod source;
 pub(crate) mod symbolize;
+
+pub use cli::main;
+
+/// The relay's parts the end-to-end tests (tests/) drive without the binary: the OTLP exporter
+/// and encoder with their settings and counters, the config resolution that builds those
+/// settings, and the profile model they take. One place, so the rest stays crate-private.
+pub mod testing {
+    /// The relay config file and its resolution into exporter settings.
+    pub mod config {
+        pub use crate::config::{parse, resolve, ConfigError, Exporters, OtlpFlags};
+    }
+
+    /// The symbolized profile the sinks take.
+    pub mod model {
+        pub use crate::model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread};
+    }
+
+    /// The OTLP sink.
+    pub mod sink {
+        /// The OTLP exporter, its encoder and the wire messages of both generations.
+        pub mod otlp {
+            pub use crate::sink::otlp::{encode, v1_9, Drained, Exporter, ProtoVersion, GRPC_PATH};
+
+            /// The exporter's settings, as [`config::resolve`](super::super::config::resolve)
+            /// builds them.
+            pub mod exporter {
+                pub use crate::sink::otlp::exporter::Settings;
+            }
+
+            /// The exporter's counters.
+            pub mod stats {
+                pub use crate::sink::otlp::stats::{DropReason, Snapshot};
+            }
+
+            /// The OTLP transports.
+            pub mod transport {
+                pub use crate::sink::otlp::transport::Protocol;
+            }
+        }
+    }
+}

@@ -259,7 +259,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let state = Arc::clone(&self.0);
         Box::pin(async move {
-            if request.uri().path() != ember_relay::sink::otlp::GRPC_PATH {
+            if request.uri().path() != ember_relay::testing::sink::otlp::GRPC_PATH {
                 let mut response = http::Response::new(tonic::body::Body::default());
                 response.headers_mut().insert(
                     tonic::Status::GRPC_STATUS,
@@ -827,7 +827,7 @@ pub fn decode_v1_10(body: &[u8]) -> Result<Decoded, prost::DecodeError> {
 
 /// Decodes `body` with the v1.9 definitions (the relay's hand-written ones).
 pub fn decode_v1_9(body: &[u8]) -> Result<Decoded, prost::DecodeError> {
-    use ember_relay::sink::otlp::v1_9;
+    use ember_relay::testing::sink::otlp::v1_9;
     let message = v1_9::ExportProfilesServiceRequest::decode(body)?;
     Ok(decode_facts!(&message, v1_9))
 }

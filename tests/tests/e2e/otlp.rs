@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use ember_relay::{
+use ember_relay::testing::{
     config::{self, OtlpFlags},
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread},
     sink::otlp::{
@@ -335,7 +335,7 @@ fn otlp_slow_receiver_keeps_the_queue_bounded() {
     log_mark();
     let receiver = Receiver::http(None);
     receiver.set_delay(Duration::from_millis(300));
-    let one = ember_relay::sink::otlp::encode(
+    let one = ember_relay::testing::sink::otlp::encode(
         &synthetic(1, 50, 1, "slow00"),
         ProtoVersion::V1_10,
         Default::default(),

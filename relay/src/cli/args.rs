@@ -1,0 +1,203 @@
+//! The clap definitions of `run`, `record` and `validate`, and their conversion into the plain
+//! config structs of [`run`] and [`record`]. Flags only: the config file and the environment are
+//! resolved by [`config`] ([`ExportArgs::resolve`]).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+
+use super::{parse_duration, LogFormat};
+use crate::{
+    config::{self, Exporters, OtlpFlags},
+    record, run, session,
+    sink::otlp::{transport::Protocol, ProtoVersion},
+};
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ValidateArgs {
+    /// The relay config file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub(super) config: PathBuf,
+}
+
+/// Exporter options shared by `run` and `record`. Flags override the config file, which
+/// overrides the OTEL_EXPORTER_OTLP_* environment variables.
+#[derive(clap::Args, Debug, Default)]
+pub(super) struct ExportArgs {
+    /// Relay config file (YAML) with `exporters: { otlp: ..., debug: ... }`.
+    #[arg(long, value_name = "FILE", env = "EMBER_RELAY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Export profiles over OTLP to this receiver, e.g. http://pyroscope:4040 (Pyroscope) or
+    /// http://collector:4317 (OpenTelemetry Collector, gRPC).
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http (http/protobuf).
+    #[arg(long, value_name = "PROTOCOL")]
+    otlp_protocol: Option<Protocol>,
+    /// OTLP profiles wire generation the receiver speaks: 1.9 (Pyroscope 1.18, Collector <=
+    /// 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148). Default 1.10.
+    #[arg(long, value_name = "VERSION")]
+    otlp_proto_version: Option<ProtoVersion>,
+    /// Extra request header (gRPC metadata), e.g. X-Scope-OrgID=tenant. Repeatable.
+    #[arg(long = "otlp-header", value_name = "K=V", value_parser = config::parse_header_flag)]
+    otlp_headers: Vec<(String, String)>,
+    /// Plaintext (h2c/http) for an endpoint given without a scheme.
+    #[arg(long)]
+    otlp_insecure: bool,
+}
+
+impl ExportArgs {
+    /// Reads the config file and resolves it with the flags and the environment.
+    fn resolve(&self) -> anyhow::Result<Exporters> {
+        let file = match &self.config {
+            Some(path) => config::load(path)?,
+            None => config::RelayConfig::default(),
+        };
+        let flags = OtlpFlags {
+            endpoint: self.otlp_endpoint.clone(),
+            protocol: self.otlp_protocol,
+            proto_version: self.otlp_proto_version,
+            headers: self.otlp_headers.clone(),
+            insecure: self.otlp_insecure,
+        };
+        let exporters = config::resolve(&file, &flags, &|name| std::env::var(name).ok())
+            .context("resolving the exporter settings")?;
+        for line in config::describe(&exporters) {
+            tracing::info!("exporter {line}");
+        }
+        for warning in config::warnings(&exporters) {
+            tracing::warn!("{warning}");
+        }
+        Ok(exporters)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct RunArgs {
+    /// Unix socket to listen on (SOCK_SEQPACKET).
+    #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
+    socket: PathBuf,
+    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here, covering one window (see
+    /// --window): written when the window closes and when the relay stops, never per batch.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Length of the window the output files cover: when it closes they are rewritten with it,
+    /// and a new window starts empty.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    window: Duration,
+    /// Largest message accepted from a sampler; larger ones close the connection.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_message_bytes: usize,
+    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
+    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
+    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
+    max_copy_bytes: u64,
+    /// Most passed file descriptors kept open per sampler connection (never above the soft
+    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
+    /// stay unnamed.
+    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
+    max_open_files: usize,
+    /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
+    #[arg(long)]
+    allow_root: bool,
+    /// Only samplers running as this uid may connect; others are refused with a logged reason.
+    /// Default 65534: ember-sampler connects after it has left uid 0 for its --user (nobody).
+    /// Repeat the flag (or separate uids with commas) to accept several.
+    #[arg(
+        long,
+        default_value = "65534",
+        env = "EMBER_SAMPLER_UID",
+        value_delimiter = ','
+    )]
+    sampler_uid: Vec<u32>,
+    #[command(flatten)]
+    export: ExportArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct RecordArgs {
+    /// How long to record, e.g. 10s, 2m. Ctrl-C ends early and still writes everything.
+    #[arg(long, short = 'd', default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Directory for flamegraph.svg, profile.pb.gz and stacks.folded.
+    #[arg(long, short = 'o', default_value = "ember-out")]
+    output: PathBuf,
+    /// Samples per second on each CPU.
+    #[arg(long, short = 'F', visible_alias = "samples-per-second", default_value_t = 97,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    frequency: u32,
+    /// Record only this process.
+    #[arg(long, short = 'p')]
+    pid: Option<u32>,
+    /// Unprivileged user (name or uid) the relay becomes before it reads anything. Default: the
+    /// `ember` account if it exists, else an unused uid picked at run time from 61184..=65519
+    /// (no account, no group, no process has it). Never share it with other processes.
+    #[arg(long, value_name = "USER|UID")]
+    user: Option<String>,
+    /// The ember-sampler binary (default: next to this executable, then $PATH).
+    #[arg(long)]
+    sampler: Option<PathBuf>,
+    /// How often the sampler hands over samples (progress updates at this pace).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Largest message accepted from the sampler.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_message_bytes: usize,
+    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
+    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
+    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
+    max_copy_bytes: u64,
+    /// Most passed file descriptors kept open per sampler connection (never above the soft
+    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
+    /// stay unnamed.
+    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
+    max_open_files: usize,
+    /// At the end, wait at most this long for the OTLP export queue to drain.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    export_timeout: Duration,
+    #[command(flatten)]
+    export: ExportArgs,
+}
+
+impl RunArgs {
+    /// The flags of `run`, with the exporters resolved.
+    pub(super) fn into_config(self) -> anyhow::Result<run::RunConfig> {
+        Ok(run::RunConfig {
+            exporters: self.export.resolve()?,
+            socket: self.socket,
+            output_dir: self.output_dir,
+            window: self.window,
+            max_message_bytes: self.max_message_bytes,
+            allow_root: self.allow_root,
+            sampler_uids: self.sampler_uid,
+            file_limits: session::FileLimits {
+                max_copy_bytes: self.max_copy_bytes,
+                max_open_files: self.max_open_files,
+            },
+        })
+    }
+}
+
+impl RecordArgs {
+    /// The flags of `record`, with the exporters resolved; `log_format` is passed on to the
+    /// sampler it starts.
+    pub(super) fn into_config(self, log_format: LogFormat) -> anyhow::Result<record::RecordConfig> {
+        Ok(record::RecordConfig {
+            exporters: self.export.resolve()?,
+            duration: self.duration,
+            output: self.output,
+            frequency_hz: self.frequency,
+            pid: self.pid,
+            user: self.user,
+            sampler: self.sampler,
+            interval: self.interval,
+            max_message_bytes: self.max_message_bytes,
+            log_format,
+            export_timeout: self.export_timeout,
+            file_limits: session::FileLimits {
+                max_copy_bytes: self.max_copy_bytes,
+                max_open_files: self.max_open_files,
+            },
+        })
+    }
+}
