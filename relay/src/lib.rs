@@ -33,7 +33,7 @@ pub use cli::main;
 pub mod testing {
     /// The relay config file and its resolution into exporter settings.
     pub mod config {
-        pub use crate::config::{parse, resolve, ConfigError, Exporters, OtlpFlags};
+        pub use crate::config::{parse, resolve, ConfigError, OtlpFlags};
     }
 
     /// The symbolized profile the sinks take.

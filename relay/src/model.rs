@@ -215,11 +215,6 @@ impl Profile {
         self.counts.is_empty()
     }
 
-    /// Distinct (thread, stack) rows.
-    pub fn len(&self) -> usize {
-        self.counts.len()
-    }
-
     /// Samples in a stable order (by thread, then stack), for deterministic outputs.
     pub fn samples(&self) -> Vec<SymbolizedSample> {
         let mut out: Vec<SymbolizedSample> = self
