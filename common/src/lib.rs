@@ -16,4 +16,4 @@ pub use duration::parse_duration;
 pub use logging::{init_logging, LogFormat};
 pub use privileges::{raise_nofile_limit, set_no_new_privs};
 pub use signal::{install_stop_handlers, stop_requested};
-pub use status::{read_bounded, ProcStatus, STATUS_READ_LIMIT};
+pub use status::{read_bounded, ProcStatus};

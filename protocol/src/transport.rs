@@ -6,7 +6,7 @@
 use std::{
     io::IoSlice,
     os::{
-        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
         unix::ffi::OsStrExt,
     },
     path::Path,
@@ -225,13 +225,10 @@ pub fn set_send_buffer(sock: BorrowedFd<'_>, bytes: usize) -> Result<(), Errno> 
     socket::setsockopt(&sock, socket::sockopt::SndBuf, &bytes)
 }
 
-/// Borrows every fd of a slice of owned fds.
-pub fn borrow_all(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
-    fds.iter().map(|fd| fd.as_fd()).collect()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsFd;
+
     use super::*;
 
     const CHILD: &str = "EMBER_TEST_CTRUNC_CHILD";
@@ -265,7 +262,8 @@ mod tests {
         let files: Vec<OwnedFd> = (0..3)
             .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").expect("open /dev/null")))
             .collect();
-        send(a.as_fd(), b"hello", &borrow_all(&files), false).expect("send");
+        let borrowed: Vec<BorrowedFd<'_>> = files.iter().map(AsFd::as_fd).collect();
+        send(a.as_fd(), b"hello", &borrowed, false).expect("send");
         drop(files);
         let probe = nix::unistd::dup(b.as_fd()).expect("dup");
         let lowest_free = u64::try_from(probe.as_raw_fd()).expect("fd >= 0");
