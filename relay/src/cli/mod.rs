@@ -77,3 +77,100 @@ fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{path::Path, time::Duration};
+
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("ember-relay").chain(args.iter().copied()))
+            .expect("valid command line")
+    }
+
+    /// clap's own consistency check: no two flags share a name or a short, defaults parse,
+    /// flattened groups (ExportArgs, and whatever is flattened next) do not collide.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_flags_land_in_run_config() {
+        // Given run's flags
+        let cli = parse(&[
+            "run",
+            "--socket",
+            "/tmp/e.sock",
+            "--output-dir",
+            "/tmp/out",
+            "--window",
+            "90s",
+            "--max-open-files",
+            "7",
+            "--max-copy-bytes",
+            "4096",
+            "--sampler-uid",
+            "1,2",
+            "--allow-root",
+        ]);
+        // When they become a RunConfig
+        let Command::Run(args) = cli.command else {
+            panic!("not run: {:?}", cli.command)
+        };
+        let config = args
+            .into_config()
+            .expect("no config file: default exporters");
+        // Then every flag is where run reads it
+        assert_eq!(config.socket, Path::new("/tmp/e.sock"));
+        assert_eq!(config.output_dir.as_deref(), Some(Path::new("/tmp/out")));
+        assert_eq!(config.window, Duration::from_secs(90));
+        assert_eq!(config.file_limits.max_open_files, 7);
+        assert_eq!(config.file_limits.max_copy_bytes, 4096);
+        assert_eq!(config.sampler_uids, [1, 2]);
+        assert!(config.allow_root);
+    }
+
+    #[test]
+    fn record_flags_land_in_record_config() {
+        // Given record's flags and a global log format after the subcommand
+        let cli = parse(&[
+            "record",
+            "-d",
+            "3s",
+            "-o",
+            "/tmp/o",
+            "-F",
+            "49",
+            "-p",
+            "42",
+            "--interval",
+            "2s",
+            "--log-format",
+            "json",
+        ]);
+        let log_format = cli.log_format;
+        let Command::Record(args) = cli.command else {
+            panic!("not record: {:?}", cli.command)
+        };
+        // When they become a RecordConfig
+        let config = args.into_config(log_format).expect("default exporters");
+        // Then every flag is where record reads it, the log format included (the sampler it
+        // starts logs the same way)
+        assert_eq!(config.duration, Duration::from_secs(3));
+        assert_eq!(config.output, Path::new("/tmp/o"));
+        assert_eq!(config.frequency_hz, 49);
+        assert_eq!(config.pid, Some(42));
+        assert_eq!(config.interval, Duration::from_secs(2));
+        assert_eq!(config.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn out_of_range_frequency_is_refused() {
+        assert!(Cli::try_parse_from(["ember-relay", "record", "-F", "0"]).is_err());
+        assert!(Cli::try_parse_from(["ember-relay", "record", "-F", "10001"]).is_err());
+    }
+}
