@@ -31,7 +31,7 @@ impl FrameKind {
 /// The module (mapped file) a frame's address belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Module {
-    /// Path as the process saw it, or "[kernel.kallsyms]", "[vdso]", "[anon]".
+    /// Path as the process saw it, or `[kernel.kallsyms]`, `[vdso]`, `[anon]`.
     pub path: Arc<str>,
     /// GNU build id in hex, when known.
     pub build_id: Option<Arc<str>>,
@@ -85,7 +85,7 @@ impl Frame {
     }
 
     /// The frame's name in every text output (folded stacks, flamegraph, `record`'s top list):
-    /// [`Frame::display_name`] made [`text_safe`], `_[k]` appended for kernel frames.
+    /// [`Frame::display_name`] made text-safe (`text_safe`), `_[k]` appended for kernel frames.
     pub fn text_name(&self) -> String {
         let mut name = text_safe(&self.display_name());
         if self.kind == FrameKind::Kernel {

@@ -1,4 +1,4 @@
-//! OTLP profiles **v1.9.0** as a [`Generation`] of the generic encoder. The messages that hold a
+//! OTLP profiles **v1.9.0** as a `Generation` of the generic encoder. The messages that hold a
 //! `Sample` are written by hand with prost derive from the field numbers of the v1.9.0 `.proto`
 //! files (no release of the `opentelemetry-proto` crate bundles v1.9); the rest are v1.10's.
 //!
