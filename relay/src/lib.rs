@@ -19,3 +19,4 @@ pub mod session;
 pub mod sink;
 pub(crate) mod source;
 pub(crate) mod symbolize;
+pub mod unwind;

@@ -1,0 +1,1 @@
+//! Tests of the whole compiler on real and crafted binaries.
