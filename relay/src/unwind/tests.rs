@@ -1,1 +1,509 @@
-//! Tests of the whole compiler on real and crafted binaries.
+//! Tests of the whole compiler on real binaries (a C workload built here, this machine's libc,
+//! this test binary), checked against an independent oracle (`readelf --debug-dump=frames-interp`),
+//! and on crafted hostile inputs. Runnable as a normal user; needs `cc`, `objcopy` and `readelf`
+//! (binutils), which the project's setup installs.
+
+use std::{
+    collections::HashMap,
+    fs::{self, File},
+    io::Write,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use super::{
+    cache::{Cache, Outcome},
+    compile, Cfa, CfiSection, Compiled, Error, Limits, Rbp, Rule, StopReason, Truncation,
+    UnwindTable,
+};
+
+const WORKLOAD: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+__attribute__((noinline)) long leaf(long x) {
+    volatile long acc = x;
+    for (int i = 0; i < 100; i++) acc = acc * 31 + i;
+    return acc;
+}
+
+/* A variable-length array makes GCC keep a frame pointer here: CFA = rbp + 16. */
+__attribute__((noinline)) long with_vla(int n) {
+    char buf[n];
+    memset(buf, n, (size_t)n);
+    return leaf(buf[n / 2]) + buf[0];
+}
+
+/* A big frame: CFA = rsp + a large offset. */
+__attribute__((noinline)) long big_frame(int n) {
+    volatile char page[70000];
+    page[n] = (char)n;
+    return with_vla(n + 8) + page[n];
+}
+
+__attribute__((noinline)) long recurse(int depth) {
+    if (depth == 0) return big_frame(depth + 1);
+    return recurse(depth - 1) + depth;
+}
+
+int main(int argc, char **argv) {
+    long total = 0;
+    for (int i = 0; i < (argc > 1 ? atoi(argv[1]) : 1); i++) total += recurse(5);
+    printf("%ld\n", total);
+    return 0;
+}
+"#;
+
+/// A scratch directory removed at the end of the test.
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"))
+}
+
+fn run(cmd: &mut Command) -> String {
+    run_checked(cmd, true)
+}
+
+/// Runs `cmd`; with `strict`, a failure status fails the test. readelf exits 1 on libc after
+/// printing the whole dump (no message), so the oracle only requires output.
+fn run_checked(cmd: &mut Command, strict: bool) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (binutils and cc are needed): {e}"));
+    assert!(
+        out.status.success() || (!strict && !out.stdout.is_empty()),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the C workload in `dir` with `flags`.
+fn build_workload(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join("workload.c");
+    fs::write(&src, WORKLOAD).unwrap_or_else(|e| panic!("cannot write {src:?}: {e}"));
+    let out = dir.join(name);
+    run(Command::new("cc").args(flags).arg("-o").arg(&out).arg(&src));
+    out
+}
+
+fn compile_path(path: &Path, limits: &Limits) -> Result<Compiled, Error> {
+    let file = File::open(path).unwrap_or_else(|e| panic!("cannot open {path:?}: {e}"));
+    compile(&file, limits)
+}
+
+fn libc_path() -> PathBuf {
+    let candidates = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib64/libc.so.6",
+        "/usr/lib64/libc.so.6",
+    ];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no libc.so.6 in {candidates:?}"))
+}
+
+/// Address of `symbol` in the file's symbol table, from `nm`.
+fn symbol(path: &Path, name: &str) -> u64 {
+    let out = run(Command::new("nm").arg(path));
+    out.lines()
+        .find_map(|l| {
+            let mut parts = l.split_whitespace();
+            let (addr, _, sym) = (parts.next()?, parts.next()?, parts.next()?);
+            (sym == name).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("no symbol {name} in {path:?}"))
+}
+
+// ---- the readelf oracle ----
+
+/// One row of `readelf --debug-dump=frames-interp`: `[start, end)` and its column values.
+#[derive(Debug)]
+struct OracleRow {
+    start: u64,
+    end: u64,
+    cfa: String,
+    rbp: Option<String>,
+    ra: Option<String>,
+}
+
+/// What the compiler must say for an oracle row.
+#[derive(Debug, PartialEq)]
+enum Expect {
+    Exact(Rule),
+    /// A CFA expression: PLT, signal frame, or a stop.
+    Expression,
+}
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s, 16).unwrap_or_else(|e| panic!("bad hex {s:?}: {e}"))
+}
+
+/// Parses the rows of `section` (".eh_frame" or ".debug_frame") from readelf's interpreted dump.
+fn oracle(path: &Path, section: &str) -> Vec<OracleRow> {
+    let text = run_checked(
+        Command::new("readelf")
+            .arg("-W")
+            .arg("--debug-dump=frames-interp")
+            .arg(path),
+        false,
+    );
+    let mut rows = Vec::new();
+    let mut in_section = false;
+    // Per CIE offset, its last row's columns (an FDE without instructions prints no rows).
+    let mut cie_rows: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut current: Option<(String, Option<(u64, u64, String)>)> = None; // (entry offset, fde)
+    let mut columns: Vec<String> = Vec::new();
+    let mut fde_rows: Vec<(u64, Vec<(String, String)>)> = Vec::new();
+    let flush = |current: &mut Option<(String, Option<(u64, u64, String)>)>,
+                 fde_rows: &mut Vec<(u64, Vec<(String, String)>)>,
+                 cie_rows: &mut HashMap<String, Vec<(String, String)>>,
+                 rows: &mut Vec<OracleRow>| {
+        let Some((offset, fde)) = current.take() else {
+            return;
+        };
+        match fde {
+            None => {
+                if let Some((_, cols)) = fde_rows.last() {
+                    cie_rows.insert(offset, cols.clone());
+                }
+            }
+            Some((start, end, cie)) => {
+                if fde_rows.is_empty() {
+                    if let Some(cols) = cie_rows.get(&cie) {
+                        fde_rows.push((start, cols.clone()));
+                    }
+                }
+                for (i, (loc, cols)) in fde_rows.iter().enumerate() {
+                    let next = fde_rows.get(i + 1).map_or(end, |r| r.0).min(end);
+                    if *loc >= next {
+                        continue;
+                    }
+                    let get =
+                        |name: &str| cols.iter().find(|(c, _)| c == name).map(|(_, v)| v.clone());
+                    rows.push(OracleRow {
+                        start: *loc,
+                        end: next,
+                        cfa: get("CFA").unwrap_or_default(),
+                        rbp: get("rbp"),
+                        ra: get("ra"),
+                    });
+                }
+            }
+        }
+        fde_rows.clear();
+    };
+    for line in text.lines() {
+        if line.starts_with("Contents of the ") {
+            flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
+            in_section = line.contains(&format!("{section} section"));
+            cie_rows.clear();
+            continue;
+        }
+        if !in_section {
+            continue;
+        }
+        // A register column reads `r9 (r9)`: glue the parenthesised name to its value.
+        let mut words: Vec<&str> = Vec::new();
+        for word in line.split_whitespace() {
+            if word.starts_with('(') && !words.is_empty() {
+                continue;
+            }
+            words.push(word);
+        }
+        if words.len() >= 4 && (words[3] == "CIE" || words[3] == "FDE") && !line.starts_with(' ') {
+            flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
+            let fde = (words[3] == "FDE").then(|| {
+                let cie = words[4].trim_start_matches("cie=").to_owned();
+                let pc = words[5].trim_start_matches("pc=");
+                let (s, e) = pc.split_once("..").unwrap_or_else(|| panic!("bad pc {pc}"));
+                (hex(s), hex(e), cie)
+            });
+            current = Some((words[0].to_owned(), fde));
+        } else if words.first() == Some(&"LOC") {
+            columns = words.iter().map(|w| (*w).to_owned()).collect();
+        } else if current.is_some() && words.len() == columns.len() && !words.is_empty() {
+            let Ok(loc) = u64::from_str_radix(words[0], 16) else {
+                continue;
+            };
+            let cols = columns[1..]
+                .iter()
+                .cloned()
+                .zip(words[1..].iter().map(|w| (*w).to_owned()))
+                .collect();
+            fde_rows.push((loc, cols));
+        }
+    }
+    flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
+    rows
+}
+
+/// Parses readelf's `reg+N` / `reg-N`.
+fn reg_offset(s: &str) -> Option<(&str, i64)> {
+    let at = s.find(['+', '-'])?;
+    Some((&s[..at], s[at..].trim_start_matches('+').parse().ok()?))
+}
+
+/// The rule the compiler must give for a row, by the same precedence (CFA, return address, rbp).
+fn expect(row: &OracleRow) -> Expect {
+    if row.cfa == "exp" {
+        return Expect::Expression;
+    }
+    let stop = |r| Expect::Exact(Rule::Stop(r));
+    let cfa = match reg_offset(&row.cfa) {
+        Some((reg, off)) => match (reg, i32::try_from(off)) {
+            (_, Err(_)) => return stop(StopReason::OffsetRange),
+            ("rsp", Ok(off)) => Cfa::Rsp(off),
+            ("rbp", Ok(off)) => Cfa::Rbp(off),
+            _ => return stop(StopReason::CfaRegister),
+        },
+        None => return stop(StopReason::CfaRegister),
+    };
+    match row.ra.as_deref() {
+        Some("c-8") => {}
+        Some("u") => return stop(StopReason::Outermost),
+        _ => return stop(StopReason::ReturnAddressRule),
+    }
+    let rbp = match row.rbp.as_deref() {
+        None | Some("u" | "s") => Rbp::Unchanged,
+        Some(v) => match v.strip_prefix('c').and_then(|n| n.parse::<i64>().ok()) {
+            Some(off) => match i16::try_from(off) {
+                Ok(off) => Rbp::AtCfa(off),
+                Err(_) => return stop(StopReason::OffsetRange),
+            },
+            None => return stop(StopReason::RbpRule),
+        },
+    };
+    Expect::Exact(Rule::Frame { cfa, rbp })
+}
+
+/// Checks every `every`-th oracle row (first and last address) against the table; returns the
+/// number of addresses checked. Panics listing the first mismatches.
+fn check_against_readelf(path: &Path, compiled: &Compiled, every: usize) -> usize {
+    let section = compiled.stats.section.name();
+    let rows = oracle(path, section);
+    assert!(!rows.is_empty(), "readelf shows no rows for {path:?}");
+    let table = &compiled.table;
+    let mut checked = 0;
+    let mut mismatches = Vec::new();
+    for row in rows.iter().step_by(every.max(1)) {
+        if row.start < table.base() || row.end > table.end() {
+            continue; // an FDE outside the executable range: skipped by design
+        }
+        for address in [row.start, row.end - 1] {
+            checked += 1;
+            let got = table.lookup(address);
+            let ok = match (expect(row), got) {
+                (Expect::Exact(want), Some(got)) => want == got,
+                (Expect::Expression, Some(got)) => matches!(
+                    got,
+                    Rule::Plt { .. }
+                        | Rule::Signal { .. }
+                        | Rule::Stop(StopReason::CfaExpression | StopReason::ReturnAddressRule)
+                ),
+                (_, None) => false,
+            };
+            if !ok {
+                mismatches.push(format!("{address:#x}: readelf {row:?}, table {got:?}"));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} of {checked} addresses of {path:?} disagree with readelf, e.g. {:#?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(10)]
+    );
+    checked
+}
+
+/// `.text`'s address range, from readelf's section headers.
+fn text_range(path: &Path) -> (u64, u64) {
+    let out = run(Command::new("readelf").args(["-S", "-W"]).arg(path));
+    out.lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l
+                .trim_start_matches(|c: char| {
+                    c == ' ' || c == '[' || c.is_ascii_digit() || c == ']'
+                })
+                .split_whitespace()
+                .collect();
+            (w.first() == Some(&".text")).then(|| {
+                let addr = hex(w[2]);
+                (addr, addr + hex(w[4]))
+            })
+        })
+        .unwrap_or_else(|| panic!("no .text in {path:?}"))
+}
+
+/// Every `.text` address resolves to exactly one row (a rule or an explicit gap); returns the
+/// fraction of `.text` bytes that are gaps.
+fn check_text_coverage(path: &Path, table: &UnwindTable) -> f64 {
+    let (start, end) = text_range(path);
+    assert!(
+        table.base() <= start && end <= table.end(),
+        "{path:?}: .text {start:#x}..{end:#x} outside the table {:#x}..{:#x}",
+        table.base(),
+        table.end()
+    );
+    // Walk the rows rather than every byte: rows partition the range, so summing their
+    // intersections with .text must give exactly .text's size.
+    let rows = table.rows();
+    let (mut covered, mut gaps) = (0u64, 0u64);
+    for (i, row) in rows.iter().enumerate() {
+        let lo = table.base() + u64::from(row.pc);
+        let hi = rows
+            .get(i + 1)
+            .map_or(table.end(), |n| table.base() + u64::from(n.pc));
+        let (lo, hi) = (lo.max(start), hi.min(end));
+        if lo < hi {
+            covered += hi - lo;
+            if row.rule == Rule::Gap {
+                gaps += hi - lo;
+            }
+            assert_eq!(table.lookup(lo), Some(row.rule));
+            assert_eq!(table.lookup(hi - 1), Some(row.rule));
+        }
+    }
+    assert_eq!(
+        covered,
+        end - start,
+        "{path:?}: rows do not partition .text"
+    );
+    gaps as f64 / (end - start) as f64
+}
+
+// ---- real binaries ----
+
+#[test]
+fn a_no_frame_pointer_c_workload_matches_readelf_everywhere() {
+    // Given: the workload built with the compiler's own CFI and no frame pointers.
+    let dir = scratch();
+    let exe = build_workload(dir.path(), "nofp", &["-O2", "-fomit-frame-pointer"]);
+    // When
+    let compiled = compile_path(&exe, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then: every row agrees with readelf, .text is covered, nothing was cut or malformed.
+    assert_eq!(compiled.stats.section, CfiSection::EhFrame);
+    assert_eq!(compiled.stats.truncated, None);
+    assert_eq!(compiled.stats.fdes_malformed, 0);
+    let checked = check_against_readelf(&exe, &compiled, 1);
+    assert!(checked > 20, "only {checked} addresses checked");
+    check_text_coverage(&exe, &compiled.table);
+    let table = &compiled.table;
+    // The big frame's body: CFA = rsp + a large offset (70000 bytes of locals).
+    let big = symbol(&exe, "big_frame");
+    let deep = (big..big + 64)
+        .filter_map(|a| table.lookup(a))
+        .any(|r| matches!(r, Rule::Frame { cfa: Cfa::Rsp(off), .. } if off > 70_000));
+    assert!(deep, "no rsp+70000 row in big_frame");
+    // The VLA function keeps a frame pointer: CFA = rbp + 16, rbp saved at CFA - 16.
+    let vla = symbol(&exe, "with_vla");
+    let rbp_based = Rule::Frame {
+        cfa: Cfa::Rbp(16),
+        rbp: Rbp::AtCfa(-16),
+    };
+    assert!(
+        (vla..vla + 64).any(|a| table.lookup(a) == Some(rbp_based)),
+        "no rbp+16 row in with_vla"
+    );
+    // Entry of a leaf function: CFA = rsp + 8, return address on top of the stack.
+    assert_eq!(
+        table.lookup(symbol(&exe, "leaf")),
+        Some(Rule::Frame {
+            cfa: Cfa::Rsp(8),
+            rbp: Rbp::Unchanged
+        })
+    );
+    // The PLT stub the linker describes with its expression (printf is called through it).
+    assert!(
+        table.rows().iter().any(|r| r.rule
+            == Rule::Plt {
+                rsp_offset: 8,
+                threshold: 11
+            }),
+        "no PLT row"
+    );
+    // _start marks the return address undefined: the outermost frame.
+    assert_eq!(
+        table.lookup(symbol(&exe, "_start")),
+        Some(Rule::Stop(StopReason::Outermost))
+    );
+}
+
+#[test]
+fn debug_frame_is_used_when_there_is_no_eh_frame() {
+    // Given: CFI only in .debug_frame (-fno-asynchronous-unwind-tables -g), .eh_frame removed.
+    let dir = scratch();
+    let exe = build_workload(
+        dir.path(),
+        "dbg",
+        &[
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-fno-asynchronous-unwind-tables",
+        ],
+    );
+    let stripped = dir.path().join("dbg-no-eh");
+    run(Command::new("objcopy")
+        .args([
+            "--remove-section=.eh_frame",
+            "--remove-section=.eh_frame_hdr",
+        ])
+        .arg(&exe)
+        .arg(&stripped));
+    // When
+    let compiled = compile_path(&stripped, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then
+    assert_eq!(compiled.stats.section, CfiSection::DebugFrame);
+    assert!(compiled.stats.fdes >= 5, "{:?}", compiled.stats);
+    check_against_readelf(&stripped, &compiled, 1);
+    assert_eq!(
+        compiled.table.lookup(symbol(&stripped, "leaf")),
+        Some(Rule::Frame {
+            cfa: Cfa::Rsp(8),
+            rbp: Rbp::Unchanged
+        })
+    );
+}
+
+#[test]
+fn libc_matches_readelf_and_unwinds_its_signal_trampoline() {
+    let libc = libc_path();
+    let compiled = compile_path(&libc, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.stats.truncated, None);
+    check_against_readelf(&libc, &compiled, 3);
+    let gaps = check_text_coverage(&libc, &compiled.table);
+    assert!(
+        gaps < 0.05,
+        "{:.1}% of libc's .text has no CFI",
+        gaps * 100.0
+    );
+    // __restore_rt: the kernel's ucontext at rsp, rsp saved at +160, rip at +168, rbp at +120.
+    let signal = Rule::Signal {
+        rsp_at: 160,
+        rbp_at: 120,
+    };
+    assert!(
+        compiled.table.rows().iter().any(|r| r.rule == signal),
+        "no signal-frame row in libc"
+    );
+}
+
+#[test]
+fn this_test_binary_matches_readelf_on_a_sample() {
+    let exe = fs::read_link("/proc/self/exe").unwrap_or_else(|e| panic!("no /proc/self/exe: {e}"));
+    let compiled = compile_path(&exe, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.stats.truncated, None);
+    assert_eq!(compiled.stats.fdes_malformed, 0);
+    check_against_readelf(&exe, &compiled, 97);
+    check_text_coverage(&exe, &compiled.table);
+    assert_eq!(
+        UnwindTable::decode(&compiled.table.encode()).as_ref(),
+        Ok(&compiled.table)
+    );
+}
