@@ -507,3 +507,366 @@ fn this_test_binary_matches_readelf_on_a_sample() {
         Ok(&compiled.table)
     );
 }
+
+// ---- hostile input ----
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, bytes).unwrap_or_else(|e| panic!("cannot write {path:?}: {e}"));
+    path
+}
+
+/// (section header index, file offset, size) of `name`, from readelf.
+fn section_header(path: &Path, name: &str) -> (usize, u64, u64) {
+    let out = run(Command::new("readelf").args(["-S", "-W"]).arg(path));
+    out.lines()
+        .find_map(|l| {
+            let (idx, rest) = l.trim_start().strip_prefix('[')?.split_once(']')?;
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            (w.first() == Some(&name)).then(|| (idx.trim().parse().ok(), hex(w[3]), hex(w[4])))
+        })
+        .and_then(|(i, off, size)| Some((i?, off, size)))
+        .unwrap_or_else(|| panic!("no {name} in {path:?}"))
+}
+
+/// The byte offset of section header `index`'s field at `field` (ELF64 little-endian).
+fn shdr_field(bytes: &[u8], index: usize, field: usize) -> usize {
+    let u = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+    };
+    let shoff = u(0x28, 8) as usize;
+    let shentsize = u(0x3a, 2) as usize;
+    shoff + index * shentsize + field
+}
+
+#[test]
+fn garbage_truncated_and_foreign_files_are_errors() {
+    let dir = scratch();
+    let exe = build_workload(dir.path(), "w", &["-O2"]);
+    let real = fs::read(&exe).unwrap_or_else(|e| panic!("{e}"));
+    let limits = Limits::default();
+    let empty = write_file(dir.path(), "empty", &[]);
+    assert!(matches!(compile_path(&empty, &limits), Err(Error::Elf(_))));
+    let mut rng = fastrand::Rng::with_seed(7);
+    let noise: Vec<u8> = (0..4096).map(|_| rng.u8(..)).collect();
+    let noise = write_file(dir.path(), "noise", &noise);
+    assert!(matches!(compile_path(&noise, &limits), Err(Error::Elf(_))));
+    // Only the ELF header: the section headers it points at are past the end of the file.
+    let head = write_file(dir.path(), "head", &real[..64]);
+    assert!(matches!(compile_path(&head, &limits), Err(Error::Elf(_))));
+    // Another machine (aarch64 = 183).
+    let mut arm = real.clone();
+    arm[0x12..0x14].copy_from_slice(&183u16.to_le_bytes());
+    let arm = write_file(dir.path(), "arm", &arm);
+    assert!(matches!(
+        compile_path(&arm, &limits),
+        Err(Error::Machine(183))
+    ));
+    // Section headers claimed far beyond the file.
+    let mut far = real.clone();
+    far[0x28..0x30].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let far = write_file(dir.path(), "far", &far);
+    assert!(matches!(compile_path(&far, &limits), Err(Error::Elf(_))));
+}
+
+#[test]
+fn a_claimed_huge_section_is_refused_before_anything_is_read() {
+    // Given: .eh_frame's header claims 1 TiB.
+    let dir = scratch();
+    let exe = build_workload(dir.path(), "w", &["-O2"]);
+    let (index, _, _) = section_header(&exe, ".eh_frame");
+    let mut bytes = fs::read(&exe).unwrap_or_else(|e| panic!("{e}"));
+    let at = shdr_field(&bytes, index, 0x20); // sh_size
+    bytes[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let huge = write_file(dir.path(), "huge", &bytes);
+    // When/Then: refused by size, fast.
+    let started = Instant::now();
+    let err = compile_path(&huge, &Limits::default()).err();
+    assert!(
+        matches!(err, Some(Error::SectionTooLarge { size, .. }) if size == 1 << 40),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // And a real section over a small limit is refused the same way.
+    let small = Limits {
+        max_section_bytes: 64,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        compile_path(&exe, &small),
+        Err(Error::SectionTooLarge { .. })
+    ));
+}
+
+fn assert_valid(table: &UnwindTable) {
+    assert_eq!(
+        UnwindTable::decode(&table.encode()).as_ref(),
+        Ok(table),
+        "a compiled table breaks its own invariants"
+    );
+}
+
+#[test]
+fn budgets_truncate_the_table_and_say_why() {
+    let libc = libc_path();
+    // Work budget: a few FDEs' worth.
+    let work = Limits {
+        max_work_bytes: 4096,
+        ..Limits::default()
+    };
+    let c = compile_path(&libc, &work).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stats.truncated, Some(Truncation::WorkBudget));
+    assert!(c.stats.work_bytes <= 4096);
+    assert_valid(&c.table);
+    // Row budget.
+    let rows = Limits {
+        max_rows: 100,
+        ..Limits::default()
+    };
+    let c = compile_path(&libc, &rows).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stats.truncated, Some(Truncation::RowBudget));
+    assert!(c.stats.cfi_rows <= 100);
+    assert!(
+        c.table.rows().len() <= 2 * 100 + 1,
+        "{}",
+        c.table.rows().len()
+    );
+    assert_valid(&c.table);
+    // Per-FDE budget: big FDEs become stop rows, counted, the rest is compiled.
+    let fde = Limits {
+        max_fde_bytes: 48,
+        ..Limits::default()
+    };
+    let c = compile_path(&libc, &fde).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stats.truncated, None);
+    assert!(c.stats.fdes_over_budget > 0);
+    let budget_rows = c
+        .table
+        .stop_counts()
+        .into_iter()
+        .find(|(r, _)| *r == StopReason::Budget);
+    assert!(budget_rows.is_some_and(|(_, n)| n > 0));
+    assert_valid(&c.table);
+}
+
+#[test]
+fn corrupted_cfi_never_panics_and_always_gives_a_valid_table_or_an_error() {
+    // Given: the workload with random bytes of its .eh_frame (and sometimes anywhere) flipped.
+    let dir = scratch();
+    let exe = build_workload(dir.path(), "w", &["-O2", "-fomit-frame-pointer"]);
+    let real = fs::read(&exe).unwrap_or_else(|e| panic!("{e}"));
+    let (_, eh_off, eh_size) = section_header(&exe, ".eh_frame");
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    let (mut ok, mut errors, mut noticed) = (0, 0, 0);
+    for i in 0..300 {
+        let mut bytes = real.clone();
+        for _ in 0..rng.usize(1..=8) {
+            let at = if i % 5 == 0 {
+                rng.usize(..bytes.len())
+            } else {
+                (eh_off + rng.u64(..eh_size)) as usize
+            };
+            bytes[at] = rng.u8(..);
+        }
+        let path = write_file(dir.path(), "fuzzed", &bytes);
+        // When
+        let started = Instant::now();
+        let result = compile_path(&path, &Limits::default());
+        // Then: bounded time, and either an error or a table that keeps every invariant.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "case {i} too slow"
+        );
+        match result {
+            Ok(c) => {
+                ok += 1;
+                assert_valid(&c.table);
+                let s = &c.stats;
+                if s.fdes_malformed + s.fdes_out_of_range + s.fdes_empty > 0
+                    || s.truncated.is_some()
+                {
+                    noticed += 1;
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    eprintln!("fuzzed 300: {ok} tables ({noticed} with counted damage), {errors} errors");
+    assert!(ok > 100 && noticed > 20, "{ok} tables, {noticed} noticed");
+}
+
+// ---- the cache ----
+
+fn entries(dir: &Path) -> Vec<(String, u64)> {
+    let mut names: Vec<(String, u64)> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(Result::ok)
+        .map(|e| {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+fn get(cache: &Cache, path: &Path) -> super::cache::Cached {
+    let file = File::open(path).unwrap_or_else(|e| panic!("{e}"));
+    cache
+        .get_or_compile(&file)
+        .unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+fn stored(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Compiled { stored: Ok(()), .. })
+}
+
+#[test]
+fn a_restarted_cache_serves_the_table_it_stored() {
+    let dir = scratch();
+    let state = dir.path().join("state/unwind");
+    let exe = build_workload(dir.path(), "w", &["-O2", "-fomit-frame-pointer"]);
+    // Given: a first compile stores the table.
+    let first = get(
+        &Cache::open(&state, 1 << 20, Limits::default()).unwrap_or_else(|e| panic!("{e}")),
+        &exe,
+    );
+    assert!(stored(&first.outcome), "{:?}", first.outcome);
+    assert!(
+        first.key.starts_with("b-"),
+        "keyed by build id: {}",
+        first.key
+    );
+    // When: a new cache over the same directory (a restarted relay).
+    let cache = Cache::open(&state, 1 << 20, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let second = get(&cache, &exe);
+    // Then: a verified hit with the same table, and no temporary files left.
+    assert!(
+        matches!(second.outcome, Outcome::Hit),
+        "{:?}",
+        second.outcome
+    );
+    assert_eq!(second.table, first.table);
+    let names = entries(&state);
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].0.ends_with(".unw"));
+    // Other limits compile to a possibly different table: not served from this entry.
+    let other = Limits {
+        max_rows: 7,
+        ..Limits::default()
+    };
+    let cache = Cache::open(&state, 1 << 20, other).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!matches!(get(&cache, &exe).outcome, Outcome::Hit));
+}
+
+#[test]
+fn a_corrupt_or_truncated_cache_file_is_ignored_and_rebuilt() {
+    let dir = scratch();
+    let state = dir.path().join("cache");
+    let exe = build_workload(dir.path(), "w", &["-O2"]);
+    let cache = Cache::open(&state, 1 << 20, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let good = get(&cache, &exe);
+    let entry = state.join(format!("{}.unw", good.key));
+    let pristine = fs::read(&entry).unwrap_or_else(|e| panic!("{e}"));
+    let damages: Vec<(&str, Vec<u8>)> = vec![
+        ("last byte flipped", {
+            let mut b = pristine.clone();
+            let last = b.len() - 1;
+            b[last] ^= 0x40;
+            b
+        }),
+        ("truncated", pristine[..pristine.len() / 2].to_vec()),
+        ("magic", {
+            let mut b = pristine.clone();
+            b[0] = b'X';
+            b
+        }),
+        ("empty", Vec::new()),
+        ("grown", {
+            let mut b = pristine.clone();
+            b.extend_from_slice(&[0; 12]);
+            b
+        }),
+    ];
+    for (what, bytes) in damages {
+        // Given: a damaged entry.
+        fs::write(&entry, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        // When
+        let again = get(&cache, &exe);
+        // Then: rebuilt (and said so), identical table, and the entry is good again.
+        match &again.outcome {
+            Outcome::Compiled {
+                replaced_bad: true,
+                stored: Ok(()),
+                ..
+            } => {}
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(again.table, good.table, "{what}");
+        assert_eq!(
+            fs::read(&entry).ok().as_deref(),
+            Some(&pristine[..]),
+            "{what}"
+        );
+        assert!(matches!(get(&cache, &exe).outcome, Outcome::Hit), "{what}");
+    }
+}
+
+#[test]
+fn a_copied_build_id_never_selects_another_binarys_table() {
+    // Given: two different programs that claim the same build id.
+    let dir = scratch();
+    let id = "-Wl,--build-id=0x00112233445566778899aabbccddeeff00112233";
+    let a = build_workload(dir.path(), "a", &["-O2", "-fomit-frame-pointer", id]);
+    let b = build_workload(dir.path(), "b", &["-O0", id]);
+    let cache = Cache::open(&dir.path().join("c"), 1 << 20, Limits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = get(&cache, &a);
+    // When
+    let second = get(&cache, &b);
+    // Then: same cache name, but b is compiled from its own CFI.
+    assert_eq!(first.key, second.key);
+    assert!(!matches!(second.outcome, Outcome::Hit));
+    assert_ne!(first.table, second.table);
+    let own = compile_path(&b, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(second.table, own.table);
+}
+
+#[test]
+fn the_cache_directory_stays_under_its_size_bound() {
+    let dir = scratch();
+    let state = dir.path().join("c");
+    let a = build_workload(dir.path(), "a", &["-O2"]);
+    let b = build_workload(dir.path(), "b", &["-O0"]);
+    // Given: a bound that holds the bigger of the two entries but not both.
+    let probe = Cache::open(&dir.path().join("probe"), 1 << 20, Limits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    get(&probe, &a);
+    get(&probe, &b);
+    let sizes: Vec<u64> = entries(&dir.path().join("probe"))
+        .iter()
+        .map(|e| e.1)
+        .collect();
+    let bound = sizes.iter().max().copied().unwrap_or(0) + 8;
+    assert!(bound < sizes.iter().sum::<u64>());
+    let cache = Cache::open(&state, bound, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // When
+    assert!(stored(&get(&cache, &a).outcome));
+    assert!(stored(&get(&cache, &b).outcome));
+    // Then: only the newest entry remains, under the bound, no temporary file.
+    let left = entries(&state);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left.iter().map(|e| e.1).sum::<u64>() <= bound);
+    assert!(matches!(get(&cache, &b).outcome, Outcome::Hit));
+    // A table bigger than the whole bound is not stored at all.
+    let tiny = Cache::open(&dir.path().join("tiny"), 16, Limits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        get(&tiny, &a).outcome,
+        Outcome::Compiled { stored: Err(_), .. }
+    ));
+    assert!(entries(&dir.path().join("tiny")).is_empty());
+}
