@@ -158,7 +158,7 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
         .map_err(|e| Error::Elf(format!("{}: {e}", kind.name())))?
         .to_vec();
 
-    let exec = exec_range(&header, endian, data, &sections)?;
+    let exec = exec_range(header, endian, data, &sections)?;
     if exec.end - exec.start > u64::from(u32::MAX) {
         return Err(Error::ExecTooLarge(exec.end - exec.start));
     }

@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     fs::{self, File},
-    io::Write,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
@@ -143,6 +142,98 @@ fn hex(s: &str) -> u64 {
     u64::from_str_radix(s, 16).unwrap_or_else(|e| panic!("bad hex {s:?}: {e}"))
 }
 
+/// readelf's columns of one table line: (column name, value).
+type Columns = Vec<(String, String)>;
+
+/// The entry being read: a CIE, or an FDE with its range and CIE offset.
+struct Entry {
+    offset: String,
+    fde: Option<(u64, u64, String)>,
+    lines: Vec<(u64, Columns)>,
+}
+
+/// Collects oracle rows from readelf's interpreted dump, entry by entry.
+#[derive(Default)]
+struct OracleParser {
+    rows: Vec<OracleRow>,
+    /// Per CIE offset, its last line (an FDE without instructions prints no lines).
+    cies: HashMap<String, Columns>,
+    entry: Option<Entry>,
+    columns: Vec<String>,
+}
+
+impl OracleParser {
+    fn flush(&mut self) {
+        let Some(mut entry) = self.entry.take() else {
+            return;
+        };
+        let Some((start, end, cie)) = entry.fde else {
+            if let Some((_, cols)) = entry.lines.pop() {
+                self.cies.insert(entry.offset, cols);
+            }
+            return;
+        };
+        if entry.lines.is_empty() {
+            if let Some(cols) = self.cies.get(&cie) {
+                entry.lines.push((start, cols.clone()));
+            }
+        }
+        for (i, (loc, cols)) in entry.lines.iter().enumerate() {
+            let next = entry.lines.get(i + 1).map_or(end, |r| r.0).min(end);
+            if *loc >= next {
+                continue;
+            }
+            let get = |name: &str| cols.iter().find(|(c, _)| c == name).map(|(_, v)| v.clone());
+            self.rows.push(OracleRow {
+                start: *loc,
+                end: next,
+                cfa: get("CFA").unwrap_or_default(),
+                rbp: get("rbp"),
+                ra: get("ra"),
+            });
+        }
+    }
+
+    fn line(&mut self, line: &str) {
+        // A register column reads `r9 (r9)`: keep the value, drop the parenthesised name.
+        let mut words: Vec<&str> = Vec::new();
+        for word in line.split_whitespace() {
+            if !word.starts_with('(') || words.is_empty() {
+                words.push(word);
+            }
+        }
+        if words.len() >= 4 && (words[3] == "CIE" || words[3] == "FDE") && !line.starts_with(' ') {
+            self.flush();
+            let fde = (words[3] == "FDE").then(|| {
+                let cie = words[4].trim_start_matches("cie=").to_owned();
+                let pc = words[5].trim_start_matches("pc=");
+                let (s, e) = pc.split_once("..").unwrap_or_else(|| panic!("bad pc {pc}"));
+                (hex(s), hex(e), cie)
+            });
+            self.entry = Some(Entry {
+                offset: words[0].to_owned(),
+                fde,
+                lines: Vec::new(),
+            });
+        } else if words.first() == Some(&"LOC") {
+            self.columns = words.iter().map(|w| (*w).to_owned()).collect();
+        } else if let Some(entry) = self.entry.as_mut() {
+            if words.len() != self.columns.len() || words.is_empty() {
+                return;
+            }
+            let Ok(loc) = u64::from_str_radix(words[0], 16) else {
+                return;
+            };
+            let cols = self.columns[1..]
+                .iter()
+                .cloned()
+                .zip(words[1..].iter().map(|w| (*w).to_owned()))
+                .collect();
+            entry.lines.push((loc, cols));
+        }
+    }
+}
+
 /// Parses the rows of `section` (".eh_frame" or ".debug_frame") from readelf's interpreted dump.
 fn oracle(path: &Path, section: &str) -> Vec<OracleRow> {
     let text = run_checked(
@@ -152,94 +243,19 @@ fn oracle(path: &Path, section: &str) -> Vec<OracleRow> {
             .arg(path),
         false,
     );
-    let mut rows = Vec::new();
+    let mut parser = OracleParser::default();
     let mut in_section = false;
-    // Per CIE offset, its last row's columns (an FDE without instructions prints no rows).
-    let mut cie_rows: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    let mut current: Option<(String, Option<(u64, u64, String)>)> = None; // (entry offset, fde)
-    let mut columns: Vec<String> = Vec::new();
-    let mut fde_rows: Vec<(u64, Vec<(String, String)>)> = Vec::new();
-    let flush = |current: &mut Option<(String, Option<(u64, u64, String)>)>,
-                 fde_rows: &mut Vec<(u64, Vec<(String, String)>)>,
-                 cie_rows: &mut HashMap<String, Vec<(String, String)>>,
-                 rows: &mut Vec<OracleRow>| {
-        let Some((offset, fde)) = current.take() else {
-            return;
-        };
-        match fde {
-            None => {
-                if let Some((_, cols)) = fde_rows.last() {
-                    cie_rows.insert(offset, cols.clone());
-                }
-            }
-            Some((start, end, cie)) => {
-                if fde_rows.is_empty() {
-                    if let Some(cols) = cie_rows.get(&cie) {
-                        fde_rows.push((start, cols.clone()));
-                    }
-                }
-                for (i, (loc, cols)) in fde_rows.iter().enumerate() {
-                    let next = fde_rows.get(i + 1).map_or(end, |r| r.0).min(end);
-                    if *loc >= next {
-                        continue;
-                    }
-                    let get =
-                        |name: &str| cols.iter().find(|(c, _)| c == name).map(|(_, v)| v.clone());
-                    rows.push(OracleRow {
-                        start: *loc,
-                        end: next,
-                        cfa: get("CFA").unwrap_or_default(),
-                        rbp: get("rbp"),
-                        ra: get("ra"),
-                    });
-                }
-            }
-        }
-        fde_rows.clear();
-    };
     for line in text.lines() {
         if line.starts_with("Contents of the ") {
-            flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
+            parser.flush();
+            parser.cies.clear();
             in_section = line.contains(&format!("{section} section"));
-            cie_rows.clear();
-            continue;
-        }
-        if !in_section {
-            continue;
-        }
-        // A register column reads `r9 (r9)`: glue the parenthesised name to its value.
-        let mut words: Vec<&str> = Vec::new();
-        for word in line.split_whitespace() {
-            if word.starts_with('(') && !words.is_empty() {
-                continue;
-            }
-            words.push(word);
-        }
-        if words.len() >= 4 && (words[3] == "CIE" || words[3] == "FDE") && !line.starts_with(' ') {
-            flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
-            let fde = (words[3] == "FDE").then(|| {
-                let cie = words[4].trim_start_matches("cie=").to_owned();
-                let pc = words[5].trim_start_matches("pc=");
-                let (s, e) = pc.split_once("..").unwrap_or_else(|| panic!("bad pc {pc}"));
-                (hex(s), hex(e), cie)
-            });
-            current = Some((words[0].to_owned(), fde));
-        } else if words.first() == Some(&"LOC") {
-            columns = words.iter().map(|w| (*w).to_owned()).collect();
-        } else if current.is_some() && words.len() == columns.len() && !words.is_empty() {
-            let Ok(loc) = u64::from_str_radix(words[0], 16) else {
-                continue;
-            };
-            let cols = columns[1..]
-                .iter()
-                .cloned()
-                .zip(words[1..].iter().map(|w| (*w).to_owned()))
-                .collect();
-            fde_rows.push((loc, cols));
+        } else if in_section {
+            parser.line(line);
         }
     }
-    flush(&mut current, &mut fde_rows, &mut cie_rows, &mut rows);
-    rows
+    parser.flush();
+    parser.rows
 }
 
 /// Parses readelf's `reg+N` / `reg-N`.
