@@ -9,8 +9,8 @@
 //! truncated. An FDE outside the executable range is skipped and counted.
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, Reader, RegisterRule,
-    UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, FrameDescriptionEntry,
+    Reader, RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
 };
 
 use super::{
@@ -102,52 +102,66 @@ fn walk<'a, S: UnwindSection<Slice<'a>>>(
             continue;
         }
         stats.work_bytes += cost;
-        let signal = fde.is_signal_trampoline();
         let before = spans.len();
-        let mut covered = start;
-        let failed = match fde.rows(section, bases, &mut ctx) {
-            Ok(mut rows) => loop {
-                match rows.next_row() {
-                    Ok(Some(row)) => {
-                        if spans.len() >= limits.max_rows {
-                            stats.truncated.get_or_insert(Truncation::RowBudget);
-                            break false;
-                        }
-                        stats.cfi_rows += 1;
-                        let (s, e) = (row.start_address(), row.end_address());
-                        // gimli keeps rows inside the FDE; clamp anyway, the bounds are ours.
-                        let (s, e) = (s.max(start), e.min(end));
-                        if s < e {
-                            spans.push(Span {
-                                start: s,
-                                end: e,
-                                rule: classify(row, section, signal),
-                            });
-                            covered = e;
-                        }
-                    }
-                    Ok(None) => break false,
-                    Err(_) => break true,
-                }
-            },
-            Err(_) => true,
-        };
-        if failed {
-            // Keep the rows evaluated before the bad instruction; the rest of the FDE stops.
-            stats.fdes_malformed += 1;
-            if covered < end {
-                spans.push(Span {
-                    start: covered,
-                    end,
-                    rule: Rule::Stop(StopReason::Malformed),
-                });
-            }
-        }
+        fde_rows(section, bases, &mut ctx, &fde, limits, stats, &mut spans);
         if spans.len() == before {
             stats.fdes_empty += 1;
         }
     }
     spans
+}
+
+/// Evaluates one admitted FDE into `spans`. Rows evaluated before a bad instruction are kept;
+/// the rest of the FDE becomes a stop row.
+fn fde_rows<'a, S: UnwindSection<Slice<'a>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    fde: &FrameDescriptionEntry<Slice<'a>>,
+    limits: &Limits,
+    stats: &mut Stats,
+    spans: &mut Vec<Span>,
+) {
+    let (start, end) = (fde.initial_address(), fde.end_address());
+    let signal = fde.is_signal_trampoline();
+    let mut covered = start;
+    let failed = match fde.rows(section, bases, ctx) {
+        Ok(mut rows) => loop {
+            match rows.next_row() {
+                Ok(Some(row)) => {
+                    if spans.len() >= limits.max_rows {
+                        stats.truncated.get_or_insert(Truncation::RowBudget);
+                        break false;
+                    }
+                    stats.cfi_rows += 1;
+                    // gimli keeps rows inside the FDE; clamp anyway, the bounds are ours.
+                    let (s, e) = (row.start_address().max(start), row.end_address().min(end));
+                    if s < e {
+                        let rule = classify(row, section, signal);
+                        spans.push(Span {
+                            start: s,
+                            end: e,
+                            rule,
+                        });
+                        covered = e;
+                    }
+                }
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        },
+        Err(_) => true,
+    };
+    if failed {
+        stats.fdes_malformed += 1;
+        if covered < end {
+            spans.push(Span {
+                start: covered,
+                end,
+                rule: Rule::Stop(StopReason::Malformed),
+            });
+        }
+    }
 }
 
 /// The rule for one evaluated CFI row.
