@@ -886,3 +886,63 @@ fn the_cache_directory_stays_under_its_size_bound() {
     ));
     assert!(entries(&dir.path().join("tiny")).is_empty());
 }
+
+// ---- figures ----
+
+/// Prints rows, bytes and compile time per MB of CFI for libc, the relay binary and python3.
+/// `cargo test -p ember-relay --lib unwind::tests::figures -- --ignored --nocapture`
+/// (a debug build unless run with `--release`: say which when quoting the numbers).
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn figures() {
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/ember-relay");
+    let mut binaries = vec![libc_path(), relay];
+    binaries.extend(
+        ["/usr/bin/python3"]
+            .iter()
+            .filter_map(|p| fs::canonicalize(p).ok()),
+    );
+    eprintln!(
+        "{:<44} {:>8} {:>6} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
+        "binary", "section", "KiB", "FDEs", "rows", "KiB out", "ms", "ms/MB"
+    );
+    for path in binaries {
+        if !path.exists() {
+            eprintln!("{}: missing, skipped", path.display());
+            continue;
+        }
+        // Best of three: the first run also pays for reading the file.
+        let mut best: Option<Compiled> = None;
+        for _ in 0..3 {
+            let c = compile_path(&path, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+            if best
+                .as_ref()
+                .is_none_or(|b| c.stats.elapsed < b.stats.elapsed)
+            {
+                best = Some(c);
+            }
+        }
+        let Some(c) = best else { continue };
+        let s = &c.stats;
+        let ms = s.elapsed.as_secs_f64() * 1e3;
+        let mb = s.section_bytes as f64 / (1 << 20) as f64;
+        let stops: Vec<String> = c
+            .table
+            .stop_counts()
+            .iter()
+            .map(|(r, n)| format!("{r}={n}"))
+            .collect();
+        eprintln!(
+            "{:<44} {:>8} {:>6} {:>9} {:>9} {:>8} {:>9.1} {:>9.1}  {}",
+            path.display(),
+            s.section.name(),
+            s.section_bytes / 1024,
+            s.fdes,
+            c.table.rows().len(),
+            c.table.encoded_len() / 1024,
+            ms,
+            ms / mb.max(1e-9),
+            stops.join(" ")
+        );
+    }
+}
