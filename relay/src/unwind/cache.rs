@@ -10,6 +10,8 @@
 //!   the real one a recompile).
 //! - A cache file is verified before use: magic, input digest, a digest of the table bytes, and
 //!   every table invariant ([`UnwindTable::decode`]); anything else is ignored and rebuilt.
+//! - A table cut short by `Limits::max_time` (machine-dependent) is not stored: a later,
+//!   less busy run may finish it.
 //! - Writes are atomic: a new file created with `O_EXCL` (mode 0600), written, synced, then
 //!   renamed over the entry. Reads are bounded by the largest table `Limits::max_rows` allows.
 //! - The directory's total size stays under `max_bytes`: after a store, the least recently used
@@ -105,7 +107,13 @@ impl Cache {
         };
         let mut compiled = compile_input(&input, &self.limits);
         compiled.stats.elapsed = started.elapsed();
-        let stored = self.store(&path, &key, &digest, &compiled.table);
+        let stored = if compiled.stats.truncated == Some(super::Truncation::TimeBudget) {
+            Err(io::Error::other(
+                "table cut short by the time limit: not cached",
+            ))
+        } else {
+            self.store(&path, &key, &digest, &compiled.table)
+        };
         Ok(Cached {
             table: compiled.table.clone(),
             key,
@@ -237,8 +245,10 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
         u64::from(COMPILER_VERSION),
         limits.max_read_bytes,
         limits.max_section_bytes,
+        limits.max_cie_bytes,
         limits.max_fde_bytes,
         limits.max_work_bytes,
+        limits.max_work_factor,
         limits.max_rows as u64,
         match input.section {
             elf::CfiSection::EhFrame => 1,

@@ -3,10 +3,13 @@
 //!
 //! Invariant: the work is bounded before it is done. An FDE costs the bytes of its CIE and its
 //! own entry (every CFI instruction is at least one byte, and the CIE's initial instructions run
-//! again for every FDE); an FDE over `Limits::max_fde_bytes` becomes one stop row
-//! ([`StopReason::Budget`]) without evaluation, and once `Limits::max_work_bytes` or
-//! `Limits::max_rows` is spent the rest of the section is left out and the table is marked
-//! truncated. An FDE outside the executable range is skipped and counted.
+//! again for every FDE); an FDE over `Limits::max_fde_bytes` (or whose CIE is over
+//! `Limits::max_cie_bytes`) becomes one stop row ([`StopReason::Budget`]) without evaluation,
+//! and so does every FDE once the work budget ([`Limits::work_budget`]) is spent; once
+//! `Limits::max_rows` or `Limits::max_time` is spent the rest of the section is left out (gaps).
+//! Either way the table is marked truncated. An FDE outside the executable range is skipped and counted.
+
+use std::time::Instant;
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, FrameDescriptionEntry,
@@ -57,6 +60,8 @@ fn walk<'a, S: UnwindSection<Slice<'a>>>(
 ) -> Vec<Span> {
     let mut spans = Vec::new();
     let mut ctx = UnwindContext::new();
+    let started = Instant::now();
+    let work_budget = limits.work_budget(input.data.len() as u64);
     let mut entries = section.entries(bases);
     loop {
         let partial = match entries.next() {
@@ -83,16 +88,23 @@ fn walk<'a, S: UnwindSection<Slice<'a>>>(
             stats.fdes_out_of_range += 1;
             continue;
         }
-        let cost = (fde.cie().entry_len() as u64).saturating_add(fde.entry_len() as u64);
-        if stats.work_bytes.saturating_add(cost) > limits.max_work_bytes {
+        let cie_cost = fde.cie().entry_len() as u64;
+        let cost = cie_cost.saturating_add(fde.entry_len() as u64);
+        // Past the work budget, FDEs are still read (their headers cost no evaluation) so their
+        // ranges become stop rows rather than gaps: the unwinder stops instead of guessing.
+        let over_work = stats.work_bytes.saturating_add(cost) > work_budget;
+        if over_work {
             stats.truncated.get_or_insert(Truncation::WorkBudget);
-            break;
         }
         if spans.len() >= limits.max_rows {
             stats.truncated.get_or_insert(Truncation::RowBudget);
             break;
         }
-        if cost > limits.max_fde_bytes {
+        if started.elapsed() > limits.max_time {
+            stats.truncated.get_or_insert(Truncation::TimeBudget);
+            break;
+        }
+        if over_work || cost > limits.max_fde_bytes || cie_cost > limits.max_cie_bytes {
             stats.fdes_over_budget += 1;
             spans.push(Span {
                 start,

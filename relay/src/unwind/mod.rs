@@ -36,27 +36,53 @@ pub use self::{
 };
 
 /// Bounds on what one compilation may read, do and produce.
+///
+/// Evaluation time is proportional to the CFI bytes evaluated (each instruction is at least one
+/// byte and costs at most a copy of one row's register rules), so work is bounded in bytes: a
+/// CIE's initial instructions run again for every FDE that uses it, which is how a hostile file
+/// would amplify a small section into a lot of work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest single read from the file (ELF headers, tables, notes).
     pub max_read_bytes: u64,
     /// Largest CFI section accepted; a larger one is an error.
     pub max_section_bytes: u64,
+    /// Largest CIE entry evaluated (real CIEs hold a few instructions); FDEs of a larger CIE
+    /// become stop rows.
+    pub max_cie_bytes: u64,
     /// Largest CIE + FDE entry evaluated; a larger FDE becomes one stop row.
     pub max_fde_bytes: u64,
-    /// Total CIE + FDE bytes evaluated; past it the table is truncated.
+    /// Total CIE + FDE bytes evaluated, at most `max_work_factor` times the section size plus
+    /// 1 MiB and never more than this; past it the table is truncated.
     pub max_work_bytes: u64,
+    /// See `max_work_bytes`. Real binaries need about 1.3 times their section size.
+    pub max_work_factor: u64,
+    /// Wall-clock safety net, checked between FDEs; past it the table is truncated.
+    pub max_time: Duration,
     /// Most rows (before merging) produced; past it the table is truncated.
     pub max_rows: usize,
+}
+
+impl Limits {
+    /// The work budget for a section of `section_bytes`.
+    pub fn work_budget(&self, section_bytes: u64) -> u64 {
+        section_bytes
+            .saturating_mul(self.max_work_factor)
+            .saturating_add(1 << 20)
+            .min(self.max_work_bytes)
+    }
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_read_bytes: 64 << 20,
-            max_section_bytes: 64 << 20,
+            max_read_bytes: 32 << 20,
+            max_section_bytes: 32 << 20,
+            max_cie_bytes: 4 << 10,
             max_fde_bytes: 64 << 10,
-            max_work_bytes: 512 << 20,
+            max_work_bytes: 128 << 20,
+            max_work_factor: 4,
+            max_time: Duration::from_secs(10),
             max_rows: 4 << 20,
         }
     }
@@ -66,12 +92,14 @@ impl Default for Limits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Truncation {
-    /// `Limits::max_work_bytes` was spent.
+    /// The work budget was spent: the FDEs after it are stop rows ([`StopReason::Budget`]).
     WorkBudget,
-    /// `Limits::max_rows` were produced.
+    /// `Limits::max_rows` were produced: the addresses of the FDEs after it are gaps.
     RowBudget,
     /// The section's entry framing is broken; entries after the break were not read.
     MalformedSection,
+    /// `Limits::max_time` passed: the addresses of the FDEs after it are gaps.
+    TimeBudget,
 }
 
 /// What one compilation saw and did.

@@ -633,6 +633,7 @@ fn budgets_truncate_the_table_and_say_why() {
         max_work_bytes: 4096,
         ..Limits::default()
     };
+    assert_eq!(work.work_budget(1 << 20), 4096);
     let c = compile_path(&libc, &work).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.stats.truncated, Some(Truncation::WorkBudget));
     assert!(c.stats.work_bytes <= 4096);
@@ -712,6 +713,90 @@ fn corrupted_cfi_never_panics_and_always_gives_a_valid_table_or_an_error() {
     }
     eprintln!("fuzzed 300: {ok} tables ({noticed} with counted damage), {errors} errors");
     assert!(ok > 100 && noticed > 20, "{ok} tables, {noticed} noticed");
+}
+
+/// An `.eh_frame` that amplifies work: one CIE of `cie_len` bytes whose initial instructions
+/// are `remember_state; restore_state` pairs (run again for every FDE), then as many 20-byte
+/// FDEs as fit, each covering 16 bytes from `code` on. `section_addr` is the section's address.
+fn amplifying_eh_frame(size: usize, cie_len: usize, section_addr: u64, code: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size);
+    // CIE: length, id 0, version 1, "zR", code align 1, data align -8, RA r16, aug len 1,
+    // pointer encoding pcrel|sdata4, def_cfa rsp+8, offset r16 at cfa-8, then the pairs.
+    let body = cie_len - 4;
+    out.extend_from_slice(&(body as u32).to_le_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b]);
+    out.extend_from_slice(&[0x0c, 0x07, 0x08, 0x90, 0x01]);
+    while out.len() + 2 <= cie_len {
+        out.extend_from_slice(&[0x0a, 0x0b]);
+    }
+    out.resize(cie_len, 0); // DW_CFA_nop
+    let mut i = 0u64;
+    while out.len() + 20 + 4 <= size {
+        let here = out.len();
+        out.extend_from_slice(&16u32.to_le_bytes());
+        out.extend_from_slice(&((here + 4) as u32).to_le_bytes()); // back to the CIE
+        let field = section_addr + here as u64 + 8;
+        let target = code + 16 * i;
+        out.extend_from_slice(&((target.wrapping_sub(field)) as u32).to_le_bytes());
+        out.extend_from_slice(&16u32.to_le_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0]); // aug len 0, nops
+        i += 1;
+    }
+    out.resize(size, 0); // a zero length ends .eh_frame
+    out
+}
+
+#[test]
+fn a_work_amplifying_cie_is_bounded_by_the_work_budget() {
+    // Given: libc with its .eh_frame replaced by one 3 KiB CIE shared by thousands of FDEs
+    // (about 20 MiB of instructions to evaluate from a 150 KiB section).
+    let dir = scratch();
+    let libc = libc_path();
+    let (index, eh_off, eh_size) = section_header(&libc, ".eh_frame");
+    let mut bytes = fs::read(&libc).unwrap_or_else(|e| panic!("{e}"));
+    let addr_at = shdr_field(&bytes, index, 0x10); // sh_addr
+    let addr = u64::from_le_bytes(bytes[addr_at..addr_at + 8].try_into().unwrap_or([0; 8]));
+    let (text, _) = text_range(&libc);
+    let crafted = amplifying_eh_frame(eh_size as usize, 3 << 10, addr, text);
+    bytes[eh_off as usize..(eh_off + eh_size) as usize].copy_from_slice(&crafted);
+    let path = write_file(dir.path(), "amplified", &bytes);
+    let limits = Limits::default();
+    let budget = limits.work_budget(eh_size);
+    // When
+    let c = compile_path(&path, &limits).unwrap_or_else(|e| panic!("{e}"));
+    // Then: cut at the budget, counted, valid, and the FDEs evaluated got their CFI.
+    eprintln!(
+        "amplified: {} FDEs, {} KiB of work in {:?}",
+        c.stats.fdes,
+        c.stats.work_bytes >> 10,
+        c.stats.elapsed
+    );
+    assert_eq!(c.stats.truncated, Some(Truncation::WorkBudget));
+    assert!(c.stats.work_bytes <= budget);
+    assert!(
+        c.stats.elapsed < Duration::from_secs(10),
+        "{:?}",
+        c.stats.elapsed
+    );
+    assert_valid(&c.table);
+    assert_eq!(
+        c.table.lookup(text),
+        Some(Rule::Frame {
+            cfa: Cfa::Rsp(8),
+            rbp: Rbp::Unchanged
+        })
+    );
+    // The FDEs past the budget are stop rows, not gaps.
+    let last = text + 16 * (c.stats.fdes - 1);
+    assert_eq!(c.table.lookup(last), Some(Rule::Stop(StopReason::Budget)));
+    // And a CIE over its budget is not evaluated at all: one stop row per FDE.
+    let crafted = amplifying_eh_frame(eh_size as usize, 8 << 10, addr, text);
+    bytes[eh_off as usize..(eh_off + eh_size) as usize].copy_from_slice(&crafted);
+    let path = write_file(dir.path(), "over", &bytes);
+    let c = compile_path(&path, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stats.work_bytes, 0);
+    assert!(c.stats.fdes_over_budget > 1000, "{:?}", c.stats);
+    assert_eq!(c.table.lookup(text), Some(Rule::Stop(StopReason::Budget)));
 }
 
 // ---- the cache ----
@@ -903,8 +988,8 @@ fn figures() {
             .filter_map(|p| fs::canonicalize(p).ok()),
     );
     eprintln!(
-        "{:<44} {:>8} {:>6} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
-        "binary", "section", "KiB", "FDEs", "rows", "KiB out", "ms", "ms/MB"
+        "{:<44} {:>8} {:>6} {:>6} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
+        "binary", "section", "KiB", "work", "FDEs", "rows", "KiB out", "ms", "ms/MB"
     );
     for path in binaries {
         if !path.exists() {
@@ -933,10 +1018,11 @@ fn figures() {
             .map(|(r, n)| format!("{r}={n}"))
             .collect();
         eprintln!(
-            "{:<44} {:>8} {:>6} {:>9} {:>9} {:>8} {:>9.1} {:>9.1}  {}",
+            "{:<44} {:>8} {:>6} {:>5.2}x {:>9} {:>9} {:>8} {:>9.1} {:>9.1}  {}",
             path.display(),
             s.section.name(),
             s.section_bytes / 1024,
+            s.work_bytes as f64 / s.section_bytes.max(1) as f64,
             s.fdes,
             c.table.rows().len(),
             c.table.encoded_len() / 1024,
