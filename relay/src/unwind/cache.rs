@@ -15,7 +15,8 @@
 //! - Writes are atomic: a new file created with `O_EXCL` (mode 0600), written, synced, then
 //!   renamed over the entry. Reads are bounded by the largest table `Limits::max_rows` allows.
 //! - The directory's total size stays under `max_bytes`: after a store, the least recently used
-//!   entries (by mtime, refreshed on every hit) are removed until it fits.
+//!   entries (by mtime, refreshed on every hit) are removed until it fits; temporary files left
+//!   by a writer that died are removed once ten minutes old.
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -40,6 +41,9 @@ const PREAMBLE_BYTES: usize = MAGIC.len() + 2 * DIGEST_BYTES;
 /// Most entries looked at when enforcing the size bound.
 const MAX_SCAN: usize = 100_000;
 const SUFFIX: &str = ".unw";
+const TMP_PREFIX: &str = ".tmp-";
+/// Age after which a temporary file is taken as left by a dead writer.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Where a table came from.
 #[derive(Debug)]
@@ -170,7 +174,7 @@ impl Cache {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = self
             .dir
-            .join(format!(".tmp-{key}-{}-{n}", std::process::id()));
+            .join(format!("{TMP_PREFIX}{key}-{}-{n}", std::process::id()));
         let written = (|| {
             let mut out = OpenOptions::new()
                 .write(true)
@@ -198,10 +202,19 @@ impl Cache {
         for entry in fs::read_dir(&self.dir)?.take(MAX_SCAN) {
             let entry = entry?;
             let name = entry.file_name();
-            if !name.to_string_lossy().ends_with(SUFFIX) {
+            let name = name.to_string_lossy();
+            let meta = entry.metadata()?;
+            if name.starts_with(TMP_PREFIX) {
+                // Left by a relay that died mid-write: gone after STALE_TMP.
+                let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
+                if age.is_some_and(|age| age > STALE_TMP) {
+                    let _ = fs::remove_file(entry.path());
+                }
                 continue;
             }
-            let meta = entry.metadata()?;
+            if !name.ends_with(SUFFIX) {
+                continue;
+            }
             total = total.saturating_add(meta.len());
             entries.push((meta.mtime(), meta.mtime_nsec(), meta.len(), entry.path()));
         }

@@ -15,6 +15,13 @@
 //! file claims (its build id) only names cache files; a cached table is used only if the CFI bytes
 //! it was compiled from are the ones in the file now ([`cache`]).
 //!
+//! Addresses are ELF virtual addresses (the `p_vaddr` space of the file): the unwinder subtracts
+//! the mapping's load bias from a pc before the lookup. A table covers the file's executable
+//! range `[base, base + len)` exactly once, so a lookup there always finds one row.
+//!
+//! `.eh_frame_hdr` is not read: it is a lookup index over the FDEs, and the compiler evaluates
+//! every FDE anyway; sorting happens in [`table`].
+//!
 //! Layout: `elf` reads the file, `cfi` evaluates and classifies, `table` sorts, fills gaps and
 //! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
 

@@ -954,10 +954,17 @@ fn the_cache_directory_stays_under_its_size_bound() {
     let bound = sizes.iter().max().copied().unwrap_or(0) + 8;
     assert!(bound < sizes.iter().sum::<u64>());
     let cache = Cache::open(&state, bound, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // A temporary file left by a writer that died an hour ago.
+    let stale = state.join(".tmp-dead-1-0");
+    let stale_file = File::create(&stale).unwrap_or_else(|e| panic!("{e}"));
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    stale_file
+        .set_modified(hour_ago)
+        .unwrap_or_else(|e| panic!("{e}"));
     // When
     assert!(stored(&get(&cache, &a).outcome));
     assert!(stored(&get(&cache, &b).outcome));
-    // Then: only the newest entry remains, under the bound, no temporary file.
+    // Then: only the newest entry remains, under the bound, the stale temporary file is gone.
     let left = entries(&state);
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(left.iter().map(|e| e.1).sum::<u64>() <= bound);
