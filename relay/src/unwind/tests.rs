@@ -524,6 +524,23 @@ fn this_test_binary_matches_readelf_on_a_sample() {
     );
 }
 
+#[test]
+fn python3_matches_readelf_on_a_sample() {
+    let Ok(python) = fs::canonicalize("/usr/bin/python3") else {
+        eprintln!("skipped: no /usr/bin/python3 on this machine");
+        return;
+    };
+    let compiled = compile_path(&python, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.stats.truncated, None);
+    check_against_readelf(&python, &compiled, 29);
+    let gaps = check_text_coverage(&python, &compiled.table);
+    assert!(
+        gaps < 0.05,
+        "{:.1}% of python3's .text has no CFI",
+        gaps * 100.0
+    );
+}
+
 // ---- hostile input ----
 
 fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
@@ -995,8 +1012,8 @@ fn figures() {
             .filter_map(|p| fs::canonicalize(p).ok()),
     );
     eprintln!(
-        "{:<44} {:>8} {:>6} {:>6} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
-        "binary", "section", "KiB", "work", "FDEs", "rows", "KiB out", "ms", "ms/MB"
+        "{:<44} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
+        "binary", "section", "KiB", "work", "FDEs", "cfi rows", "rows", "KiB out", "ms", "ms/MB"
     );
     for path in binaries {
         if !path.exists() {
@@ -1025,12 +1042,13 @@ fn figures() {
             .map(|(r, n)| format!("{r}={n}"))
             .collect();
         eprintln!(
-            "{:<44} {:>8} {:>6} {:>5.2}x {:>9} {:>9} {:>8} {:>9.1} {:>9.1}  {}",
+            "{:<44} {:>8} {:>6} {:>5.2}x {:>9} {:>9} {:>9} {:>8} {:>9.1} {:>9.1}  {}",
             path.display(),
             s.section.name(),
             s.section_bytes / 1024,
             s.work_bytes as f64 / s.section_bytes.max(1) as f64,
             s.fdes,
+            s.cfi_rows,
             c.table.rows().len(),
             c.table.encoded_len() / 1024,
             ms,
