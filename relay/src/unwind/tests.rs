@@ -769,14 +769,11 @@ fn a_work_amplifying_cie_is_bounded_by_the_work_budget() {
     // (about 20 MiB of instructions to evaluate from a 150 KiB section).
     let dir = scratch();
     let libc = libc_path();
-    let (index, eh_off, eh_size) = section_header(&libc, ".eh_frame");
-    let mut bytes = fs::read(&libc).unwrap_or_else(|e| panic!("{e}"));
-    let addr_at = shdr_field(&bytes, index, 0x10); // sh_addr
-    let addr = u64::from_le_bytes(bytes[addr_at..addr_at + 8].try_into().unwrap_or([0; 8]));
+    let (_, _, eh_size) = section_header(&libc, ".eh_frame");
     let (text, _) = text_range(&libc);
-    let crafted = amplifying_eh_frame(eh_size as usize, 3 << 10, addr, text);
-    bytes[eh_off as usize..(eh_off + eh_size) as usize].copy_from_slice(&crafted);
-    let path = write_file(dir.path(), "amplified", &bytes);
+    let path = libc_with_eh_frame(dir.path(), "amplified", |size, addr, text| {
+        amplifying_eh_frame(size, 3 << 10, addr, text)
+    });
     let limits = Limits::default();
     let budget = limits.work_budget(eh_size);
     // When
@@ -807,13 +804,79 @@ fn a_work_amplifying_cie_is_bounded_by_the_work_budget() {
     let last = text + 16 * (c.stats.fdes - 1);
     assert_eq!(c.table.lookup(last), Some(Rule::Stop(StopReason::Budget)));
     // And a CIE over its budget is not evaluated at all: one stop row per FDE.
-    let crafted = amplifying_eh_frame(eh_size as usize, 8 << 10, addr, text);
-    bytes[eh_off as usize..(eh_off + eh_size) as usize].copy_from_slice(&crafted);
-    let path = write_file(dir.path(), "over", &bytes);
+    let path = libc_with_eh_frame(dir.path(), "over", |size, addr, text| {
+        amplifying_eh_frame(size, 8 << 10, addr, text)
+    });
     let c = compile_path(&path, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.stats.work_bytes, 0);
     assert!(c.stats.fdes_over_budget > 1000, "{:?}", c.stats);
     assert_eq!(c.table.lookup(text), Some(Rule::Stop(StopReason::Budget)));
+}
+
+/// libc with its `.eh_frame` replaced by `make(section size, section address, .text start)`.
+fn libc_with_eh_frame(
+    dir: &Path,
+    name: &str,
+    make: impl Fn(usize, u64, u64) -> Vec<u8>,
+) -> PathBuf {
+    let libc = libc_path();
+    let (index, eh_off, eh_size) = section_header(&libc, ".eh_frame");
+    let mut bytes = fs::read(&libc).unwrap_or_else(|e| panic!("{e}"));
+    let addr_at = shdr_field(&bytes, index, 0x10); // sh_addr
+    let addr = u64::from_le_bytes(bytes[addr_at..addr_at + 8].try_into().unwrap_or([0; 8]));
+    let (text, _) = text_range(&libc);
+    let crafted = make(eh_size as usize, addr, text);
+    bytes[eh_off as usize..(eh_off + eh_size) as usize].copy_from_slice(&crafted);
+    write_file(dir, name, &bytes)
+}
+
+#[test]
+fn fdes_outside_the_executable_range_are_skipped_and_counted() {
+    // Given: every FDE claims code far above libc's executable segment.
+    let dir = scratch();
+    let path = libc_with_eh_frame(dir.path(), "outside", |size, addr, _| {
+        amplifying_eh_frame(size, 64, addr, 1 << 40)
+    });
+    // When
+    let c = compile_path(&path, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then: none evaluated, all counted, the table is one gap over the executable range.
+    assert!(c.stats.fdes > 1000);
+    assert_eq!(c.stats.fdes_out_of_range, c.stats.fdes);
+    assert_eq!(c.stats.work_bytes, 0);
+    assert_eq!(c.table.rows().len(), 1);
+    assert_eq!(c.table.rows()[0].rule, Rule::Gap);
+}
+
+#[test]
+fn a_broken_entry_length_truncates_the_section_and_keeps_what_came_before() {
+    // Given: a valid CIE and FDEs, then one FDE whose length runs past the section.
+    let dir = scratch();
+    let path = libc_with_eh_frame(dir.path(), "broken", |size, addr, text| {
+        let mut frame = amplifying_eh_frame(size, 64, addr, text);
+        let tenth_fde = 64 + 10 * 20;
+        frame[tenth_fde..tenth_fde + 4].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        frame
+    });
+    // When
+    let c = compile_path(&path, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then: the first ten FDEs are in, the rest is cut and the cut is said.
+    assert_eq!(c.stats.truncated, Some(Truncation::MalformedSection));
+    assert_eq!(c.stats.fdes, 10);
+    assert_valid(&c.table);
+}
+
+#[test]
+fn the_per_read_bound_refuses_headers_larger_than_it() {
+    // Given: a bound smaller than libc's section header table.
+    let limits = Limits {
+        max_read_bytes: 512,
+        ..Limits::default()
+    };
+    // When/Then: an error, not a read of whatever the header claims.
+    assert!(matches!(
+        compile_path(&libc_path(), &limits),
+        Err(Error::Elf(_))
+    ));
 }
 
 // ---- the cache ----
