@@ -879,6 +879,25 @@ fn the_per_read_bound_refuses_headers_larger_than_it() {
     ));
 }
 
+#[test]
+fn the_time_net_truncates_and_such_a_table_is_not_cached() {
+    let libc = libc_path();
+    let limits = Limits {
+        max_time: Duration::ZERO,
+        ..Limits::default()
+    };
+    let c = compile_path(&libc, &limits).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.stats.truncated, Some(Truncation::TimeBudget));
+    assert_valid(&c.table);
+    let dir = scratch();
+    let cache = Cache::open(dir.path(), 1 << 20, limits).unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        get(&cache, &libc).outcome,
+        Outcome::Compiled { stored: Err(_), .. }
+    ));
+    assert!(entries(dir.path()).is_empty());
+}
+
 // ---- the cache ----
 
 fn entries(dir: &Path) -> Vec<(String, u64)> {
