@@ -66,7 +66,8 @@ pub struct Limits {
     pub max_work_factor: u64,
     /// Wall-clock safety net, checked between FDEs; past it the table is truncated.
     pub max_time: Duration,
-    /// Most rows (before merging) produced; past it the table is truncated.
+    /// Most rows (before merging) produced; past it the table is truncated. Peak memory is
+    /// about 32 bytes per row while sorting, plus 12 per row kept, plus the section.
     pub max_rows: usize,
 }
 
