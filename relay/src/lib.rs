@@ -7,8 +7,8 @@
 //! line and is the executable's whole [`main`].
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
-//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `labels` and `relabel`
-//! stay public until the labels stage is wired into the driver.
+//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `labels`, `relabel`
+//! and `unwind` stay public until they are wired in.
 
 pub(crate) mod cli;
 pub(crate) mod config;
@@ -24,6 +24,7 @@ pub(crate) mod session;
 pub(crate) mod sink;
 pub(crate) mod source;
 pub(crate) mod symbolize;
+pub mod unwind;
 
 pub use cli::main;
 

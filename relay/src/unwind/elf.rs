@@ -1,0 +1,232 @@
+//! Reads what the unwind compiler needs from an untrusted ELF file: the CFI section
+//! (`.eh_frame`, else `.debug_frame`), where it is loaded, the executable address range and the
+//! build id. Nothing else of the file is read.
+//!
+//! Invariant: every read goes through [`Bounded`], which refuses any single read over
+//! `Limits::max_read_bytes` before allocating, and through positional reads (`pread`), so a
+//! descriptor shared with the symbolizer keeps its file offset. Sizes the file claims are
+//! checked against the file's real length by `object` and against our limits here.
+
+use std::{fs::File, ops::Range, os::unix::fs::FileExt};
+
+use object::{
+    elf,
+    read::{
+        elf::{FileHeader, ProgramHeader, SectionHeader},
+        ReadCache, ReadCacheOps, ReadRef,
+    },
+    LittleEndian,
+};
+
+use super::{Error, Limits};
+
+/// Which section the CFI came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CfiSection {
+    EhFrame,
+    DebugFrame,
+}
+
+impl CfiSection {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::EhFrame => ".eh_frame",
+            Self::DebugFrame => ".debug_frame",
+        }
+    }
+}
+
+/// What the compiler reads from one binary.
+#[derive(Debug)]
+pub struct Input {
+    pub section: CfiSection,
+    /// The section's bytes, at most `Limits::max_section_bytes`.
+    pub data: Vec<u8>,
+    /// The section's load address (`sh_addr`): the base of pc-relative pointers in `.eh_frame`.
+    pub section_addr: u64,
+    /// The `.text` address (base of `DW_EH_PE_textrel` pointers), 0 without `.text`.
+    pub text_addr: u64,
+    /// The `.got` address (base of `DW_EH_PE_datarel` pointers), 0 without `.got`.
+    pub got_addr: u64,
+    /// Lowest to highest executable address (executable `PT_LOAD`s, else executable sections).
+    pub exec: Range<u64>,
+    /// The GNU build id note, if any: a name for the cache, never trusted for content.
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// `pread`-based reader: keeps the shared descriptor's file offset untouched.
+struct PositionalReader<'f> {
+    file: &'f File,
+    pos: u64,
+}
+
+impl ReadCacheOps for PositionalReader<'_> {
+    fn len(&mut self) -> Result<u64, ()> {
+        self.file.metadata().map(|m| m.len()).map_err(|_| ())
+    }
+
+    fn seek(&mut self, pos: u64) -> Result<u64, ()> {
+        self.pos = pos;
+        Ok(pos)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, ()> {
+        let n = self.file.read_at(buf, self.pos).map_err(|_| ())?;
+        self.pos = self.pos.saturating_add(n as u64);
+        Ok(n)
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ()> {
+        self.file.read_exact_at(buf, self.pos).map_err(|_| ())?;
+        self.pos = self.pos.saturating_add(buf.len() as u64);
+        Ok(())
+    }
+}
+
+/// A `ReadRef` that refuses any single read larger than `cap` before anything is allocated.
+#[derive(Clone, Copy)]
+struct Bounded<'a, 'f> {
+    cache: &'a ReadCache<PositionalReader<'f>>,
+    cap: u64,
+}
+
+impl<'a> ReadRef<'a> for Bounded<'a, '_> {
+    fn len(self) -> Result<u64, ()> {
+        self.cache.len()
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        if size > self.cap {
+            return Err(());
+        }
+        self.cache.read_bytes_at(offset, size)
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let end = range.end.min(range.start.saturating_add(self.cap));
+        self.cache.read_bytes_at_until(range.start..end, delimiter)
+    }
+}
+
+type Header = elf::FileHeader64<LittleEndian>;
+
+/// Reads the CFI section and the facts around it from `file`, within `limits`.
+pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
+    let cache = ReadCache::new(PositionalReader { file, pos: 0 });
+    let data = Bounded {
+        cache: &cache,
+        cap: limits.max_read_bytes,
+    };
+    let header = Header::parse(data).map_err(|e| Error::Elf(e.to_string()))?;
+    let endian = header.endian().map_err(|e| Error::Elf(e.to_string()))?;
+    let machine = header.e_machine(endian);
+    if machine != elf::EM_X86_64 {
+        return Err(Error::Machine(machine));
+    }
+    let sections = header
+        .sections(endian, data)
+        .map_err(|e| Error::Elf(e.to_string()))?;
+    let section_addr_of = |name: &[u8]| {
+        sections
+            .section_by_name(endian, name)
+            .map(|(_, s)| s.sh_addr(endian))
+    };
+
+    let (kind, (_, cfi)) = if let Some(found) = sections
+        .section_by_name(endian, b".eh_frame")
+        .filter(|(_, s)| s.sh_type(endian) == elf::SHT_PROGBITS)
+    {
+        (CfiSection::EhFrame, found)
+    } else if let Some(found) = sections.section_by_name(endian, b".debug_frame") {
+        (CfiSection::DebugFrame, found)
+    } else {
+        return Err(Error::NoCfi);
+    };
+    if cfi.sh_flags(endian) & u64::from(elf::SHF_COMPRESSED) != 0 {
+        return Err(Error::Compressed(kind.name()));
+    }
+    let size = cfi.sh_size(endian);
+    if size > limits.max_section_bytes {
+        return Err(Error::SectionTooLarge {
+            section: kind.name(),
+            size,
+            limit: limits.max_section_bytes,
+        });
+    }
+    let bytes = cfi
+        .data(endian, data)
+        .map_err(|e| Error::Elf(format!("{}: {e}", kind.name())))?
+        .to_vec();
+
+    let exec = exec_range(header, endian, data, &sections)?;
+    if exec.end - exec.start > u64::from(u32::MAX) {
+        return Err(Error::ExecTooLarge(exec.end - exec.start));
+    }
+    Ok(Input {
+        section: kind,
+        data: bytes,
+        section_addr: cfi.sh_addr(endian),
+        text_addr: section_addr_of(b".text").unwrap_or(0),
+        got_addr: section_addr_of(b".got").unwrap_or(0),
+        exec,
+        build_id: build_id(endian, data, &sections),
+    })
+}
+
+/// The executable address range: executable `PT_LOAD` segments, else (no program headers, e.g.
+/// a separate debug file) executable sections.
+fn exec_range<'a, 'f>(
+    header: &Header,
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    sections: &object::read::elf::SectionTable<'a, Header, Bounded<'a, 'f>>,
+) -> Result<Range<u64>, Error> {
+    let segments = header
+        .program_headers(endian, data)
+        .map_err(|e| Error::Elf(e.to_string()))?;
+    let mut from_segments = segments
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD && p.p_flags(endian) & elf::PF_X != 0)
+        .map(|p| (p.p_vaddr(endian), p.p_memsz(endian)));
+    let mut from_sections = sections
+        .iter()
+        .filter(|s| s.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0)
+        .map(|s| (s.sh_addr(endian), s.sh_size(endian)));
+    let mut range: Option<Range<u64>> = None;
+    let mut widen = |(start, size): (u64, u64)| -> Result<(), Error> {
+        let end = start.checked_add(size).ok_or(Error::NoExecutableCode)?;
+        if size > 0 {
+            range = Some(match range.take() {
+                Some(r) => r.start.min(start)..r.end.max(end),
+                None => start..end,
+            });
+        }
+        Ok(())
+    };
+    let any_segment = segments.iter().any(|p| p.p_type(endian) == elf::PT_LOAD);
+    if any_segment {
+        from_segments.try_for_each(&mut widen)?;
+    } else {
+        from_sections.try_for_each(&mut widen)?;
+    }
+    range.ok_or(Error::NoExecutableCode)
+}
+
+/// The GNU build id from any note section; `None` when absent or unreadable.
+fn build_id<'a, 'f>(
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    sections: &object::read::elf::SectionTable<'a, Header, Bounded<'a, 'f>>,
+) -> Option<Vec<u8>> {
+    for section in sections.iter() {
+        let Ok(Some(mut notes)) = section.notes(endian, data) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                return Some(note.desc().to_vec());
+            }
+        }
+    }
+    None
+}
