@@ -205,6 +205,9 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_executable_name(&p.executable_name[..]);
     b.set_cgroup(&p.cgroup[..]);
     b.set_mappings_omitted(p.mappings_omitted);
+    b.set_uid(p.uid.unwrap_or(UNKNOWN_UID));
+    b.set_otel_service_name(p.otel_service_name.as_deref().unwrap_or(""));
+    b.set_otel_resource_attributes(p.otel_resource_attributes.as_deref().unwrap_or(""));
     write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
 }
 
@@ -255,8 +258,15 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         cgroup: text(r.get_cgroup())?,
         mappings,
         mappings_omitted: r.get_mappings_omitted(),
+        uid: Some(r.get_uid()).filter(|&uid| uid != UNKNOWN_UID),
+        otel_service_name: Some(text(r.get_otel_service_name())?).filter(|v| !v.is_empty()),
+        otel_resource_attributes: Some(text(r.get_otel_resource_attributes())?)
+            .filter(|v| !v.is_empty()),
     })
 }
+
+/// `ProcessInfo.uid` on the wire when the uid is unknown (the schema's default).
+const UNKNOWN_UID: u32 = u32::MAX;
 
 fn write_stacks(
     mut list: capnp::struct_list::Builder<'_, crate::ember_capnp::stack::Owned>,
@@ -490,6 +500,9 @@ mod tests {
                     file_id: 1,
                 }],
                 mappings_omitted: 6,
+                uid: Some(1000),
+                otel_service_name: Some("billing".into()),
+                otel_resource_attributes: Some("team=finance".into()),
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,
