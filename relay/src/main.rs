@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use ember_relay::{
     cli,
     config::{self, Exporters, OtlpFlags},
+    labels::args::LabelArgs,
     record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
 };
@@ -136,6 +137,8 @@ struct RunArgs {
     sampler_uid: Vec<u32>,
     #[command(flatten)]
     export: ExportArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -181,6 +184,8 @@ struct RecordArgs {
     export_timeout: Duration,
     #[command(flatten)]
     export: ExportArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
@@ -215,6 +220,7 @@ fn main() -> ExitCode {
                     max_copy_bytes: a.max_copy_bytes,
                     max_open_files: a.max_open_files,
                 },
+                labels: a.labels.resolve(a.export.config.as_deref())?,
             })
         }),
         Command::Validate(a) => validate(&a),
@@ -235,6 +241,7 @@ fn main() -> ExitCode {
                     max_copy_bytes: a.max_copy_bytes,
                     max_open_files: a.max_open_files,
                 },
+                labels: a.labels.resolve(a.export.config.as_deref())?,
             })
         }),
     };

@@ -8,6 +8,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use crate::labels::Labels;
+
 /// Where a frame's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FrameKind {
@@ -129,6 +131,18 @@ pub struct Thread {
     pub executable_path: Arc<str>,
     /// The container the process runs in, from its cgroup path, when it names one.
     pub container_id: Option<Arc<str>>,
+    /// The process's resource labels from the labels stage, shared by all its samples (empty
+    /// when no stage ran: sinks then fall back to the fields above).
+    pub resource: Arc<Labels>,
+}
+
+impl Thread {
+    /// The resource's `service.name`, else the process name.
+    pub fn service_name(&self) -> &str {
+        self.resource
+            .get(crate::labels::keys::SERVICE_NAME)
+            .unwrap_or(&self.process_name)
+    }
 }
 
 /// The container id in a cgroup path (`.../docker-<64 hex>.scope`, `/docker/<64 hex>`,

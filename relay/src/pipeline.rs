@@ -8,6 +8,7 @@ use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
+    labels::stage::{LabelStage, LabelStats},
     model::Profile,
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
@@ -44,6 +45,10 @@ pub(crate) struct Pipeline {
     limits: FileLimits,
     /// The SIGBUS guard's repair count when the pipeline last looked.
     sigbus_seen: u64,
+    /// Resource labels per process, relabeling, the process filter.
+    labels: LabelStage,
+    /// The labels stage's counters when last logged.
+    labels_logged: LabelStats,
 }
 
 impl Pipeline {
@@ -71,6 +76,11 @@ impl Pipeline {
     pub fn set_file_limits(&mut self, limits: FileLimits) {
         self.limits = limits.clamped_to_rlimit();
         self.cache.max_copy_bytes = self.limits.max_copy_bytes;
+    }
+
+    /// Replaces the labels stage (settings, user names, machine id).
+    pub fn set_labels(&mut self, labels: LabelStage) {
+        self.labels = labels;
     }
 
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
@@ -132,6 +142,8 @@ impl Pipeline {
                 Handled::Nothing
             }
             SamplerMessage::Process(info) => {
+                // New facts (exec, or a reused pid): the labels are computed anew.
+                self.labels.forget(info.pid);
                 session.set_process(info);
                 Handled::Nothing
             }
@@ -148,6 +160,7 @@ impl Pipeline {
                 Handled::Nothing
             }
             SamplerMessage::Exited { pid } => {
+                self.labels.forget(pid);
                 session.remove_process(pid);
                 Handled::Nothing
             }
@@ -167,7 +180,7 @@ impl Pipeline {
         if self.interval.frequency_hz == 0 {
             self.interval.frequency_hz = batch.frequency_hz;
         }
-        session.symbolize_batch(batch, &mut self.cache, &mut self.interval);
+        session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
@@ -194,10 +207,28 @@ impl Pipeline {
         );
         self.cache.evict_idle(RESOLVER_IDLE);
         self.check_sigbus();
+        self.log_label_stats();
         Handled::Batch {
             samples,
             last_part: batch.part.saturating_add(1) >= batch.parts,
         }
+    }
+
+    /// Logs what the labels stage left out, when that changed.
+    fn log_label_stats(&mut self) {
+        let stats = self.labels.stats();
+        if stats == self.labels_logged {
+            return;
+        }
+        self.labels_logged = stats;
+        tracing::info!(
+            processes_filtered = stats.processes_filtered,
+            processes_dropped = stats.processes_dropped,
+            samples_dropped = stats.samples_dropped,
+            labels_over_limit = stats.labels_over_limit,
+            env_entries_skipped = stats.env_entries_skipped,
+            "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
+        );
     }
 
     /// After the SIGBUS guard repaired a mapping (a file shrank while mapped), drops every

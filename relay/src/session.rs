@@ -24,6 +24,7 @@ use std::{
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
 
 use crate::{
+    labels::stage::{LabelStage, ProcessRecord},
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -43,6 +44,8 @@ struct Process {
     name: Arc<str>,
     executable_path: Arc<str>,
     container_id: Option<Arc<str>>,
+    /// What the labels stage reads (facts and the allowlisted environment).
+    record: ProcessRecord,
     /// One module per executable mapping, same order as `info.mappings`.
     modules: Vec<Arc<Module>>,
 }
@@ -276,6 +279,7 @@ impl Session {
         let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
         let (pid, start) = (info.pid, info.start_time_unix_ns);
         let process = Process {
+            record: ProcessRecord::from_info(&info),
             info,
             name,
             executable_path,
@@ -325,9 +329,17 @@ impl Session {
         self.files.len()
     }
 
-    /// Symbolizes a batch into `profile`. Every row becomes a sample, whatever could be named.
+    /// Symbolizes a batch into `profile`, each sample with its process's resource labels from
+    /// `labels`. Every row of an exported process becomes a sample, whatever could be named; rows
+    /// of processes the labels stage filtered out or dropped are counted there, not added.
     /// First closes the files no process refers to.
-    pub fn symbolize_batch(&mut self, batch: &Batch, cache: &mut ElfCache, profile: &mut Profile) {
+    pub fn symbolize_batch(
+        &mut self,
+        batch: &Batch,
+        cache: &mut ElfCache,
+        labels: &mut LabelStage,
+        profile: &mut Profile,
+    ) {
         self.sweep_unreferenced_files();
         self.tick += 1;
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
@@ -341,6 +353,17 @@ impl Session {
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
         for row in &batch.rows {
             let process = self.processes.get(&row.pid);
+            let resource = match process {
+                Some(p) => labels.resource(&self.hello.hostname, &p.record),
+                None => labels.resource(
+                    &self.hello.hostname,
+                    &ProcessRecord::unknown(row.pid, &row.comm),
+                ),
+            };
+            let Some(resource) = resource else {
+                labels.count_dropped_samples(row.count);
+                continue;
+            };
             if process.is_none() {
                 self.stats.samples_without_process_facts = self
                     .stats
@@ -390,6 +413,7 @@ impl Session {
                         thread_name: Arc::from(row.comm.as_str()),
                         executable_path,
                         container_id,
+                        resource,
                     },
                     stack: stack.into(),
                     count: row.count,
@@ -541,7 +565,12 @@ mod tests {
 
     fn symbolize(session: &mut Session, batch: &Batch) -> Profile {
         let mut profile = Profile::default();
-        session.symbolize_batch(batch, &mut ElfCache::default(), &mut profile);
+        session.symbolize_batch(
+            batch,
+            &mut ElfCache::default(),
+            &mut LabelStage::default(),
+            &mut profile,
+        );
         profile
     }
 
@@ -671,7 +700,7 @@ mod tests {
         let mut cache = ElfCache::default();
         let mut run = |session: &mut Session, batch: &Batch| {
             let mut profile = Profile::default();
-            session.symbolize_batch(batch, &mut cache, &mut profile);
+            session.symbolize_batch(batch, &mut cache, &mut LabelStage::default(), &mut profile);
             leaves(&profile)
         };
         session.add_files(vec![file], vec![Some(fd)]);

@@ -56,6 +56,9 @@ pub fn thread_labels(tid: u32, name: &str) -> Labels {
     labels
 }
 
+/// Where user names come from.
+pub const PASSWD_PATH: &str = "/etc/passwd";
+
 /// Most bytes of `/etc/passwd` read: far above any real file's size, small enough for memory.
 pub const PASSWD_LIMIT: u64 = 4 << 20;
 

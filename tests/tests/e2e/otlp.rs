@@ -121,6 +121,7 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
                         thread_name: format!("app{pid}").into(),
                         executable_path: format!("/usr/bin/app{pid}").into(),
                         container_id: None,
+                        resource: Default::default(),
                     },
                     stack: frames.into(),
                     count,

@@ -304,7 +304,7 @@ fn resource(r: &request::ResourceProfile) -> Resource {
             .resource
             .iter()
             .map(|kv| KeyValue {
-                key: kv.key.to_owned(),
+                key: kv.key.to_string(),
                 value: Some(any_value(&kv.value)),
                 ..KeyValue::default()
             })
@@ -439,6 +439,7 @@ mod tests {
                             thread_name: "main".into(),
                             executable_path: format!("/usr/bin/app{pid}").into(),
                             container_id: None,
+                            resource: Default::default(),
                         },
                         stack: frames.into(),
                         count: 2,
@@ -548,6 +549,7 @@ mod tests {
                     process_name: "app".into(),
                     thread_name: "main".into(),
                     executable_path: "/usr/bin/app".into(),
+                    resource: Default::default(),
                     container_id: None,
                 },
                 stack: vec![frame].into(),
@@ -766,6 +768,7 @@ mod pinned {
                     tid: pid + u32::try_from(s % 3).unwrap(),
                     process_name: format!("app{pid}").into(),
                     thread_name: format!("t{}", s % 3).into(),
+                    resource: Default::default(),
                     executable_path: format!("/usr/bin/app{pid}").into(),
                     container_id: (pid == 3).then(|| "abc123".into()),
                 };
