@@ -110,19 +110,6 @@ pub fn file_settings(file: &RelayConfig) -> anyhow::Result<LabelSettings> {
     })
 }
 
-/// One line describing the file's label settings, for `validate`.
-pub fn describe(settings: &LabelSettings) -> String {
-    format!(
-        "labels: {} static, process_filter: {}, relabel_configs: {} rules",
-        settings.tags.len(),
-        settings
-            .process_filter
-            .as_ref()
-            .map_or("none".to_owned(), |r| r.as_str().to_owned()),
-        settings.rules.len()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -648,6 +648,72 @@ mod tests {
     }
 
     #[test]
+    fn labelled_samples_make_one_resource_per_label_set() {
+        // Given three processes: two whose rules left the same labels (no pid), one with its own
+        let app = module("/usr/bin/app", None);
+        let stack = vec![frame("main", 0x40_2000, FrameKind::Native, &app)];
+        let shared: Arc<Labels> = Arc::new(
+            [
+                ("service.name", "api"),
+                ("team", "core"),
+                ("host.name", "h"),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let own: Arc<Labels> = Arc::new(
+            [
+                ("zone", "a"),
+                ("process.pid", "30"),
+                ("service.name", "db"),
+                ("process.executable.name", "postgres"),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let labelled = |pid, labels: &Arc<Labels>| {
+            let mut s = sample(pid, pid, "t", stack.clone(), 1);
+            s.thread.resource = Arc::clone(labels);
+            s
+        };
+        let samples = vec![
+            labelled(10, &shared),
+            labelled(20, &Arc::new((*shared).clone())),
+            labelled(30, &own),
+        ];
+        // When built
+        let request = build(&samples, &meta(), SampleAttributes::default());
+        // Then equal label sets share a resource (their samples merged), and a resource lists the
+        // former attributes first in their old order (pid as an int), then the rest by name
+        assert_eq!(request.resources.len(), 2);
+        assert_eq!(request.resources[0].samples[0].count, 2);
+        let attributes = |i: usize| -> Vec<String> {
+            request.resources[i]
+                .resource
+                .iter()
+                .map(|kv| format!("{}={}", kv.key, kv.value))
+                .collect()
+        };
+        assert_eq!(
+            attributes(0),
+            [
+                r#"service.name="api""#,
+                r#"host.name="h""#,
+                r#"team="core""#
+            ]
+        );
+        assert_eq!(
+            attributes(1),
+            [
+                r#"service.name="db""#,
+                r#"process.executable.name="postgres""#,
+                "process.pid=30",
+                r#"zone="a""#
+            ]
+        );
+    }
+
+    #[test]
     fn tables_start_empty_and_dedup() {
         // Given two threads of one process with the same thread name and the same stack, and a
         // third sample with another stack sharing a function.

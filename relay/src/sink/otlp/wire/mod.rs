@@ -736,6 +736,12 @@ mod pinned {
     use crate::model::{Frame, FrameKind, Module, Thread};
 
     /// Four processes, 60 stacks each, with every kind of frame and attribute the builder emits.
+    ///
+    /// Note (issue 9): these samples carry no resource labels (`Thread::resource` empty), which
+    /// takes the builder's unlabelled path, so the pinned bytes did not change when the labels
+    /// stage landed. A relay with the stage adds resource attributes only (`host.arch`,
+    /// `os.type`, `process.owner`, `host.id`, tags, relabel results) after the former ones, in
+    /// name order; `request::tests::labelled_samples_make_one_resource_per_label_set` pins that.
     fn profile() -> Profile {
         let mut profile = Profile::new(97);
         profile.hostname = Some("host-a".into());
