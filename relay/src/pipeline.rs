@@ -406,6 +406,8 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::{fixtures::*, *};
     use crate::model::FrameKind;
 
@@ -491,6 +493,69 @@ mod tests {
             )
         );
         assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(7));
+    }
+
+    /// A `Process` message for the fixture's pid with `name` and `OTEL_SERVICE_NAME`.
+    fn process_message(name: &str, service: Option<&str>) -> SourceEvent {
+        let (_, mapping) = leaf_address_and_mapping();
+        let info = ember_protocol::ProcessInfo {
+            pid: PID,
+            executable_name: name.into(),
+            mappings: vec![mapping],
+            uid: Some(0),
+            otel_service_name: service.map(Into::into),
+            ..ember_protocol::ProcessInfo::default()
+        };
+        SourceEvent::Message {
+            conn: CONN,
+            message: SamplerMessage::Process(info),
+            fds: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn samples_carry_their_process_labels_refreshed_on_exec_and_dropped_by_rules() {
+        // Given a labels stage with a tag and a rule dropping executables named "noisy"
+        let configs: Vec<crate::relabel::RelabelConfig> = serde_saphyr::from_str(
+            "- source_labels: [process.executable.name]\n  regex: noisy\n  action: drop\n",
+        )
+        .expect("yaml");
+        let settings = crate::labels::stage::LabelSettings {
+            tags: [("team", "core")].into_iter().collect(),
+            rules: crate::relabel::compile(&configs).expect("rules"),
+            ..Default::default()
+        };
+        let mut pipeline = started();
+        pipeline.set_labels(LabelStage::new(settings, Default::default(), None));
+        // When the process names its service through its environment and samples arrive
+        pipeline.handle(process_message("fixture", Some("billing")));
+        pipeline.handle(batch(1, 0, 1, 3));
+        // Then every sample carries the same shared labels, with the service name and the tag
+        let profile = pipeline.take_interval().expect("an interval");
+        let samples = profile.samples();
+        let resource = &samples[0].thread.resource;
+        assert_eq!(resource.get("service.name"), Some("billing"));
+        assert_eq!(resource.get("team"), Some("core"));
+        assert_eq!(resource.get("host.name"), Some("fixture-host"));
+        assert!(samples
+            .iter()
+            .all(|s| Arc::ptr_eq(&s.thread.resource, resource)));
+        // When the process execs (same pid and start time, new facts) into a dropped executable
+        pipeline.handle(process_message("noisy", None));
+        pipeline.handle(batch(2, 0, 1, 4));
+        // Then its samples are not exported, and counted
+        assert!(pipeline.take_interval().is_none());
+        let stats = pipeline.labels.stats();
+        assert_eq!((stats.processes_dropped, stats.samples_dropped), (1, 4));
+        // And after another exec it is labelled anew (no stale drop)
+        pipeline.handle(process_message("worker", None));
+        pipeline.handle(batch(3, 0, 1, 2));
+        let profile = pipeline.take_interval().expect("an interval");
+        assert_eq!(profile.total_samples(), 2);
+        assert_eq!(
+            profile.samples()[0].thread.resource.get("service.name"),
+            Some("worker")
+        );
     }
 
     #[test]
