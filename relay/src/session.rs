@@ -21,10 +21,10 @@ use std::{
     sync::Arc,
 };
 
-use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
+use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
-    labels::stage::{LabelStage, ProcessRecord},
+    labels::stage::{LabelStage, ProcessRecord, Resource},
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -395,26 +395,10 @@ impl Session {
             }
             self.stats.frames += stack.len() as u64;
             self.stats.unknown_frames += stack.iter().filter(|f| f.is_unknown()).count() as u64;
-            let process_name = match process {
-                Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
-                _ => Arc::from(row.comm.as_str()),
-            };
-            let (executable_path, container_id) = match process {
-                Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
-                None => (Arc::from(""), None),
-            };
             self.samples = self.samples.saturating_add(row.count);
             profile.add(
                 SymbolizedSample {
-                    thread: Thread {
-                        pid: row.pid,
-                        tid: row.tid,
-                        process_name,
-                        thread_name: Arc::from(row.comm.as_str()),
-                        executable_path,
-                        container_id,
-                        resource,
-                    },
+                    thread: thread_of(row, process, resource),
                     stack: stack.into(),
                     count: row.count,
                 },
@@ -422,6 +406,28 @@ impl Session {
                 batch.interval_end_unix_ns,
             );
         }
+    }
+}
+
+/// Who a row belongs to: its process's facts when known (else the thread's name names it), and
+/// the process's resource labels.
+fn thread_of(row: &Row, process: Option<&Process>, resource: Resource) -> Thread {
+    let process_name = match process {
+        Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
+        _ => Arc::from(row.comm.as_str()),
+    };
+    let (executable_path, container_id) = match process {
+        Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
+        None => (Arc::from(""), None),
+    };
+    Thread {
+        pid: row.pid,
+        tid: row.tid,
+        process_name,
+        thread_name: Arc::from(row.comm.as_str()),
+        executable_path,
+        container_id,
+        resource,
     }
 }
 
