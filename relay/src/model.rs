@@ -121,7 +121,7 @@ pub fn text_safe(name: &str) -> String {
 pub const UNKNOWN: &str = "[unknown]";
 
 /// Who a sample belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Thread {
     pub pid: u32,
     pub tid: u32,
@@ -134,6 +134,20 @@ pub struct Thread {
     /// The process's resource labels from the labels stage, shared by all its samples (empty
     /// when no stage ran: sinks then fall back to the fields above).
     pub resource: Arc<Labels>,
+}
+
+/// Hashes everything but `resource`: a process's labels are one shared set, the same for every
+/// thread of a pid, so hashing them per sample would cost without telling threads apart (equal
+/// threads still hash equal; equality compares the labels, pointer first).
+impl std::hash::Hash for Thread {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.pid.hash(state);
+        self.tid.hash(state);
+        self.process_name.hash(state);
+        self.thread_name.hash(state);
+        self.executable_path.hash(state);
+        self.container_id.hash(state);
+    }
 }
 
 impl Thread {
