@@ -188,6 +188,17 @@ mod tests {
     }
 
     #[test]
+    fn a_process_cannot_plant_meta_labels() {
+        let env = ProcessEnv {
+            otel_service_name: None,
+            otel_resource_attributes: Some("__meta_process_cgroup=/fake.slice,ok=1".into()),
+        };
+        let (labels, _) = resource_labels(&shared(), &facts("app", ""), &env);
+        assert_eq!(labels.get(keys::META_PROCESS_CGROUP), None, "{labels}");
+        assert_eq!(labels.get("ok"), Some("1"));
+    }
+
+    #[test]
     fn service_name_survives_rules_that_remove_it() {
         let mut labels: Labels = [("a", "1")].into_iter().collect();
         restore_service_name(&mut labels, "before");

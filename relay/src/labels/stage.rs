@@ -315,6 +315,27 @@ mod tests {
     }
 
     #[test]
+    fn a_series_keeps_at_most_30_labels_service_name_first() {
+        // Given a process declaring 40 attributes of its own
+        let attributes: Vec<String> = (0..40).map(|i| format!("attr.{i:02}=v")).collect();
+        let env = ProcessEnv {
+            otel_service_name: Some("big".into()),
+            otel_resource_attributes: Some(attributes.join(",")),
+        };
+        let mut stage = LabelStage::default();
+        // When labelled
+        let labels = stage
+            .resource("h", &record(9, 1, "app", env))
+            .expect("kept");
+        // Then the series fits Pyroscope's limit (30 names, one of them its own __name__), the
+        // service name stays, the per-process values went first, and the removals are counted
+        assert_eq!(labels.len(), pyroscope::MAX_LABEL_NAMES_PER_SERIES - 1);
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("big"));
+        assert_eq!(labels.get(keys::PROCESS_PID), None);
+        assert!(stage.stats().labels_over_limit > 10);
+    }
+
+    #[test]
     fn exec_refreshes_after_forget() {
         let mut stage = LabelStage::default();
         let first = stage.resource("h", &record(5, 1, "sh", ProcessEnv::default()));
