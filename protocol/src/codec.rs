@@ -530,6 +530,39 @@ mod tests {
     }
 
     #[test]
+    fn a_process_without_the_new_fields_reads_as_unknown_uid_and_no_environment() {
+        // Given a v3 `process` written as a peer that predates uid and the environment fields
+        // writes it: those fields never set (an old schema has no setter for them)
+        let mut builder = Builder::new_default();
+        let mut process = builder
+            .init_root::<sampler_message::Builder<'_>>()
+            .init_process();
+        process.set_pid(7);
+        process.set_executable_name("app");
+        let bytes = capnp::serialize::write_message_to_words(&builder);
+        let old = ProcessInfo {
+            pid: 7,
+            executable_name: "app".into(),
+            ..ProcessInfo::default()
+        };
+        // When decoded, Then uid is unknown and no variable is set (no protocol bump needed)
+        match decode_sampler_message(&bytes, &Limits::default()) {
+            Ok(SamplerMessage::Process(info)) => {
+                assert_eq!(info, old);
+                assert_eq!(
+                    (
+                        info.uid,
+                        info.otel_service_name,
+                        info.otel_resource_attributes
+                    ),
+                    (None, None, None)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_version_2_hello_still_decodes_so_its_version_can_be_refused() {
         // Given a hello as a v2 sampler wrote it (built word by word: this build has no v2
         // schema): data section protocolVersion 2, frequencyHz 99, kallsymsFd -1, targetPid 0,
