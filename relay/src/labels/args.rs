@@ -15,6 +15,7 @@ use crate::{config::RelayConfig, relabel};
 
 /// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
 pub enum FoldedRoot {
     /// The process (executable) name, as before labels existed.
     #[default]
