@@ -77,6 +77,13 @@ struct ProcessInfo {
   mappings @5 :List(Mapping);
   # Executable mappings the sampler left out because of its per-process cap.
   mappingsOmitted @6 :UInt32;
+  # Added in v3 at the end (older peers read and write the defaults, so the version stays 3):
+  # The real uid (the `Uid:` line of /proc/<pid>/status); 4294967295 = unknown.
+  uid @7 :UInt32 = 4294967295;
+  # The only two variables of /proc/<pid>/environ the sampler forwards (its allowlist); empty =
+  # not set. Each at most 4 KiB; nothing else of a process's environment is ever sent.
+  otelServiceName @8 :Text;
+  otelResourceAttributes @9 :Text;
 }
 
 # More executable mappings of the process whose `process` message came just before: its facts

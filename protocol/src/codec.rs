@@ -205,6 +205,9 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_executable_name(&p.executable_name[..]);
     b.set_cgroup(&p.cgroup[..]);
     b.set_mappings_omitted(p.mappings_omitted);
+    b.set_uid(p.uid.unwrap_or(UNKNOWN_UID));
+    b.set_otel_service_name(p.otel_service_name.as_deref().unwrap_or(""));
+    b.set_otel_resource_attributes(p.otel_resource_attributes.as_deref().unwrap_or(""));
     write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
 }
 
@@ -255,8 +258,15 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         cgroup: text(r.get_cgroup())?,
         mappings,
         mappings_omitted: r.get_mappings_omitted(),
+        uid: Some(r.get_uid()).filter(|&uid| uid != UNKNOWN_UID),
+        otel_service_name: Some(text(r.get_otel_service_name())?).filter(|v| !v.is_empty()),
+        otel_resource_attributes: Some(text(r.get_otel_resource_attributes())?)
+            .filter(|v| !v.is_empty()),
     })
 }
+
+/// `ProcessInfo.uid` on the wire when the uid is unknown (the schema's default).
+const UNKNOWN_UID: u32 = u32::MAX;
 
 fn write_stacks(
     mut list: capnp::struct_list::Builder<'_, crate::ember_capnp::stack::Owned>,
@@ -490,6 +500,9 @@ mod tests {
                     file_id: 1,
                 }],
                 mappings_omitted: 6,
+                uid: Some(1000),
+                otel_service_name: Some("billing".into()),
+                otel_resource_attributes: Some("team=finance".into()),
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,
@@ -513,6 +526,39 @@ mod tests {
             let bytes = encode_sampler_message(&message);
             let back = decode_sampler_message(&bytes, &Limits::default()).expect("decodes");
             assert_eq!(back, message);
+        }
+    }
+
+    #[test]
+    fn a_process_without_the_new_fields_reads_as_unknown_uid_and_no_environment() {
+        // Given a v3 `process` written as a peer that predates uid and the environment fields
+        // writes it: those fields never set (an old schema has no setter for them)
+        let mut builder = Builder::new_default();
+        let mut process = builder
+            .init_root::<sampler_message::Builder<'_>>()
+            .init_process();
+        process.set_pid(7);
+        process.set_executable_name("app");
+        let bytes = capnp::serialize::write_message_to_words(&builder);
+        let old = ProcessInfo {
+            pid: 7,
+            executable_name: "app".into(),
+            ..ProcessInfo::default()
+        };
+        // When decoded, Then uid is unknown and no variable is set (no protocol bump needed)
+        match decode_sampler_message(&bytes, &Limits::default()) {
+            Ok(SamplerMessage::Process(info)) => {
+                assert_eq!(info, old);
+                assert_eq!(
+                    (
+                        info.uid,
+                        info.otel_service_name,
+                        info.otel_resource_attributes
+                    ),
+                    (None, None, None)
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 

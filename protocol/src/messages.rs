@@ -78,6 +78,13 @@ pub struct ProcessInfo {
     pub mappings: Vec<Mapping>,
     /// Executable mappings left out by the sampler's per-process cap.
     pub mappings_omitted: u32,
+    /// The real uid, when the sampler could read it.
+    pub uid: Option<u32>,
+    /// The process's `OTEL_SERVICE_NAME`, the first of the two variables the sampler's environ
+    /// allowlist forwards (`None`: not set or empty).
+    pub otel_service_name: Option<String>,
+    /// The process's `OTEL_RESOURCE_ATTRIBUTES` (unparsed), the other one.
+    pub otel_resource_attributes: Option<String>,
 }
 
 /// More executable mappings of the process described just before (its facts did not fit one

@@ -2,7 +2,8 @@
 //! intake channel -> the [`Pipeline`] (sessions, symbolization) -> one [`Profile`] per completed
 //! interval -> the [`Sinks`]. The driver owns the window clock and the current window; the
 //! command's [`Policy`] decides when to stop (and prints progress), so `run` and `record` keep
-//! only their policy. Label and relabel stages go between the pipeline and the sinks, here.
+//! only their policy. The labels stage runs inside the pipeline, once per process: each
+//! profile's samples carry their process's resource labels (one shared set per process).
 //!
 //! Invariants: every sample the pipeline symbolized reaches the sinks exactly once per call
 //! kind (each interval once to [`Sinks::interval`], each window once to [`Sinks::window`] or,
@@ -91,6 +92,12 @@ impl Driver {
             window_length: window,
             window_started: Instant::now(),
         }
+    }
+
+    /// Gives the pipeline its labels stage (tags, relabel rules, process filter).
+    pub(crate) fn with_labels(mut self, labels: crate::labels::stage::LabelStage) -> Self {
+        self.pipeline.set_labels(labels);
+        self
     }
 
     /// Runs until the policy says stop; hands the unfinished interval to the sinks before it

@@ -7,18 +7,18 @@
 //! line and is the executable's whole [`main`].
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
-//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `labels`, `relabel`
-//! and `unwind` stay public until they are wired in.
+//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `unwind` stays
+//! public until it is wired in (the sampler does not take its tables yet).
 
 pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod driver;
-pub mod labels;
+pub(crate) mod labels;
 pub(crate) mod model;
 pub(crate) mod pipeline;
 pub(crate) mod privileges;
 pub(crate) mod record;
-pub mod relabel;
+pub(crate) mod relabel;
 pub(crate) mod run;
 pub(crate) mod session;
 pub(crate) mod sink;

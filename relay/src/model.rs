@@ -8,6 +8,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use crate::labels::Labels;
+
 /// Where a frame's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FrameKind {
@@ -119,7 +121,7 @@ pub fn text_safe(name: &str) -> String {
 pub const UNKNOWN: &str = "[unknown]";
 
 /// Who a sample belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Thread {
     pub pid: u32,
     pub tid: u32,
@@ -129,6 +131,32 @@ pub struct Thread {
     pub executable_path: Arc<str>,
     /// The container the process runs in, from its cgroup path, when it names one.
     pub container_id: Option<Arc<str>>,
+    /// The process's resource labels from the labels stage, shared by all its samples (empty
+    /// when no stage ran: sinks then fall back to the fields above).
+    pub resource: Arc<Labels>,
+}
+
+/// Hashes everything but `resource`: a process's labels are one shared set, the same for every
+/// thread of a pid, so hashing them per sample would cost without telling threads apart (equal
+/// threads still hash equal; equality compares the labels, pointer first).
+impl std::hash::Hash for Thread {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.pid.hash(state);
+        self.tid.hash(state);
+        self.process_name.hash(state);
+        self.thread_name.hash(state);
+        self.executable_path.hash(state);
+        self.container_id.hash(state);
+    }
+}
+
+impl Thread {
+    /// The resource's `service.name`, else the process name.
+    pub fn service_name(&self) -> &str {
+        self.resource
+            .get(crate::labels::keys::SERVICE_NAME)
+            .unwrap_or(&self.process_name)
+    }
 }
 
 /// The container id in a cgroup path (`.../docker-<64 hex>.scope`, `/docker/<64 hex>`,

@@ -8,6 +8,7 @@ use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
+    labels::stage::{LabelStage, LabelStats},
     model::Profile,
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
@@ -44,6 +45,10 @@ pub(crate) struct Pipeline {
     limits: FileLimits,
     /// The SIGBUS guard's repair count when the pipeline last looked.
     sigbus_seen: u64,
+    /// Resource labels per process, relabeling, the process filter.
+    labels: LabelStage,
+    /// The labels stage's counters when last logged.
+    labels_logged: LabelStats,
 }
 
 impl Pipeline {
@@ -71,6 +76,11 @@ impl Pipeline {
     pub fn set_file_limits(&mut self, limits: FileLimits) {
         self.limits = limits.clamped_to_rlimit();
         self.cache.max_copy_bytes = self.limits.max_copy_bytes;
+    }
+
+    /// Replaces the labels stage (settings, user names, machine id).
+    pub fn set_labels(&mut self, labels: LabelStage) {
+        self.labels = labels;
     }
 
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
@@ -132,6 +142,8 @@ impl Pipeline {
                 Handled::Nothing
             }
             SamplerMessage::Process(info) => {
+                // New facts (exec, or a reused pid): the labels are computed anew.
+                self.labels.forget(info.pid);
                 session.set_process(info);
                 Handled::Nothing
             }
@@ -148,6 +160,7 @@ impl Pipeline {
                 Handled::Nothing
             }
             SamplerMessage::Exited { pid } => {
+                self.labels.forget(pid);
                 session.remove_process(pid);
                 Handled::Nothing
             }
@@ -167,7 +180,7 @@ impl Pipeline {
         if self.interval.frequency_hz == 0 {
             self.interval.frequency_hz = batch.frequency_hz;
         }
-        session.symbolize_batch(batch, &mut self.cache, &mut self.interval);
+        session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
@@ -196,10 +209,28 @@ impl Pipeline {
         );
         self.cache.evict_idle(RESOLVER_IDLE);
         self.check_sigbus();
+        self.log_label_stats();
         Handled::Batch {
             samples,
             last_part: batch.part.saturating_add(1) >= batch.parts,
         }
+    }
+
+    /// Logs what the labels stage left out, when that changed.
+    fn log_label_stats(&mut self) {
+        let stats = self.labels.stats();
+        if stats == self.labels_logged {
+            return;
+        }
+        self.labels_logged = stats;
+        tracing::info!(
+            processes_filtered = stats.processes_filtered,
+            processes_dropped = stats.processes_dropped,
+            samples_dropped = stats.samples_dropped,
+            labels_over_limit = stats.labels_over_limit,
+            env_entries_skipped = stats.env_entries_skipped,
+            "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
+        );
     }
 
     /// After the SIGBUS guard repaired a mapping (a file shrank while mapped), drops every
@@ -377,6 +408,8 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::{fixtures::*, *};
     use crate::model::FrameKind;
 
@@ -462,6 +495,69 @@ mod tests {
             )
         );
         assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(7));
+    }
+
+    /// A `Process` message for the fixture's pid with `name` and `OTEL_SERVICE_NAME`.
+    fn process_message(name: &str, service: Option<&str>) -> SourceEvent {
+        let (_, mapping) = leaf_address_and_mapping();
+        let info = ember_protocol::ProcessInfo {
+            pid: PID,
+            executable_name: name.into(),
+            mappings: vec![mapping],
+            uid: Some(0),
+            otel_service_name: service.map(Into::into),
+            ..ember_protocol::ProcessInfo::default()
+        };
+        SourceEvent::Message {
+            conn: CONN,
+            message: SamplerMessage::Process(info),
+            fds: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn samples_carry_their_process_labels_refreshed_on_exec_and_dropped_by_rules() {
+        // Given a labels stage with a tag and a rule dropping executables named "noisy"
+        let configs: Vec<crate::relabel::RelabelConfig> = serde_saphyr::from_str(
+            "- source_labels: [process.executable.name]\n  regex: noisy\n  action: drop\n",
+        )
+        .expect("yaml");
+        let settings = crate::labels::stage::LabelSettings {
+            tags: [("team", "core")].into_iter().collect(),
+            rules: crate::relabel::compile(&configs).expect("rules"),
+            ..Default::default()
+        };
+        let mut pipeline = started();
+        pipeline.set_labels(LabelStage::new(settings, Default::default(), None));
+        // When the process names its service through its environment and samples arrive
+        pipeline.handle(process_message("fixture", Some("billing")));
+        pipeline.handle(batch(1, 0, 1, 3));
+        // Then every sample carries the same shared labels, with the service name and the tag
+        let profile = pipeline.take_interval().expect("an interval");
+        let samples = profile.samples();
+        let resource = &samples[0].thread.resource;
+        assert_eq!(resource.get("service.name"), Some("billing"));
+        assert_eq!(resource.get("team"), Some("core"));
+        assert_eq!(resource.get("host.name"), Some("fixture-host"));
+        assert!(samples
+            .iter()
+            .all(|s| Arc::ptr_eq(&s.thread.resource, resource)));
+        // When the process execs (same pid and start time, new facts) into a dropped executable
+        pipeline.handle(process_message("noisy", None));
+        pipeline.handle(batch(2, 0, 1, 4));
+        // Then its samples are not exported, and counted
+        assert!(pipeline.take_interval().is_none());
+        let stats = pipeline.labels.stats();
+        assert_eq!((stats.processes_dropped, stats.samples_dropped), (1, 4));
+        // And after another exec it is labelled anew (no stale drop)
+        pipeline.handle(process_message("worker", None));
+        pipeline.handle(batch(3, 0, 1, 2));
+        let profile = pipeline.take_interval().expect("an interval");
+        assert_eq!(profile.total_samples(), 2);
+        assert_eq!(
+            profile.samples()[0].thread.resource.get("service.name"),
+            Some("worker")
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _};
 use ember_protocol::{transport, Limits, Losses};
 
+use crate::labels::args::LabelConfig;
 use crate::{
     cli::{self, LogFormat},
     config::Exporters,
@@ -53,6 +54,8 @@ pub struct RecordConfig {
     /// How long to wait for the OTLP queue to drain at the end.
     pub export_timeout: Duration,
     pub file_limits: FileLimits,
+    /// Tags, relabel rules, process filter, folded root.
+    pub labels: LabelConfig,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -82,7 +85,9 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
     // Created as root (in a directory the invoking user may own), written after the drop.
-    let files = FilesSink::create(&config.output)?;
+    let files = FilesSink::create(&config.output)?.with_folded_root(config.labels.folded_root);
+    // Reads /etc/passwd and the machine id (bounded) before the drop.
+    let labels = config.labels.stage();
     let (ours, mut child) = start_sampler(&config)?;
 
     privileges::drop_to(&user)?;
@@ -115,7 +120,9 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     // Started unprivileged: threads created earlier would keep root's capabilities.
     sinks.extend(exporters::start(config.exporters)?);
     let mut policy = Recording::new(config.duration, control);
-    let ended = Driver::new(sinks, config.file_limits, None).run(&events, &mut policy)?;
+    let ended = Driver::new(sinks, config.file_limits, None)
+        .with_labels(labels)
+        .run(&events, &mut policy)?;
     if policy.tty {
         eprintln!();
     }

@@ -8,6 +8,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
 
+use crate::labels::args::LabelConfig;
 use crate::{
     cli,
     config::Exporters,
@@ -27,6 +28,8 @@ pub struct RunConfig {
     pub sampler_uids: Vec<u32>,
     pub exporters: Exporters,
     pub file_limits: FileLimits,
+    /// Tags, relabel rules, process filter, folded root.
+    pub labels: LabelConfig,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -70,10 +73,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     );
     let mut sinks = Sinks::default();
     if let Some(dir) = &config.output_dir {
-        sinks.push(Box::new(FilesSink::create(dir)?));
+        sinks.push(Box::new(
+            FilesSink::create(dir)?.with_folded_root(config.labels.folded_root),
+        ));
     }
     sinks.extend(exporters::start(config.exporters)?);
-    let driver = Driver::new(sinks, config.file_limits, Some(config.window));
+    let driver = Driver::new(sinks, config.file_limits, Some(config.window))
+        .with_labels(config.labels.stage());
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

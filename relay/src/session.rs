@@ -21,9 +21,10 @@ use std::{
     sync::Arc,
 };
 
-use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, StackRef};
+use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
+    labels::stage::{LabelStage, ProcessRecord, Resource},
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -43,6 +44,8 @@ struct Process {
     name: Arc<str>,
     executable_path: Arc<str>,
     container_id: Option<Arc<str>>,
+    /// What the labels stage reads (facts and the allowlisted environment).
+    record: ProcessRecord,
     /// One module per executable mapping, same order as `info.mappings`.
     modules: Vec<Arc<Module>>,
 }
@@ -276,6 +279,7 @@ impl Session {
         let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
         let (pid, start) = (info.pid, info.start_time_unix_ns);
         let process = Process {
+            record: ProcessRecord::from_info(&info),
             info,
             name,
             executable_path,
@@ -325,9 +329,17 @@ impl Session {
         self.files.len()
     }
 
-    /// Symbolizes a batch into `profile`. Every row becomes a sample, whatever could be named.
+    /// Symbolizes a batch into `profile`, each sample with its process's resource labels from
+    /// `labels`. Every row of an exported process becomes a sample, whatever could be named; rows
+    /// of processes the labels stage filtered out or dropped are counted there, not added.
     /// First closes the files no process refers to.
-    pub fn symbolize_batch(&mut self, batch: &Batch, cache: &mut ElfCache, profile: &mut Profile) {
+    pub fn symbolize_batch(
+        &mut self,
+        batch: &Batch,
+        cache: &mut ElfCache,
+        labels: &mut LabelStage,
+        profile: &mut Profile,
+    ) {
         self.sweep_unreferenced_files();
         self.tick += 1;
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
@@ -341,6 +353,17 @@ impl Session {
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
         for row in &batch.rows {
             let process = self.processes.get(&row.pid);
+            let resource = match process {
+                Some(p) => labels.resource(&self.hello.hostname, &p.record),
+                None => labels.resource(
+                    &self.hello.hostname,
+                    &ProcessRecord::unknown(row.pid, &row.comm),
+                ),
+            };
+            let Some(resource) = resource else {
+                labels.count_dropped_samples(row.count);
+                continue;
+            };
             if process.is_none() {
                 self.stats.samples_without_process_facts = self
                     .stats
@@ -372,25 +395,10 @@ impl Session {
             }
             self.stats.frames += stack.len() as u64;
             self.stats.unknown_frames += stack.iter().filter(|f| f.is_unknown()).count() as u64;
-            let process_name = match process {
-                Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
-                _ => Arc::from(row.comm.as_str()),
-            };
-            let (executable_path, container_id) = match process {
-                Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
-                None => (Arc::from(""), None),
-            };
             self.samples = self.samples.saturating_add(row.count);
             profile.add(
                 SymbolizedSample {
-                    thread: Thread {
-                        pid: row.pid,
-                        tid: row.tid,
-                        process_name,
-                        thread_name: Arc::from(row.comm.as_str()),
-                        executable_path,
-                        container_id,
-                    },
+                    thread: thread_of(row, process, resource),
                     stack: stack.into(),
                     count: row.count,
                 },
@@ -398,6 +406,28 @@ impl Session {
                 batch.interval_end_unix_ns,
             );
         }
+    }
+}
+
+/// Who a row belongs to: its process's facts when known (else the thread's name names it), and
+/// the process's resource labels.
+fn thread_of(row: &Row, process: Option<&Process>, resource: Resource) -> Thread {
+    let process_name = match process {
+        Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
+        _ => Arc::from(row.comm.as_str()),
+    };
+    let (executable_path, container_id) = match process {
+        Some(p) => (Arc::clone(&p.executable_path), p.container_id.clone()),
+        None => (Arc::from(""), None),
+    };
+    Thread {
+        pid: row.pid,
+        tid: row.tid,
+        process_name,
+        thread_name: Arc::from(row.comm.as_str()),
+        executable_path,
+        container_id,
+        resource,
     }
 }
 
@@ -541,7 +571,12 @@ mod tests {
 
     fn symbolize(session: &mut Session, batch: &Batch) -> Profile {
         let mut profile = Profile::default();
-        session.symbolize_batch(batch, &mut ElfCache::default(), &mut profile);
+        session.symbolize_batch(
+            batch,
+            &mut ElfCache::default(),
+            &mut LabelStage::default(),
+            &mut profile,
+        );
         profile
     }
 
@@ -671,7 +706,7 @@ mod tests {
         let mut cache = ElfCache::default();
         let mut run = |session: &mut Session, batch: &Batch| {
             let mut profile = Profile::default();
-            session.symbolize_batch(batch, &mut cache, &mut profile);
+            session.symbolize_batch(batch, &mut cache, &mut LabelStage::default(), &mut profile);
             leaves(&profile)
         };
         session.add_files(vec![file], vec![Some(fd)]);

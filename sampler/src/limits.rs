@@ -10,6 +10,13 @@ pub const MAPS_MAX_BYTES: u64 = 4 << 20;
 /// Most bytes of a small /proc file (comm, stat, cgroup, status): all of them are far smaller.
 pub const SMALL_FILE_MAX_BYTES: u64 = 64 << 10;
 
+/// Most bytes of `/proc/PID/environ` scanned for the two allowlisted variables
+/// ([`crate::procfs::ENV_ALLOWLIST`]); a variable past this bound is not seen.
+pub const ENVIRON_MAX_BYTES: u64 = 64 << 10;
+
+/// Longest value of an allowlisted variable forwarded; a longer one is cut at a char boundary.
+pub const ENV_VALUE_MAX_BYTES: usize = 4 << 10;
+
 /// Longer paths (mapping paths, exe link, cgroup) are cut at a char boundary and marked with
 /// [`PATH_CUT_MARK`]; the mapped file is still opened, through map_files.
 pub const PATH_MAX_BYTES: usize = 1024;

@@ -1,9 +1,11 @@
 //! Reads the facts only the privileged side can see about a process from /proc: executable
-//! mappings, executable path, cgroup and start time, and opens each mapped file once per
+//! mappings, executable path, cgroup, start time, real uid and the two allowlisted variables of
+//! its environment ([`ENV_ALLOWLIST`]: nothing else of `/proc/PID/environ` is kept), and opens each mapped file once per
 //! (device, inode) so the relay can read it through the passed descriptor. Thread names are not
 //! read here: each sample's row carries the name of its thread, from eBPF.
 //!
-//! Only kernel-formatted text is read here (maps, stat, cgroup); file contents are never parsed.
+//! Only kernel-formatted text is read here (maps, stat, cgroup, status; environ is only scanned
+//! for two name prefixes, its values are forwarded unparsed); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
 //! moment.
 
@@ -19,8 +21,9 @@ use std::{
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
 
 use crate::limits::{
-    MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS, MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES,
-    NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
+    ENVIRON_MAX_BYTES, ENV_VALUE_MAX_BYTES, MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS,
+    MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES,
+    SMALL_FILE_MAX_BYTES,
 };
 
 /// One mapped file, shared by every process that maps it.
@@ -355,6 +358,14 @@ pub fn read_process(
         cut,
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
+    let uid = ember_common::ProcStatus::read(format!("{dir}/status"))
+        .ok()
+        .and_then(|status| status.uids().first().copied());
+    // The environment the process was started with (exec time); unreadable = nothing forwarded.
+    let [otel_service_name, otel_resource_attributes] =
+        ember_common::read_bounded(format!("{dir}/environ"), ENVIRON_MAX_BYTES)
+            .map(|environ| allowlisted_env(&environ))
+            .unwrap_or_default();
     Ok(ReadProcess {
         truncated: cut || mappings_omitted > 0,
         info: ProcessInfo {
@@ -365,8 +376,39 @@ pub fn read_process(
             cgroup,
             mappings,
             mappings_omitted,
+            uid,
+            otel_service_name,
+            otel_resource_attributes,
         },
     })
+}
+
+/// The only variables of a process's environment the sampler forwards, in this order. Every
+/// other variable (tokens, passwords, ...) never leaves the sampler.
+pub const ENV_ALLOWLIST: [&str; 2] = ["OTEL_SERVICE_NAME=", "OTEL_RESOURCE_ATTRIBUTES="];
+
+/// The values of the [`ENV_ALLOWLIST`] variables in `environ` (NUL-separated `NAME=value`
+/// entries), each cut to [`ENV_VALUE_MAX_BYTES`]; `None` when absent or empty. A name given
+/// twice keeps its first value (what `getenv` returns). No parsing beyond the prefix match.
+pub fn allowlisted_env(environ: &str) -> [Option<String>; 2] {
+    let mut found: [Option<String>; 2] = [None, None];
+    for entry in environ.split('\0') {
+        for (slot, prefix) in found.iter_mut().zip(ENV_ALLOWLIST) {
+            if let (None, Some(value)) = (&slot, entry.strip_prefix(prefix)) {
+                *slot = Some(cut(value, ENV_VALUE_MAX_BYTES)).filter(|v| !v.is_empty());
+            }
+        }
+    }
+    found
+}
+
+/// `text` cut to at most `max` bytes, at a char boundary.
+fn cut(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 fn clock_ticks() -> u64 {
@@ -610,6 +652,68 @@ pub(crate) mod tests {
                 .expect_err("a device/inode mismatch must be refused");
             assert!(err.contains("device/inode differ"), "{err}");
         }
+    }
+
+    #[test]
+    fn only_the_two_allowlisted_variables_leave_the_environment() {
+        // Given an environment with a secret, look-alike names and both allowlisted variables
+        let environ = "AWS_SECRET_ACCESS_KEY=hunter2\0OTEL_SERVICE_NAME_X=no\0\
+                       MY_OTEL_SERVICE_NAME=no\0OTEL_SERVICE_NAME=billing\0\
+                       OTEL_RESOURCE_ATTRIBUTES=team=finance\0\
+                       OTEL_SERVICE_NAME=second\0PASSWORD=hunter2\0";
+        // When the allowlist is applied
+        let [name, attributes] = allowlisted_env(environ);
+        // Then exactly the two values are kept (the first of a repeated name), nothing else
+        assert_eq!(name.as_deref(), Some("billing"));
+        assert_eq!(attributes.as_deref(), Some("team=finance"));
+        let kept = format!("{name:?}{attributes:?}");
+        assert!(!kept.contains("hunter2"), "{kept}");
+        assert_eq!(
+            allowlisted_env("PATH=/bin\0OTEL_SERVICE_NAME=\0"),
+            [None, None]
+        );
+        // And a long value is cut to the bound at a char boundary
+        let long = format!("OTEL_SERVICE_NAME={}", "é".repeat(ENV_VALUE_MAX_BYTES));
+        let [cut, _] = allowlisted_env(&long);
+        let cut = cut.expect("a long value is kept, cut");
+        assert!(cut.len() <= ENV_VALUE_MAX_BYTES && cut.len() > ENV_VALUE_MAX_BYTES - 2);
+    }
+
+    #[test]
+    fn this_process_facts_carry_its_uid_and_allowlisted_environment_only() {
+        // Given a child started with a secret and OTEL_SERVICE_NAME in its environment
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .env("OTEL_SERVICE_NAME", "env-test")
+            .env("EMBER_TEST_SECRET", "s3cr3t-value")
+            .spawn()
+            .expect("spawn sleep");
+        let mut files = FileTable::new(64);
+        // Until the child's exec has set up its stack, its environ is ours (fork) or empty.
+        let mut read = read_process(child.id(), 0, &mut files, &mut Vec::new());
+        for _ in 0..200 {
+            if read
+                .as_ref()
+                .is_ok_and(|r| r.info.otel_service_name.is_some())
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            read = read_process(child.id(), 0, &mut files, &mut Vec::new());
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // When its facts are read and encoded as the sampler sends them
+        let info = read.expect("read the child's facts").info;
+        let bytes = ember_protocol::encode_sampler_message(
+            &ember_protocol::SamplerMessage::Process(info.clone()),
+        );
+        // Then they carry our uid and its service name, and the secret is nowhere in the bytes
+        // SAFETY: getuid has no preconditions.
+        assert_eq!(info.uid, Some(unsafe { libc::getuid() }));
+        assert_eq!(info.otel_service_name.as_deref(), Some("env-test"));
+        let needle = b"s3cr3t-value";
+        assert!(!bytes.windows(needle.len()).any(|w| w == needle));
     }
 
     #[test]

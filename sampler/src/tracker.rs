@@ -257,7 +257,13 @@ fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
     let mut size = MESSAGE_OVERHEAD
         + text_size(info.executable_path.len())
         + text_size(info.executable_name.len())
-        + text_size(info.cgroup.len());
+        + text_size(info.cgroup.len())
+        + text_size(info.otel_service_name.as_ref().map_or(0, String::len))
+        + text_size(
+            info.otel_resource_attributes
+                .as_ref()
+                .map_or(0, String::len),
+        );
     let mut rest = info.mappings.iter().peekable();
     while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= MAX_DATAGRAM_BYTES) {
         size += mapping_size(mapping);

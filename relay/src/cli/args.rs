@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use super::{parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
+    labels::args::LabelArgs,
     record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
 };
@@ -112,6 +113,8 @@ pub(super) struct RunArgs {
     sampler_uid: Vec<u32>,
     #[command(flatten)]
     export: ExportArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -157,6 +160,8 @@ pub(super) struct RecordArgs {
     export_timeout: Duration,
     #[command(flatten)]
     export: ExportArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 impl RunArgs {
@@ -174,6 +179,7 @@ impl RunArgs {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
             },
+            labels: self.labels.resolve(self.export.config.as_deref())?,
         })
     }
 }
@@ -198,6 +204,7 @@ impl RecordArgs {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
             },
+            labels: self.labels.resolve(self.export.config.as_deref())?,
         })
     }
 }

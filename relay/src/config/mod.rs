@@ -11,7 +11,15 @@
 //!     headers: { X-Scope-OrgID: team-a }
 //!   debug:
 //!     verbosity: detailed
+//! labels: { env: prod }       # static tags on every profile (crate::labels::tags)
+//! process_filter: "nginx|api" # only these executables (anchored regex)
+//! relabel_configs:            # Prometheus relabeling (crate::relabel::config)
+//!   - source_labels: [systemd.unit]
+//!     regex: (.+)\.service
+//!     target_label: service.name
 //! ```
+//!
+//! The label sections are resolved by [`crate::labels::args`].
 //!
 //! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
 //! [`crate::sink::debug::config`]); [`layers`] holds what they share (errors, durations, the
@@ -38,6 +46,14 @@ pub struct RelayConfig {
     /// Where profiles go besides the local files.
     #[serde(default)]
     pub exporters: ExportersConfig,
+    /// Static tags added to every profile (`--tags` wins on a shared key).
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Export only processes whose executable name matches (anchored regex).
+    pub process_filter: Option<String>,
+    /// Prometheus relabel rules, run once per process on its labels.
+    #[serde(default)]
+    pub relabel_configs: Vec<crate::relabel::RelabelConfig>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -50,11 +66,18 @@ pub struct ExportersConfig {
 }
 
 /// Parses a config file's text; `path` names it in errors.
+/// The label sections are checked here too (tags, filter, every relabel rule with its index and
+/// reason), so `validate`, `run` and `record` refuse a bad file alike.
 pub fn parse(text: &str, path: &str) -> Result<RelayConfig, ConfigError> {
-    serde_saphyr::from_str(text).map_err(|err| ConfigError::Parse {
+    let config: RelayConfig = serde_saphyr::from_str(text).map_err(|err| ConfigError::Parse {
         path: path.to_owned(),
         message: err.to_string(),
-    })
+    })?;
+    crate::labels::args::file_settings(&config).map_err(|err| ConfigError::Parse {
+        path: path.to_owned(),
+        message: format!("{err:#}"),
+    })?;
+    Ok(config)
 }
 
 /// Reads and parses a config file.

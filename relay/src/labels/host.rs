@@ -22,17 +22,6 @@ pub struct HostFacts {
     pub arch: String,
 }
 
-impl HostFacts {
-    /// This machine's facts: `hostname` from the sampler's hello, the machine id read from disk.
-    pub fn local(hostname: &str) -> Self {
-        Self {
-            hostname: hostname.to_owned(),
-            machine_id: read_machine_id(&MACHINE_ID_PATHS.map(Path::new)),
-            arch: std::env::consts::ARCH.to_owned(),
-        }
-    }
-}
-
 /// The host labels of `facts`.
 pub fn labels(facts: &HostFacts) -> Labels {
     let mut labels = Labels::new();

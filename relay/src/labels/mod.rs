@@ -16,6 +16,7 @@
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.
 
+pub mod args;
 pub mod cgroup;
 pub mod host;
 pub mod process;
@@ -23,6 +24,7 @@ pub mod pyroscope;
 pub mod resource;
 pub mod resource_env;
 pub mod service;
+pub mod stage;
 pub mod tags;
 
 use std::{collections::BTreeMap, fmt, io::Read, path::Path};
@@ -59,7 +61,7 @@ pub fn is_meta(name: &str) -> bool {
 }
 
 /// A set of labels: attribute name -> value, iterated in name order, no empty values.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Labels(BTreeMap<String, String>);
 
 impl Labels {

@@ -49,12 +49,16 @@ pub fn labels(facts: &ProcessFacts, users: &UserNames) -> Labels {
 
 /// The per-sample labels of a thread (sample attributes: never series labels, see
 /// [`super::pyroscope`]).
+#[cfg(test)]
 pub fn thread_labels(tid: u32, name: &str) -> Labels {
     let mut labels = Labels::new();
     labels.set(keys::THREAD_ID, tid.to_string());
     labels.set(keys::THREAD_NAME, name);
     labels
 }
+
+/// Where user names come from.
+pub const PASSWD_PATH: &str = "/etc/passwd";
 
 /// Most bytes of `/etc/passwd` read: far above any real file's size, small enough for memory.
 pub const PASSWD_LIMIT: u64 = 4 << 20;

@@ -80,6 +80,7 @@ pub struct Series {
 }
 
 impl Series {
+    #[cfg(test)]
     pub fn dropped_for(&self, reason: DropReason) -> usize {
         self.dropped.iter().filter(|(_, r)| *r == reason).count()
     }

@@ -8,7 +8,7 @@
 //! (cached per process) and then [`restore_service_name`]. Pure: no I/O.
 
 use super::{
-    cgroup, host, keys,
+    cgroup, keys,
     process::{self, ProcessFacts, UserNames},
     resource_env::{service_name_variable, ResourceAttributes},
     service::{service_name, ServiceNameSource, ServiceNameSources},
@@ -81,17 +81,6 @@ pub fn resource_labels(
 /// one); if the rules removed it, the name chosen before them comes back.
 pub fn restore_service_name(labels: &mut Labels, before_rules: &str) {
     labels.set_default(keys::SERVICE_NAME, before_rules);
-}
-
-/// This machine's shared facts (`hostname` from the sampler's hello): reads the machine id and
-/// `/etc/passwd` (bounded), so it runs before privileges are dropped.
-pub fn local_shared(hostname: &str, tags: Labels, default_service_name: Option<String>) -> Shared {
-    Shared {
-        host: host::labels(&host::HostFacts::local(hostname)),
-        tags,
-        default_service_name,
-        users: UserNames::load(std::path::Path::new("/etc/passwd")).unwrap_or_default(),
-    }
 }
 
 #[cfg(test)]
@@ -185,6 +174,17 @@ mod tests {
         assert_eq!(labels.get(keys::PROCESS_PID), Some("42"));
         assert_eq!(labels.get(keys::HOST_NAME), Some("node-1"));
         assert_eq!(labels.get("deployment.environment.name"), Some("qa"));
+    }
+
+    #[test]
+    fn a_process_cannot_plant_meta_labels() {
+        let env = ProcessEnv {
+            otel_service_name: None,
+            otel_resource_attributes: Some("__meta_process_cgroup=/fake.slice,ok=1".into()),
+        };
+        let (labels, _) = resource_labels(&shared(), &facts("app", ""), &env);
+        assert_eq!(labels.get(keys::META_PROCESS_CGROUP), None, "{labels}");
+        assert_eq!(labels.get("ok"), Some("1"));
     }
 
     #[test]

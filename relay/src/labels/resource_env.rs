@@ -48,11 +48,12 @@ impl ResourceAttributes {
     }
 
     /// The attributes as labels, `service.name` left out (it goes through
-    /// [`super::service::service_name`]'s precedence instead).
+    /// [`super::service::service_name`]'s precedence instead), and meta names (`__...`) too: a
+    /// process must not hand relabel rules a fact the relay did not observe.
     pub fn labels(&self) -> Labels {
         self.attributes
             .iter()
-            .filter(|(k, _)| k != keys::SERVICE_NAME)
+            .filter(|(k, _)| k != keys::SERVICE_NAME && !super::is_meta(k))
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect()
     }

@@ -94,14 +94,17 @@ impl RelabelCache {
         self.entries.clear();
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    #[cfg(test)]
     pub fn stats(&self) -> CacheStats {
         self.stats
     }

@@ -121,6 +121,12 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The label this rule writes or compares (empty when its action takes none).
+    pub fn target_label(&self) -> &str {
+        &self.target_label
+    }
+
+    #[cfg(test)]
     pub fn action(&self) -> Action {
         self.action
     }

@@ -22,7 +22,7 @@ pub mod config;
 
 use md5::{Digest, Md5};
 
-pub use self::config::{compile, Action, RelabelConfig, Rule, RuleError, RulesError};
+pub use self::config::{compile, Action, RelabelConfig, Rule};
 use crate::labels::{tags::is_attribute_name, Labels};
 
 /// Applies `rules` to `labels`, then strips the meta labels; `None` = the process is dropped.

@@ -121,6 +121,7 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
                         thread_name: format!("app{pid}").into(),
                         executable_path: format!("/usr/bin/app{pid}").into(),
                         container_id: None,
+                        resource: Default::default(),
                     },
                     stack: frames.into(),
                     count,
@@ -1307,13 +1308,20 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
             );
             // Attributes and where they sit: the process on the resource, the thread on the
             // sample, nothing on the scope or the profile.
+            // The labels stage (issue 9) adds host.arch, os.type, process.owner, and host.id
+            // where the machine has a machine id.
             let resource = &p["resource_attributes"];
+            let mut resource_keys = keys(resource);
+            resource_keys.remove("host.id");
             assert_eq!(
-                keys(resource),
+                resource_keys,
                 key_set(&[
+                    "host.arch",
                     "host.name",
+                    "os.type",
                     "process.executable.name",
                     "process.executable.path",
+                    "process.owner",
                     "process.pid",
                     "service.name",
                 ]),

@@ -201,6 +201,7 @@ mod tests {
                     thread_name: "worker".into(),
                     executable_path: "/usr/bin/app".into(),
                     container_id: None,
+                    resource: Default::default(),
                 },
                 stack: vec![
                     Frame {
@@ -272,6 +273,7 @@ mod tests {
                 process_name: "app".into(),
                 thread_name: "main".into(),
                 executable_path: "/usr/bin/app".into(),
+                resource: Default::default(),
                 container_id: None,
             };
             let stack = vec![frame].into();

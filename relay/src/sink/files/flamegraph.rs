@@ -5,6 +5,7 @@
 //! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
 //! same profile gives the same file. Rendering only: the files sink writes the result.
 
+use crate::labels::args::FoldedRoot;
 use std::io;
 
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
@@ -22,8 +23,14 @@ pub enum FlamegraphError {
 }
 
 /// The SVG document of `profile`.
+#[cfg(test)]
 pub fn render(profile: &Profile) -> Result<Vec<u8>, FlamegraphError> {
-    let lines = folded::lines(profile);
+    render_with(profile, FoldedRoot::Process)
+}
+
+/// The SVG document of `profile`, its root frames named per `--folded-root`.
+pub fn render_with(profile: &Profile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
+    let lines = folded::lines_with(profile, root);
     let subtitle = subtitle(profile);
     if lines.is_empty() {
         return Ok(no_samples_svg(&subtitle).into_bytes());
@@ -139,6 +146,7 @@ mod tests {
                 thread_name: "app".into(),
                 executable_path: "/usr/bin/app".into(),
                 container_id: None,
+                resource: Default::default(),
             },
             stack: vec![
                 frame("do_syscall_64", FrameKind::Kernel),

@@ -10,17 +10,30 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{text_safe, Frame, Profile, UNKNOWN};
+use crate::{
+    labels::args::FoldedRoot,
+    model::{text_safe, Frame, Profile, UNKNOWN},
+};
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
 /// whose samples add up to zero left out.
+#[cfg(test)]
 pub fn lines(profile: &Profile) -> Vec<String> {
+    lines_with(profile, FoldedRoot::Process)
+}
+
+/// [`lines`] with the root frame naming the process or its `service.name` (`--folded-root`).
+pub fn lines_with(profile: &Profile, root: FoldedRoot) -> Vec<String> {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     for sample in profile.samples() {
-        let process = if sample.thread.process_name.is_empty() {
+        let name = match root {
+            FoldedRoot::Process => &*sample.thread.process_name,
+            FoldedRoot::Service => sample.thread.service_name(),
+        };
+        let process = if name.is_empty() {
             UNKNOWN.to_owned()
         } else {
-            text_safe(&sample.thread.process_name)
+            text_safe(name)
         };
         // Root first: the model's stacks are leaf first.
         let text = std::iter::once(process)
@@ -36,9 +49,15 @@ pub fn lines(profile: &Profile) -> Vec<String> {
         .collect()
 }
 
-/// The whole folded file: [`lines`], each ended by `\n`.
+/// The whole folded file, process names at the root.
+#[cfg(test)]
 pub fn render(profile: &Profile) -> String {
-    lines(profile)
+    render_with(profile, FoldedRoot::Process)
+}
+
+/// The whole folded file: [`lines_with`], each ended by `\n`.
+pub fn render_with(profile: &Profile, root: FoldedRoot) -> String {
+    lines_with(profile, root)
         .into_iter()
         .map(|mut line| {
             line.push('\n');
@@ -78,6 +97,7 @@ mod tests {
             thread_name: process_name.into(),
             executable_path: "".into(),
             container_id: None,
+            resource: Default::default(),
         }
     }
 

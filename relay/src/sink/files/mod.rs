@@ -34,6 +34,12 @@ impl FilesSink {
         })
     }
 
+    /// The folded lines' (and flamegraph's) root frame names the process or its service.
+    pub(crate) fn with_folded_root(mut self, root: crate::labels::args::FoldedRoot) -> Self {
+        self.files.folded_root = root;
+        self
+    }
+
     /// [`FilesSink::create`] for the current user only.
     #[cfg(test)]
     pub(crate) fn create_unowned(dir: &Path) -> Self {

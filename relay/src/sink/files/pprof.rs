@@ -185,12 +185,27 @@ pub fn render(profile: &Profile) -> proto::Profile {
                     .map(|frame| tables.location(frame))
                     .collect(),
                 value: vec![count, count.saturating_mul(period)],
-                label: vec![
+                label: [
                     num_label(pid, thread.pid),
                     num_label(tid, thread.tid),
                     str_label(thread_name, tables.string(&thread.thread_name)),
                     str_label(process_name, tables.string(&thread.process_name)),
-                ],
+                ]
+                .into_iter()
+                // The process's resource labels (service.name, container.id, tags, ...) as
+                // string labels; the pid stays the numeric label above.
+                .chain(
+                    thread
+                        .resource
+                        .iter()
+                        .filter(|(name, _)| *name != crate::labels::keys::PROCESS_PID)
+                        .map(|(name, value)| {
+                            let key = tables.string(name);
+                            str_label(key, tables.string(value))
+                        })
+                        .collect::<Vec<_>>(),
+                )
+                .collect(),
             }
         })
         .collect();
@@ -426,6 +441,7 @@ mod tests {
             thread_name: "worker".into(),
             executable_path: "/usr/bin/app".into(),
             container_id: None,
+            resource: Default::default(),
         }
     }
 

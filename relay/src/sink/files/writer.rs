@@ -14,6 +14,7 @@
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
+use crate::labels::args::FoldedRoot;
 use std::{
     ffi::OsStr,
     fs::{self, File},
@@ -94,6 +95,8 @@ pub struct OutputSet {
     pprof: File,
     flamegraph: File,
     pub paths: Vec<PathBuf>,
+    /// What the folded lines' (and the flamegraph's) root frame names.
+    pub folded_root: FoldedRoot,
 }
 
 impl OutputSet {
@@ -120,6 +123,7 @@ impl OutputSet {
             pprof,
             flamegraph,
             paths: vec![flamegraph_path, pprof_path, folded_path],
+            folded_root: FoldedRoot::default(),
         })
     }
 
@@ -131,11 +135,15 @@ impl OutputSet {
                 message: err.to_string(),
             }
         };
-        replace(&mut self.folded, folded::render(profile).as_bytes())
-            .map_err(|e| failed(FOLDED)(&e))?;
+        replace(
+            &mut self.folded,
+            folded::render_with(profile, self.folded_root).as_bytes(),
+        )
+        .map_err(|e| failed(FOLDED)(&e))?;
         let bytes = pprof::encode(profile).map_err(|e| failed(PPROF)(&e))?;
         replace(&mut self.pprof, &bytes).map_err(|e| failed(PPROF)(&e))?;
-        let svg = flamegraph::render(profile).map_err(|e| failed(FLAMEGRAPH)(&e))?;
+        let svg = flamegraph::render_with(profile, self.folded_root)
+            .map_err(|e| failed(FLAMEGRAPH)(&e))?;
         replace(&mut self.flamegraph, &svg).map_err(|e| failed(FLAMEGRAPH)(&e))?;
         Ok(())
     }

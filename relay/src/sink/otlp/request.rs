@@ -5,8 +5,8 @@
 //! Invariants (the OTLP profiles rules): one dictionary per request; index 0 of every table is
 //! the empty element, so "unset" and "index 0" mean the same; strings, functions, mappings,
 //! locations, stacks and attributes are deduplicated; samples with the same stack and attribute
-//! set within a resource are merged. One resource per process (`service.name` defaults to the
-//! executable name, so nothing lands in Pyroscope's `unknown_service`). Sample attributes stay
+//! set within a resource are merged. One resource per distinct resource label set from the labels
+//! stage (`service.name` always set, so nothing lands in Pyroscope's `unknown_service`). Sample attributes stay
 //! low-cardinality: the thread name, and pid / tid only when [`SampleAttributes`] asks for them.
 
 use std::{collections::HashMap as StdHashMap, sync::Arc};
@@ -15,7 +15,10 @@ use std::{collections::HashMap as StdHashMap, sync::Arc};
 /// foldhash, randomly seeded per map, is several times faster than std's SipHash here.
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
-use crate::model::{Frame, FrameKind, Module, Profile, SymbolizedSample};
+use crate::{
+    labels::Labels,
+    model::{Frame, FrameKind, Module, Profile, SymbolizedSample},
+};
 
 /// Which per-sample attributes to emit. Every distinct set is its own series in Pyroscope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +119,7 @@ impl Dictionary {
 /// A resource attribute (plain key, as `opentelemetry.proto.common.v1.KeyValue` carries it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyValue {
-    pub key: &'static str,
+    pub key: Arc<str>,
     pub value: Value,
 }
 
@@ -200,21 +203,13 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     let mut b = Builder::default();
     let sample_type = (b.string("samples"), b.string("count"));
     let period_type = (b.string("cpu"), b.string("nanoseconds"));
-    let mut resources: Vec<ResourceProfile> = Vec::new();
-    // Per resource: (stack, attributes) -> sample index, for merging.
-    let mut merge: HashMap<(i32, Vec<i32>), usize> = HashMap::default();
-    let mut current_pid: Option<u32> = None;
+    let mut resources = Resources::default();
+    // (resource, stack, attributes) -> sample index, for merging.
+    let mut merge: HashMap<(usize, i32, Vec<i32>), usize> = HashMap::default();
     for sample in samples {
         let thread = &sample.thread;
-        if current_pid != Some(thread.pid) {
-            current_pid = Some(thread.pid);
-            merge.clear();
-            resources.push(ResourceProfile {
-                resource: resource_attributes(sample, meta),
-                samples: Vec::new(),
-            });
-        }
-        let Some(resource) = resources.last_mut() else {
+        let index = resources.index_of(sample, meta);
+        let Some(resource) = resources.list.get_mut(index) else {
             continue;
         };
         let stack = b.stack(&sample.stack);
@@ -234,13 +229,13 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
         attributes.sort_unstable();
         attributes.dedup();
         let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
-        match merge.entry((stack, attributes)) {
+        match merge.entry((index, stack, attributes)) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let s = &mut resource.samples[*e.get()];
                 s.count = s.count.saturating_add(count);
             }
             std::collections::hash_map::Entry::Vacant(e) => {
-                let (stack, attributes) = e.key().clone();
+                let (_, stack, attributes) = e.key().clone();
                 e.insert(resource.samples.len());
                 resource.samples.push(Sample {
                     stack,
@@ -252,7 +247,7 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     }
     Request {
         dictionary: b.finish(),
-        resources,
+        resources: resources.list,
         time_unix_nano: meta.time_unix_nano,
         duration_nano: meta.duration_nano,
         period: meta.period,
@@ -261,7 +256,78 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     }
 }
 
+/// The request's resources: one per distinct resource label set (per pid when the samples
+/// carry no labels), in order of first appearance.
+#[derive(Default)]
+struct Resources {
+    list: Vec<ResourceProfile>,
+    by_labels: HashMap<Arc<Labels>, usize>,
+    by_pid: HashMap<u32, usize>,
+    /// The previous sample's labels and resource: samples come grouped by process.
+    last: Option<(Arc<Labels>, usize)>,
+}
+
+impl Resources {
+    fn index_of(&mut self, sample: &SymbolizedSample, meta: &Meta) -> usize {
+        let labels = &sample.thread.resource;
+        if let Some((last, index)) = &self.last {
+            if Arc::ptr_eq(last, labels) && !labels.is_empty() {
+                return *index;
+            }
+        }
+        let next = self.list.len();
+        let index = if labels.is_empty() {
+            *self.by_pid.entry(sample.thread.pid).or_insert(next)
+        } else {
+            *self.by_labels.entry(Arc::clone(labels)).or_insert(next)
+        };
+        if index == next {
+            self.list.push(ResourceProfile {
+                resource: resource_attributes(sample, meta),
+                samples: Vec::new(),
+            });
+        }
+        self.last = Some((Arc::clone(labels), index));
+        index
+    }
+}
+
+/// Emitted first and in this order (the order from before the labels stage, so a profile
+/// without extra labels keeps its bytes); every other label follows in name order.
+const LEADING: [&str; 6] = [
+    keys::SERVICE_NAME,
+    keys::EXECUTABLE_NAME,
+    keys::EXECUTABLE_PATH,
+    keys::PID,
+    keys::HOST_NAME,
+    keys::CONTAINER_ID,
+];
+
+/// A resource's attributes: its labels from the labels stage (`process.pid` as an integer, as
+/// the semantic conventions type it), or, for samples without labels, the process's fields.
 fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
+    let labels = &sample.thread.resource;
+    if labels.is_empty() {
+        return unlabelled_resource(sample, meta);
+    }
+    let value = |key: &str, text: &str| match (key, text.parse::<i64>()) {
+        (keys::PID, Ok(pid)) => Value::Int(pid),
+        _ => Value::Str(Arc::from(text)),
+    };
+    let leading = LEADING
+        .iter()
+        .filter_map(|&key| Some((key, labels.get(key)?)));
+    let rest = labels.iter().filter(|(key, _)| !LEADING.contains(key));
+    leading
+        .chain(rest)
+        .map(|(key, text)| KeyValue {
+            key: Arc::from(key),
+            value: value(key, text),
+        })
+        .collect()
+}
+
+fn unlabelled_resource(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
     let thread = &sample.thread;
     let name: Arc<str> = if thread.process_name.is_empty() {
         Arc::from(format!("pid-{}", thread.pid))
@@ -270,33 +336,33 @@ fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> 
     };
     let mut out = vec![
         KeyValue {
-            key: keys::SERVICE_NAME,
+            key: Arc::from(keys::SERVICE_NAME),
             value: Value::Str(Arc::clone(&name)),
         },
         KeyValue {
-            key: keys::EXECUTABLE_NAME,
+            key: Arc::from(keys::EXECUTABLE_NAME),
             value: Value::Str(name),
         },
     ];
     if !thread.executable_path.is_empty() {
         out.push(KeyValue {
-            key: keys::EXECUTABLE_PATH,
+            key: Arc::from(keys::EXECUTABLE_PATH),
             value: Value::Str(Arc::clone(&thread.executable_path)),
         });
     }
     out.push(KeyValue {
-        key: keys::PID,
+        key: Arc::from(keys::PID),
         value: Value::Int(i64::from(thread.pid)),
     });
     if let Some(host) = &meta.hostname {
         out.push(KeyValue {
-            key: keys::HOST_NAME,
+            key: Arc::from(keys::HOST_NAME),
             value: Value::Str(Arc::clone(host)),
         });
     }
     if let Some(id) = &thread.container_id {
         out.push(KeyValue {
-            key: keys::CONTAINER_ID,
+            key: Arc::from(keys::CONTAINER_ID),
             value: Value::Str(Arc::clone(id)),
         });
     }
@@ -565,6 +631,7 @@ mod tests {
                 thread_name: thread.into(),
                 executable_path: "/usr/bin/app".into(),
                 container_id: None,
+                resource: Default::default(),
             },
             stack: stack.into(),
             count,
@@ -578,6 +645,72 @@ mod tests {
             period: 10_101_010,
             hostname: Some("host-1".into()),
         }
+    }
+
+    #[test]
+    fn labelled_samples_make_one_resource_per_label_set() {
+        // Given three processes: two whose rules left the same labels (no pid), one with its own
+        let app = module("/usr/bin/app", None);
+        let stack = vec![frame("main", 0x40_2000, FrameKind::Native, &app)];
+        let shared: Arc<Labels> = Arc::new(
+            [
+                ("service.name", "api"),
+                ("team", "core"),
+                ("host.name", "h"),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let own: Arc<Labels> = Arc::new(
+            [
+                ("zone", "a"),
+                ("process.pid", "30"),
+                ("service.name", "db"),
+                ("process.executable.name", "postgres"),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let labelled = |pid, labels: &Arc<Labels>| {
+            let mut s = sample(pid, pid, "t", stack.clone(), 1);
+            s.thread.resource = Arc::clone(labels);
+            s
+        };
+        let samples = vec![
+            labelled(10, &shared),
+            labelled(20, &Arc::new((*shared).clone())),
+            labelled(30, &own),
+        ];
+        // When built
+        let request = build(&samples, &meta(), SampleAttributes::default());
+        // Then equal label sets share a resource (their samples merged), and a resource lists the
+        // former attributes first in their old order (pid as an int), then the rest by name
+        assert_eq!(request.resources.len(), 2);
+        assert_eq!(request.resources[0].samples[0].count, 2);
+        let attributes = |i: usize| -> Vec<String> {
+            request.resources[i]
+                .resource
+                .iter()
+                .map(|kv| format!("{}={}", kv.key, kv.value))
+                .collect()
+        };
+        assert_eq!(
+            attributes(0),
+            [
+                r#"service.name="api""#,
+                r#"host.name="h""#,
+                r#"team="core""#
+            ]
+        );
+        assert_eq!(
+            attributes(1),
+            [
+                r#"service.name="db""#,
+                r#"process.executable.name="postgres""#,
+                "process.pid=30",
+                r#"zone="a""#
+            ]
+        );
     }
 
     #[test]
@@ -645,7 +778,7 @@ mod tests {
         let resource: Vec<(&str, String)> = request.resources[0]
             .resource
             .iter()
-            .map(|kv| (kv.key, kv.value.to_string()))
+            .map(|kv| (&*kv.key, kv.value.to_string()))
             .collect();
         assert!(resource.contains(&(keys::SERVICE_NAME, "\"app\"".into())));
         assert!(resource.contains(&(keys::HOST_NAME, "\"host-1\"".into())));

@@ -1,0 +1,172 @@
+//! The label flags of `run` and `record` (one clap struct, flattened into both) and their
+//! resolution with the config file's `labels:`, `process_filter:` and `relabel_configs:` into
+//! what the labels stage and the files sink run with. Runs before privileges are dropped
+//! ([`LabelConfig::stage`] reads `/etc/passwd` and the machine id).
+
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use super::{
+    stage::{process_filter, LabelSettings, LabelStage},
+    tags,
+};
+use crate::{config::RelayConfig, relabel};
+
+/// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum FoldedRoot {
+    /// The process (executable) name, as before labels existed.
+    #[default]
+    Process,
+    /// The process's `service.name` after relabeling.
+    Service,
+}
+
+/// Labels and filtering: flags of `run` and `record`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LabelArgs {
+    /// Static tags added to every profile, `k1=v1;k2=v2` (the OpenTelemetry eBPF profiler's
+    /// flag); they win over the config file's `labels:`.
+    #[arg(long, value_name = "K=V;...")]
+    pub tags: Option<String>,
+    /// The service name of processes nothing else names (before the executable name; see the
+    /// README's "Labels" precedence table).
+    #[arg(long, value_name = "NAME")]
+    pub service_name: Option<String>,
+    /// Export only processes whose executable name matches this regex (fully anchored; RE2
+    /// syntax). Overrides the config file's `process_filter:`. Applied in the relay: filtered
+    /// processes are still sampled.
+    #[arg(long, value_name = "REGEX")]
+    pub process_filter: Option<String>,
+    /// The first frame of stacks.folded and the flamegraph: the process name or its service.name.
+    #[arg(long, value_enum, default_value_t = FoldedRoot::Process)]
+    pub folded_root: FoldedRoot,
+}
+
+/// The resolved label configuration.
+#[derive(Clone, Debug, Default)]
+pub struct LabelConfig {
+    pub settings: LabelSettings,
+    pub folded_root: FoldedRoot,
+}
+
+impl LabelConfig {
+    /// This machine's labels stage (reads `/etc/passwd` and the machine id, bounded).
+    pub fn stage(&self) -> LabelStage {
+        LabelStage::local(self.settings.clone())
+    }
+}
+
+impl LabelArgs {
+    /// Resolves the flags with the config file at `config` (if any): flags win.
+    pub fn resolve(&self, config: Option<&Path>) -> anyhow::Result<LabelConfig> {
+        let file = match config {
+            Some(path) => crate::config::load(path)?,
+            None => RelayConfig::default(),
+        };
+        self.resolve_with(&file)
+    }
+
+    /// [`LabelArgs::resolve`] with a parsed file.
+    pub fn resolve_with(&self, file: &RelayConfig) -> anyhow::Result<LabelConfig> {
+        let mut settings = file_settings(file)?;
+        if let Some(text) = &self.tags {
+            settings.tags.merge(&tags::parse(text)?);
+        }
+        if let Some(pattern) = &self.process_filter {
+            settings.process_filter = Some(
+                process_filter(pattern).with_context(|| format!("--process-filter {pattern:?}"))?,
+            );
+        }
+        settings.default_service_name = self
+            .service_name
+            .clone()
+            .filter(|name| !name.trim().is_empty());
+        Ok(LabelConfig {
+            settings,
+            folded_root: self.folded_root,
+        })
+    }
+}
+
+/// The file's label settings: `labels:`, `process_filter:`, `relabel_configs:` (every bad rule
+/// reported with its index and reason).
+pub fn file_settings(file: &RelayConfig) -> anyhow::Result<LabelSettings> {
+    let tags = tags::from_map(file.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let process_filter = file
+        .process_filter
+        .as_deref()
+        .map(|pattern| {
+            process_filter(pattern).with_context(|| format!("process_filter: {pattern:?}"))
+        })
+        .transpose()?;
+    let rules = relabel::compile(&file.relabel_configs).context("relabel_configs")?;
+    Ok(LabelSettings {
+        tags,
+        default_service_name: None,
+        rules,
+        process_filter,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(yaml: &str) -> RelayConfig {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let file = file(
+            "labels: { team: a, env: prod }\nprocess_filter: 'app.*'\n\
+             relabel_configs:\n  - source_labels: [service.name]\n    target_label: svc\n",
+        );
+        let args = LabelArgs {
+            tags: Some("team=b".into()),
+            process_filter: Some("worker".into()),
+            service_name: Some("fallback".into()),
+            folded_root: FoldedRoot::Service,
+        };
+        let config = args.resolve_with(&file).expect("resolves");
+        let settings = &config.settings;
+        assert_eq!(settings.tags.get("team"), Some("b"));
+        assert_eq!(settings.tags.get("env"), Some("prod"));
+        let filter = settings.process_filter.as_ref().expect("a filter");
+        assert!(filter.is_match("worker") && !filter.is_match("worker2"));
+        assert_eq!(settings.rules.len(), 1);
+        assert_eq!(settings.default_service_name.as_deref(), Some("fallback"));
+        assert_eq!(config.folded_root, FoldedRoot::Service);
+    }
+
+    #[test]
+    fn bad_rules_are_reported_with_index_and_reason() {
+        let file = file(
+            "relabel_configs:\n  - action: keep\n  - action: hashmod\n    target_label: x\n  \
+             - regex: '('\n",
+        );
+        let err = format!("{:#}", file_settings(&file).expect_err("bad rules"));
+        assert!(
+            err.contains("relabel_configs[1]") && err.contains("relabel_configs[2]"),
+            "{err}"
+        );
+        assert!(!err.contains("relabel_configs[0]"), "{err}");
+        // And the config file is refused when parsed (validate, run, record)
+        let text = "relabel_configs:\n  - regex: '('\n";
+        let err = crate::config::parse(text, "bad.yaml").expect_err("refused");
+        assert!(err.to_string().contains("relabel_configs[0]"), "{err}");
+        let err = format!(
+            "{:#}",
+            LabelArgs {
+                tags: Some("novalue".into()),
+                ..LabelArgs::default()
+            }
+            .resolve_with(&RelayConfig::default())
+            .expect_err("bad tag")
+        );
+        assert!(err.contains("--tags"), "{err}");
+    }
+}

@@ -1,0 +1,409 @@
+//! The labels stage: the resource labels of each sampled process, computed once per process
+//! (keyed by pid + start time in a [`RelabelCache`]) and handed to the profile as one shared
+//! `Arc<Labels>` per process, never copied per sample.
+//!
+//! Per process, in order: the `--process-filter` (the executable name must match, fully
+//! anchored; a process that does not is dropped), [`resource::resource_labels`] (host, process,
+//! cgroup, the allowlisted environment, static tags, `service.name` by its precedence), the
+//! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], and
+//! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
+//! removed and counted). A dropped process's samples are not exported; they are counted.
+//!
+//! The session calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
+//! (exec, or a reused pid), so labels follow exec. Pure apart from [`LabelStage::local`], which
+//! reads `/etc/passwd` and the machine id once (bounded) before privileges are dropped.
+
+use std::sync::Arc;
+
+use regex::Regex;
+
+use super::{
+    host::{self, HostFacts},
+    keys,
+    process::{ProcessFacts, UserNames},
+    pyroscope,
+    resource::{self, ProcessEnv, Shared},
+    Labels,
+};
+use crate::relabel::{
+    self,
+    cache::{Outcome, RelabelCache},
+    Rule,
+};
+
+/// The shared labels of a process, as the profile carries them.
+pub type Resource = Arc<Labels>;
+
+/// Most processes whose labels are cached (one entry per live pid; beyond, recomputed).
+pub const MAX_CACHED_PROCESSES: usize = 65_536;
+
+/// What the operator configured: the same for every process, replaced as a whole.
+#[derive(Clone, Debug, Default)]
+pub struct LabelSettings {
+    /// `labels:` of the config file with `--tags` merged over it.
+    pub tags: Labels,
+    /// `--service-name`: names a service when nothing else does (before the executable name).
+    pub default_service_name: Option<String>,
+    /// `relabel_configs:`, compiled.
+    pub rules: Vec<Rule>,
+    /// `--process-filter`: only executables whose name matches (anchored) are exported.
+    pub process_filter: Option<Regex>,
+}
+
+/// What the stage did, since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LabelStats {
+    /// Processes the `--process-filter` left out.
+    pub processes_filtered: u64,
+    /// Processes a relabel rule dropped.
+    pub processes_dropped: u64,
+    /// Samples not exported because their process was filtered out or dropped.
+    pub samples_dropped: u64,
+    /// Labels removed to fit Pyroscope's series limits.
+    pub labels_over_limit: u64,
+    /// Malformed `OTEL_RESOURCE_ATTRIBUTES` entries skipped.
+    pub env_entries_skipped: u64,
+}
+
+/// One process as the stage sees it: its facts and its allowlisted environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessRecord {
+    pub facts: ProcessFacts,
+    pub env: ProcessEnv,
+}
+
+impl ProcessRecord {
+    /// The record of a sampler's `Process` message.
+    pub fn from_info(info: &ember_protocol::ProcessInfo) -> Self {
+        Self {
+            facts: ProcessFacts {
+                pid: info.pid,
+                start_time_unix_ns: info.start_time_unix_ns,
+                executable_path: info.executable_path.clone(),
+                executable_name: info.executable_name.clone(),
+                uid: info.uid,
+                cgroup: info.cgroup.clone(),
+                command_line: None,
+            },
+            env: ProcessEnv {
+                otel_service_name: info.otel_service_name.clone(),
+                otel_resource_attributes: info.otel_resource_attributes.clone(),
+            },
+        }
+    }
+
+    /// A process the sampler sent no facts for: its pid and the thread's name only.
+    pub fn unknown(pid: u32, comm: &str) -> Self {
+        Self {
+            facts: ProcessFacts {
+                pid,
+                executable_name: comm.to_owned(),
+                ..ProcessFacts::default()
+            },
+            env: ProcessEnv::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct LabelStage {
+    settings: LabelSettings,
+    shared: Shared,
+    machine_id: Option<String>,
+    /// The host name `shared.host` was made for.
+    hostname: Option<String>,
+    /// Label names ranked right after `service.name` when a series must shrink.
+    pinned: Vec<String>,
+    cache: RelabelCache,
+    stats: LabelStats,
+}
+
+impl Default for LabelStage {
+    fn default() -> Self {
+        Self::new(LabelSettings::default(), UserNames::default(), None)
+    }
+}
+
+impl LabelStage {
+    /// A stage with the given user names and machine id (no I/O).
+    pub fn new(settings: LabelSettings, users: UserNames, machine_id: Option<String>) -> Self {
+        let pinned = settings
+            .tags
+            .iter()
+            .map(|(name, _)| name.to_owned())
+            .chain(settings.rules.iter().map(|r| r.target_label().to_owned()))
+            .filter(|name| !name.is_empty())
+            .collect();
+        let shared = Shared {
+            tags: settings.tags.clone(),
+            default_service_name: settings.default_service_name.clone(),
+            users,
+            ..Shared::default()
+        };
+        Self {
+            settings,
+            shared,
+            machine_id,
+            hostname: None,
+            pinned,
+            cache: RelabelCache::new(MAX_CACHED_PROCESSES),
+            stats: LabelStats::default(),
+        }
+    }
+
+    /// This machine's stage: reads `/etc/passwd` and the machine id (bounded; run it before
+    /// dropping privileges).
+    pub fn local(settings: LabelSettings) -> Self {
+        let users =
+            UserNames::load(std::path::Path::new(super::process::PASSWD_PATH)).unwrap_or_default();
+        let machine_id = host::read_machine_id(&host::MACHINE_ID_PATHS.map(std::path::Path::new));
+        Self::new(settings, users, machine_id)
+    }
+
+    pub fn stats(&self) -> LabelStats {
+        self.stats
+    }
+
+    /// The labels of `process` sampled on `hostname`; `None` when it is filtered out or dropped.
+    pub fn resource(&mut self, hostname: &str, process: &ProcessRecord) -> Outcome {
+        if self.hostname.as_deref() != Some(hostname) {
+            self.set_hostname(hostname);
+        }
+        let Self {
+            settings,
+            shared,
+            pinned,
+            cache,
+            stats,
+            ..
+        } = self;
+        let facts = &process.facts;
+        cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
+            compute(settings, shared, pinned, stats, process)
+        })
+    }
+
+    /// Counts samples of a filtered or dropped process.
+    pub fn count_dropped_samples(&mut self, samples: u64) {
+        self.stats.samples_dropped = self.stats.samples_dropped.saturating_add(samples);
+    }
+
+    /// Forgets a process's labels (new facts for its pid: exec or pid reuse; or it exited).
+    pub fn forget(&mut self, pid: u32) {
+        self.cache.forget(pid);
+    }
+
+    fn set_hostname(&mut self, hostname: &str) {
+        self.shared.host = host::labels(&HostFacts {
+            hostname: hostname.to_owned(),
+            machine_id: self.machine_id.clone(),
+            arch: std::env::consts::ARCH.to_owned(),
+        });
+        self.hostname = Some(hostname.to_owned());
+        self.cache.clear();
+    }
+}
+
+/// One process's labels, `None` when filtered out or dropped.
+fn compute(
+    settings: &LabelSettings,
+    shared: &Shared,
+    pinned: &[String],
+    stats: &mut LabelStats,
+    process: &ProcessRecord,
+) -> Option<Labels> {
+    if let Some(filter) = &settings.process_filter {
+        if !filter.is_match(&process.facts.executable_name) {
+            stats.processes_filtered += 1;
+            return None;
+        }
+    }
+    let (labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    stats.env_entries_skipped += report.skipped_env_entries as u64;
+    let before_rules = labels.get(keys::SERVICE_NAME).unwrap_or("").to_owned();
+    let Some(mut labels) = relabel::process(&settings.rules, labels) else {
+        stats.processes_dropped += 1;
+        return None;
+    };
+    resource::restore_service_name(&mut labels, &before_rules);
+    let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
+    for (name, _) in pyroscope::series(&labels, &pinned).dropped {
+        labels.remove(&name);
+        stats.labels_over_limit += 1;
+    }
+    Some(labels)
+}
+
+/// An anchored regex over the whole executable name (`--process-filter`, `process_filter:`).
+pub fn process_filter(pattern: &str) -> Result<Regex, regex::Error> {
+    Regex::new(&format!("^(?:{pattern})$"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relabel::{compile, RelabelConfig};
+
+    fn record(pid: u32, start: u64, name: &str, env: ProcessEnv) -> ProcessRecord {
+        ProcessRecord {
+            facts: ProcessFacts {
+                pid,
+                start_time_unix_ns: start,
+                executable_name: name.into(),
+                executable_path: format!("/opt/{name}"),
+                uid: Some(0),
+                ..ProcessFacts::default()
+            },
+            env,
+        }
+    }
+
+    fn rules(yaml: &str) -> Vec<Rule> {
+        let configs: Vec<RelabelConfig> =
+            serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("yaml: {e}"));
+        compile(&configs).unwrap_or_else(|e| panic!("rules: {e}"))
+    }
+
+    #[test]
+    fn filter_rules_precedence_and_cache() {
+        // Given a filter, a tag, a rename rule and a drop rule
+        let settings = LabelSettings {
+            tags: [("team", "core")].into_iter().collect(),
+            default_service_name: Some("fallback".into()),
+            rules: rules(
+                "- source_labels: [service.name]\n  regex: ledger\n  target_label: service.name\n  replacement: books\n\
+                 - source_labels: [process.executable.name]\n  regex: noisy\n  action: drop\n",
+            ),
+            process_filter: Some(process_filter("app|noisy|other").expect("regex")),
+        };
+        let mut stage = LabelStage::new(
+            settings,
+            UserNames::parse("root:x:0:0::/:/bin/sh\n"),
+            Some("0123456789abcdef0123456789abcdef".into()),
+        );
+        let env = |attrs: &str| ProcessEnv {
+            otel_resource_attributes: Some(attrs.into()),
+            ..ProcessEnv::default()
+        };
+        // When four processes are labelled
+        let renamed = stage.resource("node", &record(1, 10, "app", env("service.name=ledger")));
+        let plain = stage.resource("node", &record(2, 10, "other", ProcessEnv::default()));
+        let dropped = stage.resource("node", &record(3, 10, "noisy", ProcessEnv::default()));
+        let filtered = stage.resource("node", &record(4, 10, "sshd", ProcessEnv::default()));
+        // Then the rule renamed one, the default names the other, two are gone
+        let renamed = renamed.expect("kept");
+        assert_eq!(renamed.get(keys::SERVICE_NAME), Some("books"));
+        assert_eq!(renamed.get("team"), Some("core"));
+        assert_eq!(renamed.get(keys::HOST_NAME), Some("node"));
+        assert_eq!(renamed.get(keys::PROCESS_OWNER), Some("root"));
+        assert_eq!(
+            plain.expect("kept").get(keys::SERVICE_NAME),
+            Some("fallback")
+        );
+        assert_eq!((dropped, filtered), (None, None));
+        let stats = stage.stats();
+        assert_eq!((stats.processes_dropped, stats.processes_filtered), (1, 1));
+        // And the labels are computed once per (pid, start time): the same Arc comes back, a
+        // new start time (pid reuse) computes anew
+        let again = stage.resource("node", &record(1, 10, "app", ProcessEnv::default()));
+        assert!(Arc::ptr_eq(&renamed, &again.expect("cached")));
+        let reused = stage.resource("node", &record(1, 11, "app", ProcessEnv::default()));
+        assert_eq!(
+            reused.expect("kept").get(keys::SERVICE_NAME),
+            Some("fallback")
+        );
+    }
+
+    #[test]
+    fn a_series_keeps_at_most_30_labels_service_name_first() {
+        // Given a process declaring 40 attributes of its own
+        let attributes: Vec<String> = (0..40).map(|i| format!("attr.{i:02}=v")).collect();
+        let env = ProcessEnv {
+            otel_service_name: Some("big".into()),
+            otel_resource_attributes: Some(attributes.join(",")),
+        };
+        let mut stage = LabelStage::default();
+        // When labelled
+        let labels = stage
+            .resource("h", &record(9, 1, "app", env))
+            .expect("kept");
+        // Then the series fits Pyroscope's limit (30 names, one of them its own __name__), the
+        // service name stays, the per-process values went first, and the removals are counted
+        assert_eq!(labels.len(), pyroscope::MAX_LABEL_NAMES_PER_SERIES - 1);
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("big"));
+        assert_eq!(labels.get(keys::PROCESS_PID), None);
+        assert!(stage.stats().labels_over_limit > 10);
+    }
+
+    #[test]
+    fn exec_refreshes_after_forget() {
+        let mut stage = LabelStage::default();
+        let first = stage.resource("h", &record(5, 1, "sh", ProcessEnv::default()));
+        assert_eq!(first.expect("kept").get(keys::SERVICE_NAME), Some("sh"));
+        // Given an exec (same pid and start time, new facts), When the session forgets it
+        stage.forget(5);
+        // Then the new executable names it
+        let after = stage.resource("h", &record(5, 1, "worker", ProcessEnv::default()));
+        assert_eq!(after.expect("kept").get(keys::SERVICE_NAME), Some("worker"));
+    }
+
+    /// The stage's cost, printed: `cargo test -p ember-relay --lib stage_cost -- --ignored
+    /// --nocapture`. 1,000 processes, 10 rules, Pyroscope trimming included: cold (labels
+    /// computed) and warm (one lookup per batch row, as the session does).
+    #[test]
+    #[ignore = "a measurement, not a check: run it by name"]
+    fn stage_cost() {
+        use std::time::Instant;
+        let mut yaml = String::new();
+        for i in 0..8 {
+            yaml.push_str(&format!(
+                "- source_labels: [process.executable.name]\n  regex: app-{i}\n  \
+                 target_label: service.name\n  replacement: svc-{i}\n"
+            ));
+        }
+        yaml.push_str(
+            "- source_labels: [process.executable.name]\n  regex: app-99.\n  action: drop\n",
+        );
+        yaml.push_str("- regex: process\\.executable\\.path\n  action: labeldrop\n");
+        let settings = LabelSettings {
+            tags: [("env", "prod"), ("region", "eu")].into_iter().collect(),
+            rules: rules(&yaml),
+            ..LabelSettings::default()
+        };
+        let mut stage = LabelStage::new(settings, UserNames::default(), None);
+        let records: Vec<ProcessRecord> = (0..1000u32)
+            .map(|pid| {
+                let env = ProcessEnv {
+                    otel_resource_attributes: Some(format!("team=t{},tier=web", pid % 7)),
+                    ..ProcessEnv::default()
+                };
+                let mut r = record(pid, 1, &format!("app-{pid}"), env);
+                r.facts.cgroup = format!("/system.slice/app-{pid}.service");
+                r
+            })
+            .collect();
+        let started = Instant::now();
+        let kept = records
+            .iter()
+            .filter(|r| stage.resource("node", r).is_some())
+            .count();
+        let cold = started.elapsed();
+        let started = Instant::now();
+        for r in &records {
+            std::hint::black_box(stage.resource("node", r));
+        }
+        let warm = started.elapsed();
+        eprintln!(
+            "labels stage, 1,000 processes x 10 rules ({} build): cold {cold:?} ({:?}/process), \
+             warm {warm:?} ({:?}/row), {kept} kept",
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            cold / 1000,
+            warm / 1000
+        );
+        assert_eq!(kept, 990);
+    }
+}
