@@ -1488,6 +1488,26 @@ fn otlp_ground_truth_http_v1_9() {
     check_with_python(&chain, "1.9", "1.10");
 }
 
+/// Ground truth over HTTP/protobuf in the v1.10 generation (Pyroscope >= 1.20, Collector >=
+/// 0.148), the whole chain from the real sampler to a real HTTP receiver: checked by the v1.10
+/// definitions and, every request, the official Python package 1.45.2.
+#[test]
+fn otlp_ground_truth_http_v1_10() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let receiver = Receiver::http(None);
+    let chain = record_ground_truth(&receiver, "http", "1.10");
+    assert!(
+        chain.received.iter().all(|r| r.gzip),
+        "HTTP bodies not gzipped"
+    );
+    check_ground_truth(&chain, "http v1.10");
+    check_other_generation_in_rust(&chain, "1.9");
+    check_with_python(&chain, "1.10", "1.9");
+}
+
 /// The relay config shipped in deploy/kubernetes/20-configmap.yaml passes
 /// `ember-relay validate`, and a config with a typo is refused with its line.
 #[test]
