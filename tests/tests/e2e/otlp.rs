@@ -357,11 +357,28 @@ fn otlp_slow_receiver_keeps_the_queue_bounded() {
         exporter.export(profile);
         thread::sleep(Duration::from_millis(20));
     }
+    // Seen from the receiver, not from the exporter's own figures: once the producer stopped,
+    // only what the queue held (whole requests of `request_bytes`) and the one request in flight
+    // can still arrive. An unbounded queue would deliver all 30.
+    let seen_when_producer_stopped = receiver.received().len();
     let settled = wait_until(DELIVERY_TIMEOUT, || {
         let s = exporter.stats();
         s.samples_sent + all_dropped(&s) == total
     });
     let (drained, stats) = exporter.shutdown(Duration::from_secs(30));
+    let seen_after = receiver.received().len();
+    let queue_capacity = bound / request_bytes;
+    eprintln!(
+        "slow receiver: the receiver had {seen_when_producer_stopped} requests when the producer \
+         stopped, {seen_after} in the end; the queue holds {queue_capacity} requests"
+    );
+    assert!(
+        seen_after - seen_when_producer_stopped <= queue_capacity + 1,
+        "{} requests reached the receiver after the producer stopped, but a queue of {bound} B \
+         holds only {queue_capacity} requests of {request_bytes} B (+1 in flight): the queue is \
+         not bounded",
+        seen_after - seen_when_producer_stopped
+    );
     eprintln!(
         "slow receiver: {total} samples handed over, {} sent, dropped {:?}; queue bound {bound} B, \
          high water {} B",
@@ -457,9 +474,14 @@ fn otlp_dead_receiver_memory_bound() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
+    // 400 profiles of ~115 KB requests: ~46 MB if nothing were dropped, 11x the queue bound, so
+    // the process's own memory (VmRSS, read by the kernel, not by the exporter) tells a bounded
+    // queue from an unbounded one.
+    const PROFILES: u64 = 400;
+    let rss_before = rss();
     let mut rss_samples = Vec::new();
     let mut total = 0;
-    for i in 0..120 {
+    for i in 0..PROFILES {
         let profile = synthetic(2, 100, 1, &format!("dead{i:03}"));
         total += profile.total_samples();
         exporter.export(profile);
@@ -469,11 +491,16 @@ fn otlp_dead_receiver_memory_bound() {
         }
     }
     // Every profile is either taken in or dropped at the hand-over (counted).
-    wait_until(DELIVERY_TIMEOUT, || {
+    let handed_over = wait_until(DELIVERY_TIMEOUT, || {
         let s = exporter.stats();
-        s.profiles + s.dropped_requests(DropReason::ChannelFull) == 120
+        s.profiles + s.dropped_requests(DropReason::ChannelFull) == PROFILES
     });
     let stats = exporter.stats();
+    assert!(
+        handed_over.is_some(),
+        "profiles neither taken in nor counted as dropped at the hand-over: {stats:?}"
+    );
+    rss_samples.push(rss());
     let (drained, final_stats) = exporter.shutdown(Duration::from_millis(200));
     // A dead receiver cannot be drained: the shutdown says so and counts what it dropped.
     match drained {
@@ -493,6 +520,21 @@ fn otlp_dead_receiver_memory_bound() {
     );
     assert!(stats.queue_high_water <= bound as u64);
     assert!(stats.dropped_samples(DropReason::QueueFull) > 0);
+    // From outside: the process grew by at most twice the bound (the queue, and requests being
+    // encoded or retried beside it) plus 16 MiB for the allocator and the runtime.
+    let grown_kib = rss_samples
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(rss_before);
+    let allowed_kib = 2 * bound as u64 / 1024 + 16 * 1024;
+    eprintln!("VmRSS grew by {grown_kib} KiB (allowed {allowed_kib} KiB) from {rss_before} KiB");
+    assert!(
+        grown_kib <= allowed_kib,
+        "the process grew by {grown_kib} KiB with a dead receiver and a {bound} B queue (allowed \
+         {allowed_kib} KiB): the queue is not what bounds memory"
+    );
     assert_eq!(final_stats.samples_sent, 0);
     assert_eq!(all_dropped(&final_stats), total, "{final_stats:?}");
 }
