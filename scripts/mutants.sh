@@ -46,7 +46,7 @@ for arg in "$@"; do
     esac
 done
 
-args=(mutants --no-shuffle --output "$root" --cap-lints true)
+args=(mutants --no-shuffle --output "$root")
 in_place=${EMBER_MUTANTS_IN_PLACE:-}
 [ -n "$in_place" ] || { [ -n "${CI:-}" ] && in_place=1 || in_place=0; }
 if [ "$in_place" = 1 ]; then
