@@ -1161,6 +1161,12 @@ fn relay_rejects_malformed_input() {
         ..Batch::default()
     }));
     let wrong_version = encode_sampler_message(&hello(999));
+    // A Hello naming kallsyms at descriptor index 5 in a datagram that carries none.
+    let mut dangling = hello(PROTOCOL_VERSION);
+    if let SamplerMessage::Hello(h) = &mut dangling {
+        h.kallsyms_fd = 5;
+    }
+    let dangling_fd_hello = encode_sampler_message(&dangling);
     assert!(decode_sampler_message(&garbage, &limits).is_err());
     assert!(decode_sampler_message(&truncated, &limits).is_err());
     assert!(
@@ -1176,7 +1182,7 @@ fn relay_rejects_malformed_input() {
         "datagram of {} bytes exceeds --max-message-bytes {MAX}",
         oversized.len()
     );
-    let cases: [Case<'_>; 4] = [
+    let cases: [Case<'_>; 5] = [
         (
             "garbage bytes",
             None,
@@ -1200,6 +1206,12 @@ fn relay_rejects_malformed_input() {
             None,
             &wrong_version,
             &["protocol version", "999"],
+        ),
+        (
+            "Hello naming descriptor 5 with none attached",
+            None,
+            &dangling_fd_hello,
+            &["fd index 5", "0 descriptors"],
         ),
     ];
     for (case, before, bad, expected) in cases {
