@@ -22,6 +22,7 @@ use ember_relay::{
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread},
     sink::otlp::{
         exporter::Settings,
+        request::SampleAttributes,
         stats::{DropReason, Snapshot},
         transport::Protocol,
         Drained, Exporter, ProtoVersion,
@@ -131,6 +132,74 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
         }
     }
     profile
+}
+
+/// Sample and resource attributes follow the options and the data exactly, decoded from the
+/// bytes: `thread.name` only when asked for and the thread has a name, never empty;
+/// `process.executable.path` only when the path is known.
+#[test]
+fn otlp_attributes_follow_the_options_and_the_data() {
+    let mut profile = synthetic(1, 2, 3, "named");
+    let frame = Frame {
+        function: "anon_main".into(),
+        file: None,
+        line: None,
+        kind: FrameKind::Native,
+        inlined: false,
+        address: 0x1000,
+        module: None,
+    };
+    profile.add(
+        SymbolizedSample {
+            thread: Thread {
+                pid: 2002,
+                tid: 2002,
+                process_name: "anon".into(),
+                thread_name: "".into(),
+                executable_path: "".into(),
+                container_id: None,
+            },
+            stack: vec![frame].into(),
+            count: 5,
+        },
+        1_700_000_000_000_000_000,
+        1_700_000_001_000_000_000,
+    );
+    for thread_name in [true, false] {
+        let options = SampleAttributes {
+            thread_name,
+            ..SampleAttributes::default()
+        };
+        let encoding =
+            ember_relay::sink::otlp::encode(&profile, ProtoVersion::V1_10, options, usize::MAX);
+        let mut seen = BTreeSet::new();
+        for request in &encoding.requests {
+            let decoded = otlp::decode("1.10", &request.body).expect("decodes as v1.10");
+            for (resource, sample) in decoded.samples() {
+                let name = resource.attributes.get("process.executable.name").cloned();
+                let path = resource.attributes.get("process.executable.path");
+                let thread = sample.attributes.get("thread.name");
+                match name.as_deref() {
+                    Some("app1") => {
+                        assert_eq!(path.map(String::as_str), Some("/usr/bin/app1"));
+                        let expected = thread_name.then_some("app1");
+                        assert_eq!(
+                            thread.map(String::as_str),
+                            expected,
+                            "thread.name with thread_name: {thread_name}"
+                        );
+                    }
+                    Some("anon") => {
+                        assert_eq!(path, None, "an unknown executable path was exported");
+                        assert_eq!(thread, None, "an empty thread name was exported");
+                    }
+                    other => panic!("a resource of an unknown process {other:?}"),
+                }
+                seen.insert(name.unwrap_or_default());
+            }
+        }
+        assert_eq!(seen, BTreeSet::from(["anon".to_owned(), "app1".to_owned()]));
+    }
 }
 
 /// Exporter settings through the relay's own resolution: `yaml` is the `exporters.otlp` body
