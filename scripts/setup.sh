@@ -95,6 +95,15 @@ for pair in "1.9:1.40.0" "1.10:1.45.2"; do
   fi
 done
 
+# 6. cargo-mutants 27.1.0 in .tools/bin, for the mutation step of scripts/test.sh
+#    (scripts/mutants.sh --ci). Skipped (fast) when that version is already there.
+mutants_version=27.1.0
+if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-mutants" mutants --version 2>/dev/null \
+  | grep -qx "cargo-mutants $mutants_version"; then
+  log "building cargo-mutants $mutants_version into .tools/bin (a few minutes)"
+  cargo install --locked --root "$root/.tools" "cargo-mutants@$mutants_version" --force -q
+fi
+
 gate_tools=""
-[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version"
+[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, cargo-mutants $mutants_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -2,6 +2,8 @@
 # Sets up what ember needs (idempotent), then runs every check and test: formatting, clippy,
 # unit tests and the end-to-end tests that load the real eBPF program (these need root).
 #
+# Last, a time-capped mutation test of the changed Rust code (scripts/mutants.sh --ci).
+#
 # Nothing is skipped in silence: this script sets EMBER_REQUIRE_ALL=1, so a test that cannot run
 # here (not root, a tool or the Python decoders missing) fails. `EMBER_REQUIRE_ALL=0
 # scripts/test.sh` allows skips instead; either way the summary counts the tests that ran as root
@@ -36,5 +38,14 @@ fi
 if [ "$status" -ne 0 ]; then
     echo "== cargo test failed (exit $status)"
     exit "$status"
+fi
+# Mutation testing of the Rust code changed since the base commit (scripts/mutants.sh --ci):
+# capped at EMBER_MUTANTS_TIMEOUT (15m); lists the mutants no test caught, and fails on them
+# only with EMBER_MUTANTS_STRICT=1. EMBER_MUTANTS=0 leaves it out.
+if [ "${EMBER_MUTANTS:-1}" != 0 ]; then
+    echo "== cargo mutants (changed code only)"
+    mutants_start=$(date +%s)
+    bash scripts/mutants.sh --ci
+    echo "== cargo mutants took $(( $(date +%s) - mutants_start ))s"
 fi
 echo "== all checks passed in $(( $(date +%s) - start ))s"

@@ -1159,6 +1159,12 @@ fn relay_rejects_malformed_input() {
         ..Batch::default()
     }));
     let wrong_version = encode_sampler_message(&hello(999));
+    // A Hello naming kallsyms at descriptor index 5 in a datagram that carries none.
+    let mut dangling = hello(PROTOCOL_VERSION);
+    if let SamplerMessage::Hello(h) = &mut dangling {
+        h.kallsyms_fd = 5;
+    }
+    let dangling_fd_hello = encode_sampler_message(&dangling);
     assert!(decode_sampler_message(&garbage, &limits).is_err());
     assert!(decode_sampler_message(&truncated, &limits).is_err());
     assert!(
@@ -1167,19 +1173,46 @@ fn relay_rejects_malformed_input() {
         oversized.len()
     );
 
-    // (case, a valid message sent before the bad one, the bad one)
-    type Case<'a> = (&'a str, Option<&'a [u8]>, &'a [u8]);
-    let cases: [Case<'_>; 4] = [
-        ("garbage bytes", None, &garbage),
-        ("truncated Hello", None, &truncated),
+    // (case, a valid message sent before the bad one, the bad one, what the logged error must
+    // say: each rule is named, so a message refused for another reason fails here)
+    type Case<'a> = (&'a str, Option<&'a [u8]>, &'a [u8], &'a [&'a str]);
+    let oversized_error = format!(
+        "datagram of {} bytes exceeds --max-message-bytes {MAX}",
+        oversized.len()
+    );
+    let cases: [Case<'_>; 5] = [
+        (
+            "garbage bytes",
+            None,
+            &garbage,
+            &["malformed message: not a valid Cap'n Proto message"],
+        ),
+        (
+            "truncated Hello",
+            None,
+            &truncated,
+            &["malformed message: not a valid Cap'n Proto message"],
+        ),
         (
             "oversized (100 KiB) message after a valid Hello",
             Some(&valid_hello),
             &oversized,
+            &[oversized_error.as_str()],
         ),
-        ("Hello with protocol version 999", None, &wrong_version),
+        (
+            "Hello with protocol version 999",
+            None,
+            &wrong_version,
+            &["protocol version", "999"],
+        ),
+        (
+            "Hello naming descriptor 5 with none attached",
+            None,
+            &dangling_fd_hello,
+            &["fd index 5", "0 descriptors"],
+        ),
     ];
-    for (case, before, bad) in cases {
+    for (case, before, bad, expected) in cases {
         eprintln!("--- {case}");
         let errors_before = relay.log.matching(is_closing_error).len();
         let mark = relay.log.len();
@@ -1225,14 +1258,21 @@ fn relay_rejects_malformed_input() {
         let text = field_text(&error, "error").unwrap_or_default();
         eprintln!("relay: {} / error: {text}", message(&error));
         assert!(
-            !text.is_empty(),
-            "the closing-connection error has no `error` field: {error}"
+            expected.iter().all(|part| text.contains(part)),
+            "the relay closed the connection after {case}, but its error does not name the rule \
+             (expected {expected:?}): {error}"
         );
         assert!(
             relay.child.try_wait().is_none(),
             "the relay exited after {case}:\n{}",
             relay.log.text()
         );
+        // And it keeps serving: the next client's Hello is taken.
+        drop(greeted_connection(
+            &relay,
+            &socket,
+            &format!("a client after {case}"),
+        ));
     }
 
     // A real sampler is still served.

@@ -22,6 +22,7 @@ use ember_relay::testing::{
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread},
     sink::otlp::{
         exporter::Settings,
+        request::SampleAttributes,
         stats::{DropReason, Snapshot},
         transport::Protocol,
         Drained, Exporter, ProtoVersion,
@@ -132,6 +133,74 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
         }
     }
     profile
+}
+
+/// Sample and resource attributes follow the options and the data exactly, decoded from the
+/// bytes: `thread.name` only when asked for and the thread has a name, never empty;
+/// `process.executable.path` only when the path is known.
+#[test]
+fn otlp_attributes_follow_the_options_and_the_data() {
+    let mut profile = synthetic(1, 2, 3, "named");
+    let frame = Frame {
+        function: "anon_main".into(),
+        file: None,
+        line: None,
+        kind: FrameKind::Native,
+        inlined: false,
+        address: 0x1000,
+        module: None,
+    };
+    profile.add(
+        SymbolizedSample {
+            thread: Thread {
+                pid: 2002,
+                tid: 2002,
+                process_name: "anon".into(),
+                thread_name: "".into(),
+                executable_path: "".into(),
+                container_id: None,
+            },
+            stack: vec![frame].into(),
+            count: 5,
+        },
+        1_700_000_000_000_000_000,
+        1_700_000_001_000_000_000,
+    );
+    for thread_name in [true, false] {
+        let options = SampleAttributes {
+            thread_name,
+            ..SampleAttributes::default()
+        };
+        let encoding =
+            ember_relay::sink::otlp::encode(&profile, ProtoVersion::V1_10, options, usize::MAX);
+        let mut seen = BTreeSet::new();
+        for request in &encoding.requests {
+            let decoded = otlp::decode("1.10", &request.body).expect("decodes as v1.10");
+            for (resource, sample) in decoded.samples() {
+                let name = resource.attributes.get("process.executable.name").cloned();
+                let path = resource.attributes.get("process.executable.path");
+                let thread = sample.attributes.get("thread.name");
+                match name.as_deref() {
+                    Some("app1") => {
+                        assert_eq!(path.map(String::as_str), Some("/usr/bin/app1"));
+                        let expected = thread_name.then_some("app1");
+                        assert_eq!(
+                            thread.map(String::as_str),
+                            expected,
+                            "thread.name with thread_name: {thread_name}"
+                        );
+                    }
+                    Some("anon") => {
+                        assert_eq!(path, None, "an unknown executable path was exported");
+                        assert_eq!(thread, None, "an empty thread name was exported");
+                    }
+                    other => panic!("a resource of an unknown process {other:?}"),
+                }
+                seen.insert(name.unwrap_or_default());
+            }
+        }
+        assert_eq!(seen, BTreeSet::from(["anon".to_owned(), "app1".to_owned()]));
+    }
 }
 
 /// Exporter settings through the relay's own resolution: `yaml` is the `exporters.otlp` body
@@ -358,11 +427,28 @@ fn otlp_slow_receiver_keeps_the_queue_bounded() {
         exporter.export(profile);
         thread::sleep(Duration::from_millis(20));
     }
+    // Seen from the receiver, not from the exporter's own figures: once the producer stopped,
+    // only what the queue held (whole requests of `request_bytes`) and the one request in flight
+    // can still arrive. An unbounded queue would deliver all 30.
+    let seen_when_producer_stopped = receiver.received().len();
     let settled = wait_until(DELIVERY_TIMEOUT, || {
         let s = exporter.stats();
         s.samples_sent + all_dropped(&s) == total
     });
     let (drained, stats) = exporter.shutdown(Duration::from_secs(30));
+    let seen_after = receiver.received().len();
+    let queue_capacity = bound / request_bytes;
+    eprintln!(
+        "slow receiver: the receiver had {seen_when_producer_stopped} requests when the producer \
+         stopped, {seen_after} in the end; the queue holds {queue_capacity} requests"
+    );
+    assert!(
+        seen_after - seen_when_producer_stopped <= queue_capacity + 1,
+        "{} requests reached the receiver after the producer stopped, but a queue of {bound} B \
+         holds only {queue_capacity} requests of {request_bytes} B (+1 in flight): the queue is \
+         not bounded",
+        seen_after - seen_when_producer_stopped
+    );
     eprintln!(
         "slow receiver: {total} samples handed over, {} sent, dropped {:?}; queue bound {bound} B, \
          high water {} B",
@@ -458,9 +544,14 @@ fn otlp_dead_receiver_memory_bound() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
+    // 400 profiles of ~115 KB requests: ~46 MB if nothing were dropped, 11x the queue bound, so
+    // the process's own memory (VmRSS, read by the kernel, not by the exporter) tells a bounded
+    // queue from an unbounded one.
+    const PROFILES: u64 = 400;
+    let rss_before = rss();
     let mut rss_samples = Vec::new();
     let mut total = 0;
-    for i in 0..120 {
+    for i in 0..PROFILES {
         let profile = synthetic(2, 100, 1, &format!("dead{i:03}"));
         total += profile.total_samples();
         exporter.export(profile);
@@ -470,11 +561,16 @@ fn otlp_dead_receiver_memory_bound() {
         }
     }
     // Every profile is either taken in or dropped at the hand-over (counted).
-    wait_until(DELIVERY_TIMEOUT, || {
+    let handed_over = wait_until(DELIVERY_TIMEOUT, || {
         let s = exporter.stats();
-        s.profiles + s.dropped_requests(DropReason::ChannelFull) == 120
+        s.profiles + s.dropped_requests(DropReason::ChannelFull) == PROFILES
     });
     let stats = exporter.stats();
+    assert!(
+        handed_over.is_some(),
+        "profiles neither taken in nor counted as dropped at the hand-over: {stats:?}"
+    );
+    rss_samples.push(rss());
     let (drained, final_stats) = exporter.shutdown(Duration::from_millis(200));
     // A dead receiver cannot be drained: the shutdown says so and counts what it dropped.
     match drained {
@@ -494,6 +590,21 @@ fn otlp_dead_receiver_memory_bound() {
     );
     assert!(stats.queue_high_water <= bound as u64);
     assert!(stats.dropped_samples(DropReason::QueueFull) > 0);
+    // From outside: the process grew by at most twice the bound (the queue, and requests being
+    // encoded or retried beside it) plus 16 MiB for the allocator and the runtime.
+    let grown_kib = rss_samples
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(rss_before);
+    let allowed_kib = 2 * bound as u64 / 1024 + 16 * 1024;
+    eprintln!("VmRSS grew by {grown_kib} KiB (allowed {allowed_kib} KiB) from {rss_before} KiB");
+    assert!(
+        grown_kib <= allowed_kib,
+        "the process grew by {grown_kib} KiB with a dead receiver and a {bound} B queue (allowed \
+         {allowed_kib} KiB): the queue is not what bounds memory"
+    );
     assert_eq!(final_stats.samples_sent, 0);
     assert_eq!(all_dropped(&final_stats), total, "{final_stats:?}");
 }
@@ -1494,6 +1605,26 @@ fn otlp_ground_truth_http_v1_9() {
     check_ground_truth(&chain, "http v1.9");
     check_other_generation_in_rust(&chain, "1.10");
     check_with_python(&chain, "1.9", "1.10");
+}
+
+/// Ground truth over HTTP/protobuf in the v1.10 generation (Pyroscope >= 1.20, Collector >=
+/// 0.148), the whole chain from the real sampler to a real HTTP receiver: checked by the v1.10
+/// definitions and, every request, the official Python package 1.45.2.
+#[test]
+fn otlp_ground_truth_http_v1_10() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let receiver = Receiver::http(None);
+    let chain = record_ground_truth(&receiver, "http", "1.10");
+    assert!(
+        chain.received.iter().all(|r| r.gzip),
+        "HTTP bodies not gzipped"
+    );
+    check_ground_truth(&chain, "http v1.10");
+    check_other_generation_in_rust(&chain, "1.9");
+    check_with_python(&chain, "1.10", "1.9");
 }
 
 /// The relay config shipped in deploy/kubernetes/20-configmap.yaml passes
