@@ -46,7 +46,9 @@ pub mod testing {
     pub mod sink {
         /// The OTLP exporter, its encoder and the wire messages of both generations.
         pub mod otlp {
-            pub use crate::sink::otlp::{encode, v1_9, Drained, Exporter, ProtoVersion, GRPC_PATH};
+            pub use crate::sink::otlp::{
+                encode, v1_9, Drained, Exporter, ProtoVersion, SampleAttributes, GRPC_PATH,
+            };
 
             /// The exporter's settings, as [`config::resolve`](super::super::config::resolve)
             /// builds them.

@@ -22,10 +22,9 @@ use ember_relay::testing::{
     model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread},
     sink::otlp::{
         exporter::Settings,
-        request::SampleAttributes,
         stats::{DropReason, Snapshot},
         transport::Protocol,
-        Drained, Exporter, ProtoVersion,
+        Drained, Exporter, ProtoVersion, SampleAttributes,
     },
 };
 use ember_tests::{
@@ -159,6 +158,7 @@ fn otlp_attributes_follow_the_options_and_the_data() {
                 thread_name: "".into(),
                 executable_path: "".into(),
                 container_id: None,
+                resource: Default::default(),
             },
             stack: vec![frame].into(),
             count: 5,
@@ -171,8 +171,12 @@ fn otlp_attributes_follow_the_options_and_the_data() {
             thread_name,
             ..SampleAttributes::default()
         };
-        let encoding =
-            ember_relay::sink::otlp::encode(&profile, ProtoVersion::V1_10, options, usize::MAX);
+        let encoding = ember_relay::testing::sink::otlp::encode(
+            &profile,
+            ProtoVersion::V1_10,
+            options,
+            usize::MAX,
+        );
         let mut seen = BTreeSet::new();
         for request in &encoding.requests {
             let decoded = otlp::decode("1.10", &request.body).expect("decodes as v1.10");
