@@ -19,9 +19,10 @@ use std::{
 use anyhow::{anyhow, bail, Context as _};
 use ember_protocol::{transport, Limits, Losses};
 
-use crate::labels::args::LabelConfig;
+use ember_common::LogFormat;
+
+use crate::cli::labels::LabelConfig;
 use crate::{
-    cli::{self, LogFormat},
     config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
     model::Profile,
@@ -79,7 +80,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
              (the relay itself drops to an unprivileged user before it reads anything)"
         );
     }
-    cli::install_stop_handlers()?;
+    ember_common::install_stop_handlers()?;
     // Chosen while root (the choice reads every process's status), before the sampler starts.
     let user = privileges::choose_user(config.user.as_deref())?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
@@ -264,7 +265,8 @@ impl Policy for Recording {
             return Ok(Flow::Stop);
         }
         let elapsed = self.started.map_or(Duration::ZERO, |s| s.elapsed());
-        if self.stop_sent.is_none() && (elapsed >= self.duration || cli::stop_requested()) {
+        if self.stop_sent.is_none() && (elapsed >= self.duration || ember_common::stop_requested())
+        {
             // Shutting down our sending side tells the sampler to send its last batch and exit.
             if let Err(err) = transport::shutdown_write(self.control.as_fd()) {
                 tracing::warn!(%err, "could not signal the sampler to stop");

@@ -8,9 +8,8 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
 
-use crate::labels::args::LabelConfig;
+use crate::cli::labels::LabelConfig;
 use crate::{
-    cli,
     config::Exporters,
     driver::{self, Driver, Flow, Policy, Tick},
     privileges,
@@ -49,7 +48,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     privileges::set_no_new_privs()?;
     // Never dumpable: no other process of this uid may read our memory or take our descriptors.
     privileges::set_non_dumpable()?;
-    cli::install_stop_handlers()?;
+    ember_common::install_stop_handlers()?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
     let limits = Limits {
@@ -111,7 +110,7 @@ impl Policy for Service {
         if *tick == Tick::Disconnected {
             bail!("the socket listener stopped");
         }
-        if cli::stop_requested() {
+        if ember_common::stop_requested() {
             tracing::info!(samples, "stopping");
             return Ok(Flow::Stop);
         }

@@ -6,10 +6,9 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{parse_duration, LogFormat};
+use super::{labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
-    labels::args::LabelArgs,
     record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
 };

@@ -7,13 +7,12 @@
 //! re-exported here under the names the relay uses.
 
 mod args;
+pub(crate) mod labels;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-pub(crate) use ember_common::{
-    init_logging, install_stop_handlers, parse_duration, stop_requested, LogFormat,
-};
+pub(crate) use ember_common::{init_logging, parse_duration, LogFormat};
 
 use self::args::{RecordArgs, RunArgs, ValidateArgs};
 use crate::{config, record, run};

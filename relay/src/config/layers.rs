@@ -72,7 +72,7 @@ impl<'de> Deserialize<'de> for DurationText {
                 f.write_str("a duration such as 10s, 500ms or 2m")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DurationText, E> {
-                crate::cli::parse_duration(v)
+                ember_common::parse_duration(v)
                     .map(DurationText)
                     .map_err(E::custom)
             }

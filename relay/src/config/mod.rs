@@ -19,7 +19,7 @@
 //!     target_label: service.name
 //! ```
 //!
-//! The label sections are resolved by [`crate::labels::args`].
+//! The label sections are resolved by the command line (`cli::labels`).
 //!
 //! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
 //! [`crate::sink::debug::config`]); [`layers`] holds what they share (errors, durations, the
@@ -73,7 +73,12 @@ pub fn parse(text: &str, path: &str) -> Result<RelayConfig, ConfigError> {
         path: path.to_owned(),
         message: err.to_string(),
     })?;
-    crate::labels::args::file_settings(&config).map_err(|err| ConfigError::Parse {
+    crate::labels::stage::LabelSettings::from_file(
+        &config.labels,
+        config.process_filter.as_deref(),
+        &config.relabel_configs,
+    )
+    .map_err(|err| ConfigError::Parse {
         path: path.to_owned(),
         message: format!("{err:#}"),
     })?;

@@ -16,7 +16,6 @@
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.
 
-pub mod args;
 pub mod cgroup;
 pub mod host;
 pub mod process;

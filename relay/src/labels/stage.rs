@@ -50,6 +50,32 @@ pub struct LabelSettings {
     pub process_filter: Option<Regex>,
 }
 
+impl LabelSettings {
+    /// The config file's label settings: `labels:`, `process_filter:` and `relabel_configs:`
+    /// (every bad rule reported with its index and reason); the flags are merged over them by the
+    /// command line.
+    pub fn from_file(
+        labels: &std::collections::BTreeMap<String, String>,
+        process_filter_pattern: Option<&str>,
+        relabel_configs: &[crate::relabel::RelabelConfig],
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let tags = super::tags::from_map(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        let process_filter = process_filter_pattern
+            .map(|pattern| {
+                process_filter(pattern).with_context(|| format!("process_filter: {pattern:?}"))
+            })
+            .transpose()?;
+        let rules = crate::relabel::compile(relabel_configs).context("relabel_configs")?;
+        Ok(Self {
+            tags,
+            default_service_name: None,
+            rules,
+            process_filter,
+        })
+    }
+}
+
 /// What the stage did, since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LabelStats {

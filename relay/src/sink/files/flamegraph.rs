@@ -5,7 +5,7 @@
 //! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
 //! same profile gives the same file. Rendering only: the files sink writes the result.
 
-use crate::labels::args::FoldedRoot;
+use super::FoldedRoot;
 use std::io;
 
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};

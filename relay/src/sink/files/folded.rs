@@ -10,10 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::{
-    labels::args::FoldedRoot,
-    model::{text_safe, Frame, Profile, UNKNOWN},
-};
+use super::FoldedRoot;
+use crate::model::{text_safe, Frame, Profile, UNKNOWN};
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
 /// whose samples add up to zero left out.

@@ -11,6 +11,17 @@ use std::{path::Path, time::Duration};
 use super::{Sink, SinkReport};
 use crate::model::Profile;
 
+/// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum FoldedRoot {
+    /// The process (executable) name, as before labels existed.
+    #[default]
+    Process,
+    /// The process's `service.name` after relabeling.
+    Service,
+}
+
 pub(crate) mod flamegraph;
 pub(crate) mod folded;
 pub(crate) mod pprof;
@@ -35,7 +46,7 @@ impl FilesSink {
     }
 
     /// The folded lines' (and flamegraph's) root frame names the process or its service.
-    pub(crate) fn with_folded_root(mut self, root: crate::labels::args::FoldedRoot) -> Self {
+    pub(crate) fn with_folded_root(mut self, root: FoldedRoot) -> Self {
         self.files.folded_root = root;
         self
     }

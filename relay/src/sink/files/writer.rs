@@ -14,7 +14,7 @@
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
-use crate::labels::args::FoldedRoot;
+use super::FoldedRoot;
 use std::{
     ffi::OsStr,
     fs::{self, File},

@@ -7,22 +7,14 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::{
-    stage::{process_filter, LabelSettings, LabelStage},
-    tags,
+use crate::{
+    config::RelayConfig,
+    labels::{
+        stage::{process_filter, LabelSettings, LabelStage},
+        tags,
+    },
+    sink::files::FoldedRoot,
 };
-use crate::{config::RelayConfig, relabel};
-
-/// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-#[non_exhaustive]
-pub enum FoldedRoot {
-    /// The process (executable) name, as before labels existed.
-    #[default]
-    Process,
-    /// The process's `service.name` after relabeling.
-    Service,
-}
 
 /// Labels and filtering: flags of `run` and `record`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -91,24 +83,13 @@ impl LabelArgs {
     }
 }
 
-/// The file's label settings: `labels:`, `process_filter:`, `relabel_configs:` (every bad rule
-/// reported with its index and reason).
+/// The file's label settings (see [`LabelSettings::from_file`]).
 pub fn file_settings(file: &RelayConfig) -> anyhow::Result<LabelSettings> {
-    let tags = tags::from_map(file.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-    let process_filter = file
-        .process_filter
-        .as_deref()
-        .map(|pattern| {
-            process_filter(pattern).with_context(|| format!("process_filter: {pattern:?}"))
-        })
-        .transpose()?;
-    let rules = relabel::compile(&file.relabel_configs).context("relabel_configs")?;
-    Ok(LabelSettings {
-        tags,
-        default_service_name: None,
-        rules,
-        process_filter,
-    })
+    LabelSettings::from_file(
+        &file.labels,
+        file.process_filter.as_deref(),
+        &file.relabel_configs,
+    )
 }
 
 #[cfg(test)]
