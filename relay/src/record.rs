@@ -35,6 +35,7 @@ use crate::{
     },
     source::{self, SourceEvent},
     symbolize,
+    unwind::sender::UnwindMode,
 };
 
 pub struct RecordConfig {
@@ -53,6 +54,8 @@ pub struct RecordConfig {
     /// How long to wait for the OTLP queue to drain at the end.
     pub export_timeout: Duration,
     pub file_limits: FileLimits,
+    /// `--unwind`, also passed to the sampler.
+    pub unwind: UnwindMode,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -115,7 +118,9 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     // Started unprivileged: threads created earlier would keep root's capabilities.
     sinks.extend(exporters::start(config.exporters)?);
     let mut policy = Recording::new(config.duration, control);
-    let ended = Driver::new(sinks, config.file_limits, None).run(&events, &mut policy)?;
+    let ended = Driver::new(sinks, config.file_limits, None)
+        .with_unwind(config.unwind)?
+        .run(&events, &mut policy)?;
     if policy.tty {
         eprintln!();
     }
@@ -142,6 +147,8 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         .arg(format!("{}ms", config.interval.as_millis()))
         .arg("--log-format")
         .arg(config.log_format.as_str())
+        .arg("--unwind")
+        .arg(config.unwind.as_str())
         .stdin(Stdio::null());
     if let Some(pid) = config.pid {
         command.arg("--pid").arg(pid.to_string());

@@ -16,6 +16,7 @@ use crate::{
     session::FileLimits,
     sink::{exporters, files::FilesSink, SinkReport, Sinks},
     source, symbolize,
+    unwind::sender::UnwindMode,
 };
 
 pub struct RunConfig {
@@ -27,6 +28,8 @@ pub struct RunConfig {
     pub sampler_uids: Vec<u32>,
     pub exporters: Exporters,
     pub file_limits: FileLimits,
+    /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
+    pub unwind: UnwindMode,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -73,7 +76,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         sinks.push(Box::new(FilesSink::create(dir)?));
     }
     sinks.extend(exporters::start(config.exporters)?);
-    let driver = Driver::new(sinks, config.file_limits, Some(config.window));
+    let driver =
+        Driver::new(sinks, config.file_limits, Some(config.window)).with_unwind(config.unwind)?;
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

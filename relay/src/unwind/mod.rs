@@ -29,6 +29,7 @@ pub mod cache;
 mod cfi;
 mod elf;
 pub mod row;
+pub(crate) mod sender;
 pub mod table;
 
 use std::{
