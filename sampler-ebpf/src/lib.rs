@@ -41,6 +41,45 @@ pub const ERRNO_EFAULT: i32 = 14;
 /// `bpf_get_stackid` error meaning "the hash bucket holds another stack" (a collision).
 pub const ERRNO_EEXIST: i32 = 17;
 
+/// One row of an unwind table, exactly the relay's 12-byte encoding (relay/src/unwind/row.rs):
+/// from `pc` (an offset from the table's base) to the next row, unwind by `kind` with `a`, `b`
+/// and `flags`. The sampler writes only rows it checked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    pub a: i32,
+    pub b: i16,
+    pub kind: u8,
+    pub flags: u8,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 2 + 1 + 1 bytes), any bit pattern valid.
+unsafe impl aya::Pod for UnwindRow {}
+
+/// Where one file's table lives in the `UNWIND_ROWS` array, and the address range it covers
+/// (ELF virtual addresses of the file). Written after its rows, deleted before they are reused,
+/// so the program never sees a half-written table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTableInfo {
+    /// The table's lowest address (its first row's `pc` is 0, relative to it).
+    pub base: u64,
+    /// Bytes covered from `base`.
+    pub len: u32,
+    /// Index of the first row in `UNWIND_ROWS`.
+    pub first_row: u32,
+    /// Number of rows.
+    pub rows: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, explicit padding field (8 + 4 * 4 bytes), any bit pattern
+// valid.
+unsafe impl aya::Pod for UnwindTableInfo {}
+
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
 /// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
@@ -49,6 +88,10 @@ pub mod maps {
     pub const STACKS: [&str; 2] = ["STACKS_0", "STACKS_1"];
     pub const CONTROL: &str = "CONTROL";
     pub const COUNTERS: &str = "COUNTERS";
+    /// `Array<UnwindRow>`: the rows of every loaded table (sized from `--unwind-memory-bytes`).
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// `HashMap<u64 file id, UnwindTableInfo>`: the loaded tables.
+    pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
 }
 
 /// Name of the program's read-only global that restricts sampling to one process (0 = all).

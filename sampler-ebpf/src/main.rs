@@ -14,7 +14,9 @@ mod program {
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
-    use ember_sampler_ebpf::{counter, SampleKey, COMM_LEN, ERRNO_EFAULT};
+    use ember_sampler_ebpf::{
+        counter, SampleKey, UnwindRow, UnwindTableInfo, COMM_LEN, ERRNO_EFAULT,
+    };
 
     /// Set by the loader; 0 samples every process.
     #[no_mangle]
@@ -37,6 +39,13 @@ mod program {
     static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
+    /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
+    /// with `--unwind fp`, `--unwind-memory-bytes / 12` rows with `--unwind dwarf`. Not walked
+    /// yet: the in-kernel unwinder is the next step.
+    #[map]
+    static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+    #[map]
+    static UNWIND_TABLES: HashMap<u64, UnwindTableInfo> = HashMap::with_max_entries(1, 0);
 
     #[perf_event]
     pub fn ember_sample(ctx: PerfEventContext) -> u32 {

@@ -12,9 +12,15 @@ use aya::{
     util::online_cpus,
     Ebpf, EbpfLoader,
 };
-use ember_sampler_ebpf::{maps, SampleKey, TARGET_TGID_GLOBAL};
+use ember_sampler_ebpf::{maps, SampleKey, UnwindRow, UnwindTableInfo, TARGET_TGID_GLOBAL};
 
-use crate::config::SamplerConfig;
+use crate::{
+    config::{SamplerConfig, Unwind},
+    unwind::TableMaps,
+};
+
+/// Most unwind tables loaded at once (`--unwind dwarf`).
+const MAX_UNWIND_TABLES: u32 = 16384;
 
 /// The loaded program and the maps the drain loop uses. Dropping it detaches everything.
 pub struct Loaded {
@@ -24,7 +30,38 @@ pub struct Loaded {
     pub stacks: [StackTraceMap<MapData>; 2],
     pub control: Array<MapData, u32>,
     pub counters: PerCpuArray<MapData, u64>,
+    pub unwind: UnwindMaps,
     pub cpus: usize,
+}
+
+/// The unwind-table maps: rows, and per file where its rows are.
+pub struct UnwindMaps {
+    rows: Array<MapData, UnwindRow>,
+    tables: HashMap<MapData, u64, UnwindTableInfo>,
+    /// Rows the row array holds.
+    pub capacity_rows: u32,
+}
+
+impl TableMaps for UnwindMaps {
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+        for (index, row) in (first..).zip(rows) {
+            self.rows
+                .set(index, row, 0)
+                .map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String> {
+        self.tables
+            .insert(file_id, info, 0)
+            .map_err(|err| err.to_string())
+    }
+
+    fn remove_info(&mut self, file_id: u64) {
+        // Absent is fine: the table was never fully written.
+        let _ = self.tables.remove(&file_id);
+    }
 }
 
 /// The eBPF object built by build.rs.
@@ -39,6 +76,18 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     for name in maps::STACKS {
         loader.map_max_entries(name, config.stack_map_size);
     }
+    // Kernel memory for rows is allocated at load: only with --unwind dwarf.
+    let (rows, tables) = match config.unwind {
+        Unwind::Fp => (1, 1),
+        Unwind::Dwarf => (
+            u32::try_from(config.unwind_memory_bytes / size_of::<UnwindRow>())
+                .unwrap_or(u32::MAX)
+                .max(1),
+            MAX_UNWIND_TABLES,
+        ),
+    };
+    loader.map_max_entries(maps::UNWIND_ROWS, rows);
+    loader.map_max_entries(maps::UNWIND_TABLES, tables);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \
          and a kernel with BPF stack-trace maps (Linux >= 5.8)",
@@ -77,12 +126,18 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     ];
     let control = Array::try_from(take(maps::CONTROL)?)?;
     let counters = PerCpuArray::try_from(take(maps::COUNTERS)?)?;
+    let unwind = UnwindMaps {
+        rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
+        tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
+        capacity_rows: rows,
+    };
     Ok(Loaded {
         _ebpf: ebpf,
         counts,
         stacks,
         control,
         counters,
+        unwind,
         cpus: cpus.len(),
     })
 }

@@ -170,6 +170,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
         target_pid: config.target_pid,
     };
+    let unwind_rows = loaded.unwind.capacity_rows;
     let sampler = Sampler {
         inherited: inherited.is_some(),
         link: Link::new(target, inherited, config.backlog_max_bytes, relay),
@@ -177,7 +178,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         hello: state(SamplerMessage::Hello(hello), kallsyms.into_iter().collect()),
         loaded,
         drainer: Drainer::new(),
-        tables: unwind::Tables::new(config.unwind_memory_bytes),
+        tables: unwind::Tables::new(unwind_rows),
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
@@ -356,7 +357,8 @@ impl Sampler {
             }
         }
         let files = &self.tracker.files;
-        self.tables.retain_known(|id| files.has_id(id));
+        self.tables
+            .retain_known(|id| files.has_id(id), &mut self.loaded.unwind);
         tracing::debug!(
             sequence,
             samples,
@@ -378,7 +380,8 @@ impl Sampler {
                     if self.config.unwind == Unwind::Dwarf =>
                 {
                     let files = &self.tracker.files;
-                    if let Some(file_id) = self.tables.chunk(chunk, |id| files.has_id(id)) {
+                    let maps = &mut self.loaded.unwind;
+                    if let Some(file_id) = self.tables.chunk(chunk, |id| files.has_id(id), maps) {
                         tracing::debug!(
                             file_id,
                             bytes = self.tables.loaded_bytes(),
@@ -390,7 +393,9 @@ impl Sampler {
                 Ok(RelayMessage::UnwindTableChunk(chunk)) => {
                     self.tables.refused += u64::from(chunk.chunk == 0);
                 }
-                Ok(RelayMessage::DropUnwindTable { file_id }) => self.tables.drop_table(file_id),
+                Ok(RelayMessage::DropUnwindTable { file_id }) => {
+                    self.tables.drop_table(file_id, &mut self.loaded.unwind);
+                }
                 Err(err) => {
                     self.tables.refused += 1;
                     tracing::warn!(%err, "refused a message from the relay");

@@ -1,6 +1,7 @@
 //! Unwind tables sent by the relay (issue 10): chunks are assembled per file, each table is
-//! checked whole, and only a table that passes every check is kept; a bad one is refused and
-//! counted, never partly used. No ELF or DWARF is parsed here: the relay compiled the table, the
+//! checked whole, and only a table that passes every check is written into the BPF maps
+//! (`UNWIND_ROWS`, then its `UNWIND_TABLES` entry, so the program never sees half a table); a
+//! bad one is refused and counted, never partly used. No ELF or DWARF is parsed here: the relay compiled the table, the
 //! sampler checks only its framing and row encoding.
 //!
 //! The checks are the decoding rules of the relay's `unwind/table.rs` and `unwind/row.rs`
@@ -9,13 +10,25 @@
 //! adjacent rows alike, every field a row's kind does not use zero, stop codes 1..=8.
 //!
 //! Bounds: one table assembles at a time (the relay sends them one after another), at most
-//! [`MAX_TABLE_BYTES`]; accepted tables together at most the `--unwind-memory` budget. A hostile
-//! relay can therefore make the sampler hold at most budget + one table, and wrong tables can only
-//! give wrong stacks.
+//! [`MAX_TABLE_BYTES`] in the sampler's memory; accepted tables live only in the row array,
+//! sized at load from `--unwind-memory-bytes` (a table that finds no free range is refused). A
+//! hostile relay can therefore make the sampler hold at most one table in memory and fill the
+//! fixed-size maps; wrong tables can only give wrong stacks.
 
 use std::collections::HashMap;
 
 use ember_protocol::UnwindTableChunk;
+use ember_sampler_ebpf::{UnwindRow, UnwindTableInfo};
+
+/// Where checked tables go: the BPF maps (`load::UnwindMaps`), or a fake in tests.
+pub trait TableMaps {
+    /// Writes `rows` at indices `first..` of the row array.
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String>;
+    /// Makes the table of `file_id` visible to the program.
+    fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String>;
+    /// Hides the table of `file_id` (before its rows are reused).
+    fn remove_info(&mut self, file_id: u64);
+}
 
 /// Largest encoded table accepted (about 2.8 million rows).
 pub const MAX_TABLE_BYTES: usize = 32 << 20;
@@ -27,8 +40,7 @@ const ROW_BYTES: usize = 12;
 pub struct Table {
     pub base: u64,
     pub len: u32,
-    /// Rows as received (12 bytes each), checked.
-    pub rows: Vec<u8>,
+    pub rows: Vec<UnwindRow>,
 }
 
 /// A table being assembled.
@@ -39,12 +51,14 @@ struct Pending {
     data: Vec<u8>,
 }
 
-/// The tables the sampler holds, and what it refused.
+/// The tables loaded into the maps, and what was refused.
 pub struct Tables {
     pending: Option<Pending>,
-    loaded: HashMap<u64, Table>,
-    loaded_bytes: usize,
-    budget_bytes: usize,
+    /// File id -> (first row, rows) in the row array.
+    loaded: HashMap<u64, (u32, u32)>,
+    /// Free ranges (first row, rows) of the row array, sorted, never adjacent.
+    free: Vec<(u32, u32)>,
+    loaded_rows: u64,
     /// Tables checked and kept, since start.
     pub accepted: u64,
     /// Tables (or stray chunks) refused, since start.
@@ -52,25 +66,31 @@ pub struct Tables {
 }
 
 impl Tables {
-    pub fn new(budget_bytes: usize) -> Self {
+    /// Tables over a row array of `capacity_rows` rows.
+    pub fn new(capacity_rows: u32) -> Self {
         Self {
             pending: None,
             loaded: HashMap::new(),
-            loaded_bytes: 0,
-            budget_bytes,
+            free: vec![(0, capacity_rows)],
+            loaded_rows: 0,
             accepted: 0,
             refused: 0,
         }
     }
 
-    /// Bytes of rows held.
-    pub fn loaded_bytes(&self) -> usize {
-        self.loaded_bytes
+    /// Bytes of rows loaded.
+    pub fn loaded_bytes(&self) -> u64 {
+        self.loaded_rows * ROW_BYTES as u64
     }
 
     /// Takes one chunk; `known` says whether the sampler holds the file the table is for.
     /// Returns the file id when this chunk completed a table that was accepted.
-    pub fn chunk(&mut self, chunk: UnwindTableChunk, known: impl Fn(u64) -> bool) -> Option<u64> {
+    pub fn chunk(
+        &mut self,
+        chunk: UnwindTableChunk,
+        known: impl Fn(u64) -> bool,
+        maps: &mut dyn TableMaps,
+    ) -> Option<u64> {
         let started = chunk.chunk == 0;
         if started && self.pending.take().is_some() {
             // The relay abandoned a table half-sent: that one is refused.
@@ -108,11 +128,16 @@ impl Tables {
             return None;
         }
         let done = self.pending.take()?;
-        self.finish(done, known)
+        self.finish(done, known, maps)
     }
 
-    /// Checks a complete table and keeps it within the budget.
-    fn finish(&mut self, done: Pending, known: impl Fn(u64) -> bool) -> Option<u64> {
+    /// Checks a complete table and writes it into a free range of the maps.
+    fn finish(
+        &mut self,
+        done: Pending,
+        known: impl Fn(u64) -> bool,
+        maps: &mut dyn TableMaps,
+    ) -> Option<u64> {
         if !known(done.file_id) {
             self.refuse("table for a file the sampler does not hold");
             return None;
@@ -124,26 +149,48 @@ impl Tables {
                 return None;
             }
         };
-        self.drop_table(done.file_id);
-        if self.loaded_bytes + table.rows.len() > self.budget_bytes {
-            self.refuse("over the --unwind-memory budget");
+        self.drop_table(done.file_id, maps);
+        // At most MAX_TABLE_BYTES / 12 rows: fits u32.
+        let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
+        let Some(first) = self.allocate(count) else {
+            self.refuse("no room left in the row array (--unwind-memory-bytes)");
+            return None;
+        };
+        let info = UnwindTableInfo {
+            base: table.base,
+            len: table.len,
+            first_row: first,
+            rows: count,
+            _pad: 0,
+        };
+        let written = maps
+            .write_rows(first, &table.rows)
+            .and_then(|()| maps.set_info(done.file_id, info));
+        if let Err(err) = written {
+            maps.remove_info(done.file_id);
+            self.release(first, count);
+            tracing::warn!(%err, "writing an unwind table into the BPF maps failed");
+            self.refuse("BPF map update failed");
             return None;
         }
-        self.loaded_bytes += table.rows.len();
-        self.loaded.insert(done.file_id, table);
+        self.loaded.insert(done.file_id, (first, count));
+        self.loaded_rows += u64::from(count);
         self.accepted += 1;
         Some(done.file_id)
     }
 
-    /// Forgets the table of `file_id` (the relay asked, or the file was closed).
-    pub fn drop_table(&mut self, file_id: u64) {
-        if let Some(old) = self.loaded.remove(&file_id) {
-            self.loaded_bytes -= old.rows.len();
+    /// Forgets the table of `file_id` (the relay asked, or the file was closed): hidden from
+    /// the program first, then its rows are free.
+    pub fn drop_table(&mut self, file_id: u64, maps: &mut dyn TableMaps) {
+        if let Some((first, count)) = self.loaded.remove(&file_id) {
+            maps.remove_info(file_id);
+            self.release(first, count);
+            self.loaded_rows -= u64::from(count);
         }
     }
 
     /// Forgets the tables of files the sampler no longer holds.
-    pub fn retain_known(&mut self, known: impl Fn(u64) -> bool) {
+    pub fn retain_known(&mut self, known: impl Fn(u64) -> bool, maps: &mut dyn TableMaps) {
         let gone: Vec<u64> = self
             .loaded
             .keys()
@@ -151,7 +198,33 @@ impl Tables {
             .filter(|id| !known(*id))
             .collect();
         for id in gone {
-            self.drop_table(id);
+            self.drop_table(id, maps);
+        }
+    }
+
+    /// First fit: the first free range that holds `count` rows.
+    fn allocate(&mut self, count: u32) -> Option<u32> {
+        let slot = self.free.iter().position(|&(_, len)| len >= count)?;
+        let (first, len) = self.free[slot];
+        if len == count {
+            self.free.remove(slot);
+        } else {
+            self.free[slot] = (first + count, len - count);
+        }
+        Some(first)
+    }
+
+    /// Returns a range to the free list, merged with its neighbours.
+    fn release(&mut self, first: u32, count: u32) {
+        let at = self.free.partition_point(|&(start, _)| start < first);
+        self.free.insert(at, (first, count));
+        if at + 1 < self.free.len() && first + count == self.free[at + 1].0 {
+            self.free[at].1 += self.free[at + 1].1;
+            self.free.remove(at + 1);
+        }
+        if at > 0 && self.free[at - 1].0 + self.free[at - 1].1 == first {
+            self.free[at - 1].1 += self.free[at].1;
+            self.free.remove(at);
         }
     }
 
@@ -198,11 +271,17 @@ pub fn check(bytes: &[u8]) -> Result<Table, &'static str> {
         }
         previous = Some(row);
     }
-    Ok(Table {
-        base,
-        len,
-        rows: body.to_vec(),
-    })
+    let rows = body
+        .chunks_exact(ROW_BYTES)
+        .map(|r| UnwindRow {
+            pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
+            a: i32::from_le_bytes([r[4], r[5], r[6], r[7]]),
+            b: i16::from_le_bytes([r[8], r[9]]),
+            kind: r[10],
+            flags: r[11],
+        })
+        .collect();
+    Ok(Table { base, len, rows })
 }
 
 /// Whether the fields of one row are its kind's canonical encoding.
@@ -257,6 +336,33 @@ mod tests {
         ]
     }
 
+    /// The maps, in memory; `fail` makes the next row write fail.
+    #[derive(Default)]
+    struct FakeMaps {
+        rows: HashMap<u32, UnwindRow>,
+        infos: HashMap<u64, UnwindTableInfo>,
+        fail: bool,
+    }
+
+    impl TableMaps for FakeMaps {
+        fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+            if std::mem::take(&mut self.fail) {
+                return Err("injected".into());
+            }
+            for (i, row) in (first..).zip(rows) {
+                self.rows.insert(i, *row);
+            }
+            Ok(())
+        }
+        fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String> {
+            self.infos.insert(file_id, info);
+            Ok(())
+        }
+        fn remove_info(&mut self, file_id: u64) {
+            self.infos.remove(&file_id);
+        }
+    }
+
     fn chunks(file_id: u64, bytes: &[u8], size: usize) -> Vec<UnwindTableChunk> {
         let parts: Vec<&[u8]> = bytes.chunks(size).collect();
         parts
@@ -274,7 +380,7 @@ mod tests {
     #[test]
     fn a_good_table_passes_and_each_corruption_is_refused() {
         let good = table(0x1000, 64, &good_rows());
-        assert_eq!(check(&good).expect("good").rows.len(), 6 * ROW_BYTES);
+        assert_eq!(check(&good).expect("good").rows.len(), 6);
         let mut bad: Vec<(&str, Vec<u8>)> = vec![
             ("short", good[..10].to_vec()),
             (
@@ -316,44 +422,103 @@ mod tests {
 
     #[test]
     fn chunks_assemble_and_bad_tables_are_refused_whole() {
-        // Given a good table in 3 chunks and a known file, When all arrive, Then it is kept.
+        // Given a good table in 3 chunks and a known file, When all arrive, Then its rows and
+        // its info are in the maps.
         let good = table(0x1000, 64, &good_rows());
-        let mut tables = Tables::new(1 << 20);
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(1000);
         let known = |id: u64| id == 7 || id == 8;
         let mut done = None;
         for c in chunks(7, &good, 30) {
-            done = tables.chunk(c, known);
+            done = tables.chunk(c, known, &mut maps);
         }
         assert_eq!(done, Some(7));
         assert_eq!((tables.accepted, tables.refused), (1, 0));
-        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES);
+        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES as u64);
+        let info = maps.infos[&7];
+        assert_eq!(
+            (info.base, info.len, info.first_row, info.rows),
+            (0x1000, 64, 0, 6)
+        );
+        assert_eq!(
+            maps.rows[&1],
+            UnwindRow {
+                pc: 4,
+                a: 16,
+                b: -16,
+                kind: 2,
+                flags: 1
+            }
+        );
         // Given a corrupt table for file 8, Then it is refused and file 7's stays.
         let mut corrupt = good.clone();
         corrupt[HEADER_BYTES + 10] = 9;
         for c in chunks(8, &corrupt, 30) {
-            assert_eq!(tables.chunk(c, known), None);
+            assert_eq!(tables.chunk(c, known, &mut maps), None);
         }
         assert_eq!((tables.accepted, tables.refused), (1, 1));
-        assert!(!tables.loaded.contains_key(&8) && tables.loaded.contains_key(&7));
+        assert!(!maps.infos.contains_key(&8) && maps.infos.contains_key(&7));
         // An unknown file, a chunk out of order, a half-sent table: each refused.
         for c in chunks(9, &good, 30) {
-            tables.chunk(c, known);
+            tables.chunk(c, known, &mut maps);
         }
         let mut parts = chunks(8, &good, 30);
-        tables.chunk(parts.remove(1), known);
-        tables.chunk(parts.remove(0), known);
+        tables.chunk(parts.remove(1), known, &mut maps);
+        tables.chunk(parts.remove(0), known, &mut maps);
         for c in chunks(8, &good, 30) {
-            tables.chunk(c, known);
+            tables.chunk(c, known, &mut maps);
         }
         assert_eq!((tables.accepted, tables.refused), (2, 4));
-        // Over the budget: refused; a closed file's table is forgotten.
-        let mut small = Tables::new(ROW_BYTES);
+        assert_eq!(maps.infos[&8].first_row, 6);
+        // A closed file's table is hidden and its rows reused by the next table.
+        tables.retain_known(|id| id == 8, &mut maps);
+        assert!(!maps.infos.contains_key(&7));
+        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES as u64);
         for c in chunks(7, &good, 1000) {
-            assert_eq!(small.chunk(c, known), None);
+            tables.chunk(c, known, &mut maps);
+        }
+        assert_eq!(maps.infos[&7].first_row, 0);
+    }
+
+    #[test]
+    fn a_full_row_array_or_a_failed_write_refuses_the_table_and_leaks_nothing() {
+        let good = table(0x1000, 64, &good_rows());
+        let known = |_| true;
+        // Given room for 5 rows, When a 6-row table arrives, Then it is refused.
+        let mut maps = FakeMaps::default();
+        let mut small = Tables::new(5);
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(small.chunk(c, known, &mut maps), None);
         }
         assert_eq!(small.refused, 1);
-        tables.retain_known(|id| id == 8);
-        assert!(!tables.loaded.contains_key(&7));
-        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES);
+        assert!(maps.infos.is_empty());
+        // Given a map write that fails, Then the table is refused, invisible, its rows free.
+        let mut tables = Tables::new(6);
+        maps.fail = true;
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(tables.chunk(c, known, &mut maps), None);
+        }
+        assert_eq!((tables.accepted, tables.refused), (0, 1));
+        assert!(maps.infos.is_empty());
+        assert_eq!(tables.free, vec![(0, 6)]);
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(tables.chunk(c, known, &mut maps), Some(7));
+        }
+    }
+
+    #[test]
+    fn freed_ranges_merge_with_their_neighbours() {
+        let mut tables = Tables::new(30);
+        let (a, b, c) = (
+            tables.allocate(10),
+            tables.allocate(10),
+            tables.allocate(10),
+        );
+        assert_eq!((a, b, c), (Some(0), Some(10), Some(20)));
+        assert_eq!(tables.allocate(1), None);
+        tables.release(0, 10);
+        tables.release(20, 10);
+        tables.release(10, 10);
+        assert_eq!(tables.free, vec![(0, 30)]);
     }
 }
