@@ -177,6 +177,9 @@ struct UnwindTableChunk {
   chunks @2 :UInt32;
   # At most 48 KiB per chunk (whole rows after chunk 0's header are not required).
   data @3 :Data;
+  # `p_vaddr - p_offset` of the file's executable segment (the same in every chunk): a pc in a
+  # mapping is at table address pc - mapping start + mapping file offset + this.
+  vaddrMinusOffset @4 :Int64;
 }
 
 struct DropUnwindTable {

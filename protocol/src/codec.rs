@@ -131,6 +131,7 @@ pub fn encode_relay_message(message: &RelayMessage) -> Vec<u8> {
             b.set_chunk(chunk.chunk);
             b.set_chunks(chunk.chunks);
             b.set_data(&chunk.data);
+            b.set_vaddr_minus_offset(chunk.vaddr_minus_offset);
         }
         RelayMessage::DropUnwindTable { file_id } => {
             root.init_drop_unwind_table().set_file_id(*file_id);
@@ -170,6 +171,7 @@ pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessag
                 chunk: chunk.get_chunk(),
                 chunks: chunk.get_chunks(),
                 data: data.to_vec(),
+                vaddr_minus_offset: chunk.get_vaddr_minus_offset(),
             }))
         }
         Ok(relay_message::DropUnwindTable(drop)) => Ok(RelayMessage::DropUnwindTable {
@@ -529,6 +531,7 @@ mod tests {
             chunk: 1,
             chunks: 3,
             data: vec![0xab; MAX_UNWIND_CHUNK_BYTES],
+            vaddr_minus_offset: -0x1000,
         });
         let dropped = RelayMessage::DropUnwindTable { file_id: 9 };
         for message in [chunk, dropped] {
@@ -544,6 +547,7 @@ mod tests {
             chunk: 0,
             chunks: 1,
             data: vec![0; MAX_UNWIND_CHUNK_BYTES + 1],
+            vaddr_minus_offset: 0,
         }));
         assert!(matches!(
             decode_relay_message(&over, &limits),

@@ -172,4 +172,6 @@ pub struct UnwindTableChunk {
     pub chunk: u32,
     pub chunks: u32,
     pub data: Vec<u8>,
+    /// `p_vaddr - p_offset` of the file's executable segment (see the schema).
+    pub vaddr_minus_offset: i64,
 }

@@ -66,6 +66,9 @@ unsafe impl aya::Pod for UnwindRow {}
 pub struct UnwindTableInfo {
     /// The table's lowest address (its first row's `pc` is 0, relative to it).
     pub base: u64,
+    /// `p_vaddr - p_offset` of the file's executable segment: a pc in a mapping is at table
+    /// address pc - mapping start + mapping file offset + this.
+    pub vaddr_minus_offset: i64,
     /// Bytes covered from `base`.
     pub len: u32,
     /// Index of the first row in `UNWIND_ROWS`.
@@ -76,8 +79,8 @@ pub struct UnwindTableInfo {
 }
 
 #[cfg(feature = "user")]
-// SAFETY: `repr(C)`, integers only, explicit padding field (8 + 4 * 4 bytes), any bit pattern
-// valid.
+// SAFETY: `repr(C)`, integers only, explicit padding field (2 * 8 + 4 * 4 bytes), any bit
+// pattern valid.
 unsafe impl aya::Pod for UnwindTableInfo {}
 
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the

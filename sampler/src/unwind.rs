@@ -46,6 +46,7 @@ pub struct Table {
 /// A table being assembled.
 struct Pending {
     file_id: u64,
+    vaddr_minus_offset: i64,
     chunks: u32,
     next: u32,
     data: Vec<u8>,
@@ -112,14 +113,17 @@ impl Tables {
         }
         let pending = self.pending.get_or_insert_with(|| Pending {
             file_id: chunk.file_id,
+            vaddr_minus_offset: chunk.vaddr_minus_offset,
             chunks: chunk.chunks,
             next: 0,
             data: Vec::new(),
         });
-        if chunk.chunks != pending.chunks || pending.data.len() + chunk.data.len() > MAX_TABLE_BYTES
+        if chunk.chunks != pending.chunks
+            || chunk.vaddr_minus_offset != pending.vaddr_minus_offset
+            || pending.data.len() + chunk.data.len() > MAX_TABLE_BYTES
         {
             self.pending = None;
-            self.refuse("chunk count changed or table over the size bound");
+            self.refuse("chunk count or offset changed, or table over the size bound");
             return None;
         }
         pending.data.extend_from_slice(&chunk.data);
@@ -158,6 +162,7 @@ impl Tables {
         };
         let info = UnwindTableInfo {
             base: table.base,
+            vaddr_minus_offset: done.vaddr_minus_offset,
             len: table.len,
             first_row: first,
             rows: count,
@@ -373,6 +378,7 @@ mod tests {
                 chunk: i as u32,
                 chunks: parts.len() as u32,
                 data: data.to_vec(),
+                vaddr_minus_offset: -0x1000,
             })
             .collect()
     }
@@ -440,6 +446,7 @@ mod tests {
             (info.base, info.len, info.first_row, info.rows),
             (0x1000, 64, 0, 6)
         );
+        assert_eq!(info.vaddr_minus_offset, -0x1000);
         assert_eq!(
             maps.rows[&1],
             UnwindRow {

@@ -61,6 +61,7 @@ fn send_table(sock: &OwnedFd, file_id: u64, data: Vec<u8>) {
         chunk: 0,
         chunks: 1,
         data,
+        vaddr_minus_offset: 0,
     });
     transport::send(sock.as_fd(), &encode_relay_message(&message), &[], false)
         .expect("sending a table");

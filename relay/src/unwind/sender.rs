@@ -95,7 +95,7 @@ fn worker(queue: &Receiver<Job>) {
             }
         };
         let bytes = compiled.table.encode();
-        let messages = chunks(job.file_id, &bytes);
+        let messages = chunks(job.file_id, &bytes, compiled.vaddr_minus_offset);
         let parts = messages.len();
         for message in messages {
             let datagram = encode_relay_message(&message);
@@ -116,7 +116,7 @@ fn worker(queue: &Receiver<Job>) {
 }
 
 /// An encoded table cut into chunk messages, in order.
-pub(crate) fn chunks(file_id: u64, bytes: &[u8]) -> Vec<RelayMessage> {
+pub(crate) fn chunks(file_id: u64, bytes: &[u8], vaddr_minus_offset: i64) -> Vec<RelayMessage> {
     let parts: Vec<&[u8]> = bytes.chunks(MAX_UNWIND_CHUNK_BYTES).collect();
     // A table is at most a few tens of MiB: far fewer than u32::MAX chunks.
     let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
@@ -129,6 +129,7 @@ pub(crate) fn chunks(file_id: u64, bytes: &[u8]) -> Vec<RelayMessage> {
                 chunk,
                 chunks: count,
                 data: data.to_vec(),
+                vaddr_minus_offset,
             })
         })
         .collect()
@@ -144,7 +145,7 @@ mod tests {
         let bytes: Vec<u8> = (0..MAX_UNWIND_CHUNK_BYTES * 5 / 2)
             .map(|i| i as u8)
             .collect();
-        let messages = chunks(42, &bytes);
+        let messages = chunks(42, &bytes, 0x400000);
         assert_eq!(messages.len(), 3);
         let mut joined = Vec::new();
         for (i, message) in messages.iter().enumerate() {
@@ -155,6 +156,7 @@ mod tests {
                 (chunk.file_id, chunk.chunk, chunk.chunks),
                 (42, i as u32, 3)
             );
+            assert_eq!(chunk.vaddr_minus_offset, 0x400000);
             assert!(chunk.data.len() <= MAX_UNWIND_CHUNK_BYTES);
             joined.extend_from_slice(&chunk.data);
         }
