@@ -83,6 +83,38 @@ pub struct UnwindTableInfo {
 // pattern valid.
 unsafe impl aya::Pod for UnwindTableInfo {}
 
+/// Executable file mappings kept per process for the unwinder; more are left out (their frames
+/// fall back to frame pointers).
+pub const MAX_PROC_MAPPINGS: usize = 64;
+
+/// One executable file mapping of a process, as `/proc/PID/maps` shows it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The file's id on the sampler's connection: the key of its `UNWIND_TABLES` entry.
+    pub file_id: u64,
+}
+
+/// A process's executable file mappings, sorted by `start`, `count` of them used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcMappings {
+    pub count: u32,
+    pub _pad: u32,
+    pub entries: [MappingEntry; MAX_PROC_MAPPINGS],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no implicit padding (8 + 64 * 32 bytes), any bit pattern
+// valid.
+unsafe impl aya::Pod for MappingEntry {}
+#[cfg(feature = "user")]
+// SAFETY: as above: u32 + explicit u32 pad + an array of `MappingEntry`.
+unsafe impl aya::Pod for ProcMappings {}
+
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
 /// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
@@ -95,6 +127,8 @@ pub mod maps {
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     /// `HashMap<u64 file id, UnwindTableInfo>`: the loaded tables.
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
+    /// `HashMap<u32 tgid, ProcMappings>`: each sampled process's executable file mappings.
+    pub const PROC_MAPPINGS: &str = "PROC_MAPPINGS";
 }
 
 /// Name of the program's read-only global that restricts sampling to one process (0 = all).

@@ -15,7 +15,7 @@ mod program {
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
     use ember_sampler_ebpf::{
-        counter, SampleKey, UnwindRow, UnwindTableInfo, COMM_LEN, ERRNO_EFAULT,
+        counter, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, COMM_LEN, ERRNO_EFAULT,
     };
 
     /// Set by the loader; 0 samples every process.
@@ -46,6 +46,8 @@ mod program {
     static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
     #[map]
     static UNWIND_TABLES: HashMap<u64, UnwindTableInfo> = HashMap::with_max_entries(1, 0);
+    #[map]
+    static PROC_MAPPINGS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(1, 0);
 
     #[perf_event]
     pub fn ember_sample(ctx: PerfEventContext) -> u32 {

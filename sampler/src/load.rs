@@ -12,7 +12,11 @@ use aya::{
     util::online_cpus,
     Ebpf, EbpfLoader,
 };
-use ember_sampler_ebpf::{maps, SampleKey, UnwindRow, UnwindTableInfo, TARGET_TGID_GLOBAL};
+use ember_protocol::Mapping;
+use ember_sampler_ebpf::{
+    maps, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, MAX_PROC_MAPPINGS,
+    TARGET_TGID_GLOBAL,
+};
 
 use crate::{
     config::{SamplerConfig, Unwind},
@@ -21,6 +25,8 @@ use crate::{
 
 /// Most unwind tables loaded at once (`--unwind dwarf`).
 const MAX_UNWIND_TABLES: u32 = 16384;
+/// Most processes whose mappings the unwinder knows (`--unwind dwarf`): 2 KiB each, 8 MiB in all.
+const MAX_UNWIND_PROCESSES: u32 = 4096;
 
 /// The loaded program and the maps the drain loop uses. Dropping it detaches everything.
 pub struct Loaded {
@@ -38,8 +44,46 @@ pub struct Loaded {
 pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
     tables: HashMap<MapData, u64, UnwindTableInfo>,
+    procs: HashMap<MapData, u32, ProcMappings>,
     /// Rows the row array holds.
     pub capacity_rows: u32,
+    /// Process mappings the map refused (full) or left out (over [`MAX_PROC_MAPPINGS`]).
+    pub mappings_lost: u64,
+    /// Processes whose mappings were written, since start.
+    pub processes_written: u64,
+}
+
+impl UnwindMaps {
+    /// Tells the unwinder where `pid`'s executable files are mapped (file mappings only, the
+    /// first [`MAX_PROC_MAPPINGS`] by address; the rest unwind by frame pointers).
+    pub fn set_process(&mut self, pid: u32, mappings: &[Mapping]) {
+        let mut value = ProcMappings {
+            count: 0,
+            _pad: 0,
+            entries: [MappingEntry::default(); MAX_PROC_MAPPINGS],
+        };
+        let files = mappings.iter().filter(|m| m.file_id != 0);
+        for (slot, m) in value.entries.iter_mut().zip(files.clone()) {
+            *slot = MappingEntry {
+                start: m.start,
+                end: m.end,
+                file_offset: m.file_offset,
+                file_id: m.file_id,
+            };
+            value.count += 1;
+        }
+        let left_out = files.count().saturating_sub(MAX_PROC_MAPPINGS);
+        self.mappings_lost += left_out as u64;
+        match self.procs.insert(pid, value, 0) {
+            Ok(()) => self.processes_written += 1,
+            Err(_) => self.mappings_lost += 1,
+        }
+    }
+
+    /// Forgets an exited process.
+    pub fn remove_process(&mut self, pid: u32) {
+        let _ = self.procs.remove(&pid);
+    }
 }
 
 impl TableMaps for UnwindMaps {
@@ -88,6 +132,8 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     };
     loader.map_max_entries(maps::UNWIND_ROWS, rows);
     loader.map_max_entries(maps::UNWIND_TABLES, tables);
+    let processes = if rows > 1 { MAX_UNWIND_PROCESSES } else { 1 };
+    loader.map_max_entries(maps::PROC_MAPPINGS, processes);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \
          and a kernel with BPF stack-trace maps (Linux >= 5.8)",
@@ -129,7 +175,10 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     let unwind = UnwindMaps {
         rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
         tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
+        procs: HashMap::try_from(take(maps::PROC_MAPPINGS)?)?,
         capacity_rows: rows,
+        mappings_lost: 0,
+        processes_written: 0,
     };
     Ok(Loaded {
         _ebpf: ebpf,

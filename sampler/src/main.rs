@@ -359,6 +359,7 @@ impl Sampler {
         let files = &self.tracker.files;
         self.tables
             .retain_known(|id| files.has_id(id), &mut self.loaded.unwind);
+        self.update_unwind_mappings();
         tracing::debug!(
             sequence,
             samples,
@@ -404,6 +405,23 @@ impl Sampler {
         }
     }
 
+    /// Tells the unwinder (`--unwind dwarf`) where changed processes map their files and
+    /// forgets exited ones.
+    fn update_unwind_mappings(&mut self) {
+        let (changed, gone) = self.tracker.take_changes();
+        if self.config.unwind != Unwind::Dwarf {
+            return;
+        }
+        for pid in changed {
+            if let Some(mappings) = self.tracker.mappings(pid) {
+                self.loaded.unwind.set_process(pid, mappings);
+            }
+        }
+        for pid in gone {
+            self.loaded.unwind.remove_process(pid);
+        }
+    }
+
     /// The kernel's loss counters plus the sampler's own.
     fn losses(&self) -> Losses {
         let mut losses = Drainer::counters(&self.loaded);
@@ -435,6 +453,8 @@ impl Sampler {
             unwind_tables_loaded = losses.unwind_tables_loaded,
             unwind_tables_refused = losses.unwind_tables_refused,
             unwind_table_bytes = self.tables.loaded_bytes(),
+            unwind_processes_written = self.loaded.unwind.processes_written,
+            unwind_mappings_lost = self.loaded.unwind.mappings_lost,
             "sampler status"
         );
     }
