@@ -29,11 +29,14 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// The thread's name at sampling time, NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// With the DWARF unwinder: the key of the user stack in the generation's `USTACKS` map
+    /// (a hash of its frames, never 0); 0 when `user_stack_id` holds the stack.
+    pub user_stack_hash: u64,
 }
 
 #[cfg(feature = "user")]
 // SAFETY: `SampleKey` is `repr(C)`, made only of integers and byte arrays, has no padding
-// (4 * 4 + 16 bytes) and every bit pattern is a valid value.
+// (4 * 4 + 16 + 8 bytes) and every bit pattern is a valid value.
 unsafe impl aya::Pod for SampleKey {}
 
 /// `bpf_get_stackid` error meaning "this context has no such stack".
@@ -83,6 +86,24 @@ pub struct UnwindTableInfo {
 // pattern valid.
 unsafe impl aya::Pod for UnwindTableInfo {}
 
+/// Deepest user stack the DWARF unwinder walks.
+pub const MAX_DWARF_FRAMES: usize = 64;
+
+/// A user stack walked by the DWARF unwinder, stored under the hash of its frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserStack {
+    pub len: u32,
+    /// Frames found through unwind tables (the rest by frame pointers).
+    pub dwarf_frames: u32,
+    /// Leaf first; `len` used.
+    pub frames: [u64; MAX_DWARF_FRAMES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no padding (8 + 64 * 8 bytes), any bit pattern valid.
+unsafe impl aya::Pod for UserStack {}
+
 /// Executable file mappings kept per process for the unwinder; more are left out (their frames
 /// fall back to frame pointers).
 pub const MAX_PROC_MAPPINGS: usize = 64;
@@ -129,10 +150,14 @@ pub mod maps {
     pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
     /// `HashMap<u32 tgid, ProcMappings>`: each sampled process's executable file mappings.
     pub const PROC_MAPPINGS: &str = "PROC_MAPPINGS";
+    /// `HashMap<u64 hash, UserStack>` per generation: stacks walked by the DWARF unwinder.
+    pub const USTACKS: [&str; 2] = ["USTACKS_0", "USTACKS_1"];
 }
 
 /// Name of the program's read-only global that restricts sampling to one process (0 = all).
 pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+/// Name of the read-only global that turns the DWARF unwinder on (1) or off (0).
+pub const DWARF_GLOBAL: &str = "DWARF";
 
 /// Slots of the per-CPU `COUNTERS` array: what the program saw and what it had to drop.
 pub mod counter {
@@ -148,6 +173,14 @@ pub mod counter {
     pub const COUNTS_FULL: u32 = 4;
     /// Samples skipped because a target pid filter was set and they were of another process.
     pub const FILTERED: u32 = 5;
+    /// DWARF unwinder: user stacks that ended on a stop row (the outermost frame, or CFI the
+    /// unwinder cannot follow).
+    pub const UNWIND_STOP: u32 = 6;
+    /// DWARF unwinder: stacks cut at `MAX_DWARF_FRAMES`, or whose memory read failed.
+    pub const UNWIND_CUT: u32 = 7;
+    /// DWARF unwinder: stacks whose store in `USTACKS` failed (map full): the sample falls
+    /// back to the frame-pointer stack.
+    pub const UNWIND_FULL: u32 = 8;
     /// Number of slots.
-    pub const LEN: u32 = 6;
+    pub const LEN: u32 = 9;
 }

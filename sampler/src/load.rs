@@ -14,8 +14,8 @@ use aya::{
 };
 use ember_protocol::Mapping;
 use ember_sampler_ebpf::{
-    maps, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, MAX_PROC_MAPPINGS,
-    TARGET_TGID_GLOBAL,
+    maps, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
+    DWARF_GLOBAL, MAX_PROC_MAPPINGS, TARGET_TGID_GLOBAL,
 };
 
 use crate::{
@@ -34,6 +34,8 @@ pub struct Loaded {
     _ebpf: Ebpf,
     pub counts: [HashMap<MapData, SampleKey, u64>; 2],
     pub stacks: [StackTraceMap<MapData>; 2],
+    /// Stacks walked by the DWARF unwinder, by hash (one entry each with `--unwind fp`).
+    pub ustacks: [HashMap<MapData, u64, UserStack>; 2],
     pub control: Array<MapData, u32>,
     pub counters: PerCpuArray<MapData, u64>,
     pub unwind: UnwindMaps,
@@ -114,6 +116,12 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     let mut loader = EbpfLoader::new();
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
+    let dwarf = u32::from(config.unwind == Unwind::Dwarf);
+    loader.override_global(DWARF_GLOBAL, &dwarf, true);
+    for name in maps::USTACKS {
+        let entries = if dwarf == 1 { config.stack_map_size } else { 1 };
+        loader.map_max_entries(name, entries);
+    }
     for name in maps::COUNTS {
         loader.map_max_entries(name, config.counts_map_size);
     }
@@ -170,6 +178,10 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         StackTraceMap::try_from(take(maps::STACKS[0])?)?,
         StackTraceMap::try_from(take(maps::STACKS[1])?)?,
     ];
+    let ustacks = [
+        HashMap::try_from(take(maps::USTACKS[0])?)?,
+        HashMap::try_from(take(maps::USTACKS[1])?)?,
+    ];
     let control = Array::try_from(take(maps::CONTROL)?)?;
     let counters = PerCpuArray::try_from(take(maps::COUNTERS)?)?;
     let unwind = UnwindMaps {
@@ -184,6 +196,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         _ebpf: ebpf,
         counts,
         stacks,
+        ustacks,
         control,
         counters,
         unwind,
