@@ -152,3 +152,121 @@ fn sampler_refuses_bad_tables_loads_a_good_one_and_keeps_sampling() {
         log.text()
     );
 }
+
+/// The truth workload's call chain, root first.
+const CHAIN: [&str; 4] = ["main", "outer_work", "middle_work", "inner_work"];
+const FUNCS: [&str; 3] = ["outer_work", "middle_work", "inner_work"];
+
+/// Ground truth without frame pointers: the groundtruth workload built `-O2
+/// -fomit-frame-pointer`, profiled by `run --unwind dwarf` + `ember-sampler --unwind dwarf`.
+/// The relay's second window (4-8 s: the first holds the interval before the process's mappings
+/// and tables reached the kernel) must have >= 95% of the workload's samples carry the whole
+/// chain `_start` ... `main` -> ... -> leaf, and the self-time split within 3 points of what the
+/// workload measured itself.
+#[test]
+fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(
+        dir.path(),
+        "groundtruth",
+        "gt-nofp",
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let pid = workload.pid().to_string();
+    let out_dir = dir.path().join("out");
+    let socket = dir.path().join("relay.sock");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let relay = spawn_relay_run(
+        "relay --unwind dwarf",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "4s",
+        ],
+    );
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler --unwind dwarf",
+        &socket,
+        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
+    );
+    std::thread::sleep(Duration::from_millis(9_000));
+    let folded = fs::read_to_string(out_dir.join("stacks.folded")).unwrap_or_else(|err| {
+        panic!(
+            "no stacks.folded ({err}):\n{}\n{}",
+            relay.log.text(),
+            sampler_log.text()
+        )
+    });
+    let (status, out) = workload.terminate_and_read_stdout(Duration::from_secs(10));
+    assert!(status.success(), "groundtruth exited with {status}");
+    let truth: serde_json::Value = out
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("the workload's JSON summary");
+
+    let mut self_counts = [0u64; 3];
+    let (mut total, mut whole) = (0u64, 0u64);
+    let mut other: Vec<(String, u64)> = Vec::new();
+    for stack in parse_folded(&folded) {
+        if !stack.process.starts_with("gt-nofp") {
+            continue;
+        }
+        total += stack.count;
+        let Some(leaf) = FUNCS.iter().position(|f| stack.leaf() == Some(f)) else {
+            other.push((stack.frames.join(";"), stack.count));
+            continue;
+        };
+        self_counts[leaf] += stack.count;
+        let main = stack.frames.iter().position(|f| f == "main");
+        let chain_ok = main.is_some_and(|m| stack.frames[m..] == CHAIN[..leaf + 2]);
+        if chain_ok && stack.frames.first().map(String::as_str) == Some("_start") {
+            whole += stack.count;
+        } else {
+            other.push((stack.frames.join(";"), stack.count));
+        }
+    }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let covered: u64 = self_counts.iter().sum();
+    let share = whole as f64 / total.max(1) as f64;
+    eprintln!(
+        "whole stacks _start..main..leaf: {whole} of {total} ({:.1}%); other: {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+    assert!(
+        total >= 500,
+        "only {total} samples of the workload:\n{folded}"
+    );
+    assert!(
+        share >= 0.95,
+        "only {:.1}% whole stacks; most common others: {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+    for (i, func) in FUNCS.iter().enumerate() {
+        let measured = self_counts[i] as f64 / covered.max(1) as f64;
+        let expected = truth[func].as_f64().expect("truth share");
+        eprintln!(
+            "{func}: measured {:.2}%, truth {:.2}%",
+            measured * 100.0,
+            expected * 100.0
+        );
+        assert!(
+            (measured - expected).abs() <= 0.03,
+            "{func}: measured {:.2}%, truth {:.2}%",
+            measured * 100.0,
+            expected * 100.0
+        );
+    }
+}
