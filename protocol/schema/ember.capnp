@@ -132,6 +132,9 @@ struct Losses {
   filesUnopened @11 :UInt64;    # mapped files not opened because of the sampler's open-file caps
   unwindTablesLoaded @12 :UInt64;   # unwind tables the sampler checked and accepted
   unwindTablesRefused @13 :UInt64;  # unwind tables (or chunks) refused: malformed, unknown file, over budget
+  unwindStopped @14 :UInt64;    # DWARF-walked user stacks cut at a row the unwinder cannot follow
+  unwindCut @15 :UInt64;        # DWARF-walked user stacks cut at the 64-frame cap
+  unwindMapFull @16 :UInt64;    # samples whose walked stack found the stack map full (frame-pointer stack kept)
 }
 
 # The samples of one interval. A large interval is split into several parts with the same

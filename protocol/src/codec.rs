@@ -408,6 +408,9 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_files_unopened(l.files_unopened);
     lb.set_unwind_tables_loaded(l.unwind_tables_loaded);
     lb.set_unwind_tables_refused(l.unwind_tables_refused);
+    lb.set_unwind_stopped(l.unwind_stopped);
+    lb.set_unwind_cut(l.unwind_cut);
+    lb.set_unwind_map_full(l.unwind_map_full);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -474,6 +477,9 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             files_unopened: l.get_files_unopened(),
             unwind_tables_loaded: l.get_unwind_tables_loaded(),
             unwind_tables_refused: l.get_unwind_tables_refused(),
+            unwind_stopped: l.get_unwind_stopped(),
+            unwind_cut: l.get_unwind_cut(),
+            unwind_map_full: l.get_unwind_map_full(),
         }),
     })
 }
@@ -518,6 +524,7 @@ mod tests {
                 facts_truncated: 4,
                 files_unopened: 5,
                 unwind_tables_refused: 6,
+                unwind_cut: 7,
                 ..Losses::default()
             }),
         }

@@ -124,6 +124,9 @@ pub struct Losses {
     pub files_unopened: u64,
     pub unwind_tables_loaded: u64,
     pub unwind_tables_refused: u64,
+    pub unwind_stopped: u64,
+    pub unwind_cut: u64,
+    pub unwind_map_full: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

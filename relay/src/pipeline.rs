@@ -211,6 +211,11 @@ impl Pipeline {
             facts_dropped = batch.losses.facts_dropped,
             facts_truncated = batch.losses.facts_truncated,
             files_unopened = batch.losses.files_unopened,
+            unwind_tables_loaded = batch.losses.unwind_tables_loaded,
+            unwind_tables_refused = batch.losses.unwind_tables_refused,
+            unwind_stopped = batch.losses.unwind_stopped,
+            unwind_cut = batch.losses.unwind_cut,
+            unwind_map_full = batch.losses.unwind_map_full,
             "batch received"
         );
         self.cache.evict_idle(RESOLVER_IDLE);

@@ -173,10 +173,10 @@ pub mod counter {
     pub const COUNTS_FULL: u32 = 4;
     /// Samples skipped because a target pid filter was set and they were of another process.
     pub const FILTERED: u32 = 5;
-    /// DWARF unwinder: user stacks that ended on a stop row (the outermost frame, or CFI the
-    /// unwinder cannot follow).
+    /// DWARF unwinder: user stacks that ended on a stop row other than the outermost frame's
+    /// (CFI the unwinder cannot follow: the stack is cut there).
     pub const UNWIND_STOP: u32 = 6;
-    /// DWARF unwinder: stacks cut at `MAX_DWARF_FRAMES`, or whose memory read failed.
+    /// DWARF unwinder: stacks cut at `MAX_DWARF_FRAMES`.
     pub const UNWIND_CUT: u32 = 7;
     /// DWARF unwinder: stacks whose store in `USTACKS` failed (map full): the sample falls
     /// back to the frame-pointer stack.

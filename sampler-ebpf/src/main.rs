@@ -77,7 +77,7 @@ mod program {
         Dwarf,
         /// Unwound one frame by frame pointer (no table, or a gap row).
         FramePointer,
-        /// A stop row: the outermost frame, or CFI the unwinder cannot follow.
+        /// A stop row other than the outermost frame's: CFI the unwinder cannot follow.
         Stop,
         /// Nothing more to read (rbp 0, a memory read failed).
         End,
@@ -179,6 +179,8 @@ mod program {
                 r.bp = bp;
                 return Step::Dwarf;
             }
+            // Stop code 1 is the outermost frame: the normal end of a stack, not counted.
+            5 if row.a == 1 => return Step::End,
             5 => return Step::Stop,
             _ => return frame_pointer_step(r),
         };

@@ -108,6 +108,9 @@ impl Drainer {
             user_stack_lost: read(counter::USER_STACK_LOST),
             kernel_stack_lost: read(counter::KERNEL_STACK_LOST),
             counts_full: read(counter::COUNTS_FULL),
+            unwind_stopped: read(counter::UNWIND_STOP),
+            unwind_cut: read(counter::UNWIND_CUT),
+            unwind_map_full: read(counter::UNWIND_FULL),
             ..Losses::default()
         }
     }

@@ -110,6 +110,36 @@ impl TableMaps for UnwindMaps {
     }
 }
 
+/// Sizes the maps from the flags; returns the rows of the unwind row array. Kernel memory for
+/// the DWARF unwinder (rows, tables, process mappings, walked stacks) is allocated at load, so
+/// with `--unwind fp` each of its maps gets one entry.
+fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> u32 {
+    for name in maps::COUNTS {
+        loader.map_max_entries(name, config.counts_map_size);
+    }
+    for name in maps::STACKS {
+        loader.map_max_entries(name, config.stack_map_size);
+    }
+    let (rows, tables, processes, stacks) = match config.unwind {
+        Unwind::Fp => (1, 1, 1, 1),
+        Unwind::Dwarf => (
+            u32::try_from(config.unwind_memory_bytes / size_of::<UnwindRow>())
+                .unwrap_or(u32::MAX)
+                .max(1),
+            MAX_UNWIND_TABLES,
+            MAX_UNWIND_PROCESSES,
+            config.stack_map_size,
+        ),
+    };
+    for name in maps::USTACKS {
+        loader.map_max_entries(name, stacks);
+    }
+    loader.map_max_entries(maps::UNWIND_ROWS, rows);
+    loader.map_max_entries(maps::UNWIND_TABLES, tables);
+    loader.map_max_entries(maps::PROC_MAPPINGS, processes);
+    rows
+}
+
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember-ebpf"));
 
@@ -118,30 +148,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
     let dwarf = u32::from(config.unwind == Unwind::Dwarf);
     loader.override_global(DWARF_GLOBAL, &dwarf, true);
-    for name in maps::USTACKS {
-        let entries = if dwarf == 1 { config.stack_map_size } else { 1 };
-        loader.map_max_entries(name, entries);
-    }
-    for name in maps::COUNTS {
-        loader.map_max_entries(name, config.counts_map_size);
-    }
-    for name in maps::STACKS {
-        loader.map_max_entries(name, config.stack_map_size);
-    }
-    // Kernel memory for rows is allocated at load: only with --unwind dwarf.
-    let (rows, tables) = match config.unwind {
-        Unwind::Fp => (1, 1),
-        Unwind::Dwarf => (
-            u32::try_from(config.unwind_memory_bytes / size_of::<UnwindRow>())
-                .unwrap_or(u32::MAX)
-                .max(1),
-            MAX_UNWIND_TABLES,
-        ),
-    };
-    loader.map_max_entries(maps::UNWIND_ROWS, rows);
-    loader.map_max_entries(maps::UNWIND_TABLES, tables);
-    let processes = if rows > 1 { MAX_UNWIND_PROCESSES } else { 1 };
-    loader.map_max_entries(maps::PROC_MAPPINGS, processes);
+    let rows = size_maps(&mut loader, config);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \
          and a kernel with BPF stack-trace maps (Linux >= 5.8)",

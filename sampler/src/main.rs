@@ -455,6 +455,9 @@ impl Sampler {
             unwind_table_bytes = self.tables.loaded_bytes(),
             unwind_processes_written = self.loaded.unwind.processes_written,
             unwind_mappings_lost = self.loaded.unwind.mappings_lost,
+            unwind_stopped = losses.unwind_stopped,
+            unwind_cut = losses.unwind_cut,
+            unwind_map_full = losses.unwind_map_full,
             "sampler status"
         );
     }
