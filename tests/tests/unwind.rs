@@ -270,3 +270,73 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
         );
     }
 }
+
+/// Debian's own python3 (no frame pointers) running a pure-Python loop: in the relay's second
+/// window, >= 90% of its samples reach `_start` (native frames only; no Python symbols needed).
+#[test]
+fn dwarf_unwinding_reaches_start_in_debians_python3() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let loop_src = "import time\nt = time.time()\nx = 0\nwhile time.time() - t < 60:\n    \
+                    for i in range(10000):\n        x += i * i\n";
+    let mut command = std::process::Command::new("python3");
+    command.args(["-c", loop_src]);
+    let python = ChildGuard::spawn("python3 loop", &mut command);
+    let pid = python.pid().to_string();
+    let out_dir = dir.path().join("out");
+    let socket = dir.path().join("relay.sock");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let relay = spawn_relay_run(
+        "relay --unwind dwarf",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "4s",
+        ],
+    );
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler --unwind dwarf",
+        &socket,
+        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
+    );
+    std::thread::sleep(Duration::from_millis(9_000));
+    let folded = fs::read_to_string(out_dir.join("stacks.folded")).unwrap_or_else(|err| {
+        panic!(
+            "no stacks.folded ({err}):\n{}\n{}",
+            relay.log.text(),
+            sampler_log.text()
+        )
+    });
+    drop(python);
+    let (mut total, mut rooted) = (0u64, 0u64);
+    let mut other: Vec<(String, u64)> = Vec::new();
+    for stack in parse_folded(&folded) {
+        total += stack.count;
+        if stack.frames.first().map(String::as_str) == Some("_start") {
+            rooted += stack.count;
+        } else {
+            other.push((stack.frames.join(";"), stack.count));
+        }
+    }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let share = rooted as f64 / total.max(1) as f64;
+    eprintln!(
+        "python3 stacks from _start: {rooted} of {total} ({:.1}%); other: {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+    assert!(total >= 500, "only {total} samples of python3:\n{folded}");
+    assert!(
+        share >= 0.90,
+        "only {:.1}% of python3's samples reach _start; most common others: {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+}
