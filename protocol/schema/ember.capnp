@@ -137,6 +137,11 @@ struct Losses {
   factsDropped @9 :UInt64;      # per-connection state datagrams the socket refused (EMSGSIZE, ENOBUFS): dropped, never retried
   factsTruncated @10 :UInt64;   # processes whose facts were cut to the sampler's caps
   filesUnopened @11 :UInt64;    # mapped files not opened because of the sampler's open-file caps
+  unwindTablesLoaded @12 :UInt64;   # unwind tables the sampler checked and accepted
+  unwindTablesRefused @13 :UInt64;  # unwind tables (or chunks) refused: malformed, unknown file, over budget
+  unwindStopped @14 :UInt64;    # DWARF-walked user stacks cut at a row the unwinder cannot follow
+  unwindCut @15 :UInt64;        # DWARF-walked user stacks cut at the 64-frame cap
+  unwindMapFull @16 :UInt64;    # samples whose walked stack found the stack map full (frame-pointer stack kept)
 }
 
 # The samples of one interval. A large interval is split into several parts with the same
@@ -154,17 +159,39 @@ struct Batch {
   losses @9 :Losses;
 }
 
-# Everything the relay may send back to the sampler. Reserved: the sampler does not read it yet.
-# Planned members: compact unwind tables computed by the relay from .eh_frame, for the sampler to
-# validate as fixed-size records and load into BPF maps.
+# Everything the relay may send to the sampler (the control channel: plain messages on the same
+# socket, one per datagram, never with descriptors). The sampler trusts none of it: each table is
+# checked whole before it is used, and anything it refuses is counted (`Losses.unwindTablesRefused`).
 struct RelayMessage {
   union {
     welcome @0 :Welcome;
     # The relay is going away on purpose (end of a recording): flush and stop.
     goodbye @1 :Void;
+    # One chunk of the unwind table of a file the sampler passed (issue 10). Chunks of one table
+    # come in order, 0 first; their `data` concatenated is the table's encoding (relay/src/unwind/
+    # table.rs: a 16-byte header then 12-byte rows).
+    unwindTableChunk @2 :UnwindTableChunk;
+    # Forget the table of this file id (relay-side eviction).
+    dropUnwindTable @3 :DropUnwindTable;
   }
 }
 
 struct Welcome {
   protocolVersion @0 :UInt32;
+}
+
+struct UnwindTableChunk {
+  fileId @0 :UInt64;
+  # Index of this chunk, 0-based, and how many the table has.
+  chunk @1 :UInt32;
+  chunks @2 :UInt32;
+  # At most 48 KiB per chunk (whole rows after chunk 0's header are not required).
+  data @3 :Data;
+  # `p_vaddr - p_offset` of the file's executable segment (the same in every chunk): a pc in a
+  # mapping is at table address pc - mapping start + mapping file offset + this.
+  vaddrMinusOffset @4 :Int64;
+}
+
+struct DropUnwindTable {
+  fileId @0 :UInt64;
 }

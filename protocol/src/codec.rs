@@ -4,8 +4,8 @@ use capnp::message::{Builder, ReaderOptions};
 
 use crate::{
     ember_capnp::{
-        batch, file_info, files_closed, hello, mapping, process_info, process_mappings, row,
-        sampler_message,
+        batch, file_info, files_closed, hello, mapping, process_info, process_mappings,
+        relay_message, row, sampler_message,
     },
     messages::*,
 };
@@ -118,6 +118,69 @@ pub fn decode_sampler_message(
         Err(capnp::NotInSchema(kind)) => return Err(DecodeError::UnknownKind(kind)),
     };
     Ok(message)
+}
+
+/// Encodes one relay -> sampler message.
+pub fn encode_relay_message(message: &RelayMessage) -> Vec<u8> {
+    let mut builder = Builder::new_default();
+    let root = builder.init_root::<relay_message::Builder>();
+    match message {
+        RelayMessage::UnwindTableChunk(chunk) => {
+            let mut b = root.init_unwind_table_chunk();
+            b.set_file_id(chunk.file_id);
+            b.set_chunk(chunk.chunk);
+            b.set_chunks(chunk.chunks);
+            b.set_data(&chunk.data);
+            b.set_vaddr_minus_offset(chunk.vaddr_minus_offset);
+        }
+        RelayMessage::DropUnwindTable { file_id } => {
+            root.init_drop_unwind_table().set_file_id(*file_id);
+        }
+    }
+    capnp::serialize::write_message_to_words(&builder)
+}
+
+/// Decodes one relay -> sampler datagram, enforcing `limits`. A chunk whose data is over
+/// [`MAX_UNWIND_CHUNK_BYTES`] is refused here, before anyone copies it; members the sampler does
+/// not act on (`welcome`, `goodbye`) are [`DecodeError::UnknownKind`].
+pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessage, DecodeError> {
+    if bytes.len() > limits.max_message_bytes {
+        return Err(DecodeError::TooLarge {
+            len: bytes.len(),
+            limit: limits.max_message_bytes,
+        });
+    }
+    let mut slice = bytes;
+    let reader = capnp::serialize::read_message_from_flat_slice(
+        &mut slice,
+        limits.reader_options(bytes.len()),
+    )?;
+    let root = reader.get_root::<relay_message::Reader>()?;
+    match root.which() {
+        Ok(relay_message::UnwindTableChunk(chunk)) => {
+            let chunk = chunk?;
+            let data = chunk.get_data()?;
+            if data.len() > MAX_UNWIND_CHUNK_BYTES {
+                return Err(DecodeError::Invalid {
+                    field: "unwindTableChunk.data",
+                    reason: "over 48 KiB",
+                });
+            }
+            Ok(RelayMessage::UnwindTableChunk(UnwindTableChunk {
+                file_id: chunk.get_file_id(),
+                chunk: chunk.get_chunk(),
+                chunks: chunk.get_chunks(),
+                data: data.to_vec(),
+                vaddr_minus_offset: chunk.get_vaddr_minus_offset(),
+            }))
+        }
+        Ok(relay_message::DropUnwindTable(drop)) => Ok(RelayMessage::DropUnwindTable {
+            file_id: drop?.get_file_id(),
+        }),
+        Ok(relay_message::Welcome(_)) => Err(DecodeError::UnknownKind(0)),
+        Ok(relay_message::Goodbye(())) => Err(DecodeError::UnknownKind(1)),
+        Err(capnp::NotInSchema(kind)) => Err(DecodeError::UnknownKind(kind)),
+    }
 }
 
 fn len_u32(len: usize) -> u32 {
@@ -353,6 +416,11 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_facts_dropped(l.facts_dropped);
     lb.set_facts_truncated(l.facts_truncated);
     lb.set_files_unopened(l.files_unopened);
+    lb.set_unwind_tables_loaded(l.unwind_tables_loaded);
+    lb.set_unwind_tables_refused(l.unwind_tables_refused);
+    lb.set_unwind_stopped(l.unwind_stopped);
+    lb.set_unwind_cut(l.unwind_cut);
+    lb.set_unwind_map_full(l.unwind_map_full);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -417,6 +485,11 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             facts_dropped: l.get_facts_dropped(),
             facts_truncated: l.get_facts_truncated(),
             files_unopened: l.get_files_unopened(),
+            unwind_tables_loaded: l.get_unwind_tables_loaded(),
+            unwind_tables_refused: l.get_unwind_tables_refused(),
+            unwind_stopped: l.get_unwind_stopped(),
+            unwind_cut: l.get_unwind_cut(),
+            unwind_map_full: l.get_unwind_map_full(),
         }),
     })
 }
@@ -460,9 +533,44 @@ mod tests {
                 facts_dropped: 3,
                 facts_truncated: 4,
                 files_unopened: 5,
+                unwind_tables_refused: 6,
+                unwind_cut: 7,
                 ..Losses::default()
             }),
         }
+    }
+
+    #[test]
+    fn relay_messages_round_trip_and_oversized_chunks_are_refused() {
+        let limits = Limits::default();
+        let chunk = RelayMessage::UnwindTableChunk(UnwindTableChunk {
+            file_id: 7,
+            chunk: 1,
+            chunks: 3,
+            data: vec![0xab; MAX_UNWIND_CHUNK_BYTES],
+            vaddr_minus_offset: -0x1000,
+        });
+        let dropped = RelayMessage::DropUnwindTable { file_id: 9 };
+        for message in [chunk, dropped] {
+            let bytes = encode_relay_message(&message);
+            assert_eq!(
+                decode_relay_message(&bytes, &limits).expect("decodes"),
+                message
+            );
+        }
+        // Given a chunk one byte over the bound, When decoded, Then it is refused unparsed.
+        let over = encode_relay_message(&RelayMessage::UnwindTableChunk(UnwindTableChunk {
+            file_id: 7,
+            chunk: 0,
+            chunks: 1,
+            data: vec![0; MAX_UNWIND_CHUNK_BYTES + 1],
+            vaddr_minus_offset: 0,
+        }));
+        assert!(matches!(
+            decode_relay_message(&over, &limits),
+            Err(DecodeError::Invalid { .. })
+        ));
+        assert!(decode_relay_message(&[1, 2, 3], &limits).is_err());
     }
 
     #[test]

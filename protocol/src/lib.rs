@@ -15,7 +15,10 @@ mod ember_capnp {
     include!(concat!(env!("OUT_DIR"), "/ember_capnp.rs"));
 }
 
-pub use codec::{decode_sampler_message, encode_sampler_message, DecodeError, Limits};
+pub use codec::{
+    decode_relay_message, decode_sampler_message, encode_relay_message, encode_sampler_message,
+    DecodeError, Limits,
+};
 pub use messages::*;
 
 /// Version of the wire protocol this build speaks; checked by the relay on `Hello`.

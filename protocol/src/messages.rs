@@ -129,6 +129,11 @@ pub struct Losses {
     pub facts_dropped: u64,
     pub facts_truncated: u64,
     pub files_unopened: u64,
+    pub unwind_tables_loaded: u64,
+    pub unwind_tables_refused: u64,
+    pub unwind_stopped: u64,
+    pub unwind_cut: u64,
+    pub unwind_map_full: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -155,4 +160,28 @@ impl Batch {
             .iter()
             .fold(0u64, |total, row| total.saturating_add(row.count))
     }
+}
+
+/// Largest `data` of one [`UnwindTableChunk`]: whole datagrams stay far below the socket's
+/// buffer, and the sampler never holds more than this per received datagram.
+pub const MAX_UNWIND_CHUNK_BYTES: usize = 48 << 10;
+
+/// What the relay sends to the sampler (see `RelayMessage` in the schema).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RelayMessage {
+    /// One chunk of an encoded unwind table.
+    UnwindTableChunk(UnwindTableChunk),
+    /// Forget the table of this file id.
+    DropUnwindTable { file_id: u64 },
+}
+
+/// One chunk of the unwind table of `file_id`: chunks `0..chunks` concatenated are the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnwindTableChunk {
+    pub file_id: u64,
+    pub chunk: u32,
+    pub chunks: u32,
+    pub data: Vec<u8>,
+    /// `p_vaddr - p_offset` of the file's executable segment (see the schema).
+    pub vaddr_minus_offset: i64,
 }

@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use ember_protocol::Losses;
 
 use crate::{
@@ -23,6 +24,7 @@ use crate::{
     session::FileLimits,
     sink::Sinks,
     source::{self, SourceEvent},
+    unwind::sender::{TableSender, UnwindMode},
 };
 
 /// The intake channel between the connection threads and the driver, bounded: when the driver
@@ -98,6 +100,16 @@ impl Driver {
     pub(crate) fn with_labels(mut self, labels: crate::labels::stage::LabelStage) -> Self {
         self.pipeline.set_labels(labels);
         self
+    }
+
+    /// With [`UnwindMode::Dwarf`], starts the worker that compiles each passed binary's unwind
+    /// table and sends it to its sampler.
+    pub(crate) fn with_unwind(mut self, mode: UnwindMode) -> anyhow::Result<Self> {
+        if mode == UnwindMode::Dwarf {
+            let sender = TableSender::spawn().context("starting the unwind-table worker")?;
+            self.pipeline.send_unwind_tables(sender);
+        }
+        Ok(self)
     }
 
     /// Runs until the policy says stop; hands the unfinished interval to the sinks before it

@@ -8,7 +8,7 @@
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
 //! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `unwind` stays
-//! public until it is wired in (the sampler does not take its tables yet).
+//! public until all of it is wired in (its on-disk table cache is not used yet).
 
 pub(crate) mod cli;
 pub(crate) mod config;

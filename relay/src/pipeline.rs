@@ -3,7 +3,7 @@
 //! which the driver takes when a batch completes its interval. Symbolizer state is not `Send`
 //! (blazesym resolvers), which is why all of it lives on the driver's thread.
 
-use std::{collections::HashMap, os::fd::OwnedFd, time::Duration};
+use std::{collections::HashMap, fs::File, os::fd::OwnedFd, sync::Arc, time::Duration};
 
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
@@ -13,6 +13,7 @@ use crate::{
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
     symbolize::{sigbus, ElfCache},
+    unwind::sender::{Job, TableSender},
 };
 
 /// Resolvers unused this long are closed.
@@ -49,6 +50,10 @@ pub(crate) struct Pipeline {
     labels: LabelStage,
     /// The labels stage's counters when last logged.
     labels_logged: LabelStats,
+    /// With `--unwind dwarf`: the worker that compiles passed files and sends their tables.
+    unwind: Option<TableSender>,
+    /// Each connection's sending side, kept only with `unwind` (dropped when it closes).
+    controls: HashMap<ConnectionId, Arc<OwnedFd>>,
 }
 
 impl Pipeline {
@@ -83,17 +88,27 @@ impl Pipeline {
         self.labels = labels;
     }
 
+    /// Sends each passed executable's unwind table to its sampler (`--unwind dwarf`).
+    pub fn send_unwind_tables(&mut self, sender: TableSender) {
+        self.unwind = Some(sender);
+    }
+
     pub fn handle(&mut self, event: SourceEvent) -> Handled {
         match event {
             SourceEvent::Connected {
                 conn,
                 peer_uid,
                 peer_pid,
+                control,
             } => {
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
+                if let (Some(control), Some(_)) = (control, &self.unwind) {
+                    self.controls.insert(conn, control);
+                }
                 Handled::Nothing
             }
             SourceEvent::Closed { conn, error } => {
+                self.controls.remove(&conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
                         connection = conn,
@@ -138,6 +153,10 @@ impl Pipeline {
         match message {
             SamplerMessage::Hello(_) => Handled::Nothing,
             SamplerMessage::Files(files) => {
+                if let (Some(sender), Some(control)) = (&mut self.unwind, self.controls.get(&conn))
+                {
+                    offer_tables(sender, control, &files, &fds);
+                }
                 session.add_files(files, fds);
                 Handled::Nothing
             }
@@ -205,6 +224,11 @@ impl Pipeline {
             facts_dropped = batch.losses.facts_dropped,
             facts_truncated = batch.losses.facts_truncated,
             files_unopened = batch.losses.files_unopened,
+            unwind_tables_loaded = batch.losses.unwind_tables_loaded,
+            unwind_tables_refused = batch.losses.unwind_tables_refused,
+            unwind_stopped = batch.losses.unwind_stopped,
+            unwind_cut = batch.losses.unwind_cut,
+            unwind_map_full = batch.losses.unwind_map_full,
             "batch received"
         );
         self.cache.evict_idle(RESOLVER_IDLE);
@@ -266,6 +290,29 @@ impl Pipeline {
 
 /// Hand-built source events around a real binary (this test executable, passed by descriptor as
 /// the sampler would), for the pipeline's and the driver's tests.
+/// Hands every passed file of one `files` message to the unwind worker (each job with its own
+/// duplicates of the connection and the file).
+fn offer_tables(
+    sender: &mut TableSender,
+    control: &Arc<OwnedFd>,
+    files: &[ember_protocol::FileInfo],
+    fds: &[Option<OwnedFd>],
+) {
+    for info in files {
+        let fd = usize::try_from(info.fd)
+            .ok()
+            .and_then(|i| fds.get(i)?.as_ref());
+        let Some(Ok(dup)) = fd.map(OwnedFd::try_clone) else {
+            continue;
+        };
+        sender.offer(Job {
+            control: Arc::clone(control),
+            file_id: info.file_id,
+            file: File::from(dup),
+        });
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
     use std::{fs::File, io::Write as _, os::fd::OwnedFd};
@@ -357,6 +404,7 @@ pub(crate) mod fixtures {
                 conn: CONN,
                 peer_uid: 0,
                 peer_pid: 1,
+                control: None,
             },
             message(SamplerMessage::Hello(hello), vec![kallsyms.into()]),
             message(SamplerMessage::Files(files), vec![exe.into()]),

@@ -37,6 +37,7 @@ use crate::{
     },
     source::{self, SourceEvent},
     symbolize,
+    unwind::sender::UnwindMode,
 };
 
 pub struct RecordConfig {
@@ -57,6 +58,8 @@ pub struct RecordConfig {
     pub file_limits: FileLimits,
     /// Tags, relabel rules, process filter, folded root.
     pub labels: LabelConfig,
+    /// `--unwind`, also passed to the sampler.
+    pub unwind: UnwindMode,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -123,6 +126,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let mut policy = Recording::new(config.duration, control);
     let ended = Driver::new(sinks, config.file_limits, None)
         .with_labels(labels)
+        .with_unwind(config.unwind)?
         .run(&events, &mut policy)?;
     if policy.tty {
         eprintln!();
@@ -150,6 +154,8 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         .arg(format!("{}ms", config.interval.as_millis()))
         .arg("--log-format")
         .arg(config.log_format.as_str())
+        .arg("--unwind")
+        .arg(config.unwind.as_str())
         .stdin(Stdio::null());
     if let Some(pid) = config.pid {
         command.arg("--pid").arg(pid.to_string());

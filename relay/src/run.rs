@@ -16,6 +16,7 @@ use crate::{
     session::FileLimits,
     sink::{exporters, files::FilesSink, SinkReport, Sinks},
     source, symbolize,
+    unwind::sender::UnwindMode,
 };
 
 pub struct RunConfig {
@@ -29,6 +30,8 @@ pub struct RunConfig {
     pub file_limits: FileLimits,
     /// Tags, relabel rules, process filter, folded root.
     pub labels: LabelConfig,
+    /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
+    pub unwind: UnwindMode,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -78,7 +81,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     }
     sinks.extend(exporters::start(config.exporters)?);
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
-        .with_labels(config.labels.stage());
+        .with_labels(config.labels.stage())
+        .with_unwind(config.unwind)?;
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

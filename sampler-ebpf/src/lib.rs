@@ -29,17 +29,112 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// The thread's name at sampling time, NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// With the DWARF unwinder: the key of the user stack in the generation's `USTACKS` map
+    /// (a hash of its frames, never 0); 0 when `user_stack_id` holds the stack.
+    pub user_stack_hash: u64,
 }
 
 #[cfg(feature = "user")]
 // SAFETY: `SampleKey` is `repr(C)`, made only of integers and byte arrays, has no padding
-// (4 * 4 + 16 bytes) and every bit pattern is a valid value.
+// (4 * 4 + 16 + 8 bytes) and every bit pattern is a valid value.
 unsafe impl aya::Pod for SampleKey {}
 
 /// `bpf_get_stackid` error meaning "this context has no such stack".
 pub const ERRNO_EFAULT: i32 = 14;
 /// `bpf_get_stackid` error meaning "the hash bucket holds another stack" (a collision).
 pub const ERRNO_EEXIST: i32 = 17;
+
+/// One row of an unwind table, exactly the relay's 12-byte encoding (relay/src/unwind/row.rs):
+/// from `pc` (an offset from the table's base) to the next row, unwind by `kind` with `a`, `b`
+/// and `flags`. The sampler writes only rows it checked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    pub a: i32,
+    pub b: i16,
+    pub kind: u8,
+    pub flags: u8,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 2 + 1 + 1 bytes), any bit pattern valid.
+unsafe impl aya::Pod for UnwindRow {}
+
+/// Where one file's table lives in the `UNWIND_ROWS` array, and the address range it covers
+/// (ELF virtual addresses of the file). Written after its rows, deleted before they are reused,
+/// so the program never sees a half-written table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTableInfo {
+    /// The table's lowest address (its first row's `pc` is 0, relative to it).
+    pub base: u64,
+    /// `p_vaddr - p_offset` of the file's executable segment: a pc in a mapping is at table
+    /// address pc - mapping start + mapping file offset + this.
+    pub vaddr_minus_offset: i64,
+    /// Bytes covered from `base`.
+    pub len: u32,
+    /// Index of the first row in `UNWIND_ROWS`.
+    pub first_row: u32,
+    /// Number of rows.
+    pub rows: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, explicit padding field (2 * 8 + 4 * 4 bytes), any bit
+// pattern valid.
+unsafe impl aya::Pod for UnwindTableInfo {}
+
+/// Deepest user stack the DWARF unwinder walks.
+pub const MAX_DWARF_FRAMES: usize = 64;
+
+/// A user stack walked by the DWARF unwinder, stored under the hash of its frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserStack {
+    pub len: u32,
+    /// Frames found through unwind tables (the rest by frame pointers).
+    pub dwarf_frames: u32,
+    /// Leaf first; `len` used.
+    pub frames: [u64; MAX_DWARF_FRAMES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no padding (8 + 64 * 8 bytes), any bit pattern valid.
+unsafe impl aya::Pod for UserStack {}
+
+/// Executable file mappings kept per process for the unwinder; more are left out (their frames
+/// fall back to frame pointers).
+pub const MAX_PROC_MAPPINGS: usize = 64;
+
+/// One executable file mapping of a process, as `/proc/PID/maps` shows it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The file's id on the sampler's connection: the key of its `UNWIND_TABLES` entry.
+    pub file_id: u64,
+}
+
+/// A process's executable file mappings, sorted by `start`, `count` of them used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcMappings {
+    pub count: u32,
+    pub _pad: u32,
+    pub entries: [MappingEntry; MAX_PROC_MAPPINGS],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no implicit padding (8 + 64 * 32 bytes), any bit pattern
+// valid.
+unsafe impl aya::Pod for MappingEntry {}
+#[cfg(feature = "user")]
+// SAFETY: as above: u32 + explicit u32 pad + an array of `MappingEntry`.
+unsafe impl aya::Pod for ProcMappings {}
 
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
 /// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
@@ -49,10 +144,20 @@ pub mod maps {
     pub const STACKS: [&str; 2] = ["STACKS_0", "STACKS_1"];
     pub const CONTROL: &str = "CONTROL";
     pub const COUNTERS: &str = "COUNTERS";
+    /// `Array<UnwindRow>`: the rows of every loaded table (sized from `--unwind-memory-bytes`).
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// `HashMap<u64 file id, UnwindTableInfo>`: the loaded tables.
+    pub const UNWIND_TABLES: &str = "UNWIND_TABLES";
+    /// `HashMap<u32 tgid, ProcMappings>`: each sampled process's executable file mappings.
+    pub const PROC_MAPPINGS: &str = "PROC_MAPPINGS";
+    /// `HashMap<u64 hash, UserStack>` per generation: stacks walked by the DWARF unwinder.
+    pub const USTACKS: [&str; 2] = ["USTACKS_0", "USTACKS_1"];
 }
 
 /// Name of the program's read-only global that restricts sampling to one process (0 = all).
 pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+/// Name of the read-only global that turns the DWARF unwinder on (1) or off (0).
+pub const DWARF_GLOBAL: &str = "DWARF";
 
 /// Slots of the per-CPU `COUNTERS` array: what the program saw and what it had to drop.
 pub mod counter {
@@ -68,6 +173,14 @@ pub mod counter {
     pub const COUNTS_FULL: u32 = 4;
     /// Samples skipped because a target pid filter was set and they were of another process.
     pub const FILTERED: u32 = 5;
+    /// DWARF unwinder: user stacks that ended on a stop row other than the outermost frame's
+    /// (CFI the unwinder cannot follow: the stack is cut there).
+    pub const UNWIND_STOP: u32 = 6;
+    /// DWARF unwinder: stacks cut at `MAX_DWARF_FRAMES`.
+    pub const UNWIND_CUT: u32 = 7;
+    /// DWARF unwinder: stacks whose store in `USTACKS` failed (map full): the sample falls
+    /// back to the frame-pointer stack.
+    pub const UNWIND_FULL: u32 = 8;
     /// Number of slots.
-    pub const LEN: u32 = 6;
+    pub const LEN: u32 = 9;
 }

@@ -9,16 +9,22 @@
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+        helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_loop, bpf_probe_read_user},
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
-    use ember_sampler_ebpf::{counter, SampleKey, COMM_LEN, ERRNO_EFAULT};
+    use ember_sampler_ebpf::{
+        counter, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack, COMM_LEN,
+        ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_PROC_MAPPINGS,
+    };
 
     /// Set by the loader; 0 samples every process.
     #[no_mangle]
     static TARGET_TGID: u32 = 0;
+    /// Set by the loader: 1 walks user stacks with the unwind tables (`--unwind dwarf`).
+    #[no_mangle]
+    static DWARF: u32 = 0;
 
     /// Default sizes; the loader overrides them from its flags.
     const COUNTS_ENTRIES: u32 = 16384;
@@ -37,6 +43,282 @@ mod program {
     static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
+    /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
+    /// with `--unwind fp`, `--unwind-memory-bytes / 12` rows with `--unwind dwarf`. Not walked
+    /// yet: the in-kernel unwinder is the next step.
+    #[map]
+    static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+    #[map]
+    static UNWIND_TABLES: HashMap<u64, UnwindTableInfo> = HashMap::with_max_entries(1, 0);
+    #[map]
+    static PROC_MAPPINGS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(1, 0);
+    /// Stacks the DWARF unwinder walked, by the hash of their frames, per generation.
+    #[map]
+    static USTACKS_0: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
+    #[map]
+    static USTACKS_1: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
+    /// Per-CPU room to build one stack (too large for the 512-byte BPF stack).
+    #[map]
+    static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+
+    /// Bisection steps: 2^7 >= MAX_PROC_MAPPINGS mappings, 2^24 rows per table.
+    const MAPPING_STEPS: usize = 7;
+    const ROW_STEPS: usize = 24;
+
+    /// The registers the unwinder tracks.
+    struct Regs {
+        pc: u64,
+        sp: u64,
+        bp: u64,
+    }
+
+    enum Step {
+        /// Unwound one frame with a table row.
+        Dwarf,
+        /// Unwound one frame by frame pointer (no table, or a gap row).
+        FramePointer,
+        /// A stop row other than the outermost frame's: CFI the unwinder cannot follow.
+        Stop,
+        /// Nothing more to read (rbp 0, a memory read failed).
+        End,
+    }
+
+    #[inline(always)]
+    fn read_user(addr: u64) -> Option<u64> {
+        // SAFETY: bpf_probe_read_user copies from user memory with fault handling; any address
+        // is safe to pass.
+        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    }
+
+    /// The row covering `pc` in its mapping's table, if the process's mapping and the file's
+    /// table are loaded and cover it.
+    #[inline(always)]
+    fn find_row(procs: &ProcMappings, pc: u64) -> Option<UnwindRow> {
+        let count = (procs.count as usize).min(MAX_PROC_MAPPINGS);
+        let (mut lo, mut hi) = (0usize, count);
+        for _ in 0..MAPPING_STEPS {
+            if lo >= hi {
+                break;
+            }
+            let mid = (lo + hi) / 2;
+            if procs.entries.get(mid)?.start <= pc {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let mapping = procs.entries.get(lo.checked_sub(1)?)?;
+        if pc >= mapping.end {
+            return None;
+        }
+        // SAFETY: a lookup in a map only the sampler writes; the value is read at once.
+        let info: &UnwindTableInfo = unsafe { UNWIND_TABLES.get(&mapping.file_id) }?;
+        let addr = pc
+            .wrapping_sub(mapping.start)
+            .wrapping_add(mapping.file_offset)
+            .wrapping_add(info.vaddr_minus_offset as u64);
+        let offset = addr.wrapping_sub(info.base);
+        if offset >= u64::from(info.len) {
+            return None;
+        }
+        let offset = offset as u32;
+        let (mut lo, mut hi) = (0u32, info.rows);
+        for _ in 0..ROW_STEPS {
+            if lo >= hi {
+                break;
+            }
+            let mid = lo + (hi - lo) / 2;
+            if UNWIND_ROWS.get(info.first_row.wrapping_add(mid))?.pc <= offset {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        UNWIND_ROWS
+            .get(info.first_row.wrapping_add(lo.checked_sub(1)?))
+            .copied()
+    }
+
+    #[inline(always)]
+    fn frame_pointer_step(r: &mut Regs) -> Step {
+        if r.bp == 0 {
+            return Step::End;
+        }
+        let (Some(next_bp), Some(ret)) = (read_user(r.bp), read_user(r.bp.wrapping_add(8))) else {
+            return Step::End;
+        };
+        r.sp = r.bp.wrapping_add(16);
+        r.bp = next_bp;
+        r.pc = ret;
+        Step::FramePointer
+    }
+
+    /// Unwinds one frame by `row` (encoding: relay/src/unwind/row.rs).
+    #[inline(always)]
+    fn apply(row: UnwindRow, r: &mut Regs) -> Step {
+        let a = row.a as i64 as u64;
+        let b = row.b as i64 as u64;
+        let cfa = match row.kind {
+            1 => r.sp.wrapping_add(a),
+            2 => r.bp.wrapping_add(a),
+            3 => {
+                r.sp.wrapping_add(a)
+                    .wrapping_add(if (r.pc & 15) >= b { 8 } else { 0 })
+            }
+            4 => {
+                let sp = r.sp;
+                let (Some(new_sp), Some(pc), Some(bp)) = (
+                    read_user(sp.wrapping_add(a)),
+                    read_user(sp.wrapping_add(a).wrapping_add(8)),
+                    read_user(sp.wrapping_add(b)),
+                ) else {
+                    return Step::End;
+                };
+                r.sp = new_sp;
+                r.pc = pc;
+                r.bp = bp;
+                return Step::Dwarf;
+            }
+            // Stop code 1 is the outermost frame: the normal end of a stack, not counted.
+            5 if row.a == 1 => return Step::End,
+            5 => return Step::Stop,
+            _ => return frame_pointer_step(r),
+        };
+        let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
+            return Step::End;
+        };
+        if row.kind != 3 && row.flags & 1 != 0 {
+            let Some(bp) = read_user(cfa.wrapping_add(b)) else {
+                return Step::End;
+            };
+            r.bp = bp;
+        }
+        r.sp = cfa;
+        r.pc = ret;
+        Step::Dwarf
+    }
+
+    /// What the per-frame callback carries from one frame to the next (on the program's stack).
+    #[repr(C)]
+    struct Walk {
+        tgid: u32,
+        /// 1 once the walk reached its end (anything but the frame cap).
+        ended: u32,
+        pc: u64,
+        sp: u64,
+        bp: u64,
+    }
+
+    /// One frame of the walk, run by `bpf_loop` (a bounded loop the verifier checks once):
+    /// records the frame, unwinds it, returns 1 to stop.
+    #[inline(never)]
+    extern "C" fn walk_frame(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+        // SAFETY: `ctx` is the `Walk` that `dwarf_stack` passed to bpf_loop, alive for the loop.
+        let walk = unsafe { &mut *ctx.cast::<Walk>() };
+        // SAFETY: a lookup in a map only the sampler writes.
+        let (Some(procs), Some(stack)) = (
+            unsafe { PROC_MAPPINGS.get(&walk.tgid) },
+            SCRATCH.get_ptr_mut(0),
+        ) else {
+            walk.ended = 1;
+            return 1;
+        };
+        // SAFETY: this CPU's scratch slot; perf_event programs do not nest on one CPU.
+        let stack = unsafe { &mut *stack };
+        let i = index as usize;
+        if i >= MAX_DWARF_FRAMES {
+            return 1;
+        }
+        stack.frames[i] = walk.pc;
+        stack.len = i as u32 + 1;
+        let mut r = Regs {
+            pc: walk.pc,
+            sp: walk.sp,
+            bp: walk.bp,
+        };
+        // A caller's pc is a return address: look up the call instruction before it.
+        let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
+        let step = match find_row(procs, lookup) {
+            Some(row) => apply(row, &mut r),
+            None => frame_pointer_step(&mut r),
+        };
+        (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
+        match step {
+            Step::Dwarf => stack.dwarf_frames += 1,
+            Step::FramePointer => {}
+            Step::Stop => {
+                bump(counter::UNWIND_STOP);
+                walk.ended = 1;
+            }
+            Step::End => walk.ended = 1,
+        }
+        if walk.pc == 0 {
+            walk.ended = 1;
+        }
+        // The verifier wants a return value it can see is 0 or 1.
+        if walk.ended != 0 {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Walks the interrupted user stack with the unwind tables (frame pointers where there is
+    /// none) and stores it under the hash of its frames. Returns the hash, or 0 when no walk was
+    /// possible (interrupted in kernel mode: these registers are the kernel's; no mappings
+    /// known; map full): the caller then keeps the frame-pointer stack.
+    #[inline(always)]
+    fn dwarf_stack(ctx: &PerfEventContext, tgid: u32, ustacks: &HashMap<u64, UserStack>) -> u64 {
+        // SAFETY: the perf_event context always points at the sample's registers.
+        let regs = unsafe { &(*ctx.ctx).regs };
+        if regs.cs & 3 != 3 {
+            return 0;
+        }
+        // SAFETY: a lookup in a map only the sampler writes.
+        if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
+            return 0;
+        }
+        let Some(stack) = SCRATCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        // SAFETY: this CPU's scratch slot; perf_event programs do not nest on one CPU.
+        let stack = unsafe { &mut *stack };
+        stack.len = 0;
+        stack.dwarf_frames = 0;
+        let mut walk = Walk {
+            tgid,
+            ended: 0,
+            pc: regs.rip,
+            sp: regs.rsp,
+            bp: regs.rbp,
+        };
+        // SAFETY: `walk_frame` only reads and writes `walk` through the pointer, during the call.
+        unsafe {
+            bpf_loop(
+                MAX_DWARF_FRAMES as u32,
+                walk_frame as *mut core::ffi::c_void,
+                (&mut walk as *mut Walk).cast(),
+                0,
+            )
+        };
+        if walk.ended == 0 {
+            bump(counter::UNWIND_CUT);
+        }
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for i in 0..MAX_DWARF_FRAMES {
+            if i as u32 >= stack.len {
+                break;
+            }
+            hash = (hash ^ stack.frames[i]).wrapping_mul(0x0000_0100_0000_01b3);
+            hash ^= hash >> 29;
+        }
+        let hash = hash.max(1);
+        if ustacks.insert(&hash, stack, 0).is_err() {
+            bump(counter::UNWIND_FULL);
+            return 0;
+        }
+        hash
+    }
 
     #[perf_event]
     pub fn ember_sample(ctx: PerfEventContext) -> u32 {
@@ -83,15 +365,26 @@ mod program {
             return;
         }
         let generation = CONTROL.get(0).copied().unwrap_or(0);
-        let (counts, stacks) = if generation == 0 {
-            (&COUNTS_0, &STACKS_0)
+        let (counts, stacks, ustacks) = if generation == 0 {
+            (&COUNTS_0, &STACKS_0, &USTACKS_0)
         } else {
-            (&COUNTS_1, &STACKS_1)
+            (&COUNTS_1, &STACKS_1, &USTACKS_1)
         };
-        let user_stack_id = stack_id(
-            ctx.get_stackid(stacks, BPF_F_USER_STACK as u64),
-            counter::USER_STACK_LOST,
-        );
+        // SAFETY: a read of a read-only global the loader set before load.
+        let dwarf = unsafe { core::ptr::read_volatile(&DWARF) } != 0;
+        let user_stack_hash = if dwarf {
+            dwarf_stack(ctx, tgid, ustacks)
+        } else {
+            0
+        };
+        let user_stack_id = if user_stack_hash != 0 {
+            0
+        } else {
+            stack_id(
+                ctx.get_stackid(stacks, BPF_F_USER_STACK as u64),
+                counter::USER_STACK_LOST,
+            )
+        };
         let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         let key = SampleKey {
@@ -100,6 +393,7 @@ mod program {
             user_stack_id,
             kernel_stack_id,
             comm,
+            user_stack_hash,
         };
         // The key holds the thread id and a thread runs on one CPU at a time, so no two CPUs
         // update the same entry at once: a plain increment is exact without atomics.

@@ -18,6 +18,19 @@ pub struct SamplerConfig {
     pub relay_user: Option<String>,
     /// The user the sampler becomes after setup (name or uid).
     pub user: String,
+    /// How user stacks are walked.
+    pub unwind: Unwind,
+    /// Most bytes of unwind-table rows held (`--unwind dwarf`).
+    pub unwind_memory_bytes: usize,
+}
+
+/// How user stacks are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    /// Frame pointers (`bpf_get_stackid`); unwind tables from the relay are refused.
+    Fp,
+    /// Unwind tables compiled by the relay from .eh_frame, checked and kept by the sampler.
+    Dwarf,
 }
 
 impl Default for SamplerConfig {
@@ -33,6 +46,8 @@ impl Default for SamplerConfig {
             backlog_max_bytes: 64 << 20,
             relay_user: None,
             user: "nobody".to_owned(),
+            unwind: Unwind::Fp,
+            unwind_memory_bytes: 64 << 20,
         }
     }
 }

@@ -11,6 +11,9 @@ use aya::maps::MapError;
 use ember_protocol::{Batch, Losses, Row, StackRef};
 use ember_sampler_ebpf::{counter, SampleKey};
 
+/// "No such entry": the stack the key names is not in the map.
+const ERRNO_ENOENT: i32 = 2;
+
 use crate::load::Loaded;
 
 /// How long a flip waits for in-flight program runs on the old generation.
@@ -55,6 +58,21 @@ impl Drainer {
                 drained.read_errors += 1;
             }
         }
+        let ustacks = &mut loaded.ustacks[old as usize];
+        let hashes: Vec<u64> = ustacks.keys().filter_map(Result::ok).collect();
+        let mut walked: HashMap<u64, Vec<u64>> = HashMap::with_capacity(hashes.len());
+        for hash in hashes {
+            match ustacks.get(&hash, 0) {
+                Ok(stack) => {
+                    let len = (stack.len as usize).min(stack.frames.len());
+                    walked.insert(hash, stack.frames[..len].to_vec());
+                }
+                Err(_) => drained.read_errors += 1,
+            }
+            if ustacks.remove(&hash).is_err() {
+                drained.read_errors += 1;
+            }
+        }
         let stacks = &mut loaded.stacks[old as usize];
         let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
         for id in ids {
@@ -70,6 +88,7 @@ impl Drainer {
                 drained.read_errors += 1;
             }
         }
+        adopt_walked(&mut drained, walked);
         Ok(drained)
     }
 
@@ -89,7 +108,32 @@ impl Drainer {
             user_stack_lost: read(counter::USER_STACK_LOST),
             kernel_stack_lost: read(counter::KERNEL_STACK_LOST),
             counts_full: read(counter::COUNTS_FULL),
+            unwind_stopped: read(counter::UNWIND_STOP),
+            unwind_cut: read(counter::UNWIND_CUT),
+            unwind_map_full: read(counter::UNWIND_FULL),
             ..Losses::default()
+        }
+    }
+}
+
+/// First id given to stacks of the DWARF unwinder: above any stack-map id (at most
+/// `--stack-map-size` entries), below i32::MAX, so the rest of the sampler treats them alike.
+const WALKED_ID_BASE: u32 = 1 << 30;
+
+/// Gives each stack the DWARF unwinder stored (by hash) an id in `drained.stacks` and points
+/// the rows at it; a row whose stack vanished gets ENOENT (missing, counted as lost).
+fn adopt_walked(drained: &mut Drained, walked: HashMap<u64, Vec<u64>>) {
+    let mut ids: HashMap<u64, u32> = HashMap::with_capacity(walked.len());
+    for (hash, frames) in walked {
+        let id = WALKED_ID_BASE.saturating_add(u32::try_from(ids.len()).unwrap_or(u32::MAX >> 2));
+        ids.insert(hash, id);
+        drained.stacks.insert(id, frames);
+    }
+    for (key, _) in &mut drained.rows {
+        if key.user_stack_hash != 0 {
+            key.user_stack_id = ids
+                .get(&key.user_stack_hash)
+                .map_or(-ERRNO_ENOENT, |&id| id as i32);
         }
     }
 }
@@ -225,6 +269,7 @@ mod tests {
             user_stack_id: user,
             kernel_stack_id: kernel,
             comm,
+            user_stack_hash: 0,
         }
     }
 
@@ -236,6 +281,26 @@ mod tests {
             frequency_hz: 97,
             losses: Losses::default(),
         }
+    }
+
+    #[test]
+    fn walked_stacks_get_ids_and_vanished_ones_are_missing() {
+        // Given two rows with DWARF-walked stacks, one of which was stored
+        let mut drained = Drained::default();
+        let mut found = key(1, 0, -14);
+        found.user_stack_hash = 77;
+        let mut vanished = key(2, 0, -14);
+        vanished.user_stack_hash = 78;
+        drained.rows = vec![(found, 3), (vanished, 1), (key(3, 5, -14), 1)];
+        // When adopted
+        adopt_walked(&mut drained, HashMap::from([(77, vec![0x10, 0x20])]));
+        // Then the stored one has an id above the stack map's, the other is ENOENT, and a
+        // frame-pointer row is untouched
+        let id = drained.rows[0].0.user_stack_id;
+        assert!(id >= WALKED_ID_BASE as i32);
+        assert_eq!(drained.stacks[&(id as u32)], vec![0x10, 0x20]);
+        assert_eq!(drained.rows[1].0.user_stack_id, -ERRNO_ENOENT);
+        assert_eq!(drained.rows[2].0.user_stack_id, 5);
     }
 
     #[test]

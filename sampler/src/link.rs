@@ -70,7 +70,17 @@ pub struct Link {
     last_connect_error: Option<Errno>,
     /// Required SO_PEERCRED uid of the relay, when set.
     relay_uid: Option<u32>,
+    /// Datagrams from the relay not yet handled (control messages), at most [`MAX_INBOX`].
+    inbox: Vec<Vec<u8>>,
+    /// Datagrams from the relay over [`INBOX_DATAGRAM_BYTES`]: refused unread.
+    pub inbox_refused: u64,
 }
+
+/// Most relay datagrams held: the drain loop takes the inbox after every wait; while it is full
+/// nothing more is read, so a relay that floods fills its own socket buffer and blocks.
+const MAX_INBOX: usize = 16;
+/// Largest relay datagram read: a table chunk (48 KiB of data) plus its capnp framing.
+const INBOX_DATAGRAM_BYTES: usize = 56 << 10;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -100,6 +110,8 @@ impl Link {
             last_drop_warning: None,
             last_connect_error: None,
             relay_uid,
+            inbox: Vec::new(),
+            inbox_refused: 0,
         }
     }
 
@@ -303,7 +315,11 @@ impl Link {
             std::thread::sleep(timeout);
             return Event::Nothing;
         };
-        let mut flags = PollFlags::POLLIN;
+        // A full inbox is left on the socket until the drain loop takes it: backpressure.
+        let mut flags = PollFlags::empty();
+        if self.inbox.len() < MAX_INBOX {
+            flags |= PollFlags::POLLIN;
+        }
         if !self.queue.is_empty() {
             flags |= PollFlags::POLLOUT;
         }
@@ -317,19 +333,8 @@ impl Link {
                     return self.disconnect();
                 }
                 if revents.contains(PollFlags::POLLIN) {
-                    // The relay sends nothing the sampler acts on yet; a readable socket with
-                    // no data is an orderly shutdown of the relay's side.
-                    let mut buf = [0u8; 64];
-                    match transport::recv(conn.as_fd(), &mut buf) {
-                        // An inherited connection stays open for sending: the relay shut its
-                        // side down to ask for the last batch.
-                        Ok(transport::Received::Closed)
-                            if matches!(self.target, Target::Inherited) =>
-                        {
-                            return Event::Closed;
-                        }
-                        Ok(transport::Received::Closed) | Err(_) => return self.disconnect(),
-                        Ok(_) => {}
+                    if let Some(event) = self.read_inbox() {
+                        return event;
                     }
                 }
                 if revents.contains(PollFlags::POLLOUT) {
@@ -342,6 +347,37 @@ impl Link {
                 Event::Nothing
             }
         }
+    }
+
+    /// Reads the datagrams waiting on the socket into the inbox, until it holds [`MAX_INBOX`].
+    /// A readable socket with no data is an orderly shutdown of the relay's side: `Closed` for
+    /// an inherited connection (it stays open for sending the last batch), a disconnect
+    /// otherwise. Descriptors a relay might attach are closed at once (never used).
+    fn read_inbox(&mut self) -> Option<Event> {
+        let mut buf = vec![0u8; INBOX_DATAGRAM_BYTES];
+        while self.inbox.len() < MAX_INBOX {
+            let conn = self.conn.as_ref()?;
+            match transport::recv(conn.as_fd(), &mut buf) {
+                Ok(transport::Received::Closed) if matches!(self.target, Target::Inherited) => {
+                    return Some(Event::Closed);
+                }
+                Ok(transport::Received::Closed) | Err(_) => return Some(self.disconnect()),
+                Ok(transport::Received::Message { len, .. }) => {
+                    self.inbox.push(buf[..len].to_vec());
+                }
+                Ok(transport::Received::Truncated { .. }) => self.inbox_refused += 1,
+            }
+            let mut more = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+            if !matches!(poll(&mut more, PollTimeout::ZERO), Ok(n) if n > 0) {
+                break;
+            }
+        }
+        None
+    }
+
+    /// The datagrams the relay sent since the last call, oldest first.
+    pub fn take_inbox(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.inbox)
     }
 
     fn disconnect(&mut self) -> Event {

@@ -12,9 +12,21 @@ use aya::{
     util::online_cpus,
     Ebpf, EbpfLoader,
 };
-use ember_sampler_ebpf::{maps, SampleKey, TARGET_TGID_GLOBAL};
+use ember_protocol::Mapping;
+use ember_sampler_ebpf::{
+    maps, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
+    DWARF_GLOBAL, MAX_PROC_MAPPINGS, TARGET_TGID_GLOBAL,
+};
 
-use crate::config::SamplerConfig;
+use crate::{
+    config::{SamplerConfig, Unwind},
+    unwind::TableMaps,
+};
+
+/// Most unwind tables loaded at once (`--unwind dwarf`).
+const MAX_UNWIND_TABLES: u32 = 16384;
+/// Most processes whose mappings the unwinder knows (`--unwind dwarf`): 2 KiB each, 8 MiB in all.
+const MAX_UNWIND_PROCESSES: u32 = 4096;
 
 /// The loaded program and the maps the drain loop uses. Dropping it detaches everything.
 pub struct Loaded {
@@ -22,9 +34,110 @@ pub struct Loaded {
     _ebpf: Ebpf,
     pub counts: [HashMap<MapData, SampleKey, u64>; 2],
     pub stacks: [StackTraceMap<MapData>; 2],
+    /// Stacks walked by the DWARF unwinder, by hash (one entry each with `--unwind fp`).
+    pub ustacks: [HashMap<MapData, u64, UserStack>; 2],
     pub control: Array<MapData, u32>,
     pub counters: PerCpuArray<MapData, u64>,
+    pub unwind: UnwindMaps,
     pub cpus: usize,
+}
+
+/// The unwind-table maps: rows, and per file where its rows are.
+pub struct UnwindMaps {
+    rows: Array<MapData, UnwindRow>,
+    tables: HashMap<MapData, u64, UnwindTableInfo>,
+    procs: HashMap<MapData, u32, ProcMappings>,
+    /// Rows the row array holds.
+    pub capacity_rows: u32,
+    /// Process mappings the map refused (full) or left out (over [`MAX_PROC_MAPPINGS`]).
+    pub mappings_lost: u64,
+    /// Processes whose mappings were written, since start.
+    pub processes_written: u64,
+}
+
+impl UnwindMaps {
+    /// Tells the unwinder where `pid`'s executable files are mapped (file mappings only, the
+    /// first [`MAX_PROC_MAPPINGS`] by address; the rest unwind by frame pointers).
+    pub fn set_process(&mut self, pid: u32, mappings: &[Mapping]) {
+        let mut value = ProcMappings {
+            count: 0,
+            _pad: 0,
+            entries: [MappingEntry::default(); MAX_PROC_MAPPINGS],
+        };
+        let files = mappings.iter().filter(|m| m.file_id != 0);
+        for (slot, m) in value.entries.iter_mut().zip(files.clone()) {
+            *slot = MappingEntry {
+                start: m.start,
+                end: m.end,
+                file_offset: m.file_offset,
+                file_id: m.file_id,
+            };
+            value.count += 1;
+        }
+        let left_out = files.count().saturating_sub(MAX_PROC_MAPPINGS);
+        self.mappings_lost += left_out as u64;
+        match self.procs.insert(pid, value, 0) {
+            Ok(()) => self.processes_written += 1,
+            Err(_) => self.mappings_lost += 1,
+        }
+    }
+
+    /// Forgets an exited process.
+    pub fn remove_process(&mut self, pid: u32) {
+        let _ = self.procs.remove(&pid);
+    }
+}
+
+impl TableMaps for UnwindMaps {
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+        for (index, row) in (first..).zip(rows) {
+            self.rows
+                .set(index, row, 0)
+                .map_err(|err| err.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String> {
+        self.tables
+            .insert(file_id, info, 0)
+            .map_err(|err| err.to_string())
+    }
+
+    fn remove_info(&mut self, file_id: u64) {
+        // Absent is fine: the table was never fully written.
+        let _ = self.tables.remove(&file_id);
+    }
+}
+
+/// Sizes the maps from the flags; returns the rows of the unwind row array. Kernel memory for
+/// the DWARF unwinder (rows, tables, process mappings, walked stacks) is allocated at load, so
+/// with `--unwind fp` each of its maps gets one entry.
+fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> u32 {
+    for name in maps::COUNTS {
+        loader.map_max_entries(name, config.counts_map_size);
+    }
+    for name in maps::STACKS {
+        loader.map_max_entries(name, config.stack_map_size);
+    }
+    let (rows, tables, processes, stacks) = match config.unwind {
+        Unwind::Fp => (1, 1, 1, 1),
+        Unwind::Dwarf => (
+            u32::try_from(config.unwind_memory_bytes / size_of::<UnwindRow>())
+                .unwrap_or(u32::MAX)
+                .max(1),
+            MAX_UNWIND_TABLES,
+            MAX_UNWIND_PROCESSES,
+            config.stack_map_size,
+        ),
+    };
+    for name in maps::USTACKS {
+        loader.map_max_entries(name, stacks);
+    }
+    loader.map_max_entries(maps::UNWIND_ROWS, rows);
+    loader.map_max_entries(maps::UNWIND_TABLES, tables);
+    loader.map_max_entries(maps::PROC_MAPPINGS, processes);
+    rows
 }
 
 /// The eBPF object built by build.rs.
@@ -33,12 +146,9 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     let mut loader = EbpfLoader::new();
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
-    for name in maps::COUNTS {
-        loader.map_max_entries(name, config.counts_map_size);
-    }
-    for name in maps::STACKS {
-        loader.map_max_entries(name, config.stack_map_size);
-    }
+    let dwarf = u32::from(config.unwind == Unwind::Dwarf);
+    loader.override_global(DWARF_GLOBAL, &dwarf, true);
+    let rows = size_maps(&mut loader, config);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \
          and a kernel with BPF stack-trace maps (Linux >= 5.8)",
@@ -75,14 +185,28 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         StackTraceMap::try_from(take(maps::STACKS[0])?)?,
         StackTraceMap::try_from(take(maps::STACKS[1])?)?,
     ];
+    let ustacks = [
+        HashMap::try_from(take(maps::USTACKS[0])?)?,
+        HashMap::try_from(take(maps::USTACKS[1])?)?,
+    ];
     let control = Array::try_from(take(maps::CONTROL)?)?;
     let counters = PerCpuArray::try_from(take(maps::COUNTERS)?)?;
+    let unwind = UnwindMaps {
+        rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
+        tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
+        procs: HashMap::try_from(take(maps::PROC_MAPPINGS)?)?,
+        capacity_rows: rows,
+        mappings_lost: 0,
+        processes_written: 0,
+    };
     Ok(Loaded {
         _ebpf: ebpf,
         counts,
         stacks,
+        ustacks,
         control,
         counters,
+        unwind,
         cpus: cpus.len(),
     })
 }

@@ -11,6 +11,7 @@ mod link;
 mod load;
 mod procfs;
 mod tracker;
+mod unwind;
 
 use std::{
     fs::File,
@@ -27,11 +28,12 @@ use ember_common::{
     LogFormat, ProcStatus,
 };
 use ember_protocol::{
-    encode_sampler_message, Hello, Losses, SamplerMessage, NO_FD, PROTOCOL_VERSION,
+    decode_relay_message, encode_sampler_message, Hello, Limits, Losses, RelayMessage,
+    SamplerMessage, NO_FD, PROTOCOL_VERSION,
 };
 
 use crate::{
-    config::SamplerConfig,
+    config::{SamplerConfig, Unwind},
     drain::{build_batches, BatchHeader, Drainer},
     limits::MAX_BATCH_BYTES,
     link::{BatchMark, Event, Link, Outgoing, Target},
@@ -82,6 +84,13 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
     log_format: LogFormat,
+    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (unwind tables the relay
+    /// compiles from .eh_frame; the sampler checks each one and refuses bad ones, counted).
+    #[arg(long, value_enum, default_value_t = SamplerConfig::default().unwind)]
+    unwind: Unwind,
+    /// Most bytes of unwind-table rows the sampler holds; tables beyond it are refused, counted.
+    #[arg(long, default_value_t = SamplerConfig::default().unwind_memory_bytes)]
+    unwind_memory_bytes: usize,
 }
 
 impl Cli {
@@ -97,6 +106,8 @@ impl Cli {
             backlog_max_bytes: self.backlog_max_bytes,
             relay_user: self.relay_uid,
             user: self.user,
+            unwind: self.unwind,
+            unwind_memory_bytes: self.unwind_memory_bytes,
         }
     }
 }
@@ -159,6 +170,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
         target_pid: config.target_pid,
     };
+    let unwind_rows = loaded.unwind.capacity_rows;
     let sampler = Sampler {
         inherited: inherited.is_some(),
         link: Link::new(target, inherited, config.backlog_max_bytes, relay),
@@ -166,6 +178,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         hello: state(SamplerMessage::Hello(hello), kallsyms.into_iter().collect()),
         loaded,
         drainer: Drainer::new(),
+        tables: unwind::Tables::new(unwind_rows),
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
@@ -235,6 +248,8 @@ struct Sampler {
     hello: Outgoing,
     loaded: load::Loaded,
     drainer: Drainer,
+    /// Unwind tables the relay sent and the sampler accepted.
+    tables: unwind::Tables,
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
@@ -248,7 +263,9 @@ impl Sampler {
         let mut next_tick = Instant::now() + self.config.interval;
         let mut last_summary = Instant::now();
         loop {
-            let Some(finishing) = self.wait_for_tick(next_tick) else {
+            let tick = self.wait_for_tick(next_tick);
+            self.control();
+            let Some(finishing) = tick else {
                 continue;
             };
             next_tick += self.config.interval;
@@ -339,6 +356,10 @@ impl Sampler {
                 self.link.enqueue(message);
             }
         }
+        let files = &self.tracker.files;
+        self.tables
+            .retain_known(|id| files.has_id(id), &mut self.loaded.unwind);
+        self.update_unwind_mappings();
         tracing::debug!(
             sequence,
             samples,
@@ -350,6 +371,57 @@ impl Sampler {
         Ok(losses)
     }
 
+    /// Acts on what the relay sent: unwind-table chunks (kept only with `--unwind dwarf`) and
+    /// table drops. Nothing else the relay says is acted on; anything undecodable is counted.
+    fn control(&mut self) {
+        let limits = Limits::default();
+        for bytes in self.link.take_inbox() {
+            match decode_relay_message(&bytes, &limits) {
+                Ok(RelayMessage::UnwindTableChunk(chunk))
+                    if self.config.unwind == Unwind::Dwarf =>
+                {
+                    let files = &self.tracker.files;
+                    let maps = &mut self.loaded.unwind;
+                    if let Some(file_id) = self.tables.chunk(chunk, |id| files.has_id(id), maps) {
+                        tracing::debug!(
+                            file_id,
+                            bytes = self.tables.loaded_bytes(),
+                            "unwind table loaded"
+                        );
+                    }
+                }
+                // With --unwind fp the tables are not used: each one is refused once.
+                Ok(RelayMessage::UnwindTableChunk(chunk)) => {
+                    self.tables.refused += u64::from(chunk.chunk == 0);
+                }
+                Ok(RelayMessage::DropUnwindTable { file_id }) => {
+                    self.tables.drop_table(file_id, &mut self.loaded.unwind);
+                }
+                Err(err) => {
+                    self.tables.refused += 1;
+                    tracing::warn!(%err, "refused a message from the relay");
+                }
+            }
+        }
+    }
+
+    /// Tells the unwinder (`--unwind dwarf`) where changed processes map their files and
+    /// forgets exited ones.
+    fn update_unwind_mappings(&mut self) {
+        let (changed, gone) = self.tracker.take_changes();
+        if self.config.unwind != Unwind::Dwarf {
+            return;
+        }
+        for pid in changed {
+            if let Some(mappings) = self.tracker.mappings(pid) {
+                self.loaded.unwind.set_process(pid, mappings);
+            }
+        }
+        for pid in gone {
+            self.loaded.unwind.remove_process(pid);
+        }
+    }
+
     /// The kernel's loss counters plus the sampler's own.
     fn losses(&self) -> Losses {
         let mut losses = Drainer::counters(&self.loaded);
@@ -359,6 +431,8 @@ impl Sampler {
         losses.proc_errors = self.tracker.errors;
         losses.facts_truncated = self.tracker.truncated;
         losses.files_unopened = self.tracker.files.unopened;
+        losses.unwind_tables_loaded = self.tables.accepted;
+        losses.unwind_tables_refused = self.tables.refused + self.link.inbox_refused;
         losses
     }
 
@@ -376,6 +450,14 @@ impl Sampler {
             kernel_stack_lost = losses.kernel_stack_lost,
             counts_full = losses.counts_full,
             backlog_dropped_batches = losses.backlog_dropped_batches,
+            unwind_tables_loaded = losses.unwind_tables_loaded,
+            unwind_tables_refused = losses.unwind_tables_refused,
+            unwind_table_bytes = self.tables.loaded_bytes(),
+            unwind_processes_written = self.loaded.unwind.processes_written,
+            unwind_mappings_lost = self.loaded.unwind.mappings_lost,
+            unwind_stopped = losses.unwind_stopped,
+            unwind_cut = losses.unwind_cut,
+            unwind_map_full = losses.unwind_map_full,
             "sampler status"
         );
     }

@@ -86,6 +86,11 @@ impl FileTable {
         self.files.values()
     }
 
+    /// Whether `id` names a file the sampler holds (an unwind table may only be for one).
+    pub fn has_id(&self, id: u64) -> bool {
+        self.ids.contains_key(&id)
+    }
+
     /// Files held open now.
     pub fn open_count(&self) -> usize {
         self.open

@@ -46,6 +46,10 @@ pub struct Tracker {
     pub errors: u64,
     /// Processes whose facts were cut to the caps (`factsTruncated`).
     pub truncated: u64,
+    /// Pids whose facts were replaced, and pids forgotten, since the last
+    /// [`Tracker::take_changes`] (for the unwinder's per-process mappings).
+    changed: Vec<u32>,
+    gone: Vec<u32>,
 }
 
 impl Tracker {
@@ -56,7 +60,22 @@ impl Tracker {
             boot_time_unix_ns,
             errors: 0,
             truncated: 0,
+            changed: Vec::new(),
+            gone: Vec::new(),
         }
+    }
+
+    /// The pids whose facts changed and the pids forgotten since the last call.
+    pub fn take_changes(&mut self) -> (Vec<u32>, Vec<u32>) {
+        (
+            std::mem::take(&mut self.changed),
+            std::mem::take(&mut self.gone),
+        )
+    }
+
+    /// A known process's executable mappings, sorted by start.
+    pub fn mappings(&self, pid: u32) -> Option<&[Mapping]> {
+        self.procs.get(&pid).map(|t| t.info.mappings.as_slice())
     }
 
     pub fn len(&self) -> usize {
@@ -130,6 +149,7 @@ impl Tracker {
         if let Some(old) = self.procs.insert(pid, tracked) {
             self.files.release(&old.info.mappings);
         }
+        self.changed.push(pid);
         out.extend(self.closed_messages());
         out
     }
@@ -207,6 +227,7 @@ impl Tracker {
             }
             if let Some(tracked) = self.procs.remove(&pid) {
                 self.files.release(&tracked.info.mappings);
+                self.gone.push(pid);
                 out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
             }
         }
@@ -457,6 +478,25 @@ mod tests {
         // When every batch up to 5 was built and sent, the second goes too
         assert_eq!(tracker.reap(None, 6).len(), 1);
         assert!(pids(&tracker).is_empty());
+    }
+
+    #[test]
+    fn replaced_and_reaped_processes_are_reported_once_for_the_unwinder() {
+        // Given a process whose facts were taken, and an exited one
+        let mut tracker = Tracker::new(0, 16);
+        let info = ProcessInfo {
+            pid: 20,
+            ..ProcessInfo::default()
+        };
+        tracker.replace(info, &[]);
+        exited(&mut tracker, 21, 0);
+        assert_eq!(tracker.mappings(20), Some(&[][..]));
+        // When the exited one is reaped, Then the changes name 20 as changed and 21 as gone,
+        // once
+        tracker.reap(None, 1);
+        assert_eq!(tracker.take_changes(), (vec![20], vec![21]));
+        assert_eq!(tracker.take_changes(), (vec![], vec![]));
+        assert_eq!(tracker.mappings(21), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::{
     config::{self, Exporters, OtlpFlags},
     record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
+    unwind::sender::UnwindMode,
 };
 
 #[derive(clap::Args, Debug)]
@@ -110,6 +111,11 @@ pub(super) struct RunArgs {
         value_delimiter = ','
     )]
     sampler_uid: Vec<u32>,
+    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
+    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
+    /// it before use; start the sampler with the same --unwind).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    unwind: UnwindMode,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -157,6 +163,11 @@ pub(super) struct RecordArgs {
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
+    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
+    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
+    /// it before use; start the sampler with the same --unwind).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    unwind: UnwindMode,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -179,6 +190,7 @@ impl RunArgs {
                 max_open_files: self.max_open_files,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
+            unwind: self.unwind,
         })
     }
 }
@@ -204,6 +216,7 @@ impl RecordArgs {
                 max_open_files: self.max_open_files,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
+            unwind: self.unwind,
         })
     }
 }

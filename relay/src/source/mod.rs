@@ -34,6 +34,9 @@ pub enum SourceEvent {
         conn: ConnectionId,
         peer_uid: u32,
         peer_pid: i32,
+        /// A duplicate of the connection for sending to the sampler (unwind tables); `None`
+        /// when it could not be duplicated. Dropped by the pipeline when the connection closes.
+        control: Option<Arc<OwnedFd>>,
     },
     Message {
         conn: ConnectionId,
@@ -136,11 +139,13 @@ pub fn serve_connection(
 ) {
     let (peer_uid, _, peer_pid) =
         transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
+    let control = fd.try_clone().ok().map(Arc::new);
     if events
         .send(SourceEvent::Connected {
             conn,
             peer_uid,
             peer_pid,
+            control,
         })
         .is_err()
     {

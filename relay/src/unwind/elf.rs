@@ -50,6 +50,9 @@ pub struct Input {
     pub got_addr: u64,
     /// Lowest to highest executable address (executable `PT_LOAD`s, else executable sections).
     pub exec: Range<u64>,
+    /// `p_vaddr - p_offset` of the lowest executable `PT_LOAD` (0 without one): what turns a
+    /// file offset (what `/proc/PID/maps` gives the sampler) into a table address.
+    pub vaddr_minus_offset: i64,
     /// The GNU build id note, if any: a name for the cache, never trusted for content.
     pub build_id: Option<Vec<u8>>,
 }
@@ -169,6 +172,7 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
         text_addr: section_addr_of(b".text").unwrap_or(0),
         got_addr: section_addr_of(b".got").unwrap_or(0),
         exec,
+        vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
         build_id: build_id(endian, data, &sections),
     })
 }
@@ -210,6 +214,21 @@ fn exec_range<'a, 'f>(
         from_sections.try_for_each(&mut widen)?;
     }
     range.ok_or(Error::NoExecutableCode)
+}
+
+/// `p_vaddr - p_offset` of the executable `PT_LOAD` with the lowest address; 0 without one.
+fn vaddr_minus_offset<'a, 'f>(header: &Header, endian: LittleEndian, data: Bounded<'a, 'f>) -> i64 {
+    let Ok(segments) = header.program_headers(endian, data) else {
+        return 0;
+    };
+    segments
+        .iter()
+        .filter(|p| p.p_type(endian) == elf::PT_LOAD && p.p_flags(endian) & elf::PF_X != 0)
+        .min_by_key(|p| p.p_vaddr(endian))
+        // Two's-complement difference: any pair of u64 gives a defined i64.
+        .map_or(0, |p| {
+            p.p_vaddr(endian).wrapping_sub(p.p_offset(endian)) as i64
+        })
 }
 
 /// The GNU build id from any note section; `None` when absent or unreadable.

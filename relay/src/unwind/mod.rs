@@ -29,6 +29,7 @@ pub mod cache;
 mod cfi;
 mod elf;
 pub mod row;
+pub(crate) mod sender;
 pub mod table;
 
 use std::{
@@ -165,6 +166,9 @@ pub struct Compiled {
     pub stats: Stats,
     /// The file's GNU build id, if any (a name, never a proof of content).
     pub build_id: Option<Vec<u8>>,
+    /// `p_vaddr - p_offset` of the executable segment: table address = mapped address -
+    /// mapping start + mapping file offset + this.
+    pub vaddr_minus_offset: i64,
 }
 
 /// Compiles the unwind table of the ELF file behind `file`.
@@ -200,6 +204,7 @@ fn compile_input(input: &elf::Input, limits: &Limits) -> Compiled {
         table,
         stats,
         build_id: input.build_id.clone(),
+        vaddr_minus_offset: input.vaddr_minus_offset,
     }
 }
 

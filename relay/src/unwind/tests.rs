@@ -1139,3 +1139,28 @@ fn figures() {
         );
     }
 }
+
+/// `vaddr_minus_offset` against readelf's program headers (the executable `LOAD`), for a PIE
+/// and a non-PIE build of the same workload.
+#[test]
+fn vaddr_minus_offset_matches_the_executable_segment() {
+    let dir = scratch();
+    for (name, flags) in [
+        ("pie", &["-O2", "-pie", "-fPIE"][..]),
+        ("nopie", &["-O2", "-no-pie"][..]),
+    ] {
+        let path = build_workload(dir.path(), name, flags);
+        let out = run(Command::new("readelf").args(["-l", "-W"]).arg(&path));
+        let load = out
+            .lines()
+            .map(str::split_whitespace)
+            .map(Iterator::collect::<Vec<_>>)
+            // `LOAD off vaddr paddr filesz memsz R E align`: the flags are split words.
+            .find(|f| f.first() == Some(&"LOAD") && f.iter().rev().nth(1) == Some(&"E"))
+            .expect("an executable LOAD");
+        let field = |i: usize| hex(load[i].trim_start_matches("0x"));
+        let expected = field(2).wrapping_sub(field(1)) as i64;
+        let compiled = compile_path(&path, &Limits::default()).expect("compiles");
+        assert_eq!(compiled.vaddr_minus_offset, expected, "{name}");
+    }
+}

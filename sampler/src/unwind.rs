@@ -1,0 +1,531 @@
+//! Unwind tables sent by the relay (issue 10): chunks are assembled per file, each table is
+//! checked whole, and only a table that passes every check is written into the BPF maps
+//! (`UNWIND_ROWS`, then its `UNWIND_TABLES` entry, so the program never sees half a table); a
+//! bad one is refused and counted, never partly used. No ELF or DWARF is parsed here: the relay compiled the table, the
+//! sampler checks only its framing and row encoding.
+//!
+//! The checks are the decoding rules of the relay's `unwind/table.rs` and `unwind/row.rs`
+//! (16-byte header `base u64, len u32, rows u32`, then 12-byte rows `pc u32, a i32, b i16,
+//! kind u8, flags u8`): first row at 0, row offsets strictly increasing and below `len`, no two
+//! adjacent rows alike, every field a row's kind does not use zero, stop codes 1..=8.
+//!
+//! Bounds: one table assembles at a time (the relay sends them one after another), at most
+//! [`MAX_TABLE_BYTES`] in the sampler's memory; accepted tables live only in the row array,
+//! sized at load from `--unwind-memory-bytes` (a table that finds no free range is refused). A
+//! hostile relay can therefore make the sampler hold at most one table in memory and fill the
+//! fixed-size maps; wrong tables can only give wrong stacks.
+
+use std::collections::HashMap;
+
+use ember_protocol::UnwindTableChunk;
+use ember_sampler_ebpf::{UnwindRow, UnwindTableInfo};
+
+/// Where checked tables go: the BPF maps (`load::UnwindMaps`), or a fake in tests.
+pub trait TableMaps {
+    /// Writes `rows` at indices `first..` of the row array.
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String>;
+    /// Makes the table of `file_id` visible to the program.
+    fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String>;
+    /// Hides the table of `file_id` (before its rows are reused).
+    fn remove_info(&mut self, file_id: u64);
+}
+
+/// Largest encoded table accepted (about 2.8 million rows).
+pub const MAX_TABLE_BYTES: usize = 32 << 20;
+const HEADER_BYTES: usize = 16;
+const ROW_BYTES: usize = 12;
+
+/// One checked table.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Table {
+    pub base: u64,
+    pub len: u32,
+    pub rows: Vec<UnwindRow>,
+}
+
+/// A table being assembled.
+struct Pending {
+    file_id: u64,
+    vaddr_minus_offset: i64,
+    chunks: u32,
+    next: u32,
+    data: Vec<u8>,
+}
+
+/// The tables loaded into the maps, and what was refused.
+pub struct Tables {
+    pending: Option<Pending>,
+    /// File id -> (first row, rows) in the row array.
+    loaded: HashMap<u64, (u32, u32)>,
+    /// Free ranges (first row, rows) of the row array, sorted, never adjacent.
+    free: Vec<(u32, u32)>,
+    loaded_rows: u64,
+    /// Tables checked and kept, since start.
+    pub accepted: u64,
+    /// Tables (or stray chunks) refused, since start.
+    pub refused: u64,
+}
+
+impl Tables {
+    /// Tables over a row array of `capacity_rows` rows.
+    pub fn new(capacity_rows: u32) -> Self {
+        Self {
+            pending: None,
+            loaded: HashMap::new(),
+            free: vec![(0, capacity_rows)],
+            loaded_rows: 0,
+            accepted: 0,
+            refused: 0,
+        }
+    }
+
+    /// Bytes of rows loaded.
+    pub fn loaded_bytes(&self) -> u64 {
+        self.loaded_rows * ROW_BYTES as u64
+    }
+
+    /// Takes one chunk; `known` says whether the sampler holds the file the table is for.
+    /// Returns the file id when this chunk completed a table that was accepted.
+    pub fn chunk(
+        &mut self,
+        chunk: UnwindTableChunk,
+        known: impl Fn(u64) -> bool,
+        maps: &mut dyn TableMaps,
+    ) -> Option<u64> {
+        let started = chunk.chunk == 0;
+        if started && self.pending.take().is_some() {
+            // The relay abandoned a table half-sent: that one is refused.
+            self.refuse("a new table began before the last one ended");
+        }
+        let expected = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.file_id == chunk.file_id && p.next == chunk.chunk);
+        if !(started || expected) {
+            self.pending = None;
+            self.refuse("chunk out of order");
+            return None;
+        }
+        let max_chunks = MAX_TABLE_BYTES.div_ceil(ember_protocol::MAX_UNWIND_CHUNK_BYTES);
+        if started && (chunk.chunks == 0 || chunk.chunks as usize > max_chunks) {
+            self.refuse("chunk count out of range");
+            return None;
+        }
+        let pending = self.pending.get_or_insert_with(|| Pending {
+            file_id: chunk.file_id,
+            vaddr_minus_offset: chunk.vaddr_minus_offset,
+            chunks: chunk.chunks,
+            next: 0,
+            data: Vec::new(),
+        });
+        if chunk.chunks != pending.chunks
+            || chunk.vaddr_minus_offset != pending.vaddr_minus_offset
+            || pending.data.len() + chunk.data.len() > MAX_TABLE_BYTES
+        {
+            self.pending = None;
+            self.refuse("chunk count or offset changed, or table over the size bound");
+            return None;
+        }
+        pending.data.extend_from_slice(&chunk.data);
+        pending.next += 1;
+        if pending.next < pending.chunks {
+            return None;
+        }
+        let done = self.pending.take()?;
+        self.finish(done, known, maps)
+    }
+
+    /// Checks a complete table and writes it into a free range of the maps.
+    fn finish(
+        &mut self,
+        done: Pending,
+        known: impl Fn(u64) -> bool,
+        maps: &mut dyn TableMaps,
+    ) -> Option<u64> {
+        if !known(done.file_id) {
+            self.refuse("table for a file the sampler does not hold");
+            return None;
+        }
+        let table = match check(&done.data) {
+            Ok(table) => table,
+            Err(reason) => {
+                self.refuse(reason);
+                return None;
+            }
+        };
+        self.drop_table(done.file_id, maps);
+        // At most MAX_TABLE_BYTES / 12 rows: fits u32.
+        let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
+        let Some(first) = self.allocate(count) else {
+            self.refuse("no room left in the row array (--unwind-memory-bytes)");
+            return None;
+        };
+        let info = UnwindTableInfo {
+            base: table.base,
+            vaddr_minus_offset: done.vaddr_minus_offset,
+            len: table.len,
+            first_row: first,
+            rows: count,
+            _pad: 0,
+        };
+        let written = maps
+            .write_rows(first, &table.rows)
+            .and_then(|()| maps.set_info(done.file_id, info));
+        if let Err(err) = written {
+            maps.remove_info(done.file_id);
+            self.release(first, count);
+            tracing::warn!(%err, "writing an unwind table into the BPF maps failed");
+            self.refuse("BPF map update failed");
+            return None;
+        }
+        self.loaded.insert(done.file_id, (first, count));
+        self.loaded_rows += u64::from(count);
+        self.accepted += 1;
+        Some(done.file_id)
+    }
+
+    /// Forgets the table of `file_id` (the relay asked, or the file was closed): hidden from
+    /// the program first, then its rows are free.
+    pub fn drop_table(&mut self, file_id: u64, maps: &mut dyn TableMaps) {
+        if let Some((first, count)) = self.loaded.remove(&file_id) {
+            maps.remove_info(file_id);
+            self.release(first, count);
+            self.loaded_rows -= u64::from(count);
+        }
+    }
+
+    /// Forgets the tables of files the sampler no longer holds.
+    pub fn retain_known(&mut self, known: impl Fn(u64) -> bool, maps: &mut dyn TableMaps) {
+        let gone: Vec<u64> = self
+            .loaded
+            .keys()
+            .copied()
+            .filter(|id| !known(*id))
+            .collect();
+        for id in gone {
+            self.drop_table(id, maps);
+        }
+    }
+
+    /// First fit: the first free range that holds `count` rows.
+    fn allocate(&mut self, count: u32) -> Option<u32> {
+        let slot = self.free.iter().position(|&(_, len)| len >= count)?;
+        let (first, len) = self.free[slot];
+        if len == count {
+            self.free.remove(slot);
+        } else {
+            self.free[slot] = (first + count, len - count);
+        }
+        Some(first)
+    }
+
+    /// Returns a range to the free list, merged with its neighbours.
+    fn release(&mut self, first: u32, count: u32) {
+        let at = self.free.partition_point(|&(start, _)| start < first);
+        self.free.insert(at, (first, count));
+        if at + 1 < self.free.len() && first + count == self.free[at + 1].0 {
+            self.free[at].1 += self.free[at + 1].1;
+            self.free.remove(at + 1);
+        }
+        if at > 0 && self.free[at - 1].0 + self.free[at - 1].1 == first {
+            self.free[at - 1].1 += self.free[at].1;
+            self.free.remove(at);
+        }
+    }
+
+    fn refuse(&mut self, reason: &'static str) {
+        self.refused += 1;
+        tracing::warn!(
+            reason,
+            refused = self.refused,
+            "refused an unwind table from the relay"
+        );
+    }
+}
+
+/// Checks an encoded table (see the module header); the reason when it is refused.
+pub fn check(bytes: &[u8]) -> Result<Table, &'static str> {
+    let (header, body) = bytes
+        .split_first_chunk::<HEADER_BYTES>()
+        .ok_or("short header")?;
+    let base = u64::from_le_bytes(header[0..8].try_into().map_err(|_| "header")?);
+    let len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "header")?);
+    let count = u32::from_le_bytes(header[12..16].try_into().map_err(|_| "header")?) as usize;
+    if count == 0 || body.len() != count.saturating_mul(ROW_BYTES) {
+        return Err("row count does not match the length");
+    }
+    if base.checked_add(u64::from(len)).is_none() {
+        return Err("range overflows");
+    }
+    let mut previous: Option<&[u8]> = None;
+    for row in body.chunks_exact(ROW_BYTES) {
+        let pc = u32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+        if !row_ok(row) {
+            return Err("row not canonical");
+        }
+        match previous {
+            None if pc != 0 => return Err("first row does not start at 0"),
+            Some(prev) if pc <= u32::from_le_bytes([prev[0], prev[1], prev[2], prev[3]]) => {
+                return Err("rows not strictly sorted")
+            }
+            Some(prev) if prev[4..] == row[4..] => return Err("adjacent rows not merged"),
+            _ => {}
+        }
+        if pc >= len {
+            return Err("row beyond the end");
+        }
+        previous = Some(row);
+    }
+    let rows = body
+        .chunks_exact(ROW_BYTES)
+        .map(|r| UnwindRow {
+            pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
+            a: i32::from_le_bytes([r[4], r[5], r[6], r[7]]),
+            b: i16::from_le_bytes([r[8], r[9]]),
+            kind: r[10],
+            flags: r[11],
+        })
+        .collect();
+    Ok(Table { base, len, rows })
+}
+
+/// Whether the fields of one row are its kind's canonical encoding.
+fn row_ok(row: &[u8]) -> bool {
+    let a = i32::from_le_bytes([row[4], row[5], row[6], row[7]]);
+    let b = i16::from_le_bytes([row[8], row[9]]);
+    let (kind, flags) = (row[10], row[11]);
+    match kind {
+        // gap
+        0 => a == 0 && b == 0 && flags == 0,
+        // CFA = rsp + a / rbp + a; flag bit 0: rbp saved at CFA + b
+        1 | 2 => flags & !1 == 0 && (flags != 0 || b == 0),
+        // PLT, signal frame
+        3 | 4 => flags == 0,
+        // stop, with a known reason code
+        5 => b == 0 && flags == 0 && (1..=8).contains(&a),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pc: u32, a: i32, b: i16, kind: u8, flags: u8) -> Vec<u8> {
+        let mut out = pc.to_le_bytes().to_vec();
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        out.extend([kind, flags]);
+        out
+    }
+
+    fn table(base: u64, len: u32, rows: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = base.to_le_bytes().to_vec();
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+        for r in rows {
+            out.extend_from_slice(r);
+        }
+        out
+    }
+
+    /// Every kind once: rsp+8, rbp+16 with rbp at CFA-16, PLT, signal, stop(outermost), gap.
+    fn good_rows() -> Vec<Vec<u8>> {
+        vec![
+            row(0, 8, 0, 1, 0),
+            row(4, 16, -16, 2, 1),
+            row(16, 8, 11, 3, 0),
+            row(32, 160, 120, 4, 0),
+            row(40, 1, 0, 5, 0),
+            row(48, 0, 0, 0, 0),
+        ]
+    }
+
+    /// The maps, in memory; `fail` makes the next row write fail.
+    #[derive(Default)]
+    struct FakeMaps {
+        rows: HashMap<u32, UnwindRow>,
+        infos: HashMap<u64, UnwindTableInfo>,
+        fail: bool,
+    }
+
+    impl TableMaps for FakeMaps {
+        fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+            if std::mem::take(&mut self.fail) {
+                return Err("injected".into());
+            }
+            for (i, row) in (first..).zip(rows) {
+                self.rows.insert(i, *row);
+            }
+            Ok(())
+        }
+        fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String> {
+            self.infos.insert(file_id, info);
+            Ok(())
+        }
+        fn remove_info(&mut self, file_id: u64) {
+            self.infos.remove(&file_id);
+        }
+    }
+
+    fn chunks(file_id: u64, bytes: &[u8], size: usize) -> Vec<UnwindTableChunk> {
+        let parts: Vec<&[u8]> = bytes.chunks(size).collect();
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, data)| UnwindTableChunk {
+                file_id,
+                chunk: i as u32,
+                chunks: parts.len() as u32,
+                data: data.to_vec(),
+                vaddr_minus_offset: -0x1000,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_good_table_passes_and_each_corruption_is_refused() {
+        let good = table(0x1000, 64, &good_rows());
+        assert_eq!(check(&good).expect("good").rows.len(), 6);
+        let mut bad: Vec<(&str, Vec<u8>)> = vec![
+            ("short", good[..10].to_vec()),
+            (
+                "count",
+                table(0, 64, &good_rows())[..good.len() - 1].to_vec(),
+            ),
+            ("empty", table(0, 64, &[])),
+            ("not at 0", table(0, 64, &[row(4, 8, 0, 1, 0)])),
+            (
+                "unsorted",
+                table(0, 64, &[row(0, 8, 0, 1, 0), row(0, 16, 0, 1, 0)]),
+            ),
+            (
+                "unmerged",
+                table(0, 64, &[row(0, 8, 0, 1, 0), row(4, 8, 0, 1, 0)]),
+            ),
+            (
+                "beyond end",
+                table(0, 4, &[row(0, 8, 0, 1, 0), row(4, 16, 0, 1, 0)]),
+            ),
+            ("overflow", table(u64::MAX, 4, &[row(0, 8, 0, 1, 0)])),
+        ];
+        for (what, r) in [
+            ("unknown kind", row(0, 0, 0, 6, 0)),
+            ("gap with a", row(0, 1, 0, 0, 0)),
+            ("b without flag", row(0, 8, 4, 1, 0)),
+            ("unknown flag", row(0, 8, 0, 1, 2)),
+            ("plt flag", row(0, 8, 11, 3, 1)),
+            ("stop code 0", row(0, 0, 0, 5, 0)),
+            ("stop code 9", row(0, 9, 0, 5, 0)),
+            ("stop with b", row(0, 1, 1, 5, 0)),
+        ] {
+            bad.push((what, table(0, 64, &[r])));
+        }
+        for (what, bytes) in bad {
+            assert!(check(&bytes).is_err(), "{what} must be refused");
+        }
+    }
+
+    #[test]
+    fn chunks_assemble_and_bad_tables_are_refused_whole() {
+        // Given a good table in 3 chunks and a known file, When all arrive, Then its rows and
+        // its info are in the maps.
+        let good = table(0x1000, 64, &good_rows());
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(1000);
+        let known = |id: u64| id == 7 || id == 8;
+        let mut done = None;
+        for c in chunks(7, &good, 30) {
+            done = tables.chunk(c, known, &mut maps);
+        }
+        assert_eq!(done, Some(7));
+        assert_eq!((tables.accepted, tables.refused), (1, 0));
+        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES as u64);
+        let info = maps.infos[&7];
+        assert_eq!(
+            (info.base, info.len, info.first_row, info.rows),
+            (0x1000, 64, 0, 6)
+        );
+        assert_eq!(info.vaddr_minus_offset, -0x1000);
+        assert_eq!(
+            maps.rows[&1],
+            UnwindRow {
+                pc: 4,
+                a: 16,
+                b: -16,
+                kind: 2,
+                flags: 1
+            }
+        );
+        // Given a corrupt table for file 8, Then it is refused and file 7's stays.
+        let mut corrupt = good.clone();
+        corrupt[HEADER_BYTES + 10] = 9;
+        for c in chunks(8, &corrupt, 30) {
+            assert_eq!(tables.chunk(c, known, &mut maps), None);
+        }
+        assert_eq!((tables.accepted, tables.refused), (1, 1));
+        assert!(!maps.infos.contains_key(&8) && maps.infos.contains_key(&7));
+        // An unknown file, a chunk out of order, a half-sent table: each refused.
+        for c in chunks(9, &good, 30) {
+            tables.chunk(c, known, &mut maps);
+        }
+        let mut parts = chunks(8, &good, 30);
+        tables.chunk(parts.remove(1), known, &mut maps);
+        tables.chunk(parts.remove(0), known, &mut maps);
+        for c in chunks(8, &good, 30) {
+            tables.chunk(c, known, &mut maps);
+        }
+        assert_eq!((tables.accepted, tables.refused), (2, 4));
+        assert_eq!(maps.infos[&8].first_row, 6);
+        // A closed file's table is hidden and its rows reused by the next table.
+        tables.retain_known(|id| id == 8, &mut maps);
+        assert!(!maps.infos.contains_key(&7));
+        assert_eq!(tables.loaded_bytes(), 6 * ROW_BYTES as u64);
+        for c in chunks(7, &good, 1000) {
+            tables.chunk(c, known, &mut maps);
+        }
+        assert_eq!(maps.infos[&7].first_row, 0);
+    }
+
+    #[test]
+    fn a_full_row_array_or_a_failed_write_refuses_the_table_and_leaks_nothing() {
+        let good = table(0x1000, 64, &good_rows());
+        let known = |_| true;
+        // Given room for 5 rows, When a 6-row table arrives, Then it is refused.
+        let mut maps = FakeMaps::default();
+        let mut small = Tables::new(5);
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(small.chunk(c, known, &mut maps), None);
+        }
+        assert_eq!(small.refused, 1);
+        assert!(maps.infos.is_empty());
+        // Given a map write that fails, Then the table is refused, invisible, its rows free.
+        let mut tables = Tables::new(6);
+        maps.fail = true;
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(tables.chunk(c, known, &mut maps), None);
+        }
+        assert_eq!((tables.accepted, tables.refused), (0, 1));
+        assert!(maps.infos.is_empty());
+        assert_eq!(tables.free, vec![(0, 6)]);
+        for c in chunks(7, &good, 1000) {
+            assert_eq!(tables.chunk(c, known, &mut maps), Some(7));
+        }
+    }
+
+    #[test]
+    fn freed_ranges_merge_with_their_neighbours() {
+        let mut tables = Tables::new(30);
+        let (a, b, c) = (
+            tables.allocate(10),
+            tables.allocate(10),
+            tables.allocate(10),
+        );
+        assert_eq!((a, b, c), (Some(0), Some(10), Some(20)));
+        assert_eq!(tables.allocate(1), None);
+        tables.release(0, 10);
+        tables.release(20, 10);
+        tables.release(10, 10);
+        assert_eq!(tables.free, vec![(0, 30)]);
+    }
+}
