@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Measures the two control-channel spikes of issue 13 (capnp-rpc on a Unix stream socket vs plain
-# capnp messages on SOCK_SEQPACKET) and prints one Markdown table. Needs strace; run as root or as
+# Measures the control-channel spikes of issue 13 and prints one Markdown table, a column per
+# server present: (b) plain capnp messages on SOCK_SEQPACKET (msg-server/, the one kept) and, if
+# restored from the commit that added this spike, (a) capnp-rpc on a Unix stream socket
+# (rpc-server/; its client half is in that commit's client/src/main.rs too). RESULTS.md holds
+# the output of the run with both. Needs strace; run as root or as
 # a user allowed to ptrace its own children (strace -p). Debug builds, into the repository's own
 # target/ (no second target directory). Usage: spikes/control-channel/measure.sh [FLOOD_CHUNKS]
 set -euo pipefail
@@ -14,7 +17,9 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 cd "$here"
-nice -n 10 cargo build -q --target-dir "$target" -p spike-msg-server -p spike-rpc-server -p spike-client
+kinds=(); pkgs=(-p spike-client)
+for k in rpc msg; do [ -d "$here/$k-server" ] && kinds+=("$k") && pkgs+=(-p "spike-$k-server"); done
+nice -n 10 cargo build -q --target-dir "$target" "${pkgs[@]}"
 bin="$target/debug"
 
 # The sampler's allowlist today: every SYS_* in `fn allowed` of sampler/src/harden.rs.
@@ -26,14 +31,14 @@ hwm() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 start() { # kind delay_us -> pid
-    "$bin/spike-$1-server" "$tmp/$1.sock" "$2" 2>>"$tmp/$1.log" &
+    "$bin/spike-$1-server" "$tmp/$1.sock" "$2" >/dev/null 2>>"$tmp/$1.log" &
     local pid=$!; pids+=("$pid")
     for _ in $(seq 50); do [ -S "$tmp/$1.sock" ] && break; sleep 0.1; done
     echo "$pid"
 }
 
 declare -A row
-for kind in msg rpc; do
+for kind in "${kinds[@]}"; do
     code=$(grep -cvE '^\s*(//|$)' "$kind-server/src/main.rs")
     shared=$(grep -cvE '^\s*(//|$)' common/src/tables.rs)
     row[$kind.loc]="$code (+ $shared shared checker)"
@@ -71,14 +76,17 @@ for kind in msg rpc; do
     kill "$pid"; wait "$pid" 2>/dev/null || true
 done
 
-echo "| figure | (a) capnp-rpc, Unix stream socket | (b) plain capnp messages, SOCK_SEQPACKET |"
-echo "|---|---|---|"
+declare -A title=([rpc]="(a) capnp-rpc, Unix stream socket" [msg]="(b) plain capnp messages, SOCK_SEQPACKET")
+line="| figure |"; rule="|---|"
+for kind in "${kinds[@]}"; do line+=" ${title[$kind]} |"; rule+="---|"; done
+echo "$line"; echo "$rule"
 for f in "loc:server code, lines (no blanks/comments)" "tree:cargo tree -e normal of the server" \
          "calls:system calls loading 100 x 1 MiB (strace -c -f)" "hwm:server VmHWM (debug build)" \
          "lat:1 MiB table load, 22 chunks pipelined, 20 runs" "flood:flood ($flood x 48 KiB, server 2 ms/chunk)" \
          "hostile:hostile inputs"; do
-    key=${f%%:*}; echo "| ${f#*:} | ${row[rpc.$key]} | ${row[msg.$key]} |"
+    key=${f%%:*}; line="| ${f#*:} |"
+    for kind in "${kinds[@]}"; do line+=" ${row[$kind.$key]} |"; done
+    echo "$line"
 done
 echo
-echo "strace of (a):"; cat "$tmp/rpc.calls" | tr '\n' ' '; echo
-echo "strace of (b):"; cat "$tmp/msg.calls" | tr '\n' ' '; echo
+for kind in "${kinds[@]}"; do echo "strace of $kind: $(tr '\n' ' ' < "$tmp/$kind.calls")"; done

@@ -1,5 +1,6 @@
-//! The relay side of the spike: drives either server with the same workloads and prints figures.
-//! Usage: spike-client rpc|msg PATH latency|load100|flood N|hostile
+//! The relay side of the spike: drives the server with the workloads measure.sh times and prints
+//! figures. Its capnp-rpc half went with the capnp-rpc server (issue 13's decision; both are in
+//! the commit that added this spike). Usage: spike-client msg PATH latency|load100|flood N|hostile
 use std::{
     ffi::CString,
     io,
@@ -9,13 +10,10 @@ use std::{
 
 use anyhow::{bail, Context as _};
 use capnp::{message::ReaderOptions, serialize};
-use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty::VatNetwork, RpcSystem};
-use futures::AsyncReadExt;
 use spike_common::{
-    control_capnp::{control, reply, request},
+    control_capnp::{reply, request},
     tables::{sample_table, vm_hwm_kib, CHUNK_ROWS, ROW_BYTES},
 };
-use tokio_util::compat::TokioAsyncReadCompatExt;
 
 const MIB_ROWS: usize = 1024 * 1024 / ROW_BYTES;
 
@@ -35,8 +33,7 @@ fn main() -> anyhow::Result<()> {
     let n: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(2000);
     match kind {
         "msg" => msg_main(path, mode, n),
-        "rpc" => rpc_main(path, mode, n),
-        _ => bail!("kind must be rpc or msg"),
+        _ => bail!("kind must be msg (the rpc client was removed with its server)"),
     }
 }
 
@@ -236,124 +233,5 @@ fn hostile_msg(path: &str, c: &mut Msg, table: &[u8]) -> anyhow::Result<()> {
         c.load(p)?;
     }
     println!("hostile: valid table after them refused: {}", c.wait(count)?);
-    Ok(())
-}
-
-// ---------------------------------------------------------------- (a) capnp-rpc
-
-fn rpc_main(path: &str, mode: &str, n: usize) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, rpc_run(path.to_owned(), mode.to_owned(), n))
-}
-
-type Disconnect = capnp_rpc::Disconnector<capnp_rpc::rpc_twoparty_capnp::Side>;
-
-async fn rpc_connect(path: &str) -> anyhow::Result<(control::Client, Disconnect)> {
-    let stream = tokio::net::UnixStream::connect(path).await.context("connect")?;
-    let (reader, writer) = stream.compat().split();
-    let network = VatNetwork::new(reader, writer, Side::Client, ReaderOptions::new());
-    let mut rpc = RpcSystem::new(Box::new(network), None);
-    let client: control::Client = rpc.bootstrap(Side::Server);
-    let disconnect = rpc.get_disconnector();
-    tokio::task::spawn_local(rpc);
-    Ok((client, disconnect))
-}
-
-fn rpc_load(client: &control::Client, c: (u64, u32, u32, &[u8])) -> impl std::future::Future<Output = bool> {
-    let mut req = client.load_table_request();
-    let mut p = req.get();
-    p.set_file_id(c.0);
-    p.set_chunk(c.1);
-    p.set_chunks(c.2);
-    p.set_rows(c.3);
-    let promise = req.send().promise;
-    async move { promise.await.is_ok() }
-}
-
-/// Sends every chunk of a table at once (pipelined) and waits for all; returns the refusals.
-async fn rpc_table(client: &control::Client, file_id: u64, table: &[u8]) -> usize {
-    let loads: Vec<_> = chunks(file_id, table).into_iter().map(|c| rpc_load(client, c)).collect();
-    futures::future::join_all(loads).await.into_iter().filter(|ok| !ok).count()
-}
-
-async fn rpc_status(client: &control::Client) -> anyhow::Result<String> {
-    let reply = client.status_request().send().promise.await?;
-    Ok(show_status(reply.get()?.get_status()?))
-}
-
-async fn rpc_run(path: String, mode: String, n: usize) -> anyhow::Result<()> {
-    let table = sample_table(MIB_ROWS);
-    let (client, disconnect) = rpc_connect(&path).await?;
-    match mode.as_str() {
-        "latency" => {
-            let mut times = Vec::new();
-            for i in 0..21u64 {
-                let start = Instant::now();
-                if rpc_table(&client, 1000 + i, &table).await != 0 {
-                    bail!("a valid table was refused");
-                }
-                if i > 0 {
-                    times.push(start.elapsed());
-                }
-            }
-            println!("latency 1 MiB: {}", median_ms(times));
-        }
-        "load100" => {
-            for id in 1..=100 {
-                rpc_table(&client, id, &table).await;
-            }
-        }
-        "flood" => {
-            let parts = chunks(0, &table);
-            let start = Instant::now();
-            let loads: Vec<_> = (0..n)
-                .map(|i| {
-                    let (_, chunk, count, rows) = parts[i % parts.len()];
-                    rpc_load(&client, ((i / parts.len()) as u64 + 1, chunk, count, rows))
-                })
-                .collect();
-            let sent = start.elapsed();
-            let refused = futures::future::join_all(loads).await.into_iter().filter(|ok| !ok).count();
-            println!(
-                "flood: {n} chunks ({} MiB) queued in {:.0} ms, all answered after {:.0} ms, refused {refused}",
-                n * CHUNK_ROWS * ROW_BYTES >> 20, sent.as_secs_f64() * 1e3, start.elapsed().as_secs_f64() * 1e3
-            );
-        }
-        "hostile" => {
-            let mut unsorted = table[..CHUNK_ROWS * ROW_BYTES].to_vec();
-            unsorted.swap(0, 12);
-            let mut refused = 0;
-            refused += usize::from(!rpc_load(&client, (7, 0, 1, &unsorted)).await);
-            refused += usize::from(!rpc_load(&client, (8, 1, 2, &table[..ROW_BYTES * 10])).await);
-            let _ = disconnect.await;
-            let big = vec![0u8; 200 * 1024];
-            let (oversized, d) = rpc_connect(&path).await?;
-            let over_ok = rpc_load(&oversized, (11, 0, 1, &big)).await;
-            let _ = d.await;
-            println!("hostile: {refused} of 2 refused; oversized message accepted: {over_ok}");
-            raw_garbage(&path).await?;
-            let (gone, d) = rpc_connect(&path).await?;
-            let _ = rpc_load(&gone, (9, 0, 5, &table[..CHUNK_ROWS * ROW_BYTES])).await;
-            let _ = d.await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let (after, _d) = rpc_connect(&path).await?;
-            println!("hostile: valid table after them refused: {}", rpc_table(&after, 10, &table).await);
-            println!("status: {} client_vmhwm_kib={}", rpc_status(&after).await?, vm_hwm_kib());
-            return Ok(());
-        }
-        _ => bail!("unknown mode {mode}"),
-    }
-    println!("status: {} client_vmhwm_kib={}", rpc_status(&client).await?, vm_hwm_kib());
-    Ok(())
-}
-
-/// Malformed bytes on a fresh RPC connection (not a capnp frame at all).
-async fn raw_garbage(path: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut s = std::os::unix::net::UnixStream::connect(path)?;
-    s.write_all(&[0xff; 64])?;
-    drop(s);
-    tokio::time::sleep(Duration::from_millis(50)).await;
     Ok(())
 }
