@@ -21,7 +21,11 @@ const MIB_ROWS: usize = 1024 * 1024 / ROW_BYTES;
 fn chunks(file_id: u64, table: &[u8]) -> Vec<(u64, u32, u32, &[u8])> {
     let parts: Vec<&[u8]> = table.chunks(CHUNK_ROWS * ROW_BYTES).collect();
     let n = parts.len() as u32;
-    parts.into_iter().enumerate().map(|(i, p)| (file_id, i as u32, n, p)).collect()
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (file_id, i as u32, n, p))
+        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,7 +44,13 @@ fn main() -> anyhow::Result<()> {
 fn median_ms(mut v: Vec<Duration>) -> String {
     v.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    format!("median {:.2} ms (min {:.2}, max {:.2}, n {})", ms(v[v.len() / 2]), ms(v[0]), ms(v[v.len() - 1]), v.len())
+    format!(
+        "median {:.2} ms (min {:.2}, max {:.2}, n {})",
+        ms(v[v.len() / 2]),
+        ms(v[0]),
+        ms(v[v.len() - 1]),
+        v.len()
+    )
 }
 
 // ---------------------------------------------------------------- (b) plain messages
@@ -83,7 +93,11 @@ impl Msg {
                 }
             }
         });
-        Ok(Self { fd, replies: rx, next_id: 1 })
+        Ok(Self {
+            fd,
+            replies: rx,
+            next_id: 1,
+        })
     }
 
     fn close(&self) {
@@ -93,7 +107,15 @@ impl Msg {
 
     fn send_raw(&self, bytes: &[u8]) -> anyhow::Result<()> {
         // SAFETY: send our buffer; blocks while the server's socket buffer is full (backpressure).
-        if unsafe { libc::send(self.fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) } < 0 {
+        if unsafe {
+            libc::send(
+                self.fd,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        } < 0
+        {
             return Err(io::Error::last_os_error()).context("send");
         }
         Ok(())
@@ -122,7 +144,10 @@ impl Msg {
     fn wait(&self, n: usize) -> anyhow::Result<usize> {
         let mut refused = 0;
         for _ in 0..n {
-            let bytes = self.replies.recv()?.map_err(|()| anyhow::anyhow!("server closed"))?;
+            let bytes = self
+                .replies
+                .recv()?
+                .map_err(|()| anyhow::anyhow!("server closed"))?;
             let m = serialize::read_message_from_flat_slice(&mut &bytes[..], ReaderOptions::new())?;
             if let reply::Refused(_) = m.get_root::<reply::Reader>()?.which()? {
                 refused += 1;
@@ -133,7 +158,10 @@ impl Msg {
 
     fn status(&mut self) -> anyhow::Result<String> {
         self.send(|mut r| r.set_status(()))?;
-        let bytes = self.replies.recv()?.map_err(|()| anyhow::anyhow!("server closed"))?;
+        let bytes = self
+            .replies
+            .recv()?
+            .map_err(|()| anyhow::anyhow!("server closed"))?;
         let m = serialize::read_message_from_flat_slice(&mut &bytes[..], ReaderOptions::new())?;
         match m.get_root::<reply::Reader>()?.which()? {
             reply::Status(s) => Ok(show_status(s?)),
@@ -145,7 +173,11 @@ impl Msg {
 fn show_status(s: spike_common::control_capnp::status::Reader) -> String {
     format!(
         "tables_loaded={} rows_loaded={} refused={} pending_bytes={} server_vmhwm_kib={}",
-        s.get_tables_loaded(), s.get_rows_loaded(), s.get_refused(), s.get_pending_bytes(), s.get_vm_hwm_kib()
+        s.get_tables_loaded(),
+        s.get_rows_loaded(),
+        s.get_refused(),
+        s.get_pending_bytes(),
+        s.get_vm_hwm_kib()
     )
 }
 
@@ -201,7 +233,9 @@ fn flood_msg(c: &mut Msg, table: &[u8], n: usize) -> anyhow::Result<()> {
     let refused = c.wait(n)?;
     println!(
         "flood: {n} chunks ({} MiB) sent in {:.0} ms, all acked after {:.0} ms, refused {refused}",
-        n * CHUNK_ROWS * ROW_BYTES >> 20, sent.as_secs_f64() * 1e3, start.elapsed().as_secs_f64() * 1e3
+        (n * CHUNK_ROWS * ROW_BYTES) >> 20,
+        sent.as_secs_f64() * 1e3,
+        start.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
 }
@@ -223,7 +257,6 @@ fn hostile_msg(path: &str, c: &mut Msg, table: &[u8]) -> anyhow::Result<()> {
         gone.load((9, 0, 5, &table[..CHUNK_ROWS * ROW_BYTES]))?;
         gone.wait(1)?;
         gone.close(); // mid-table: the disconnect case
-
     }
     std::thread::sleep(Duration::from_millis(50));
     *c = Msg::connect(path)?;
@@ -232,6 +265,9 @@ fn hostile_msg(path: &str, c: &mut Msg, table: &[u8]) -> anyhow::Result<()> {
     for p in parts {
         c.load(p)?;
     }
-    println!("hostile: valid table after them refused: {}", c.wait(count)?);
+    println!(
+        "hostile: valid table after them refused: {}",
+        c.wait(count)?
+    );
     Ok(())
 }

@@ -33,12 +33,21 @@ struct Pending {
 
 impl Tables {
     pub fn new(delay_us: u64) -> Self {
-        Self { delay_us, ..Self::default() }
+        Self {
+            delay_us,
+            ..Self::default()
+        }
     }
 
     /// Takes chunk `chunk` of `chunks` of table `file_id`. Chunks come in order; a table is loaded
     /// when its last chunk passed the whole-table check, never in part.
-    pub fn load_chunk(&mut self, file_id: u64, chunk: u32, chunks: u32, rows: &[u8]) -> Result<(), String> {
+    pub fn load_chunk(
+        &mut self,
+        file_id: u64,
+        chunk: u32,
+        chunks: u32,
+        rows: &[u8],
+    ) -> Result<(), String> {
         let result = self.take(file_id, chunk, chunks, rows);
         if result.is_err() {
             self.pending.remove(&file_id);
@@ -55,18 +64,31 @@ impl Tables {
         if chunks == 0 || chunks > max_chunks || chunk >= chunks {
             return Err(format!("chunk {chunk} of {chunks}: out of range"));
         }
-        if rows.is_empty() || rows.len() % ROW_BYTES != 0 || rows.len() > CHUNK_ROWS * ROW_BYTES {
+        if rows.is_empty()
+            || !rows.len().is_multiple_of(ROW_BYTES)
+            || rows.len() > CHUNK_ROWS * ROW_BYTES
+        {
             return Err(format!("chunk of {} bytes", rows.len()));
         }
         if chunk == 0 {
             if !self.pending.contains_key(&file_id) && self.pending.len() >= MAX_PENDING {
                 return Err("too many tables being loaded".into());
             }
-            self.pending.insert(file_id, Pending { next_chunk: 0, chunks, bytes: Vec::new() });
+            self.pending.insert(
+                file_id,
+                Pending {
+                    next_chunk: 0,
+                    chunks,
+                    bytes: Vec::new(),
+                },
+            );
         }
         let p = self.pending.get_mut(&file_id).ok_or("chunk of no table")?;
         if p.next_chunk != chunk || p.chunks != chunks {
-            return Err(format!("chunk {chunk} out of order (expected {})", p.next_chunk));
+            return Err(format!(
+                "chunk {chunk} out of order (expected {})",
+                p.next_chunk
+            ));
         }
         p.bytes.extend_from_slice(rows);
         p.next_chunk += 1;
@@ -94,7 +116,10 @@ impl Tables {
     }
 
     pub fn pending_bytes(&self) -> u64 {
-        self.pending.values().map(|p| p.bytes.capacity() as u64).sum()
+        self.pending
+            .values()
+            .map(|p| p.bytes.capacity() as u64)
+            .sum()
     }
 }
 

@@ -21,7 +21,14 @@ fn main() -> io::Result<()> {
     eprintln!("msg-server: listening on {path}");
     loop {
         // SAFETY: accept4 on our listening socket; the returned fd is owned below.
-        let conn = unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+        let conn = unsafe {
+            libc::accept4(
+                listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
         if conn < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -43,7 +50,11 @@ fn serve(conn: i32, tables: &mut Tables) {
         }
         let reply = if n as usize > buf.len() {
             tables.refused += 1;
-            build_reply(0, Err(format!("datagram of {n} bytes over {MAX_DATAGRAM}")), tables)
+            build_reply(
+                0,
+                Err(format!("datagram of {n} bytes over {MAX_DATAGRAM}")),
+                tables,
+            )
         } else {
             handle(&buf[..n as usize], tables)
         };
@@ -55,7 +66,9 @@ fn serve(conn: i32, tables: &mut Tables) {
 }
 
 fn handle(datagram: &[u8], tables: &mut Tables) -> Vec<u8> {
-    let options = *ReaderOptions::new().traversal_limit_in_words(Some(MAX_DATAGRAM / 8)).nesting_limit(8);
+    let options = *ReaderOptions::new()
+        .traversal_limit_in_words(Some(MAX_DATAGRAM / 8))
+        .nesting_limit(8);
     let decoded = (|| -> capnp::Result<(u64, Result<bool, String>)> {
         let message = serialize::read_message_from_flat_slice(&mut &datagram[..], options)?;
         let req = message.get_root::<request::Reader>()?;
@@ -63,7 +76,9 @@ fn handle(datagram: &[u8], tables: &mut Tables) -> Vec<u8> {
             request::LoadTable(t) => {
                 let t = t?;
                 let rows = t.get_rows()?;
-                tables.load_chunk(t.get_file_id(), t.get_chunk(), t.get_chunks(), rows).map(|()| false)
+                tables
+                    .load_chunk(t.get_file_id(), t.get_chunk(), t.get_chunks(), rows)
+                    .map(|()| false)
             }
             request::DropTable(id) => {
                 tables.drop_table(id);
