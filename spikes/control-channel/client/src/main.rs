@@ -251,6 +251,9 @@ fn hostile_msg(path: &str, c: &mut Msg, table: &[u8]) -> anyhow::Result<()> {
     c.load((8, 1, 2, &table[..ROW_BYTES * 10]))?;
     let refused = c.wait(4)?;
     println!("hostile: {refused} of 4 refused");
+    if refused != 4 {
+        bail!("the server accepted a bad request");
+    }
     c.close();
     {
         let mut gone = Msg::connect(path)?;
@@ -265,9 +268,10 @@ fn hostile_msg(path: &str, c: &mut Msg, table: &[u8]) -> anyhow::Result<()> {
     for p in parts {
         c.load(p)?;
     }
-    println!(
-        "hostile: valid table after them refused: {}",
-        c.wait(count)?
-    );
+    let refused = c.wait(count)?;
+    println!("hostile: valid table after them refused: {refused}");
+    if refused != 0 {
+        bail!("a valid table was refused after the hostile requests");
+    }
     Ok(())
 }
