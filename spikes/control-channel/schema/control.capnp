@@ -1,15 +1,9 @@
-# The control channel of the spike, both ways. Not ember's schema: a stand-in with the shape
-# issue 13 asks for (load a table in chunks, drop one, report a status).
+# The control channel of the spike. Not ember's schema: a stand-in with the shape issue 13 asks
+# for (load a table in chunks, drop one, report a status). The capnp-rpc `interface Control` it was
+# measured against is in commit 94ba1f4, with its server.
 @0xd4c1e3a9b07f2c11;
 
-# (a) Cap'n Proto RPC over a Unix stream socket.
-interface Control {
-  loadTable @0 (fileId :UInt64, chunk :UInt32, chunks :UInt32, rows :Data) -> ();
-  dropTable @1 (fileId :UInt64) -> ();
-  status @2 () -> (status :Status);
-}
-
-# (b) Plain messages over SOCK_SEQPACKET: one request per datagram, one reply per request.
+# Plain messages over SOCK_SEQPACKET: one request per datagram, one reply per request.
 struct Request {
   id @0 :UInt64;
   union {
