@@ -290,6 +290,8 @@ impl Sampler {
     /// `finishing` when this is the last one (stop signal, or the inherited connection ended).
     fn wait_for_tick(&mut self, next_tick: Instant) -> Option<bool> {
         if self.link.maybe_connect() == Event::Connected {
+            // A table the last relay left half-sent is refused, never continued by this one.
+            self.tables.abandon();
             let mut snapshot = vec![self.hello.clone()];
             snapshot.extend(self.tracker.snapshot());
             self.link.prepend(snapshot);

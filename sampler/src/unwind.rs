@@ -184,6 +184,14 @@ impl Tables {
         Some(done.file_id)
     }
 
+    /// The relay connection ended: a table it left half-sent is refused (counted), so that chunks
+    /// on the next connection can never complete it.
+    pub fn abandon(&mut self) {
+        if self.pending.take().is_some() {
+            self.refuse("the relay disconnected in the middle of a table");
+        }
+    }
+
     /// Forgets the table of `file_id` (the relay asked, or the file was closed): hidden from
     /// the program first, then its rows are free.
     pub fn drop_table(&mut self, file_id: u64, maps: &mut dyn TableMaps) {
@@ -424,6 +432,30 @@ mod tests {
         for (what, bytes) in bad {
             assert!(check(&bytes).is_err(), "{what} must be refused");
         }
+    }
+
+    #[test]
+    fn a_table_half_sent_before_a_disconnect_is_refused_and_never_continued() {
+        // Given the first two of three chunks of a good table, When the relay disconnects and
+        // the next one sends the last chunk, Then the half table is refused (counted once) and
+        // the stray chunk too; nothing is loaded.
+        let good = table(0x1000, 64, &good_rows());
+        let parts = chunks(7, &good, 30);
+        assert_eq!(parts.len(), 3);
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(1000);
+        let mut parts = parts.into_iter();
+        for c in parts.by_ref().take(2) {
+            assert_eq!(tables.chunk(c, |_| true, &mut maps), None);
+        }
+        tables.abandon();
+        assert_eq!((tables.accepted, tables.refused), (0, 1));
+        tables.abandon();
+        assert_eq!(tables.refused, 1, "nothing pending: nothing more refused");
+        let last = parts.next().expect("third chunk");
+        assert_eq!(tables.chunk(last, |_| true, &mut maps), None);
+        assert_eq!((tables.accepted, tables.refused), (0, 2));
+        assert!(maps.infos.is_empty());
     }
 
     #[test]

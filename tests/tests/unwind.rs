@@ -2,7 +2,9 @@
 //! process, root) sends the real sampler (`--unwind dwarf`) garbage, an oversized datagram, a
 //! corrupt unwind table, a table for a file the sampler does not hold and one good table. The
 //! sampler must refuse exactly the four bad ones (counted in `Losses.unwindTablesRefused`), load
-//! the good one (`unwindTablesLoaded`) and keep sampling.
+//! the good one (`unwindTablesLoaded`) and keep sampling. Issue 13's two more: a relay that
+//! floods the channel with hundreds of MiB of good and bad chunks, and one that disconnects in
+//! the middle of a table.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,16 +14,21 @@ use std::{
         fd::{AsFd as _, OwnedFd},
         unix::fs::PermissionsExt as _,
     },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use ember_protocol::{
     decode_sampler_message, encode_relay_message,
     transport::{self, Received},
-    Limits, RelayMessage, SamplerMessage, UnwindTableChunk,
+    Limits, RelayMessage, SamplerMessage, UnwindTableChunk, MAX_UNWIND_CHUNK_BYTES,
 };
+use ember_tests::attack::{vm_hwm_kib, Watch};
 use ember_tests::*;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::{
+    errno::Errno,
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -149,6 +156,374 @@ fn sampler_refuses_bad_tables_loads_a_good_one_and_keeps_sampling() {
         log.text()
             .contains("refused an unwind table from the relay"),
         "no refusal logged:\n{}",
+        log.text()
+    );
+}
+
+/// A valid table of `rows` rows (CFA at rsp + 8 / rsp + 16 alternating, 4 bytes apart), split
+/// into chunks of at most [`MAX_UNWIND_CHUNK_BYTES`]; with `corrupt` its last row has kind 9,
+/// so the table passes framing and fails the whole-table check.
+fn chunked_table(file_id: u64, rows: u32, corrupt: bool) -> Vec<RelayMessage> {
+    let mut data = 0x1000u64.to_le_bytes().to_vec();
+    data.extend_from_slice(&(rows * 4).to_le_bytes());
+    data.extend_from_slice(&rows.to_le_bytes());
+    for i in 0..rows {
+        data.extend_from_slice(&(i * 4).to_le_bytes());
+        data.extend_from_slice(&(8 + 8 * (i as i32 % 2)).to_le_bytes());
+        data.extend_from_slice(&0i16.to_le_bytes());
+        let kind = if corrupt && i + 1 == rows { 9 } else { 1 };
+        data.extend([kind, 0]);
+    }
+    let parts: Vec<&[u8]> = data.chunks(MAX_UNWIND_CHUNK_BYTES).collect();
+    let chunks = u32::try_from(parts.len()).expect("chunk count");
+    parts
+        .iter()
+        .zip(0..)
+        .map(|(part, chunk)| {
+            RelayMessage::UnwindTableChunk(UnwindTableChunk {
+                file_id,
+                chunk,
+                chunks,
+                data: part.to_vec(),
+                vaddr_minus_offset: 0,
+            })
+        })
+        .collect()
+}
+
+/// Sends one datagram without ever blocking for good: while the socket is full, waits for it
+/// to drain (that wait is the sampler's backpressure). Panics when the sampler has not read
+/// for 20 s. Returns the time spent waiting.
+fn send_waiting(sock: &OwnedFd, bytes: &[u8]) -> Duration {
+    let started = Instant::now();
+    loop {
+        match transport::send(sock.as_fd(), bytes, &[], true) {
+            Ok(()) => return started.elapsed(),
+            Err(Errno::EAGAIN) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the sampler stopped reading its socket for 20 s"
+                );
+                let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLOUT)];
+                let _ = poll(&mut fds, PollTimeout::from(200u16));
+            }
+            Err(err) => panic!("sending to the sampler failed: {err}"),
+        }
+    }
+}
+
+/// A sampler (`--unwind dwarf`, profiling `pid` only) connected to a listener of this test:
+/// the sampler, its log, the listener and the accepted connection.
+struct Connected {
+    sampler: ChildGuard,
+    log: LogReader,
+    listener: OwnedFd,
+    conn: OwnedFd,
+    _dir: tempfile::TempDir,
+}
+
+fn connect_sampler(pid: u32, extra: &[&str]) -> Connected {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let socket = dir.path().join("relay.sock");
+    let listener = transport::listen(&socket).expect("listen");
+    fs::set_permissions(&socket, fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    let pid = pid.to_string();
+    let mut args = vec!["--unwind", "dwarf", "--pid", &pid, "--log-format", "json"];
+    args.extend_from_slice(extra);
+    let (sampler, log) = spawn_sampler("sampler --unwind dwarf", &socket, &args);
+    let conn = accept_within(&listener, &log, 60_000);
+    Connected {
+        sampler,
+        log,
+        listener,
+        conn,
+        _dir: dir,
+    }
+}
+
+fn accept_within(listener: &OwnedFd, log: &LogReader, millis: u16) -> OwnedFd {
+    let mut ready = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+    let polled = poll(&mut ready, PollTimeout::from(millis)).expect("poll");
+    assert_eq!(polled, 1, "the sampler did not connect:\n{}", log.text());
+    transport::accept(listener.as_fd()).expect("accept")
+}
+
+/// Reads until a `Files` message names a file the sampler holds open; its id.
+fn held_file(conn: &OwnedFd, log: &LogReader) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match next(conn, deadline) {
+            Some(SamplerMessage::Files(files)) => {
+                if let Some(file) = files.iter().find(|f| f.fd >= 0) {
+                    return file.file_id;
+                }
+            }
+            Some(_) => {}
+            None => panic!("no file from the sampler:\n{}", log.text()),
+        }
+    }
+}
+
+/// Reads until the next batch; panics with the sampler's log when none comes in time.
+fn next_batch(conn: &OwnedFd, log: &LogReader, deadline: Instant) -> ember_protocol::Batch {
+    loop {
+        match next(conn, deadline) {
+            Some(SamplerMessage::Batch(batch)) => return batch,
+            Some(_) => {}
+            None => panic!("no batch from the sampler:\n{}", log.text()),
+        }
+    }
+}
+
+/// Frequency of the flood test's sampler; its batches come every second.
+const FLOOD_HZ: u32 = 199;
+
+/// A relay floods the control channel for 6 s with good tables (8 chunks of 48 KiB each), bad
+/// tables of the same size (the last row's kind is 9), chunks out of order, undecodable
+/// datagrams and datagrams over the 56 KiB the sampler reads. The sampler must keep sampling
+/// (a batch with samples at least every 3 s, the sample total within the workload's measured
+/// CPU time x frequency), count exactly each bad thing once in `Losses.unwindTablesRefused`
+/// (undecodable and bad-table refusals from `Tables`, oversized ones from the link's inbox) and
+/// each good table in `unwindTablesLoaded`, and keep its peak resident memory (VmHWM from
+/// /proc, polled from outside) under its start + 24 MiB: what it may hold is one table under
+/// assembly (here 384 KiB), 16 inbox datagrams of 56 KiB, and the decoded copies of one.
+#[test]
+fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let hz = FLOOD_HZ.to_string();
+    let c = connect_sampler(workload.pid(), &["--frequency", &hz]);
+    let file_id = held_file(&c.conn, &c.log);
+    let deadline = Instant::now() + TIMEOUT;
+    // Given a sampler that already sent one batch (its memory is set up).
+    let first = next_batch(&c.conn, &c.log, deadline);
+    let cpu_start = process_cpu_time(workload.pid());
+    let hwm_start = vm_hwm_kib(c.sampler.pid()).expect("sampler VmHWM");
+    let watch = Watch::start(c.sampler.pid(), Some(1 << 20));
+
+    let good = chunked_table(file_id, 32_000, false);
+    let bad = chunked_table(file_id, 32_000, true);
+    assert_eq!((good.len(), bad.len()), (8, 8));
+    let good: Vec<Vec<u8>> = good.iter().map(encode_relay_message).collect();
+    let bad: Vec<Vec<u8>> = bad.iter().map(encode_relay_message).collect();
+    let stray = encode_relay_message(&chunked_table(file_id, 32_000, false)[3]);
+    let garbage = vec![0xa5u8; 4096];
+    let oversized = vec![0u8; 60 << 10];
+    let flooding = AtomicBool::new(true);
+
+    // When the relay sends as fast as the socket takes for 6 s (whole rounds), while this
+    // thread reads the sampler's batches.
+    let (sent_bytes, good_sent, bad_sent, blocked, batches) = std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let (mut bytes, mut good_sent, mut bad_sent) = (0u64, 0u64, 0u64);
+            let mut blocked = Duration::ZERO;
+            let end = Instant::now() + Duration::from_secs(6);
+            while Instant::now() < end {
+                for datagram in good.iter().chain(&bad) {
+                    blocked += send_waiting(&c.conn, datagram);
+                    bytes += datagram.len() as u64;
+                }
+                for datagram in [&stray, &garbage, &oversized] {
+                    blocked += send_waiting(&c.conn, datagram);
+                    bytes += datagram.len() as u64;
+                }
+                good_sent += 1;
+                bad_sent += 4; // the bad table, the stray chunk, the garbage, the oversized
+            }
+            flooding.store(false, Ordering::SeqCst);
+            (bytes, good_sent, bad_sent, blocked)
+        });
+        let mut batches = Vec::new();
+        while flooding.load(Ordering::SeqCst) {
+            let wait = Instant::now() + Duration::from_secs(1);
+            if let Some(SamplerMessage::Batch(batch)) = next(&c.conn, wait) {
+                batches.push((Instant::now(), batch));
+            }
+            assert!(
+                Instant::now() < deadline + TIMEOUT,
+                "the flood never ended:\n{}",
+                c.log.text()
+            );
+        }
+        let (bytes, good_sent, bad_sent, blocked) = sender.join().expect("sender thread");
+        (bytes, good_sent, bad_sent, blocked, batches)
+    });
+
+    // Then every good table is counted loaded and every bad thing refused, exactly.
+    let expected = (bad_sent, good_sent);
+    let settle = Instant::now() + Duration::from_secs(30);
+    let mut after = Vec::new();
+    let mut last = (0, 0);
+    while last != expected {
+        let batch = next_batch(&c.conn, &c.log, settle);
+        last = (
+            batch.losses.unwind_tables_refused,
+            batch.losses.unwind_tables_loaded,
+        );
+        assert!(
+            last.0 <= expected.0 && last.1 <= expected.1,
+            "over-counted: (refused, loaded) {last:?}, sent {expected:?}"
+        );
+        after.push(batch);
+    }
+    let cpu_end = process_cpu_time(workload.pid());
+    let seen = watch.stop();
+    let hwm_end = vm_hwm_kib(c.sampler.pid()).expect("sampler VmHWM");
+    let peak_kib = seen.max_hwm_kib.max(hwm_end);
+
+    let samples: u64 = batches
+        .iter()
+        .map(|(_, b)| b.sample_count())
+        .chain(after.iter().map(ember_protocol::Batch::sample_count))
+        .sum();
+    let cpu = (cpu_end - cpu_start).as_secs_f64();
+    let derived = cpu * f64::from(FLOOD_HZ);
+    let slack = 2.0 * f64::from(FLOOD_HZ); // batches lag their interval by up to ~2 s
+    let mut gaps = Vec::new();
+    let mut previous = None;
+    for (at, batch) in &batches {
+        if batch.sample_count() == 0 {
+            continue;
+        }
+        if let Some(p) = previous {
+            gaps.push(at.duration_since(p));
+        }
+        previous = Some(*at);
+    }
+    let max_gap = gaps.iter().max().copied().unwrap_or(Duration::MAX);
+    eprintln!(
+        "flood: {:.0} MiB sent ({good_sent} good tables, {bad_sent} bad messages), relay blocked \
+         {blocked:?}; {} batches during the flood, largest gap between batches with samples \
+         {max_gap:?}; {samples} samples vs {derived:.0} derived from {cpu:.2} s CPU; sampler \
+         VmHWM {hwm_start} KiB before, {peak_kib} KiB peak; first batch seq {}",
+        sent_bytes as f64 / f64::from(1 << 20),
+        batches.len(),
+        first.sequence
+    );
+    assert!(
+        sent_bytes >= 100 << 20,
+        "only {sent_bytes} bytes sent: not a flood"
+    );
+    assert!(
+        max_gap <= Duration::from_secs(3) && batches.len() >= 3,
+        "sampling stalled during the flood: {} batches, largest gap {max_gap:?}",
+        batches.len()
+    );
+    assert!(
+        (samples as f64) >= 0.85 * derived - slack && (samples as f64) <= 1.1 * derived + slack,
+        "{samples} samples for {cpu:.2} s of CPU at {FLOOD_HZ} Hz ({derived:.0} derived)"
+    );
+    assert!(
+        peak_kib <= hwm_start + (24 << 10),
+        "sampler VmHWM grew from {hwm_start} KiB to {peak_kib} KiB under the flood"
+    );
+    let mut sampler = c.sampler;
+    assert!(
+        sampler.try_wait().is_none(),
+        "the sampler exited:\n{}",
+        c.log.text()
+    );
+}
+
+/// A relay sends the first two of three chunks of a good table and disconnects; the sampler
+/// must reconnect (hello, files, batches with samples), count the half table refused when the
+/// new connection begins, refuse the missing third chunk sent on the new connection (it can
+/// never complete a table of the old one: still nothing loaded), then load a whole table sent
+/// on the new connection.
+#[test]
+fn a_table_half_sent_before_a_disconnect_is_refused_and_the_next_connection_loads() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let Connected {
+        mut sampler,
+        log,
+        listener,
+        conn,
+        _dir,
+    } = connect_sampler(workload.pid(), &[]);
+    let file_id = held_file(&conn, &log);
+    let deadline = Instant::now() + TIMEOUT;
+    next_batch(&conn, &log, deadline);
+
+    // Given the first two chunks of a three-chunk table, read by the sampler (two batches
+    // later: it reads its socket every 100 ms).
+    let table = chunked_table(file_id, 10_000, false);
+    assert_eq!(table.len(), 3);
+    let encoded: Vec<Vec<u8>> = table.iter().map(encode_relay_message).collect();
+    for datagram in &encoded[..2] {
+        send_waiting(&conn, datagram);
+    }
+    for _ in 0..2 {
+        let batch = next_batch(&conn, &log, deadline);
+        assert_eq!(
+            (
+                batch.losses.unwind_tables_refused,
+                batch.losses.unwind_tables_loaded
+            ),
+            (0, 0),
+            "a half table is neither refused nor loaded while it may still complete"
+        );
+    }
+    // When the relay disconnects and the sampler connects again.
+    drop(conn);
+    let conn = accept_within(&listener, &log, 30_000);
+    let first = next(&conn, deadline);
+    assert!(
+        matches!(first, Some(SamplerMessage::Hello(_))),
+        "the new connection did not begin with a hello: {first:?}"
+    );
+    let new_id = held_file(&conn, &log);
+    assert_eq!(new_id, file_id, "the file kept its id across connections");
+
+    // Then the third chunk alone is refused and nothing is loaded ...
+    send_waiting(&conn, &encoded[2]);
+    let counters = |batch: &ember_protocol::Batch| {
+        (
+            batch.losses.unwind_tables_refused,
+            batch.losses.unwind_tables_loaded,
+        )
+    };
+    let mut last = (0, 0);
+    while last != (2, 0) {
+        let batch = next_batch(&conn, &log, deadline);
+        last = counters(&batch);
+        assert!(
+            last.0 <= 2 && last.1 == 0,
+            "(refused, loaded) {last:?}: the half table or the stray chunk was used"
+        );
+    }
+    // ... and a whole table sent on the new connection loads, with sampling going on.
+    for datagram in &encoded {
+        send_waiting(&conn, datagram);
+    }
+    let mut with_samples = 0;
+    while last != (2, 1) || with_samples < 2 {
+        let batch = next_batch(&conn, &log, deadline);
+        last = counters(&batch);
+        assert!(
+            last.0 == 2 && last.1 <= 1,
+            "(refused, loaded) {last:?} after a whole table"
+        );
+        if last == (2, 1) && batch.sample_count() > 0 {
+            with_samples += 1;
+        }
+    }
+    assert!(
+        sampler.try_wait().is_none(),
+        "the sampler exited:\n{}",
+        log.text()
+    );
+    assert!(
+        log.text()
+            .contains("the relay disconnected in the middle of a table"),
+        "the abandoned table was not logged:\n{}",
         log.text()
     );
 }
