@@ -361,7 +361,16 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
     let mut after = Vec::new();
     let mut last = (0, 0);
     while last != expected {
-        let batch = next_batch(&c.conn, &c.log, settle);
+        let Some(message) = next(&c.conn, settle) else {
+            panic!(
+                "(refused, loaded) stuck at {last:?}, sent {expected:?}: something was not \
+                 counted:\n{}",
+                c.log.text()
+            );
+        };
+        let SamplerMessage::Batch(batch) = message else {
+            continue;
+        };
         last = (
             batch.losses.unwind_tables_refused,
             batch.losses.unwind_tables_loaded,
