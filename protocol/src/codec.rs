@@ -77,11 +77,12 @@ pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
     capnp::serialize::write_message_to_words(&builder)
 }
 
-/// Decodes one datagram, enforcing `limits`.
-pub fn decode_sampler_message(
-    bytes: &[u8],
+/// Opens one datagram as a capnp message under `limits`: its size first, then the traversal
+/// budget that grows with it. Both directions' decoders start here.
+fn open<'a>(
+    bytes: &'a [u8],
     limits: &Limits,
-) -> Result<SamplerMessage, DecodeError> {
+) -> Result<capnp::message::Reader<capnp::serialize::BufferSegments<&'a [u8]>>, DecodeError> {
     if bytes.len() > limits.max_message_bytes {
         return Err(DecodeError::TooLarge {
             len: bytes.len(),
@@ -89,10 +90,18 @@ pub fn decode_sampler_message(
         });
     }
     let mut slice = bytes;
-    let reader = capnp::serialize::read_message_from_flat_slice(
+    Ok(capnp::serialize::read_message_from_flat_slice(
         &mut slice,
         limits.reader_options(bytes.len()),
-    )?;
+    )?)
+}
+
+/// Decodes one datagram, enforcing `limits`.
+pub fn decode_sampler_message(
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<SamplerMessage, DecodeError> {
+    let reader = open(bytes, limits)?;
     let root = reader.get_root::<sampler_message::Reader>()?;
     let message = match root.which() {
         Ok(sampler_message::Hello(hello)) => SamplerMessage::Hello(read_hello(hello?)?),
@@ -144,17 +153,7 @@ pub fn encode_relay_message(message: &RelayMessage) -> Vec<u8> {
 /// [`MAX_UNWIND_CHUNK_BYTES`] is refused here, before anyone copies it; members the sampler does
 /// not act on (`welcome`, `goodbye`) are [`DecodeError::UnknownKind`].
 pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessage, DecodeError> {
-    if bytes.len() > limits.max_message_bytes {
-        return Err(DecodeError::TooLarge {
-            len: bytes.len(),
-            limit: limits.max_message_bytes,
-        });
-    }
-    let mut slice = bytes;
-    let reader = capnp::serialize::read_message_from_flat_slice(
-        &mut slice,
-        limits.reader_options(bytes.len()),
-    )?;
+    let reader = open(bytes, limits)?;
     let root = reader.get_root::<relay_message::Reader>()?;
     match root.which() {
         Ok(relay_message::UnwindTableChunk(chunk)) => {
