@@ -196,10 +196,20 @@ fn counts_map_full_is_counted_and_adds_up() {
         recorded + counts_full,
         sampled.cpu.as_secs_f64()
     );
+    // Each drain empties the map, so every interval keeps at most 2 distinct keys (a key is a
+    // thread and its stack pair); which share the other samples get depends on how often the
+    // workload's hottest stack comes first, so only the structure is asserted, not a fraction.
+    let batches = counter(&sampled.last_batch, "sequence") + 1;
     assert!(
-        counts_full as f64 > 0.5 * expected,
-        "with 2 counts-map entries most samples must be dropped and counted, but counts_full is \
-         {counts_full} of ~{expected:.0}"
+        sampled.stacks.len() as u64 <= 2 * batches,
+        "with 2 counts-map entries at most 2 stacks per interval can be kept, but {} distinct \
+         stacks were recorded in {batches} intervals",
+        sampled.stacks.len()
+    );
+    assert!(
+        counts_full as f64 > 0.2 * expected,
+        "with 2 counts-map entries the workload's other stacks must be dropped and counted, but \
+         counts_full is {counts_full} of ~{expected:.0}"
     );
     assert!(recorded > 0, "no sample was recorded at all");
     let sum = (recorded + counts_full) as f64;
