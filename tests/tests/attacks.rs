@@ -543,7 +543,10 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
     }
 
     let mut attack = spawn_attacker(who, &pwn, &["30"]);
-    let mut record = spawn_attack_record(&strs(&record_args("9s")), RecordSetup::default());
+    // A long duration, ended by SIGINT once the victim has run: on a loaded machine the three
+    // batches below can take longer than a short fixed duration, which once ended the recording
+    // before the victim started (0 victim samples).
+    let mut record = spawn_attack_record(&strs(&record_args("120s")), RecordSetup::default());
     let first = wait_first_batch(&mut record);
     // Two more batches: the attacker's file has been symbolized.
     let (second, _) = record
@@ -554,6 +557,15 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
         .expect(second + 1, LOG_TIMEOUT, "third batch", is_batch);
     let victim_run = spawn_workload(&victim, 4);
     let _ = cpu_time_at_exit(victim_run.pid(), Duration::from_secs(30));
+    // The victim's last samples are in the first batch whose interval ends after its exit.
+    let exited_ns = now_unix_ns();
+    record.log.expect(
+        second,
+        LOG_TIMEOUT,
+        "a batch drained after the victim exited",
+        |v| is_batch(v) && field_u64(v, "interval_end_unix_ns").is_some_and(|end| end > exited_ns),
+    );
+    record.child.signal(Signal::SIGINT);
     let folded = record.finish(RECORD_TIMEOUT);
     attack.child.kill();
 
