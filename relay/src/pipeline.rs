@@ -8,7 +8,10 @@ use std::{collections::HashMap, fs::File, os::fd::OwnedFd, sync::Arc, time::Dura
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
-    labels::stage::{LabelStage, LabelStats},
+    labels::{
+        pushdown::IgnoreSender,
+        stage::{LabelStage, LabelStats},
+    },
     model::Profile,
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
@@ -54,6 +57,8 @@ pub(crate) struct Pipeline {
     unwind: Option<TableSender>,
     /// Each connection's sending side, kept only with `unwind` (dropped when it closes).
     controls: HashMap<ConnectionId, Arc<OwnedFd>>,
+    /// Sends the processes the process filter left out to their sampler (`labels::pushdown`).
+    ignore: IgnoreSender,
 }
 
 impl Pipeline {
@@ -86,6 +91,8 @@ impl Pipeline {
     /// Replaces the labels stage (settings, user names, machine id).
     pub fn set_labels(&mut self, labels: LabelStage) {
         self.labels = labels;
+        // The filter may have changed: samplers sample everything until told anew.
+        self.ignore.forget_all();
     }
 
     /// Sends each passed executable's unwind table to its sampler (`--unwind dwarf`).
@@ -102,6 +109,9 @@ impl Pipeline {
                 control,
             } => {
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
+                if let Some(control) = &control {
+                    self.ignore.connected(conn, Arc::clone(control));
+                }
                 if let (Some(control), Some(_)) = (control, &self.unwind) {
                     self.controls.insert(conn, control);
                 }
@@ -109,6 +119,7 @@ impl Pipeline {
             }
             SourceEvent::Closed { conn, error } => {
                 self.controls.remove(&conn);
+                self.ignore.closed(conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
                         connection = conn,
@@ -200,6 +211,7 @@ impl Pipeline {
             self.interval.frequency_hz = batch.frequency_hz;
         }
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
+        self.ignore.send(conn, self.labels.take_filtered_out());
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
@@ -229,6 +241,10 @@ impl Pipeline {
             unwind_stopped = batch.losses.unwind_stopped,
             unwind_cut = batch.losses.unwind_cut,
             unwind_map_full = batch.losses.unwind_map_full,
+            ignored_samples = batch.ignore.ignored_samples,
+            ignore_refused = batch.ignore.refused,
+            ignored_processes = batch.ignore.processes,
+            ignore_sent = self.ignore.sent,
             "batch received"
         );
         self.cache.evict_idle(RESOLVER_IDLE);
