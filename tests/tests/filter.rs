@@ -222,7 +222,10 @@ fn a_filtered_process_stops_costing_samples_and_comes_back_after_exec() {
         (ignored as f64 - expected).abs() <= bound,
         "ignored {ignored}, expected {expected:.0} +- {bound:.0}"
     );
-    assert!(expected > 50.0, "skipme barely ran ({expected:.0} samples)");
+    assert!(
+        expected > bound,
+        "skipme barely ran ({expected:.0} samples): 0 would pass"
+    );
     assert_eq!(
         counter(&end, "ignore_refused"),
         0,
@@ -440,8 +443,8 @@ fn forged_entries_are_refused_counted_and_sampling_goes_on() {
         "ignored {ignored}, expected {expected:.0} +- {bound:.0}"
     );
     assert!(
-        expected > 50.0,
-        "the workload barely ran ({expected:.0} samples)"
+        expected > bound,
+        "the workload barely ran ({expected:.0} samples): 0 would pass"
     );
 
     // When the relay says forgetAll, Then the workload is sampled again
