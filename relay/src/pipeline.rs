@@ -624,6 +624,103 @@ mod tests {
         );
     }
 
+    /// The `ignoreProcesses` messages waiting on `sock`.
+    fn ignore_messages(sock: &OwnedFd) -> Vec<ember_protocol::IgnoreProcesses> {
+        use std::os::fd::AsFd as _;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let mut ready = [nix::poll::PollFd::new(
+                sock.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            if !nix::poll::poll(&mut ready, nix::poll::PollTimeout::ZERO).is_ok_and(|n| n > 0) {
+                return out;
+            }
+            let Ok(ember_protocol::transport::Received::Message { len, .. }) =
+                ember_protocol::transport::recv(sock.as_fd(), &mut buf)
+            else {
+                return out;
+            };
+            match ember_protocol::decode_relay_message(&buf[..len], &Default::default()) {
+                Ok(ember_protocol::RelayMessage::IgnoreProcesses(m)) => out.push(m),
+                other => panic!("unexpected: {other:?}"),
+            }
+        }
+    }
+
+    /// A pipeline whose connection's control side is `ours`, past the session start.
+    fn started_with_control(ours: OwnedFd, filter: Option<&str>) -> Pipeline {
+        let mut pipeline = Pipeline::new();
+        let settings = crate::labels::stage::LabelSettings {
+            process_filter: filter.map(|f| crate::labels::stage::process_filter(f).expect("regex")),
+            ..Default::default()
+        };
+        pipeline.set_labels(LabelStage::new(settings, Default::default(), None));
+        pipeline.handle(SourceEvent::Connected {
+            conn: fixtures::CONN,
+            peer_uid: 0,
+            peer_pid: 1,
+            control: Some(Arc::new(ours)),
+        });
+        for event in session_start().into_iter().skip(1) {
+            pipeline.handle(event);
+        }
+        let (_, mapping) = leaf_address_and_mapping();
+        pipeline.handle(SourceEvent::Message {
+            conn: fixtures::CONN,
+            message: SamplerMessage::Process(ember_protocol::ProcessInfo {
+                pid: PID,
+                start_time_unix_ns: 77,
+                executable_name: "fixture".into(),
+                mappings: vec![mapping],
+                ..Default::default()
+            }),
+            fds: Vec::new(),
+        });
+        pipeline
+    }
+
+    #[test]
+    fn a_filtered_process_is_pushed_down_to_its_sampler_once() {
+        // Given a filter that leaves the fixture's process out
+        let (ours, theirs) = ember_protocol::transport::pair().expect("socketpair");
+        let mut pipeline = started_with_control(ours, Some("other"));
+        // When two batches of it arrive
+        pipeline.handle(batch(1, 0, 1, 3));
+        pipeline.handle(batch(2, 0, 1, 3));
+        // Then its samples are dropped here, and its sampler is asked once to ignore it
+        assert!(pipeline.take_interval().is_none());
+        let sent = ignore_messages(&theirs);
+        let expected = ember_protocol::IgnoredProcess {
+            pid: PID,
+            start_time_unix_ns: 77,
+        };
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(
+            (sent[0].forget_all, &sent[0].processes[..]),
+            (false, &[expected][..])
+        );
+        // When the labels stage is replaced (a reload), Then the sampler is told to forget all
+        pipeline.set_labels(LabelStage::default());
+        let sent = ignore_messages(&theirs);
+        assert_eq!(sent.len(), 1);
+        assert!(sent[0].forget_all && sent[0].processes.is_empty());
+        // And without a filter nothing more is sent
+        pipeline.handle(batch(3, 0, 1, 3));
+        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert!(ignore_messages(&theirs).is_empty());
+    }
+
+    #[test]
+    fn without_a_filter_nothing_is_sent_to_the_sampler() {
+        let (ours, theirs) = ember_protocol::transport::pair().expect("socketpair");
+        let mut pipeline = started_with_control(ours, None);
+        pipeline.handle(batch(1, 0, 1, 3));
+        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert!(ignore_messages(&theirs).is_empty());
+    }
+
     #[test]
     fn a_batch_on_an_unknown_connection_is_ignored() {
         // Given no hello on the connection
