@@ -207,9 +207,9 @@ struct DropUnwindTable {
 }
 
 # The sampler ignores a process only when its pid is one it described on this connection, alive,
-# with this start time (read again from /proc/<pid>/stat); it remembers the executable (device
-# and inode of /proc/<pid>/exe) and samples the process again when it exits, its pid is reused or
-# it execs. At most 1024 entries per message (the rest are refused unread) and 16384 ignored
+# with this start time (read again from /proc/<pid>/stat) and still the executable it described;
+# it remembers the executable (path, device and inode of /proc/<pid>/exe) and samples the
+# process again when it exits, its pid is reused or it execs. At most 1024 entries per message (the rest are refused unread) and 16384 ignored
 # processes in all (more are refused); every refusal is counted in `Batch.ignoreRefused`. Every
 # entry is dropped when the connection ends: a new relay may filter otherwise.
 struct IgnoreProcesses {

@@ -4,10 +4,12 @@
 //!
 //! Nothing the relay claims is trusted. An entry is taken only when its pid is a process this
 //! sampler described on the connection (the tracker knows it, alive) with the claimed start time,
-//! and /proc/<pid>/stat, read again now, says the same start time; the sampler then records the
-//! executable's identity (device and inode of /proc/<pid>/exe). Every drain re-reads both for
-//! each ignored pid and forgets the entries whose process exited, whose pid was reused (another
-//! start time) or that exec'd (another executable): the process is sampled again, its new facts
+//! /proc/<pid>/stat, read again now, says the same start time, and /proc/<pid>/exe still names the
+//! executable the relay was told about (the relay judged that name: a process that exec'd since
+//! is refused). The sampler then records the executable's identity (its path, device and inode).
+//! Every drain re-reads them for each ignored pid and forgets the entries whose process exited,
+//! whose pid was reused (another start time) or that exec'd (another executable, or the same one
+//! under another name): the process is sampled again, its new facts
 //! go to the relay, and the relay's filter decides anew. So a relay can only hide processes from
 //! itself (which it could anyway, by dropping their samples), never make the sampler ignore a
 //! process it did not verify, and a reused pid is sampled again from the next drain on.
@@ -26,11 +28,20 @@ pub use ember_sampler_ebpf::MAX_IGNORED;
 use crate::procfs;
 
 /// What identifies a process while it is ignored: the start time (pid reuse changes it) and the
-/// executable's device and inode (exec changes them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// executable's device, inode and path (exec changes them).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub start_time_unix_ns: u64,
     pub exe: (u64, u64),
+    /// As the facts give it (`ProcessInfo.executablePath`, cut the same way).
+    pub exe_path: String,
+}
+
+/// What the sampler told the relay about a live process: the facts the relay judged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    pub start_time_unix_ns: u64,
+    pub executable_path: String,
 }
 
 /// Reads a live process's [`Identity`] (a seam: the tests give their own).
@@ -39,8 +50,8 @@ pub trait Probe {
     fn identity(&self, pid: u32) -> Option<Identity>;
 }
 
-/// The real [`Probe`]: /proc/<pid>/stat and a stat of /proc/<pid>/exe (openat, read, statx: no
-/// syscall beyond the ones reading facts already makes).
+/// The real [`Probe`]: /proc/<pid>/stat, a stat and a readlink of /proc/<pid>/exe (openat, read,
+/// statx, readlinkat: no syscall beyond the ones reading facts already makes).
 pub struct ProcProbe {
     pub boot_time_unix_ns: u64,
 }
@@ -48,13 +59,16 @@ pub struct ProcProbe {
 impl Probe for ProcProbe {
     fn identity(&self, pid: u32) -> Option<Identity> {
         let start = procfs::start_time_unix_ns(pid, self.boot_time_unix_ns)?;
-        let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+        let link = format!("/proc/{pid}/exe");
+        let exe = std::fs::metadata(&link).ok()?;
+        let exe_path = procfs::cap_path(std::fs::read_link(&link).ok()?.to_string_lossy().into());
         // Read again: the exe read above belongs to this start time's process, not to one that
         // took the pid in between.
         let again = procfs::start_time_unix_ns(pid, self.boot_time_unix_ns)?;
         (again == start).then_some(Identity {
             start_time_unix_ns: start,
             exe: (exe.dev(), exe.ino()),
+            exe_path,
         })
     }
 }
@@ -109,12 +123,12 @@ impl Ignored {
         }
     }
 
-    /// Takes the entries of one message that check out. `described(pid)` is the start time of
-    /// the live process the sampler described under `pid` on this connection, if any.
+    /// Takes the entries of one message that check out. `described(pid)` is what the sampler
+    /// told the relay about the live process under `pid` on this connection, if anything.
     pub fn take(
         &mut self,
         message: &IgnoreProcesses,
-        described: impl Fn(u32) -> Option<u64>,
+        described: impl Fn(u32) -> Option<Described>,
         probe: &impl Probe,
         map: &mut impl IgnoreMap,
     ) -> Taken {
@@ -130,13 +144,16 @@ impl Ignored {
             if already.is_some_and(|id| id.start_time_unix_ns == claim.start_time_unix_ns) {
                 continue;
             }
-            let verified = (already.is_some() || self.entries.len() < MAX_IGNORED as usize)
-                && described(claim.pid) == Some(claim.start_time_unix_ns)
-                && claim.start_time_unix_ns != 0;
-            let identity = verified
-                .then(|| probe.identity(claim.pid))
-                .flatten()
-                .filter(|id| id.start_time_unix_ns == claim.start_time_unix_ns);
+            let room = already.is_some() || self.entries.len() < MAX_IGNORED as usize;
+            let facts = described(claim.pid)
+                .filter(|f| room && f.start_time_unix_ns == claim.start_time_unix_ns)
+                .filter(|_| claim.start_time_unix_ns != 0);
+            let identity = facts.and_then(|facts| {
+                probe.identity(claim.pid).filter(|id| {
+                    id.start_time_unix_ns == facts.start_time_unix_ns
+                        && id.exe_path == facts.executable_path
+                })
+            });
             match identity.map(|id| map.insert(claim.pid).map(|()| id)) {
                 Some(Ok(id)) => {
                     self.entries.insert(claim.pid, id);
@@ -196,6 +213,7 @@ mod tests {
             self.0.get(&pid).map(|&(start, ino)| Identity {
                 start_time_unix_ns: start,
                 exe: (1, ino),
+                exe_path: format!("/bin/{ino}"),
             })
         }
     }
@@ -217,6 +235,14 @@ mod tests {
         }
     }
 
+    /// What the sampler said about a process started at `start` running `/bin/<ino>`.
+    fn facts(start: u64, ino: u64) -> Option<Described> {
+        Some(Described {
+            start_time_unix_ns: start,
+            executable_path: format!("/bin/{ino}"),
+        })
+    }
+
     fn message(claims: &[(u32, u64)]) -> IgnoreProcesses {
         IgnoreProcesses {
             processes: claims
@@ -233,30 +259,47 @@ mod tests {
     #[test]
     fn only_described_live_processes_with_their_start_time_are_ignored() {
         // Given processes 10 and 11 alive and described, 12 alive but never described, 13
-        // described but gone
-        let procs = FakeProcs([(10, (100, 1)), (11, (110, 2)), (12, (120, 3))].into());
+        // described but gone, 14 described but it exec'd /bin/41 since
+        let procs = FakeProcs(
+            [
+                (10, (100, 1)),
+                (11, (110, 2)),
+                (12, (120, 3)),
+                (14, (140, 41)),
+            ]
+            .into(),
+        );
         let described = |pid: u32| match pid {
-            10 => Some(100),
-            11 => Some(110),
-            13 => Some(130),
+            10 => facts(100, 1),
+            11 => facts(110, 2),
+            13 => facts(130, 3),
+            14 => facts(140, 4),
             _ => None,
         };
         let (mut ignored, mut map) = (Ignored::default(), FakeMap::default());
-        // When the relay claims 10 rightly, 11 with a wrong start time, 12, 13, a nonexistent
-        // pid, pid 0 and start 0, with 5 more entries the decoder left unread
-        let mut claims = message(&[(10, 100), (11, 111), (12, 120), (13, 130), (99, 1), (0, 0)]);
+        // When the relay claims 10 rightly, 11 with a wrong start time, 12, 13, 14, a
+        // nonexistent pid, pid 0 and start 0, with 5 more entries the decoder left unread
+        let mut claims = message(&[
+            (10, 100),
+            (11, 111),
+            (12, 120),
+            (13, 130),
+            (14, 140),
+            (99, 1),
+            (0, 0),
+        ]);
         claims.excess = 5;
         let taken = ignored.take(&claims, described, &procs, &mut map);
-        // Then only 10 is ignored; the other five and the excess are refused and counted
+        // Then only 10 is ignored; the other six and the excess are refused and counted
         assert_eq!(
             taken,
             Taken {
                 accepted: 1,
-                refused: 10
+                refused: 11
             }
         );
         assert_eq!(map.0, BTreeSet::from([10]));
-        assert_eq!((ignored.len(), ignored.refused), (1, 10));
+        assert_eq!((ignored.len(), ignored.refused), (1, 11));
         // And claiming it again changes nothing and is no refusal
         let again = ignored.take(&message(&[(10, 100)]), described, &procs, &mut map);
         assert_eq!(again, Taken::default());
@@ -267,7 +310,7 @@ mod tests {
         // Given four ignored processes
         let mut procs = FakeProcs([(1, (10, 1)), (2, (20, 2)), (3, (30, 3)), (4, (40, 4))].into());
         let starts = [(1, 10), (2, 20), (3, 30), (4, 40)];
-        let described = |pid: u32| starts.iter().find(|s| s.0 == pid).map(|s| s.1);
+        let described = |pid: u32| facts(u64::from(pid) * 10, u64::from(pid));
         let (mut ignored, mut map) = (Ignored::default(), FakeMap::default());
         ignored.take(&message(&starts), described, &procs, &mut map);
         assert_eq!(map.0.len(), 4);
@@ -291,7 +334,7 @@ mod tests {
         // Given MAX_IGNORED + 10 live, described processes
         let count = MAX_IGNORED + 10;
         let procs = FakeProcs((1..=count).map(|pid| (pid, (u64::from(pid), 7))).collect());
-        let described = |pid: u32| Some(u64::from(pid));
+        let described = |pid: u32| facts(u64::from(pid), 7);
         let (mut ignored, mut map) = (Ignored::default(), FakeMap::default());
         // When the relay claims all of them, 1024 per message
         let claims: Vec<(u32, u64)> = (1..=count).map(|pid| (pid, u64::from(pid))).collect();
@@ -323,6 +366,7 @@ mod tests {
         let mut files = procfs::FileTable::new(64);
         let facts = procfs::read_process(pid, boot, &mut files, &mut Vec::new()).expect("facts");
         assert_eq!(identity.start_time_unix_ns, facts.info.start_time_unix_ns);
+        assert_eq!(identity.exe_path, facts.info.executable_path);
         let exe = std::fs::metadata("/proc/self/exe").expect("own exe");
         assert_eq!(identity.exe, (exe.dev(), exe.ino()));
         assert_eq!(probe.identity(u32::MAX), None);

@@ -431,7 +431,7 @@ impl Sampler {
         let tracker = &self.tracker;
         let taken = self.ignored.take(
             message,
-            |pid| tracker.start_time(pid),
+            |pid| tracker.described(pid),
             &self.probe,
             &mut self.loaded.ignored,
         );

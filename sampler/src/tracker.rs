@@ -69,13 +69,16 @@ impl Tracker {
         }
     }
 
-    /// The start time of the live process described under `pid`, if any.
-    pub fn start_time(&self, pid: u32) -> Option<u64> {
+    /// What was said about the live process described under `pid`, if any.
+    pub fn described(&self, pid: u32) -> Option<crate::ignore::Described> {
         let tracked = self.procs.get(&pid)?;
         tracked
             .exited_after
             .is_none()
-            .then_some(tracked.info.start_time_unix_ns)
+            .then(|| crate::ignore::Described {
+                start_time_unix_ns: tracked.info.start_time_unix_ns,
+                executable_path: tracked.info.executable_path.clone(),
+            })
     }
 
     /// Re-reads `pid`'s facts at its next samples (it was ignored; it may have exec'd).

@@ -253,9 +253,10 @@ fn a_filtered_process_stops_costing_samples_and_comes_back_after_exec() {
         "samples still ignored after the exec"
     );
     sampler.signal(Signal::SIGTERM);
+    let status = sampler.wait_timeout(TIMEOUT);
     assert!(
-        sampler.wait_timeout(TIMEOUT).is_some(),
-        "the sampler did not stop:\n{}",
+        status.is_some_and(|s| s.success()),
+        "the sampler did not stop cleanly ({status:?}; 159 = seccomp):\n{}",
         sampler_log.text()
     );
     relay.child.signal(Signal::SIGTERM);
