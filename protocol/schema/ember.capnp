@@ -157,6 +157,13 @@ struct Batch {
   kernelStacks @7 :List(Stack);
   rows @8 :List(Row);
   losses @9 :Losses;
+  # The process filter pushed down to the sampler (`RelayMessage.ignoreProcesses`): samples of
+  # ignored processes the program counted and dropped, totals since the sampler started ...
+  ignoredSamples @10 :UInt64;
+  # ... entries the sampler refused (identity not verified, over its caps, malformed), since start
+  ignoreRefused @11 :UInt64;
+  # ... and how many processes it ignores now.
+  ignoredProcesses @12 :UInt32;
 }
 
 # Everything the relay may send to the sampler (the control channel: plain messages on the same
@@ -173,6 +180,9 @@ struct RelayMessage {
     unwindTableChunk @2 :UnwindTableChunk;
     # Forget the table of this file id (relay-side eviction).
     dropUnwindTable @3 :DropUnwindTable;
+    # Processes the relay's process filter left out: the sampler checks each claimed identity
+    # and stops sampling the ones it verified (issue 9, item 4).
+    ignoreProcesses @4 :IgnoreProcesses;
   }
 }
 
@@ -194,4 +204,22 @@ struct UnwindTableChunk {
 
 struct DropUnwindTable {
   fileId @0 :UInt64;
+}
+
+# The sampler ignores a process only when its pid is one it described on this connection, alive,
+# with this start time (read again from /proc/<pid>/stat) and still the executable it described;
+# it remembers the executable (path, device and inode of /proc/<pid>/exe) and samples the
+# process again when it exits, its pid is reused or it execs. At most 1024 entries per message (the rest are refused unread) and 16384 ignored
+# processes in all (more are refused); every refusal is counted in `Batch.ignoreRefused`. Every
+# entry is dropped when the connection ends: a new relay may filter otherwise.
+struct IgnoreProcesses {
+  # Forget every process ignored so far before taking these (the relay's filter changed).
+  forgetAll @0 :Bool;
+  processes @1 :List(IgnoredProcess);
+}
+
+struct IgnoredProcess {
+  pid @0 :UInt32;
+  # The `ProcessInfo.startTimeUnixNs` the sampler sent for this pid.
+  startTimeUnixNs @1 :UInt64;
 }

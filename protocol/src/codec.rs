@@ -145,13 +145,24 @@ pub fn encode_relay_message(message: &RelayMessage) -> Vec<u8> {
         RelayMessage::DropUnwindTable { file_id } => {
             root.init_drop_unwind_table().set_file_id(*file_id);
         }
+        RelayMessage::IgnoreProcesses(ignore) => {
+            let mut b = root.init_ignore_processes();
+            b.set_forget_all(ignore.forget_all);
+            let mut list = b.init_processes(len_u32(ignore.processes.len()));
+            for (i, process) in ignore.processes.iter().enumerate() {
+                let mut entry = list.reborrow().get(i as u32);
+                entry.set_pid(process.pid);
+                entry.set_start_time_unix_ns(process.start_time_unix_ns);
+            }
+        }
     }
     capnp::serialize::write_message_to_words(&builder)
 }
 
 /// Decodes one relay -> sampler datagram, enforcing `limits`. A chunk whose data is over
 /// [`MAX_UNWIND_CHUNK_BYTES`] is refused here, before anyone copies it; members the sampler does
-/// not act on (`welcome`, `goodbye`) are [`DecodeError::UnknownKind`].
+/// not act on (`welcome`, `goodbye`) are [`DecodeError::UnknownKind`]. Of an `ignoreProcesses`
+/// only the first [`MAX_IGNORE_PER_MESSAGE`] entries are read; the rest are counted in `excess`.
 pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessage, DecodeError> {
     let reader = open(bytes, limits)?;
     let root = reader.get_root::<relay_message::Reader>()?;
@@ -176,6 +187,25 @@ pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessag
         Ok(relay_message::DropUnwindTable(drop)) => Ok(RelayMessage::DropUnwindTable {
             file_id: drop?.get_file_id(),
         }),
+        Ok(relay_message::IgnoreProcesses(ignore)) => {
+            let ignore = ignore?;
+            let list = ignore.get_processes()?;
+            let read = list.len().min(len_u32(MAX_IGNORE_PER_MESSAGE));
+            let processes = (0..read)
+                .map(|i| {
+                    let entry = list.get(i);
+                    IgnoredProcess {
+                        pid: entry.get_pid(),
+                        start_time_unix_ns: entry.get_start_time_unix_ns(),
+                    }
+                })
+                .collect();
+            Ok(RelayMessage::IgnoreProcesses(IgnoreProcesses {
+                forget_all: ignore.get_forget_all(),
+                processes,
+                excess: list.len() - read,
+            }))
+        }
         Ok(relay_message::Welcome(_)) => Err(DecodeError::UnknownKind(0)),
         Ok(relay_message::Goodbye(())) => Err(DecodeError::UnknownKind(1)),
         Err(capnp::NotInSchema(kind)) => Err(DecodeError::UnknownKind(kind)),
@@ -387,6 +417,9 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     b.set_interval_start_unix_ns(batch.interval_start_unix_ns);
     b.set_interval_end_unix_ns(batch.interval_end_unix_ns);
     b.set_frequency_hz(batch.frequency_hz);
+    b.set_ignored_samples(batch.ignore.ignored_samples);
+    b.set_ignore_refused(batch.ignore.refused);
+    b.set_ignored_processes(batch.ignore.processes);
     write_stacks(
         b.reborrow()
             .init_user_stacks(len_u32(batch.user_stacks.len())),
@@ -490,6 +523,11 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             unwind_cut: l.get_unwind_cut(),
             unwind_map_full: l.get_unwind_map_full(),
         }),
+        ignore: IgnoreStats {
+            ignored_samples: r.get_ignored_samples(),
+            refused: r.get_ignore_refused(),
+            processes: r.get_ignored_processes(),
+        },
     })
 }
 
@@ -536,6 +574,11 @@ mod tests {
                 unwind_cut: 7,
                 ..Losses::default()
             }),
+            ignore: IgnoreStats {
+                ignored_samples: 8,
+                refused: 9,
+                processes: 10,
+            },
         }
     }
 
@@ -570,6 +613,43 @@ mod tests {
             Err(DecodeError::Invalid { .. })
         ));
         assert!(decode_relay_message(&[1, 2, 3], &limits).is_err());
+    }
+
+    #[test]
+    fn ignore_processes_round_trips_and_reads_at_most_the_per_message_cap() {
+        let limits = Limits::default();
+        let entry = |pid: u32| IgnoredProcess {
+            pid,
+            start_time_unix_ns: u64::from(pid) << 32 | 7,
+        };
+        // Given a message at the cap, When decoded, Then it is what was sent
+        let full = RelayMessage::IgnoreProcesses(IgnoreProcesses {
+            forget_all: true,
+            processes: (0..MAX_IGNORE_PER_MESSAGE as u32).map(entry).collect(),
+            excess: 0,
+        });
+        let bytes = encode_relay_message(&full);
+        assert_eq!(
+            decode_relay_message(&bytes, &limits).expect("decodes"),
+            full
+        );
+        // Given 300 entries over the cap, When decoded, Then only the first 1024 are read and
+        // the rest are counted as excess
+        let over = RelayMessage::IgnoreProcesses(IgnoreProcesses {
+            forget_all: false,
+            processes: (0..MAX_IGNORE_PER_MESSAGE as u32 + 300)
+                .map(entry)
+                .collect(),
+            excess: 0,
+        });
+        let Ok(RelayMessage::IgnoreProcesses(read)) =
+            decode_relay_message(&encode_relay_message(&over), &limits)
+        else {
+            panic!("an ignoreProcesses over the cap must still decode");
+        };
+        assert_eq!(read.processes.len(), MAX_IGNORE_PER_MESSAGE);
+        assert_eq!(read.processes.last(), Some(&entry(1023)));
+        assert_eq!((read.excess, read.forget_all), (300, false));
     }
 
     #[test]

@@ -151,6 +151,19 @@ pub struct Batch {
     pub rows: Vec<Row>,
     /// Boxed to keep [`SamplerMessage`] (and the relay's events carrying it) small.
     pub losses: Box<Losses>,
+    /// What the sampler did with the relay's `ignoreProcesses` (see the schema).
+    pub ignore: IgnoreStats,
+}
+
+/// The process filter pushed down to the sampler, as each batch reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IgnoreStats {
+    /// Samples of ignored processes counted and dropped by the program, since start.
+    pub ignored_samples: u64,
+    /// Entries refused (identity not verified, over a cap, malformed), since start.
+    pub refused: u64,
+    /// Processes ignored now.
+    pub processes: u32,
 }
 
 impl Batch {
@@ -173,6 +186,30 @@ pub enum RelayMessage {
     UnwindTableChunk(UnwindTableChunk),
     /// Forget the table of this file id.
     DropUnwindTable { file_id: u64 },
+    /// Stop sampling these processes (the relay's process filter left them out).
+    IgnoreProcesses(IgnoreProcesses),
+}
+
+/// Most entries of one `ignoreProcesses` the sampler reads; the rest are refused unread.
+pub const MAX_IGNORE_PER_MESSAGE: usize = 1024;
+
+/// Processes the relay asks the sampler to ignore (see `IgnoreProcesses` in the schema).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IgnoreProcesses {
+    /// Forget every process ignored so far first.
+    pub forget_all: bool,
+    /// At most [`MAX_IGNORE_PER_MESSAGE`] when decoded.
+    pub processes: Vec<IgnoredProcess>,
+    /// Decoding only: entries beyond [`MAX_IGNORE_PER_MESSAGE`], left unread (the encoder
+    /// ignores it).
+    pub excess: u32,
+}
+
+/// A process as the relay knows it: the pid and start time of the sampler's `process` message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IgnoredProcess {
+    pub pid: u32,
+    pub start_time_unix_ns: u64,
 }
 
 /// One chunk of the unwind table of `file_id`: chunks `0..chunks` concatenated are the table.

@@ -8,7 +8,10 @@ use std::{collections::HashMap, fs::File, os::fd::OwnedFd, sync::Arc, time::Dura
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
-    labels::stage::{LabelStage, LabelStats},
+    labels::{
+        pushdown::IgnoreSender,
+        stage::{LabelStage, LabelStats},
+    },
     model::Profile,
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
@@ -54,6 +57,8 @@ pub(crate) struct Pipeline {
     unwind: Option<TableSender>,
     /// Each connection's sending side, kept only with `unwind` (dropped when it closes).
     controls: HashMap<ConnectionId, Arc<OwnedFd>>,
+    /// Sends the processes the process filter left out to their sampler (`labels::pushdown`).
+    ignore: IgnoreSender,
 }
 
 impl Pipeline {
@@ -86,6 +91,8 @@ impl Pipeline {
     /// Replaces the labels stage (settings, user names, machine id).
     pub fn set_labels(&mut self, labels: LabelStage) {
         self.labels = labels;
+        // The filter may have changed: samplers sample everything until told anew.
+        self.ignore.forget_all();
     }
 
     /// Sends each passed executable's unwind table to its sampler (`--unwind dwarf`).
@@ -102,6 +109,9 @@ impl Pipeline {
                 control,
             } => {
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
+                if let Some(control) = &control {
+                    self.ignore.connected(conn, Arc::clone(control));
+                }
                 if let (Some(control), Some(_)) = (control, &self.unwind) {
                     self.controls.insert(conn, control);
                 }
@@ -109,6 +119,7 @@ impl Pipeline {
             }
             SourceEvent::Closed { conn, error } => {
                 self.controls.remove(&conn);
+                self.ignore.closed(conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
                         connection = conn,
@@ -200,6 +211,7 @@ impl Pipeline {
             self.interval.frequency_hz = batch.frequency_hz;
         }
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
+        self.ignore.send(conn, self.labels.take_filtered_out());
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
@@ -229,6 +241,10 @@ impl Pipeline {
             unwind_stopped = batch.losses.unwind_stopped,
             unwind_cut = batch.losses.unwind_cut,
             unwind_map_full = batch.losses.unwind_map_full,
+            ignored_samples = batch.ignore.ignored_samples,
+            ignore_refused = batch.ignore.refused,
+            ignored_processes = batch.ignore.processes,
+            ignore_sent = self.ignore.sent,
             "batch received"
         );
         self.cache.evict_idle(RESOLVER_IDLE);
@@ -606,6 +622,103 @@ mod tests {
             profile.samples()[0].thread.resource.get("service.name"),
             Some("worker")
         );
+    }
+
+    /// The `ignoreProcesses` messages waiting on `sock`.
+    fn ignore_messages(sock: &OwnedFd) -> Vec<ember_protocol::IgnoreProcesses> {
+        use std::os::fd::AsFd as _;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let mut ready = [nix::poll::PollFd::new(
+                sock.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            if !nix::poll::poll(&mut ready, nix::poll::PollTimeout::ZERO).is_ok_and(|n| n > 0) {
+                return out;
+            }
+            let Ok(ember_protocol::transport::Received::Message { len, .. }) =
+                ember_protocol::transport::recv(sock.as_fd(), &mut buf)
+            else {
+                return out;
+            };
+            match ember_protocol::decode_relay_message(&buf[..len], &Default::default()) {
+                Ok(ember_protocol::RelayMessage::IgnoreProcesses(m)) => out.push(m),
+                other => panic!("unexpected: {other:?}"),
+            }
+        }
+    }
+
+    /// A pipeline whose connection's control side is `ours`, past the session start.
+    fn started_with_control(ours: OwnedFd, filter: Option<&str>) -> Pipeline {
+        let mut pipeline = Pipeline::new();
+        let settings = crate::labels::stage::LabelSettings {
+            process_filter: filter.map(|f| crate::labels::stage::process_filter(f).expect("regex")),
+            ..Default::default()
+        };
+        pipeline.set_labels(LabelStage::new(settings, Default::default(), None));
+        pipeline.handle(SourceEvent::Connected {
+            conn: fixtures::CONN,
+            peer_uid: 0,
+            peer_pid: 1,
+            control: Some(Arc::new(ours)),
+        });
+        for event in session_start().into_iter().skip(1) {
+            pipeline.handle(event);
+        }
+        let (_, mapping) = leaf_address_and_mapping();
+        pipeline.handle(SourceEvent::Message {
+            conn: fixtures::CONN,
+            message: SamplerMessage::Process(ember_protocol::ProcessInfo {
+                pid: PID,
+                start_time_unix_ns: 77,
+                executable_name: "fixture".into(),
+                mappings: vec![mapping],
+                ..Default::default()
+            }),
+            fds: Vec::new(),
+        });
+        pipeline
+    }
+
+    #[test]
+    fn a_filtered_process_is_pushed_down_to_its_sampler_once() {
+        // Given a filter that leaves the fixture's process out
+        let (ours, theirs) = ember_protocol::transport::pair().expect("socketpair");
+        let mut pipeline = started_with_control(ours, Some("other"));
+        // When two batches of it arrive
+        pipeline.handle(batch(1, 0, 1, 3));
+        pipeline.handle(batch(2, 0, 1, 3));
+        // Then its samples are dropped here, and its sampler is asked once to ignore it
+        assert!(pipeline.take_interval().is_none());
+        let sent = ignore_messages(&theirs);
+        let expected = ember_protocol::IgnoredProcess {
+            pid: PID,
+            start_time_unix_ns: 77,
+        };
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(
+            (sent[0].forget_all, &sent[0].processes[..]),
+            (false, &[expected][..])
+        );
+        // When the labels stage is replaced (a reload), Then the sampler is told to forget all
+        pipeline.set_labels(LabelStage::default());
+        let sent = ignore_messages(&theirs);
+        assert_eq!(sent.len(), 1);
+        assert!(sent[0].forget_all && sent[0].processes.is_empty());
+        // And without a filter nothing more is sent
+        pipeline.handle(batch(3, 0, 1, 3));
+        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert!(ignore_messages(&theirs).is_empty());
+    }
+
+    #[test]
+    fn without_a_filter_nothing_is_sent_to_the_sampler() {
+        let (ours, theirs) = ember_protocol::transport::pair().expect("socketpair");
+        let mut pipeline = started_with_control(ours, None);
+        pipeline.handle(batch(1, 0, 1, 3));
+        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert!(ignore_messages(&theirs).is_empty());
     }
 
     #[test]

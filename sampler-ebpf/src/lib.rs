@@ -152,7 +152,13 @@ pub mod maps {
     pub const PROC_MAPPINGS: &str = "PROC_MAPPINGS";
     /// `HashMap<u64 hash, UserStack>` per generation: stacks walked by the DWARF unwinder.
     pub const USTACKS: [&str; 2] = ["USTACKS_0", "USTACKS_1"];
+    /// `HashMap<u32 tgid, u8>`: processes not sampled (the relay's process filter, verified by
+    /// the sampler), at most [`super::MAX_IGNORED`].
+    pub const IGNORED: &str = "IGNORED";
 }
+
+/// Most processes the sampler ignores at once (the `IGNORED` map's size).
+pub const MAX_IGNORED: u32 = 16384;
 
 /// Name of the program's read-only global that restricts sampling to one process (0 = all).
 pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
@@ -181,6 +187,9 @@ pub mod counter {
     /// DWARF unwinder: stacks whose store in `USTACKS` failed (map full): the sample falls
     /// back to the frame-pointer stack.
     pub const UNWIND_FULL: u32 = 8;
+    /// Samples of a process in `IGNORED` (the relay's process filter, pushed down): dropped
+    /// before any stack walk.
+    pub const IGNORED: u32 = 9;
     /// Number of slots.
-    pub const LEN: u32 = 9;
+    pub const LEN: u32 = 10;
 }

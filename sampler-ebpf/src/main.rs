@@ -16,7 +16,7 @@ mod program {
     };
     use ember_sampler_ebpf::{
         counter, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack, COMM_LEN,
-        ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_PROC_MAPPINGS,
+        ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_IGNORED, MAX_PROC_MAPPINGS,
     };
 
     /// Set by the loader; 0 samples every process.
@@ -57,6 +57,9 @@ mod program {
     static USTACKS_0: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
     #[map]
     static USTACKS_1: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
+    /// Processes not sampled: the relay's process filter, each entry verified by the sampler.
+    #[map]
+    static IGNORED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_IGNORED, 0);
     /// Per-CPU room to build one stack (too large for the 512-byte BPF stack).
     #[map]
     static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
@@ -362,6 +365,11 @@ mod program {
         let target = unsafe { core::ptr::read_volatile(&TARGET_TGID) };
         if target != 0 && target != tgid {
             bump(counter::FILTERED);
+            return;
+        }
+        // SAFETY: a lookup in a map only the sampler writes; the value is not read.
+        if unsafe { IGNORED.get(&tgid) }.is_some() {
+            bump(counter::IGNORED);
             return;
         }
         let generation = CONTROL.get(0).copied().unwrap_or(0);

@@ -8,7 +8,7 @@
 use std::{collections::HashMap, thread, time::Duration};
 
 use aya::maps::MapError;
-use ember_protocol::{Batch, Losses, Row, StackRef};
+use ember_protocol::{Batch, IgnoreStats, Losses, Row, StackRef};
 use ember_sampler_ebpf::{counter, SampleKey};
 
 /// "No such entry": the stack the key names is not in the map.
@@ -114,6 +114,14 @@ impl Drainer {
             ..Losses::default()
         }
     }
+
+    /// Samples the program dropped because their process is ignored (total since load).
+    pub fn ignored_samples(loaded: &Loaded) -> u64 {
+        loaded
+            .counters
+            .get(&counter::IGNORED, 0)
+            .map_or(0, |values| values.iter().sum())
+    }
 }
 
 /// First id given to stacks of the DWARF unwinder: above any stack-map id (at most
@@ -145,6 +153,7 @@ pub struct BatchHeader {
     pub interval_end_unix_ns: u64,
     pub frequency_hz: u32,
     pub losses: Losses,
+    pub ignore: IgnoreStats,
 }
 
 /// Thread name from a NUL-padded `comm`.
@@ -224,6 +233,7 @@ fn new_part(header: &BatchHeader) -> Batch {
         interval_end_unix_ns: header.interval_end_unix_ns,
         frequency_hz: header.frequency_hz,
         losses: Box::new(header.losses),
+        ignore: header.ignore,
         ..Batch::default()
     }
 }
@@ -280,6 +290,7 @@ mod tests {
             interval_end_unix_ns: 2,
             frequency_hz: 97,
             losses: Losses::default(),
+            ignore: IgnoreStats::default(),
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Loaded {
     pub ustacks: [HashMap<MapData, u64, UserStack>; 2],
     pub control: Array<MapData, u32>,
     pub counters: PerCpuArray<MapData, u64>,
+    /// Processes the program does not sample (see `ignore.rs`).
+    pub ignored: HashMap<MapData, u32, u8>,
     pub unwind: UnwindMaps,
     pub cpus: usize,
 }
@@ -191,6 +193,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     ];
     let control = Array::try_from(take(maps::CONTROL)?)?;
     let counters = PerCpuArray::try_from(take(maps::COUNTERS)?)?;
+    let ignored = HashMap::try_from(take(maps::IGNORED)?)?;
     let unwind = UnwindMaps {
         rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
         tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
@@ -206,6 +209,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         ustacks,
         control,
         counters,
+        ignored,
         unwind,
         cpus: cpus.len(),
     })

@@ -6,6 +6,7 @@
 mod config;
 mod drain;
 mod harden;
+mod ignore;
 mod limits;
 mod link;
 mod load;
@@ -28,8 +29,8 @@ use ember_common::{
     LogFormat, ProcStatus,
 };
 use ember_protocol::{
-    decode_relay_message, encode_sampler_message, Hello, Limits, Losses, RelayMessage,
-    SamplerMessage, NO_FD, PROTOCOL_VERSION,
+    decode_relay_message, encode_sampler_message, Hello, IgnoreProcesses, Limits, Losses,
+    RelayMessage, SamplerMessage, NO_FD, PROTOCOL_VERSION,
 };
 
 use crate::{
@@ -179,6 +180,10 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         loaded,
         drainer: Drainer::new(),
         tables: unwind::Tables::new(unwind_rows),
+        ignored: ignore::Ignored::default(),
+        probe: ignore::ProcProbe {
+            boot_time_unix_ns: boot_time,
+        },
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
@@ -250,6 +255,9 @@ struct Sampler {
     drainer: Drainer,
     /// Unwind tables the relay sent and the sampler accepted.
     tables: unwind::Tables,
+    /// Processes the relay's filter left out, verified, not sampled (`ignore.rs`).
+    ignored: ignore::Ignored,
+    probe: ignore::ProcProbe,
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
@@ -265,6 +273,10 @@ impl Sampler {
         loop {
             let tick = self.wait_for_tick(next_tick);
             self.control();
+            if !self.link.is_connected() && self.ignored.len() > 0 {
+                // A new relay may filter otherwise: sample everything until it says.
+                self.ignored.clear(&mut self.loaded.ignored);
+            }
             let Some(finishing) = tick else {
                 continue;
             };
@@ -292,6 +304,7 @@ impl Sampler {
         if self.link.maybe_connect() == Event::Connected {
             // A table the last relay left half-sent is refused, never continued by this one.
             self.tables.abandon();
+            self.ignored.clear(&mut self.loaded.ignored);
             let mut snapshot = vec![self.hello.clone()];
             snapshot.extend(self.tracker.snapshot());
             self.link.prepend(snapshot);
@@ -314,6 +327,10 @@ impl Sampler {
     /// processes nothing queued refers to. Returns the losses the batches reported.
     fn interval(&mut self) -> anyhow::Result<Losses> {
         let sequence = self.sequence;
+        // Before the drain, so a process that exec'd is described again at its first samples.
+        for pid in self.ignored.recheck(&self.probe, &mut self.loaded.ignored) {
+            self.tracker.reread(pid);
+        }
         let drained = self
             .drainer
             .drain(&mut self.loaded)
@@ -329,6 +346,7 @@ impl Sampler {
             interval_end_unix_ns: interval_end,
             frequency_hz: self.config.frequency_hz,
             losses,
+            ignore: self.ignored.stats(Drainer::ignored_samples(&self.loaded)),
         };
         let batches = build_batches(&drained, &header, MAX_BATCH_BYTES);
         let samples: u64 = batches.iter().map(|b| b.sample_count()).sum();
@@ -399,12 +417,31 @@ impl Sampler {
                 Ok(RelayMessage::DropUnwindTable { file_id }) => {
                     self.tables.drop_table(file_id, &mut self.loaded.unwind);
                 }
+                Ok(RelayMessage::IgnoreProcesses(message)) => self.ignore_processes(&message),
                 Err(err) => {
                     self.tables.refused += 1;
                     tracing::warn!(%err, "refused a message from the relay");
                 }
             }
         }
+    }
+
+    /// Takes the entries of an `ignoreProcesses` that check out (see `ignore.rs`).
+    fn ignore_processes(&mut self, message: &IgnoreProcesses) {
+        let tracker = &self.tracker;
+        let taken = self.ignored.take(
+            message,
+            |pid| tracker.described(pid),
+            &self.probe,
+            &mut self.loaded.ignored,
+        );
+        tracing::debug!(
+            accepted = taken.accepted,
+            refused = taken.refused,
+            forget_all = message.forget_all,
+            ignored_processes = self.ignored.len(),
+            "the relay's process filter: processes ignored"
+        );
     }
 
     /// Tells the unwinder (`--unwind dwarf`) where changed processes map their files and
@@ -460,6 +497,10 @@ impl Sampler {
             unwind_stopped = losses.unwind_stopped,
             unwind_cut = losses.unwind_cut,
             unwind_map_full = losses.unwind_map_full,
+            ignored_processes = self.ignored.len(),
+            ignore_accepted = self.ignored.accepted,
+            ignore_refused = self.ignored.refused,
+            ignore_released = self.ignored.released,
             "sampler status"
         );
     }

@@ -426,6 +426,13 @@ fn clock_ticks() -> u64 {
     }
 }
 
+/// The start time of `pid` as its facts give it (`ProcessInfo.startTimeUnixNs`), read alone:
+/// the ignored processes are re-checked with it every drain.
+pub fn start_time_unix_ns(pid: u32, boot_time_unix_ns: u64) -> Option<u64> {
+    let ticks = start_ticks(&read_small(format!("/proc/{pid}/stat")).ok()?)?;
+    Some(boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks())))
+}
+
 /// Field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat; the comm field may hold
 /// spaces and parentheses, so fields are counted after the last ')'.
 fn start_ticks(stat: &str) -> Option<u64> {

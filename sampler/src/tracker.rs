@@ -8,7 +8,7 @@
 //! exactly those.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     os::fd::OwnedFd,
     path::Path,
     rc::Rc,
@@ -50,6 +50,9 @@ pub struct Tracker {
     /// [`Tracker::take_changes`] (for the unwinder's per-process mappings).
     changed: Vec<u32>,
     gone: Vec<u32>,
+    /// Pids whose facts are re-read at their next samples whatever their addresses (they were
+    /// ignored and may have exec'd meanwhile).
+    reread: HashSet<u32>,
 }
 
 impl Tracker {
@@ -62,6 +65,26 @@ impl Tracker {
             truncated: 0,
             changed: Vec::new(),
             gone: Vec::new(),
+            reread: HashSet::new(),
+        }
+    }
+
+    /// What was said about the live process described under `pid`, if any.
+    pub fn described(&self, pid: u32) -> Option<crate::ignore::Described> {
+        let tracked = self.procs.get(&pid)?;
+        tracked
+            .exited_after
+            .is_none()
+            .then(|| crate::ignore::Described {
+                start_time_unix_ns: tracked.info.start_time_unix_ns,
+                executable_path: tracked.info.executable_path.clone(),
+            })
+    }
+
+    /// Re-reads `pid`'s facts at its next samples (it was ignored; it may have exec'd).
+    pub fn reread(&mut self, pid: u32) {
+        if self.procs.contains_key(&pid) {
+            self.reread.insert(pid);
         }
     }
 
@@ -98,6 +121,7 @@ impl Tracker {
         for (pid, addrs) in addrs_by_pid {
             let stale = match self.procs.get(&pid) {
                 None => true,
+                Some(_) if self.reread.remove(&pid) => true,
                 Some(tracked) => {
                     tracked.exited_after.is_none()
                         && tracked.refreshed.elapsed() >= REFRESH_MIN_GAP
@@ -227,6 +251,7 @@ impl Tracker {
             }
             if let Some(tracked) = self.procs.remove(&pid) {
                 self.files.release(&tracked.info.mappings);
+                self.reread.remove(&pid);
                 self.gone.push(pid);
                 out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
             }

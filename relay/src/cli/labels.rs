@@ -28,8 +28,8 @@ pub struct LabelArgs {
     #[arg(long, value_name = "NAME")]
     pub service_name: Option<String>,
     /// Export only processes whose executable name matches this regex (fully anchored; RE2
-    /// syntax). Overrides the config file's `process_filter:`. Applied in the relay: filtered
-    /// processes are still sampled.
+    /// syntax). Overrides the config file's `process_filter:`. Applied in the relay, which also
+    /// asks the sampler to stop sampling each filtered process (it verifies the request).
     #[arg(long, value_name = "REGEX")]
     pub process_filter: Option<String>,
     /// The first frame of stacks.folded and the flamegraph: the process name or its service.name.

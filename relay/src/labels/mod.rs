@@ -19,6 +19,7 @@
 pub mod cgroup;
 pub mod host;
 pub mod process;
+pub mod pushdown;
 pub mod pyroscope;
 pub mod resource;
 pub mod resource_env;

@@ -142,7 +142,13 @@ pub struct LabelStage {
     pinned: Vec<String>,
     cache: RelabelCache,
     stats: LabelStats,
+    /// Processes the `--process-filter` left out since the last [`LabelStage::take_filtered_out`],
+    /// to push down to their sampler (at most [`MAX_IGNORED`]).
+    filtered_out: Vec<ember_protocol::IgnoredProcess>,
 }
+
+/// Most filtered-out processes kept for the sampler between two batches (its own cap).
+const MAX_IGNORED: usize = 16_384;
 
 impl Default for LabelStage {
     fn default() -> Self {
@@ -174,6 +180,7 @@ impl LabelStage {
             pinned,
             cache: RelabelCache::new(MAX_CACHED_PROCESSES),
             stats: LabelStats::default(),
+            filtered_out: Vec::new(),
         }
     }
 
@@ -204,9 +211,27 @@ impl LabelStage {
             ..
         } = self;
         let facts = &process.facts;
-        cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
+        let filtered_before = stats.processes_filtered;
+        let outcome = cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
             compute(settings, shared, pinned, stats, process)
-        })
+        });
+        // Only a process the sampler described (it has a start time) can be pushed down.
+        if stats.processes_filtered != filtered_before
+            && facts.start_time_unix_ns != 0
+            && self.filtered_out.len() < MAX_IGNORED
+        {
+            self.filtered_out.push(ember_protocol::IgnoredProcess {
+                pid: facts.pid,
+                start_time_unix_ns: facts.start_time_unix_ns,
+            });
+        }
+        outcome
+    }
+
+    /// The processes the `--process-filter` left out since the last call, each once per
+    /// computation of its labels (again only after new facts or a reload).
+    pub fn take_filtered_out(&mut self) -> Vec<ember_protocol::IgnoredProcess> {
+        std::mem::take(&mut self.filtered_out)
     }
 
     /// Counts samples of a filtered or dropped process.
@@ -338,6 +363,41 @@ mod tests {
             reused.expect("kept").get(keys::SERVICE_NAME),
             Some("fallback")
         );
+    }
+
+    #[test]
+    fn filtered_out_processes_with_facts_are_listed_once_for_the_sampler() {
+        // Given a filter keeping `app` only
+        let settings = LabelSettings {
+            rules: rules(
+                "- source_labels: [process.executable.name]\n  regex: noisy\n  action: drop\n",
+            ),
+            process_filter: Some(process_filter("app|noisy").expect("regex")),
+            ..LabelSettings::default()
+        };
+        let mut stage = LabelStage::new(settings, UserNames::default(), None);
+        // When a kept process, a filtered one (twice), one dropped by a rule and a filtered one
+        // the sampler sent no facts for are labelled
+        for r in [
+            record(1, 10, "app", ProcessEnv::default()),
+            record(2, 20, "sshd", ProcessEnv::default()),
+            record(2, 20, "sshd", ProcessEnv::default()),
+            record(3, 30, "noisy", ProcessEnv::default()),
+        ] {
+            stage.resource("h", &r);
+        }
+        stage.resource("h", &ProcessRecord::unknown(4, "cron"));
+        // Then only the filtered process with facts is listed, once, and the list empties
+        let expected = ember_protocol::IgnoredProcess {
+            pid: 2,
+            start_time_unix_ns: 20,
+        };
+        assert_eq!(stage.take_filtered_out(), [expected]);
+        assert!(stage.take_filtered_out().is_empty());
+        // And after new facts (forget) it is listed again
+        stage.forget(2);
+        stage.resource("h", &record(2, 20, "sshd", ProcessEnv::default()));
+        assert_eq!(stage.take_filtered_out(), [expected]);
     }
 
     #[test]
