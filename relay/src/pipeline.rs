@@ -88,6 +88,11 @@ impl Pipeline {
         self.labels = labels;
     }
 
+    /// Replaces the labels stage's settings (a config reload); cached labels are recomputed.
+    pub fn reload_labels(&mut self, settings: crate::labels::stage::LabelSettings) {
+        self.labels.replace_settings(settings);
+    }
+
     /// Sends each passed executable's unwind table to its sampler (`--unwind dwarf`).
     pub fn send_unwind_tables(&mut self, sender: TableSender) {
         self.unwind = Some(sender);

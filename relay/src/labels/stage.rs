@@ -153,13 +153,7 @@ impl Default for LabelStage {
 impl LabelStage {
     /// A stage with the given user names and machine id (no I/O).
     pub fn new(settings: LabelSettings, users: UserNames, machine_id: Option<String>) -> Self {
-        let pinned = settings
-            .tags
-            .iter()
-            .map(|(name, _)| name.to_owned())
-            .chain(settings.rules.iter().map(|r| r.target_label().to_owned()))
-            .filter(|name| !name.is_empty())
-            .collect();
+        let pinned = pinned(&settings);
         let shared = Shared {
             tags: settings.tags.clone(),
             default_service_name: settings.default_service_name.clone(),
@@ -184,6 +178,17 @@ impl LabelStage {
             UserNames::load(std::path::Path::new(super::process::PASSWD_PATH)).unwrap_or_default();
         let machine_id = host::read_machine_id(&host::MACHINE_ID_PATHS.map(std::path::Path::new));
         Self::new(settings, users, machine_id)
+    }
+
+    /// Replaces the operator's settings (a config reload): every cached result is forgotten, so
+    /// the next sample of each known process computes its labels with the new rules. User names,
+    /// the machine id, the host labels and the counters stay.
+    pub fn replace_settings(&mut self, settings: LabelSettings) {
+        self.pinned = pinned(&settings);
+        self.shared.tags = settings.tags.clone();
+        self.shared.default_service_name = settings.default_service_name.clone();
+        self.settings = settings;
+        self.cache.clear();
     }
 
     pub fn stats(&self) -> LabelStats {
@@ -228,6 +233,18 @@ impl LabelStage {
         self.hostname = Some(hostname.to_owned());
         self.cache.clear();
     }
+}
+
+/// Label names ranked right after `service.name` when a series must shrink: the static tags and
+/// the rules' targets (what the operator asked for).
+fn pinned(settings: &LabelSettings) -> Vec<String> {
+    settings
+        .tags
+        .iter()
+        .map(|(name, _)| name.to_owned())
+        .chain(settings.rules.iter().map(|r| r.target_label().to_owned()))
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 /// One process's labels, `None` when filtered out or dropped.
@@ -371,6 +388,39 @@ mod tests {
         // Then the new executable names it
         let after = stage.resource("h", &record(5, 1, "worker", ProcessEnv::default()));
         assert_eq!(after.expect("kept").get(keys::SERVICE_NAME), Some("worker"));
+    }
+
+    #[test]
+    fn replaced_settings_apply_to_known_processes() {
+        // Given a process labelled with no rules
+        let mut stage = LabelStage::default();
+        let before = stage.resource("h", &record(7, 1, "api", ProcessEnv::default()));
+        assert_eq!(before.expect("kept").get(keys::SERVICE_NAME), Some("api"));
+        // When the settings are replaced with a rename rule and a tag (a reload)
+        stage.replace_settings(LabelSettings {
+            tags: [("env", "prod")].into_iter().collect(),
+            rules: rules(
+                "- source_labels: [process.executable.name]\n  regex: api\n  \
+                 target_label: service.name\n  replacement: gateway\n",
+            ),
+            ..LabelSettings::default()
+        });
+        // Then the same process (no new facts) gets the new labels
+        let after = stage
+            .resource("h", &record(7, 1, "api", ProcessEnv::default()))
+            .expect("kept");
+        assert_eq!(after.get(keys::SERVICE_NAME), Some("gateway"));
+        assert_eq!(after.get("env"), Some("prod"));
+        // And a filter set by the next reload leaves it out
+        stage.replace_settings(LabelSettings {
+            process_filter: Some(process_filter("other").expect("regex")),
+            ..LabelSettings::default()
+        });
+        assert_eq!(
+            stage.resource("h", &record(7, 1, "api", ProcessEnv::default())),
+            None
+        );
+        assert_eq!(stage.stats().processes_filtered, 1);
     }
 
     /// The stage's cost, printed: `cargo test -p ember-relay --lib stage_cost -- --ignored
