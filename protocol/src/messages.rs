@@ -74,6 +74,8 @@ pub struct ProcessInfo {
     pub start_time_unix_ns: u64,
     pub executable_path: String,
     pub executable_name: String,
+    /// The text of `/proc/PID/cgroup` (every hierarchy's line), bounded; an older sampler sent
+    /// only the v2 path.
     pub cgroup: String,
     pub mappings: Vec<Mapping>,
     /// Executable mappings left out by the sampler's per-process cap.

@@ -4,8 +4,9 @@
 //! (device, inode) so the relay can read it through the passed descriptor. Thread names are not
 //! read here: each sample's row carries the name of its thread, from eBPF.
 //!
-//! Only kernel-formatted text is read here (maps, stat, cgroup, status; environ is only scanned
-//! for two name prefixes, its values are forwarded unparsed); file contents are never parsed.
+//! Only kernel-formatted text is read here (maps, stat, status; environ is only scanned for two
+//! name prefixes, its values are forwarded unparsed; the cgroup file is forwarded whole, bounded
+//! and unparsed: the relay reads its v1 and v2 lines); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
 //! moment.
 
@@ -294,6 +295,36 @@ pub fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
     ember_common::read_bounded(path, SMALL_FILE_MAX_BYTES)
 }
 
+/// Most bytes of `/proc/PID/cgroup` forwarded: a v1 host's dozen hierarchies with container
+/// paths fit several times over; a longer file is cut after its last whole line (counted).
+pub const CGROUP_MAX_BYTES: u64 = 4 << 10;
+
+/// At most `max` bytes of a /proc file, and whether it was longer.
+pub fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+    let mut bytes = Vec::new();
+    File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+    if cut {
+        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    }
+    Ok((bytes, cut))
+}
+
+/// `bytes` as text (invalid UTF-8 replaced); when `cut`, without its last, partial line.
+fn whole_lines(bytes: &[u8], cut: bool) -> String {
+    let end = if cut {
+        bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1)
+    } else {
+        bytes.len()
+    };
+    String::from_utf8_lossy(bytes.get(..end).unwrap_or_default()).into_owned()
+}
+
 /// Cuts `path` to at most [`PATH_MAX_BYTES`] (plus the mark), at a char boundary.
 pub fn cap_path(mut path: String) -> String {
     if path.len() <= PATH_MAX_BYTES {
@@ -343,13 +374,9 @@ pub fn read_process(
         Some(name) => name.to_string_lossy().into_owned(),
         None => main_comm.clone(),
     };
-    let cgroup = read_small(format!("{dir}/cgroup"))
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        })
-        .map(cap_path)
+    // The whole file, unparsed (cgroup v1 hosts have one line per hierarchy): the relay reads it.
+    let (cgroup, cgroup_cut) = read_cut(format!("{dir}/cgroup"), CGROUP_MAX_BYTES)
+        .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
         .unwrap_or_default();
     let start_time_unix_ns = read_small(format!("{dir}/stat"))
         .ok()
@@ -372,7 +399,7 @@ pub fn read_process(
             .map(|environ| allowlisted_env(&environ))
             .unwrap_or_default();
     Ok(ReadProcess {
-        truncated: cut || mappings_omitted > 0,
+        truncated: cut || mappings_omitted > 0 || cgroup_cut,
         info: ProcessInfo {
             pid,
             start_time_unix_ns,
@@ -719,6 +746,33 @@ pub(crate) mod tests {
         assert_eq!(info.otel_service_name.as_deref(), Some("env-test"));
         let needle = b"s3cr3t-value";
         assert!(!bytes.windows(needle.len()).any(|w| w == needle));
+    }
+
+    #[test]
+    fn the_whole_cgroup_file_is_forwarded_and_a_long_one_cut_at_a_line() {
+        // This process's file, as read: every hierarchy's line, v1 and v2 alike
+        let read = read_process(
+            std::process::id(),
+            0,
+            &mut FileTable::new(64),
+            &mut Vec::new(),
+        )
+        .expect("read our own facts");
+        let ours = fs::read_to_string("/proc/self/cgroup").expect("read our cgroup file");
+        assert_eq!(read.info.cgroup, ours);
+        // A file longer than the bound keeps its whole lines only, and says it was cut
+        let file = TempFile::new("cgroup");
+        let path = file.path();
+        let line = "12:memory:/kubepods/burstable/pod0/0123456789abcdef\n";
+        fs::write(&path, line.repeat(200)).expect("write");
+        let (bytes, cut) = read_cut(&path, CGROUP_MAX_BYTES).expect("read");
+        assert!(cut);
+        let text = whole_lines(&bytes, cut);
+        assert!(text.len() <= 4096 && text.ends_with('\n'), "{}", text.len());
+        assert_eq!(text.len() % line.len(), 0);
+        let (bytes, cut) = read_cut(&path, 1 << 20).expect("read");
+        assert!(!cut);
+        assert_eq!(whole_lines(&bytes, cut).len(), line.len() * 200);
     }
 
     #[test]
