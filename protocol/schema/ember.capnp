@@ -86,6 +86,9 @@ struct ProcessInfo {
   # not set. Each at most 4 KiB; nothing else of a process's environment is ever sent.
   otelServiceName @8 :Text;
   otelResourceAttributes @9 :Text;
+  # /proc/<pid>/cmdline as read (arguments NUL-terminated), at most 4 KiB; only when the sampler
+  # runs with --command-line (it can hold secrets): empty = not forwarded.
+  commandLine @10 :Data;
 }
 
 # More executable mappings of the process whose `process` message came just before: its facts

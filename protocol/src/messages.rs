@@ -87,6 +87,9 @@ pub struct ProcessInfo {
     pub otel_service_name: Option<String>,
     /// The process's `OTEL_RESOURCE_ATTRIBUTES` (unparsed), the other one.
     pub otel_resource_attributes: Option<String>,
+    /// `/proc/PID/cmdline`'s bytes (NUL-terminated arguments), bounded; `None` unless the
+    /// sampler runs with `--command-line`, or when it was empty.
+    pub command_line: Option<Vec<u8>>,
 }
 
 /// More executable mappings of the process described just before (its facts did not fit one

@@ -376,3 +376,93 @@ fn a_process_in_a_systemd_unit_is_named_after_it() {
     drop(workload);
     drop(cgroup);
 }
+
+/// The workload's resources (attributes) in what `receiver` got, and whether any request's
+/// bytes hold `needle`.
+fn resources_of(
+    receiver: &Receiver,
+    executable: &str,
+    needle: &str,
+) -> (Vec<BTreeMap<String, String>>, bool) {
+    let received = receiver.received();
+    let leaked = received
+        .iter()
+        .any(|r| r.body.windows(needle.len()).any(|w| w == needle.as_bytes()));
+    let resources = received
+        .iter()
+        .flat_map(|r| otlp::decode("1.10", &r.body).unwrap().resources)
+        .map(|r| r.attributes)
+        .filter(|a| a.get("process.executable.name").map(String::as_str) == Some(executable))
+        .collect();
+    (resources, leaked)
+}
+
+#[test]
+fn the_command_line_leaves_the_sampler_only_when_asked() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Given a workload with an argument that must not leave the machine by default
+    const ARGUMENT: &str = "--token=argv-secret-4711";
+    let exe = dir.path().join("cmdworker");
+    fs::copy(&workloads().spinner, &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut command = Command::new(&exe);
+    command
+        .args(["60", ARGUMENT, "two words"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let workload = ChildGuard::spawn("cmdworker", &mut command);
+    let pid = workload.pid().to_string();
+    for with_flag in [false, true] {
+        // When it is recorded without, then with --command-line
+        let receiver = Receiver::grpc(None);
+        let url = receiver.url();
+        let mut args = vec![
+            "--duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--otlp-endpoint",
+            &url,
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-proto-version",
+            "1.10",
+            "--log-format",
+            "json",
+        ];
+        if with_flag {
+            args.push("--command-line");
+        }
+        let recorded = record(&args, RECORD_TIMEOUT);
+        let (resources, leaked) = resources_of(&receiver, "cmdworker", "argv-secret-4711");
+        assert!(
+            !resources.is_empty(),
+            "no profile of the workload arrived:\n{}",
+            recorded.stderr
+        );
+        for attributes in &resources {
+            if with_flag {
+                // Then with it, the attribute is the argv joined by spaces
+                assert_eq!(
+                    attributes.get("process.command_line").map(String::as_str),
+                    Some(format!("{} 60 {ARGUMENT} two words", exe.display()).as_str()),
+                    "{attributes:?}"
+                );
+            } else {
+                assert_eq!(
+                    attributes.get("process.command_line"),
+                    None,
+                    "{attributes:?}"
+                );
+            }
+        }
+        // And without it, no byte of any request holds the argument
+        assert_eq!(leaked, with_flag, "the argument in the requests: {leaked}");
+    }
+    drop(workload);
+}

@@ -109,7 +109,10 @@ impl ProcessRecord {
                 executable_name: info.executable_name.clone(),
                 uid: info.uid,
                 cgroup: info.cgroup.clone(),
-                command_line: None,
+                command_line: info
+                    .command_line
+                    .as_deref()
+                    .map(super::process::command_line),
             },
             env: ProcessEnv {
                 otel_service_name: info.otel_service_name.clone(),
