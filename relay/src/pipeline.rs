@@ -257,7 +257,7 @@ impl Pipeline {
             processes_dropped = stats.processes_dropped,
             samples_dropped = stats.samples_dropped,
             labels_over_limit = stats.labels_over_limit,
-            env_entries_skipped = stats.env_entries_skipped,
+            env_attributes_discarded = stats.env_attributes_discarded,
             "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
         );
     }

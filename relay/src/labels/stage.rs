@@ -87,8 +87,8 @@ pub struct LabelStats {
     pub samples_dropped: u64,
     /// Labels removed to fit Pyroscope's series limits.
     pub labels_over_limit: u64,
-    /// Malformed `OTEL_RESOURCE_ATTRIBUTES` entries skipped.
-    pub env_entries_skipped: u64,
+    /// Processes whose `OTEL_RESOURCE_ATTRIBUTES` was malformed, hence discarded whole.
+    pub env_attributes_discarded: u64,
 }
 
 /// One process as the stage sees it: its facts and its allowlisted environment.
@@ -265,7 +265,17 @@ fn compute(
         }
     }
     let (labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
-    stats.env_entries_skipped += report.skipped_env_entries as u64;
+    if let Some(malformed) = &report.discarded_attributes {
+        stats.env_attributes_discarded += 1;
+        // Once per process: its labels are computed once (again only on new facts or a reload).
+        tracing::warn!(
+            pid = process.facts.pid,
+            executable = process.facts.executable_name.as_str(),
+            reason = %malformed,
+            discarded = stats.env_attributes_discarded,
+            "a process's OTEL_RESOURCE_ATTRIBUTES is malformed; none of its attributes are used"
+        );
+    }
     let before_rules = labels.get(keys::SERVICE_NAME).unwrap_or("").to_owned();
     let Some(mut labels) = relabel::process(&settings.rules, labels) else {
         stats.processes_dropped += 1;
@@ -379,6 +389,25 @@ mod tests {
         assert_eq!(labels.get(keys::SERVICE_NAME), Some("big"));
         assert_eq!(labels.get(keys::PROCESS_PID), None);
         assert!(stage.stats().labels_over_limit > 10);
+    }
+
+    #[test]
+    fn a_malformed_attributes_variable_is_discarded_and_counted_once_per_process() {
+        // Given a process whose OTEL_RESOURCE_ATTRIBUTES has one bad entry, and OTEL_SERVICE_NAME
+        let env = ProcessEnv {
+            otel_service_name: Some("named".into()),
+            otel_resource_attributes: Some("team=a,oops".into()),
+        };
+        let mut stage = LabelStage::default();
+        // When its samples are labelled, batch after batch
+        let labels = stage
+            .resource("h", &record(11, 1, "app", env.clone()))
+            .expect("kept");
+        stage.resource("h", &record(11, 1, "app", env));
+        // Then none of its attributes are used, its OTEL_SERVICE_NAME is, and it counts once
+        assert_eq!(labels.get("team"), None);
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("named"));
+        assert_eq!(stage.stats().env_attributes_discarded, 1);
     }
 
     #[test]
