@@ -195,9 +195,19 @@ fn sighup_and_a_changed_file_reload_the_rules_and_a_broken_file_is_refused() {
     let log_mark = relay.log.len();
     write_config(&path, &config("after-file-change"));
     // Then the relay notices the change by itself and the new rule applies
-    relay.log.expect(log_mark, WAIT, "file-change reload", |l| {
+    let (_, line) = relay.log.expect(log_mark, WAIT, "file-change reload", |l| {
         is_reload(l, "config reloaded", "file changed")
     });
+    // (and the counters say at least two reloads applied (SIGHUP and this one; the watch may
+    // also have seen the first edit before the signal), at least one refused)
+    assert!(
+        field_u64(&line, "reloads_applied").is_some_and(|n| n >= 2),
+        "{line}"
+    );
+    assert!(
+        field_u64(&line, "reloads_refused").is_some_and(|n| n >= 1),
+        "{line}"
+    );
     let changed = receiver.received().len();
     let renamed = wait_for_name(&receiver, changed, "after-file-change", &relay.log);
     wait_for_name(&receiver, renamed + 1, "after-file-change", &relay.log);
