@@ -10,7 +10,8 @@
 //! removed and counted). A dropped process's samples are not exported; they are counted.
 //!
 //! The session calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
-//! (exec, or a reused pid), so labels follow exec. Pure apart from [`LabelStage::local`], which
+//! (exec, or a reused pid), so labels follow exec; a config reload replaces the settings whole
+//! ([`LabelStage::replace_settings`]) and forgets every cached result. Pure apart from [`LabelStage::local`], which
 //! reads `/etc/passwd` and the machine id once (bounded) before privileges are dropped.
 
 use std::sync::Arc;
