@@ -15,5 +15,7 @@ mod status;
 pub use duration::parse_duration;
 pub use logging::{init_logging, LogFormat};
 pub use privileges::{raise_nofile_limit, set_no_new_privs};
-pub use signal::{install_stop_handlers, stop_requested};
+pub use signal::{
+    install_reload_handler, install_stop_handlers, stop_requested, take_reload_request,
+};
 pub use status::{read_bounded, ProcStatus};

@@ -71,7 +71,9 @@ struct ProcessInfo {
   startTimeUnixNs @1 :UInt64;
   executablePath @2 :Text;
   executableName @3 :Text;
-  # The cgroup v2 path (the `0::` line of /proc/<pid>/cgroup).
+  # The text of /proc/<pid>/cgroup, unparsed (every hierarchy's line: v1 hosts have several),
+  # at most 4 KiB, cut after a whole line. A sampler before this change sent only the v2 path
+  # (the `0::` line's path); the relay reads both.
   cgroup @4 :Text;
   # Executable mappings only, sorted by start address.
   mappings @5 :List(Mapping);
@@ -84,6 +86,9 @@ struct ProcessInfo {
   # not set. Each at most 4 KiB; nothing else of a process's environment is ever sent.
   otelServiceName @8 :Text;
   otelResourceAttributes @9 :Text;
+  # /proc/<pid>/cmdline as read (arguments NUL-terminated), at most 4 KiB; only when the sampler
+  # runs with --command-line (it can hold secrets): empty = not forwarded.
+  commandLine @10 :Data;
 }
 
 # More executable mappings of the process whose `process` message came just before: its facts

@@ -300,6 +300,7 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_uid(p.uid.unwrap_or(UNKNOWN_UID));
     b.set_otel_service_name(p.otel_service_name.as_deref().unwrap_or(""));
     b.set_otel_resource_attributes(p.otel_resource_attributes.as_deref().unwrap_or(""));
+    b.set_command_line(p.command_line.as_deref().unwrap_or_default());
     write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
 }
 
@@ -354,6 +355,7 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         otel_service_name: Some(text(r.get_otel_service_name())?).filter(|v| !v.is_empty()),
         otel_resource_attributes: Some(text(r.get_otel_resource_attributes())?)
             .filter(|v| !v.is_empty()),
+        command_line: Some(r.get_command_line()?.to_vec()).filter(|v| !v.is_empty()),
     })
 }
 
@@ -690,6 +692,7 @@ mod tests {
                 uid: Some(1000),
                 otel_service_name: Some("billing".into()),
                 otel_resource_attributes: Some("team=finance".into()),
+                command_line: Some(b"app\0--port\x008080\0\xff\0".to_vec()),
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,
@@ -740,9 +743,10 @@ mod tests {
                     (
                         info.uid,
                         info.otel_service_name,
-                        info.otel_resource_attributes
+                        info.otel_resource_attributes,
+                        info.command_line
                     ),
-                    (None, None, None)
+                    (None, None, None, None)
                 );
             }
             other => panic!("{other:?}"),

@@ -74,6 +74,8 @@ pub struct ProcessInfo {
     pub start_time_unix_ns: u64,
     pub executable_path: String,
     pub executable_name: String,
+    /// The text of `/proc/PID/cgroup` (every hierarchy's line), bounded; an older sampler sent
+    /// only the v2 path.
     pub cgroup: String,
     pub mappings: Vec<Mapping>,
     /// Executable mappings left out by the sampler's per-process cap.
@@ -85,6 +87,9 @@ pub struct ProcessInfo {
     pub otel_service_name: Option<String>,
     /// The process's `OTEL_RESOURCE_ATTRIBUTES` (unparsed), the other one.
     pub otel_resource_attributes: Option<String>,
+    /// `/proc/PID/cmdline`'s bytes (NUL-terminated arguments), bounded; `None` unless the
+    /// sampler runs with `--command-line`, or when it was empty.
+    pub command_line: Option<Vec<u8>>,
 }
 
 /// More executable mappings of the process described just before (its facts did not fit one

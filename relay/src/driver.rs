@@ -81,6 +81,8 @@ pub(crate) struct Driver {
     /// `None`: one window for the whole run (`record`).
     window_length: Option<Duration>,
     window_started: Instant,
+    /// `run`: reloads the label settings on SIGHUP or a changed config file, between events.
+    reload: Option<crate::config::reload::Reloader>,
 }
 
 impl Driver {
@@ -93,7 +95,14 @@ impl Driver {
             window: Profile::default(),
             window_length: window,
             window_started: Instant::now(),
+            reload: None,
         }
+    }
+
+    /// Reloads the label settings when `reloader` says so (checked between events).
+    pub(crate) fn with_reload(mut self, reloader: crate::config::reload::Reloader) -> Self {
+        self.reload = Some(reloader);
+        self
     }
 
     /// Gives the pipeline its labels stage (tags, relabel rules, process filter).
@@ -131,6 +140,11 @@ impl Driver {
             let flow = policy.check(&tick, self.pipeline.samples())?;
             if flow == Flow::Stop {
                 break;
+            }
+            // Between two events: every sample before the swap has the old labels, every later
+            // one the new.
+            if let Some(settings) = self.reload.as_mut().and_then(|r| r.poll(Instant::now())) {
+                self.pipeline.reload_labels(settings);
             }
             self.rotate_window();
         }

@@ -160,13 +160,17 @@ impl Thread {
 }
 
 /// The container id in a cgroup path (`.../docker-<64 hex>.scope`, `/docker/<64 hex>`,
-/// `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`), if any.
+/// `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`), if any; of any line of a whole
+/// `/proc/PID/cgroup` text (what the sampler forwards).
 pub fn container_id(cgroup: &str) -> Option<&str> {
-    cgroup.rsplit('/').find_map(|segment| {
-        let segment = segment.strip_suffix(".scope").unwrap_or(segment);
-        let id = segment.rsplit('-').next().unwrap_or(segment);
-        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
-    })
+    cgroup
+        .lines()
+        .flat_map(|line| line.rsplit('/'))
+        .find_map(|segment| {
+            let segment = segment.strip_suffix(".scope").unwrap_or(segment);
+            let id = segment.rsplit('-').next().unwrap_or(segment);
+            (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+        })
 }
 
 /// A stack, leaf first, shared between samples.
@@ -300,5 +304,9 @@ mod tests {
             None
         );
         assert_eq!(container_id(""), None);
+        // A whole cgroup v1 file: any hierarchy's line
+        let v1 = format!("12:pids:/docker/{id}\n4:cpuset:/\n1:name=systemd:/docker/{id}\n");
+        assert_eq!(container_id(&v1), Some(id));
+        assert_eq!(container_id("4:memory:/\n1:name=systemd:/\n0::/\n"), None);
     }
 }

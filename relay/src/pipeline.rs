@@ -95,6 +95,14 @@ impl Pipeline {
         self.ignore.forget_all();
     }
 
+    /// Replaces the labels stage's settings (a config reload); cached labels are recomputed.
+    pub fn reload_labels(&mut self, settings: crate::labels::stage::LabelSettings) {
+        self.labels.replace_settings(settings);
+        // The filter may have changed: samplers sample everything until told anew (the stage
+        // lists the processes the new filter leaves out as their labels are computed again).
+        self.ignore.forget_all();
+    }
+
     /// Sends each passed executable's unwind table to its sampler (`--unwind dwarf`).
     pub fn send_unwind_tables(&mut self, sender: TableSender) {
         self.unwind = Some(sender);
@@ -268,7 +276,7 @@ impl Pipeline {
             processes_dropped = stats.processes_dropped,
             samples_dropped = stats.samples_dropped,
             labels_over_limit = stats.labels_over_limit,
-            env_entries_skipped = stats.env_entries_skipped,
+            env_attributes_discarded = stats.env_attributes_discarded,
             "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
         );
     }

@@ -60,6 +60,8 @@ pub struct RecordConfig {
     pub labels: LabelConfig,
     /// `--unwind`, also passed to the sampler.
     pub unwind: UnwindMode,
+    /// `--command-line`, passed to the sampler (which decides what leaves it).
+    pub command_line: bool,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -159,6 +161,9 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         .stdin(Stdio::null());
     if let Some(pid) = config.pid {
         command.arg("--pid").arg(pid.to_string());
+    }
+    if config.command_line {
+        command.arg("--command-line");
     }
     die_with_parent(&mut command);
     let child = command.spawn().with_context(|| {

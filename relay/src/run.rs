@@ -1,7 +1,8 @@
 //! `ember-relay run`: the long-running service. Listens for samplers and runs the driver with
 //! its sinks: with `--output-dir`, the files of each window, written when the window closes and
 //! at stop; with exporters configured, each completed interval to them. Owns only the policy:
-//! refusing root, the stop signal, the window length, the drain timeout.
+//! refusing root, the stop and reload signals, the window length, the drain timeout. SIGHUP and a
+//! changed `--config` file reload the label settings ([`crate::config::reload`]).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -10,7 +11,7 @@ use ember_protocol::Limits;
 
 use crate::cli::labels::LabelConfig;
 use crate::{
-    config::Exporters,
+    config::{reload::Reloader, Exporters},
     driver::{self, Driver, Flow, Policy, Tick},
     privileges,
     session::FileLimits,
@@ -52,6 +53,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     // Never dumpable: no other process of this uid may read our memory or take our descriptors.
     privileges::set_non_dumpable()?;
     ember_common::install_stop_handlers()?;
+    ember_common::install_reload_handler()?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
     let limits = Limits {
@@ -80,8 +82,15 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         ));
     }
     sinks.extend(exporters::start(config.exporters)?);
+    let source = config.labels.source.clone();
+    let reloader = Reloader::new(
+        source.config.clone(),
+        Box::new(move || source.settings()),
+        true,
+    );
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(config.labels.stage())
+        .with_reload(reloader)
         .with_unwind(config.unwind)?;
     let ended = driver.run(&events, &mut Service)?;
     ended

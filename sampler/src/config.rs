@@ -22,6 +22,8 @@ pub struct SamplerConfig {
     pub unwind: Unwind,
     /// Most bytes of unwind-table rows held (`--unwind dwarf`).
     pub unwind_memory_bytes: usize,
+    /// `--command-line`: forward each process's command line (off: it can hold secrets).
+    pub command_line: bool,
 }
 
 /// How user stacks are walked.
@@ -48,6 +50,7 @@ impl Default for SamplerConfig {
             user: "nobody".to_owned(),
             unwind: Unwind::Fp,
             unwind_memory_bytes: 64 << 20,
+            command_line: false,
         }
     }
 }

@@ -92,6 +92,11 @@ struct Cli {
     /// Most bytes of unwind-table rows the sampler holds; tables beyond it are refused, counted.
     #[arg(long, default_value_t = SamplerConfig::default().unwind_memory_bytes)]
     unwind_memory_bytes: usize,
+    /// Forward each process's command line (/proc/PID/cmdline, at most 4 KiB, cuts counted) to
+    /// the relay as `process.command_line`. Off by default: arguments can hold secrets, and
+    /// this side decides what leaves it.
+    #[arg(long)]
+    command_line: bool,
 }
 
 impl Cli {
@@ -109,6 +114,7 @@ impl Cli {
             user: self.user,
             unwind: self.unwind,
             unwind_memory_bytes: self.unwind_memory_bytes,
+            command_line: self.command_line,
         }
     }
 }
@@ -147,6 +153,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     };
     let loaded = load::load_and_attach(&config)?;
     let boot_time = procfs::boot_time_unix_ns();
+    procfs::forward_command_lines(config.command_line);
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();

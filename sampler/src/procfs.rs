@@ -1,11 +1,13 @@
 //! Reads the facts only the privileged side can see about a process from /proc: executable
-//! mappings, executable path, cgroup, start time, real uid and the two allowlisted variables of
-//! its environment ([`ENV_ALLOWLIST`]: nothing else of `/proc/PID/environ` is kept), and opens each mapped file once per
+//! mappings, executable path, cgroup, start time, real uid, the two allowlisted variables of
+//! its environment ([`ENV_ALLOWLIST`]: nothing else of `/proc/PID/environ` is kept) and, only
+//! with `--command-line`, the command line ([`forward_command_lines`]), and opens each mapped file once per
 //! (device, inode) so the relay can read it through the passed descriptor. Thread names are not
 //! read here: each sample's row carries the name of its thread, from eBPF.
 //!
-//! Only kernel-formatted text is read here (maps, stat, cgroup, status; environ is only scanned
-//! for two name prefixes, its values are forwarded unparsed); file contents are never parsed.
+//! Only kernel-formatted text is read here (maps, stat, status; environ is only scanned for two
+//! name prefixes, its values are forwarded unparsed; the cgroup file is forwarded whole, bounded
+//! and unparsed: the relay reads its v1 and v2 lines); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
 //! moment.
 
@@ -16,6 +18,7 @@ use std::{
     os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::Path,
     rc::Rc,
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
@@ -294,6 +297,48 @@ pub fn read_small(path: impl AsRef<Path>) -> std::io::Result<String> {
     ember_common::read_bounded(path, SMALL_FILE_MAX_BYTES)
 }
 
+/// Whether command lines are forwarded (`--command-line`): set once at start, before any
+/// process is read; one switch for the whole sampler, like [`ENV_ALLOWLIST`].
+static COMMAND_LINE: AtomicBool = AtomicBool::new(false);
+
+/// Turns the forwarding of command lines on or off (`--command-line`).
+pub fn forward_command_lines(on: bool) {
+    COMMAND_LINE.store(on, Ordering::Relaxed);
+}
+
+/// Most bytes of `/proc/PID/cmdline` forwarded; a longer one is cut (counted).
+pub const COMMAND_LINE_MAX_BYTES: u64 = 4 << 10;
+
+/// Most bytes of `/proc/PID/cgroup` forwarded: a v1 host's dozen hierarchies with container
+/// paths fit several times over; a longer file is cut after its last whole line (counted).
+pub const CGROUP_MAX_BYTES: u64 = 4 << 10;
+
+/// At most `max` bytes of a /proc file, and whether it was longer.
+pub fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+    let mut bytes = Vec::new();
+    File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+    if cut {
+        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    }
+    Ok((bytes, cut))
+}
+
+/// `bytes` as text (invalid UTF-8 replaced); when `cut`, without its last, partial line.
+fn whole_lines(bytes: &[u8], cut: bool) -> String {
+    let end = if cut {
+        bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1)
+    } else {
+        bytes.len()
+    };
+    String::from_utf8_lossy(bytes.get(..end).unwrap_or_default()).into_owned()
+}
+
 /// Cuts `path` to at most [`PATH_MAX_BYTES`] (plus the mark), at a char boundary.
 pub fn cap_path(mut path: String) -> String {
     if path.len() <= PATH_MAX_BYTES {
@@ -343,13 +388,9 @@ pub fn read_process(
         Some(name) => name.to_string_lossy().into_owned(),
         None => main_comm.clone(),
     };
-    let cgroup = read_small(format!("{dir}/cgroup"))
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        })
-        .map(cap_path)
+    // The whole file, unparsed (cgroup v1 hosts have one line per hierarchy): the relay reads it.
+    let (cgroup, cgroup_cut) = read_cut(format!("{dir}/cgroup"), CGROUP_MAX_BYTES)
+        .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
         .unwrap_or_default();
     let start_time_unix_ns = read_small(format!("{dir}/stat"))
         .ok()
@@ -366,13 +407,21 @@ pub fn read_process(
     let uid = ember_common::ProcStatus::read(format!("{dir}/status"))
         .ok()
         .and_then(|status| status.uids().first().copied());
+    // Only with --command-line, raw: the relay turns it into text.
+    let (command_line, command_line_cut) = if COMMAND_LINE.load(Ordering::Relaxed) {
+        read_cut(format!("{dir}/cmdline"), COMMAND_LINE_MAX_BYTES)
+            .map(|(bytes, cut)| (Some(bytes).filter(|b| !b.is_empty()), cut))
+            .unwrap_or_default()
+    } else {
+        (None, false)
+    };
     // The environment the process was started with (exec time); unreadable = nothing forwarded.
     let [otel_service_name, otel_resource_attributes] =
         ember_common::read_bounded(format!("{dir}/environ"), ENVIRON_MAX_BYTES)
             .map(|environ| allowlisted_env(&environ))
             .unwrap_or_default();
     Ok(ReadProcess {
-        truncated: cut || mappings_omitted > 0,
+        truncated: cut || mappings_omitted > 0 || cgroup_cut || command_line_cut,
         info: ProcessInfo {
             pid,
             start_time_unix_ns,
@@ -384,6 +433,7 @@ pub fn read_process(
             uid,
             otel_service_name,
             otel_resource_attributes,
+            command_line,
         },
     })
 }
@@ -728,6 +778,63 @@ pub(crate) mod tests {
         assert!(!bytes.windows(needle.len()).any(|w| w == needle));
     }
 
+    #[test]
+    fn the_whole_cgroup_file_is_forwarded_and_a_long_one_cut_at_a_line() {
+        // This process's file, as read: every hierarchy's line, v1 and v2 alike
+        let read = read_process(
+            std::process::id(),
+            0,
+            &mut FileTable::new(64),
+            &mut Vec::new(),
+        )
+        .expect("read our own facts");
+        let ours = fs::read_to_string("/proc/self/cgroup").expect("read our cgroup file");
+        assert_eq!(read.info.cgroup, ours);
+        // A file longer than the bound keeps its whole lines only, and says it was cut
+        let file = TempFile::new("cgroup");
+        let path = file.path();
+        let line = "12:memory:/kubepods/burstable/pod0/0123456789abcdef\n";
+        fs::write(&path, line.repeat(200)).expect("write");
+        let (bytes, cut) = read_cut(&path, CGROUP_MAX_BYTES).expect("read");
+        assert!(cut);
+        let text = whole_lines(&bytes, cut);
+        assert!(text.len() <= 4096 && text.ends_with('\n'), "{}", text.len());
+        assert_eq!(text.len() % line.len(), 0);
+        let (bytes, cut) = read_cut(&path, 1 << 20).expect("read");
+        assert!(!cut);
+        assert_eq!(whole_lines(&bytes, cut).len(), line.len() * 200);
+    }
+
+    #[test]
+    fn the_command_line_is_read_only_when_turned_on() {
+        // Given a child with arguments
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("spawn sleep");
+        let read = |on: bool| {
+            forward_command_lines(on);
+            let read = read_process(child.id(), 0, &mut FileTable::new(64), &mut Vec::new());
+            forward_command_lines(false);
+            read.expect("read the child's facts").info
+        };
+        // When its facts are read with --command-line, Then they carry its raw cmdline (once its
+        // exec has recorded the new arguments: until then the file is empty, or ours)
+        let mut on = read(true);
+        for _ in 0..200 {
+            if on.command_line.as_deref() == Some(&b"sleep\x005\0"[..]) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            on = read(true);
+        }
+        assert_eq!(on.command_line.as_deref(), Some(&b"sleep\x005\0"[..]));
+        // And without it, none
+        let off = read(false);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(off.command_line, None);
+    }
     #[test]
     fn start_time_survives_odd_comm() {
         let stat = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 777 1000 10";

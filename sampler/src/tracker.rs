@@ -309,7 +309,8 @@ fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
             info.otel_resource_attributes
                 .as_ref()
                 .map_or(0, String::len),
-        );
+        )
+        + text_size(info.command_line.as_ref().map_or(0, Vec::len));
     let mut rest = info.mappings.iter().peekable();
     while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= MAX_DATAGRAM_BYTES) {
         size += mapping_size(mapping);

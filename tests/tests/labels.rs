@@ -7,7 +7,9 @@
 //! `OTEL_SERVICE_NAME` (and carries a secret in another variable, which must never reach the
 //! relay), one through `OTEL_RESOURCE_ATTRIBUTES` (plus a `team` attribute), one through nothing
 //! (its executable names it), one renamed by a `replace` rule of the config file, one dropped by
-//! a `drop` rule; a sixth is left out by `--process-filter`.
+//! a `drop` rule; a sixth is left out by `--process-filter`. Another copy runs in a systemd-style
+//! unit the test creates under /sys/fs/cgroup (v2, or v1's `name=systemd` hierarchy) and must be
+//! named after it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -233,4 +235,234 @@ fn check_generation(version: &str, config: &std::path::Path) {
         "no labels stage line counting the drop and the filter:\n{}",
         recorded.stderr
     );
+}
+
+/// A cgroup this test made for one workload, in the hierarchy systemd places processes in:
+/// cgroup v2 (`/sys/fs/cgroup` is the unified mount) or v1's `name=systemd` hierarchy
+/// (`/sys/fs/cgroup/systemd`). On v1 the process is moved in that hierarchy only, as on a host
+/// without the unified one (CentOS 7), so its `/proc/PID/cgroup` names the unit on the
+/// `name=systemd` line alone: the relay must read the v1 line the sampler forwards. Removed on
+/// drop, the process moved back to the root first, whatever the test did.
+struct TestCgroup {
+    root: std::path::PathBuf,
+    slice: std::path::PathBuf,
+    unit: std::path::PathBuf,
+}
+
+impl TestCgroup {
+    const SLICE: &'static str = "ember-test.slice";
+
+    /// The hierarchy to use and its layout's name.
+    fn hierarchy() -> (std::path::PathBuf, &'static str) {
+        let base = std::path::Path::new("/sys/fs/cgroup");
+        if base.join("cgroup.controllers").exists() {
+            (base.to_owned(), "v2")
+        } else {
+            (base.join("systemd"), "v1 name=systemd")
+        }
+    }
+
+    fn create(unit: &str) -> Self {
+        let (root, layout) = Self::hierarchy();
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no cgroup hierarchy for systemd at {} ({layout})",
+            root.display()
+        );
+        eprintln!("cgroup layout: {layout} at {}", root.display());
+        let slice = root.join(Self::SLICE);
+        let unit = slice.join(unit);
+        fs::create_dir_all(&unit).unwrap_or_else(|e| panic!("creating {}: {e}", unit.display()));
+        Self { root, slice, unit }
+    }
+
+    fn enter(&self, pid: u32) {
+        fs::write(self.unit.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", self.unit.display()));
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let procs = fs::read_to_string(self.unit.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        for dir in [&self.unit, &self.slice] {
+            if let Err(err) = fs::remove_dir(dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_process_in_a_systemd_unit_is_named_after_it() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Given a workload moved into a systemd-style unit of a slice
+    let unit = format!("ember-test-{}.service", std::process::id());
+    let exe = dir.path().join("unitworker");
+    fs::copy(&workloads().spinner, &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    let cgroup = TestCgroup::create(&unit);
+    let mut command = Command::new(&exe);
+    command.arg("60").stdin(Stdio::null()).stdout(Stdio::null());
+    let workload = ChildGuard::spawn("unitworker", &mut command);
+    cgroup.enter(workload.pid());
+    let text = fs::read_to_string(format!("/proc/{}/cgroup", workload.pid())).unwrap();
+    assert!(
+        text.contains(&format!("/{}/{unit}", TestCgroup::SLICE)),
+        "{text}"
+    );
+    // When it is recorded with a --service-name default, exporting over OTLP
+    let receiver = Receiver::grpc(None);
+    let pid = workload.pid().to_string();
+    let recorded = record(
+        &[
+            "--duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--service-name",
+            "flag-default",
+            "--otlp-endpoint",
+            &receiver.url(),
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-proto-version",
+            "1.10",
+            "--log-format",
+            "json",
+        ],
+        RECORD_TIMEOUT,
+    );
+    // Then its resource names the unit and the slice, and the unit (without .service) names
+    // the service, over the --service-name default and the executable name
+    let resources: Vec<BTreeMap<String, String>> = receiver
+        .received()
+        .iter()
+        .flat_map(|r| otlp::decode("1.10", &r.body).unwrap().resources)
+        .map(|r| r.attributes)
+        .filter(|a| a.get("process.executable.name").map(String::as_str) == Some("unitworker"))
+        .collect();
+    assert!(
+        !resources.is_empty(),
+        "no profile of the workload arrived:\n{}",
+        recorded.stderr
+    );
+    let service = unit.trim_end_matches(".service");
+    for attributes in &resources {
+        assert_eq!(
+            attributes.get("systemd.unit"),
+            Some(&unit),
+            "{attributes:?}"
+        );
+        assert_eq!(
+            attributes.get("systemd.slice").map(String::as_str),
+            Some(TestCgroup::SLICE),
+            "{attributes:?}"
+        );
+        assert_eq!(
+            attributes.get("service.name").map(String::as_str),
+            Some(service),
+            "{attributes:?}"
+        );
+    }
+    drop(workload);
+    drop(cgroup);
+}
+
+/// The workload's resources (attributes) in what `receiver` got, and whether any request's
+/// bytes hold `needle`.
+fn resources_of(
+    receiver: &Receiver,
+    executable: &str,
+    needle: &str,
+) -> (Vec<BTreeMap<String, String>>, bool) {
+    let received = receiver.received();
+    let leaked = received
+        .iter()
+        .any(|r| r.body.windows(needle.len()).any(|w| w == needle.as_bytes()));
+    let resources = received
+        .iter()
+        .flat_map(|r| otlp::decode("1.10", &r.body).unwrap().resources)
+        .map(|r| r.attributes)
+        .filter(|a| a.get("process.executable.name").map(String::as_str) == Some(executable))
+        .collect();
+    (resources, leaked)
+}
+
+#[test]
+fn the_command_line_leaves_the_sampler_only_when_asked() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Given a workload with an argument that must not leave the machine by default
+    const ARGUMENT: &str = "--token=argv-secret-4711";
+    let exe = dir.path().join("cmdworker");
+    fs::copy(&workloads().spinner, &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut command = Command::new(&exe);
+    command
+        .args(["60", ARGUMENT, "two words"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let workload = ChildGuard::spawn("cmdworker", &mut command);
+    let pid = workload.pid().to_string();
+    for with_flag in [false, true] {
+        // When it is recorded without, then with --command-line
+        let receiver = Receiver::grpc(None);
+        let url = receiver.url();
+        let mut args = vec![
+            "--duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--otlp-endpoint",
+            &url,
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-proto-version",
+            "1.10",
+            "--log-format",
+            "json",
+        ];
+        if with_flag {
+            args.push("--command-line");
+        }
+        let recorded = record(&args, RECORD_TIMEOUT);
+        let (resources, leaked) = resources_of(&receiver, "cmdworker", "argv-secret-4711");
+        assert!(
+            !resources.is_empty(),
+            "no profile of the workload arrived:\n{}",
+            recorded.stderr
+        );
+        for attributes in &resources {
+            if with_flag {
+                // Then with it, the attribute is the argv joined by spaces
+                assert_eq!(
+                    attributes.get("process.command_line").map(String::as_str),
+                    Some(format!("{} 60 {ARGUMENT} two words", exe.display()).as_str()),
+                    "{attributes:?}"
+                );
+            } else {
+                assert_eq!(
+                    attributes.get("process.command_line"),
+                    None,
+                    "{attributes:?}"
+                );
+            }
+        }
+        // And without it, no byte of any request holds the argument
+        assert_eq!(leaked, with_flag, "the argument in the requests: {leaked}");
+    }
+    drop(workload);
 }

@@ -168,6 +168,10 @@ pub(super) struct RecordArgs {
     /// it before use; start the sampler with the same --unwind).
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
+    /// Start the sampler with --command-line: each process's command line (at most 4 KiB) is
+    /// exported as `process.command_line`. Off by default: arguments can hold secrets.
+    #[arg(long)]
+    command_line: bool,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -217,6 +221,7 @@ impl RecordArgs {
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
+            command_line: self.command_line,
         })
     }
 }

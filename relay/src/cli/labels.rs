@@ -3,7 +3,7 @@
 //! what the labels stage and the files sink run with. Runs before privileges are dropped
 //! ([`LabelConfig::stage`] reads `/etc/passwd` and the machine id).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
@@ -42,6 +42,22 @@ pub struct LabelArgs {
 pub struct LabelConfig {
     pub settings: LabelSettings,
     pub folded_root: FoldedRoot,
+    /// Where the settings came from, to resolve them again on a reload.
+    pub source: LabelSource,
+}
+
+/// The label flags and the config file they are merged over: what a reload reads again.
+#[derive(Clone, Debug, Default)]
+pub struct LabelSource {
+    pub args: LabelArgs,
+    pub config: Option<PathBuf>,
+}
+
+impl LabelSource {
+    /// The settings as the file now says, with the flags merged over them (as at start).
+    pub fn settings(&self) -> anyhow::Result<LabelSettings> {
+        Ok(self.args.resolve(self.config.as_deref())?.settings)
+    }
 }
 
 impl LabelConfig {
@@ -58,7 +74,9 @@ impl LabelArgs {
             Some(path) => crate::config::load(path)?,
             None => RelayConfig::default(),
         };
-        self.resolve_with(&file)
+        let mut resolved = self.resolve_with(&file)?;
+        resolved.source.config = config.map(Path::to_owned);
+        Ok(resolved)
     }
 
     /// [`LabelArgs::resolve`] with a parsed file.
@@ -79,6 +97,10 @@ impl LabelArgs {
         Ok(LabelConfig {
             settings,
             folded_root: self.folded_root,
+            source: LabelSource {
+                args: self.clone(),
+                config: None,
+            },
         })
     }
 }

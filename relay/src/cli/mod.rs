@@ -32,6 +32,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve ember-sampler connections on a Unix socket and write rolling profiles.
+    ///
+    /// SIGHUP, and a change to the --config file (looked at every 2 s), reload the label
+    /// settings: `labels:`, `process_filter:` and `relabel_configs:`, with --tags,
+    /// --process-filter and --service-name merged over them again. A bad file is refused (logged)
+    /// and the settings in effect stay. Exporters and every other flag need a restart.
     Run(RunArgs),
     /// Record the whole machine (or one process) for a while and write a flamegraph. Run as root:
     /// starts ember-sampler, then drops to an unprivileged user before reading anything.

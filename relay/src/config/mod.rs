@@ -19,7 +19,8 @@
 //!     target_label: service.name
 //! ```
 //!
-//! The label sections are resolved by the command line (`cli::labels`).
+//! The label sections are resolved by the command line (`cli::labels`); `run` reloads them on
+//! SIGHUP and when the file changes ([`reload`]).
 //!
 //! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
 //! [`crate::sink::debug::config`]); [`layers`] holds what they share (errors, durations, the
@@ -27,6 +28,7 @@
 //! so it runs before the relay drops privileges.
 
 pub mod layers;
+pub mod reload;
 
 use std::path::Path;
 

@@ -2,11 +2,17 @@
 //! for Docker, containerd (CRI and plain), CRI-O and Podman, under cgroup v1 and v2 and both
 //! cgroup drivers (cgroupfs, systemd), and `systemd.unit` + `systemd.slice`.
 //!
-//! Input is either one cgroup path (what the sampler forwards today: the `0::` line of
-//! `/proc/PID/cgroup`) or the whole `/proc/PID/cgroup` text (cgroup v1 hosts: one line per
-//! hierarchy). Pure string work, no I/O. Invariants: a container id is exactly 64 lowercase hex
-//! digits (what every runtime here generates), so session scopes, user slices and pod slices
-//! never pass for one; the `conmon` monitor scopes of CRI-O and Podman are not containers.
+//! Input is the whole `/proc/PID/cgroup` text the sampler forwards unparsed (one
+//! `hierarchy:controllers:path` line per hierarchy: a single `0::` line on cgroup v2, a dozen on
+//! v1, both kinds on a hybrid host), or one bare path (what samplers before it sent: the `0::`
+//! line's path). The container id and runtime come from any line's path (v1 controllers may
+//! place a process deeper than `name=systemd`); the systemd unit and slice from the unified
+//! line, `0::` (v2) or `name=systemd` (v1): the `0::` line wins unless it is the root while a
+//! `name=systemd` line is not (a hybrid host whose unified hierarchy systemd does not use).
+//!
+//! Pure string work, no I/O. Invariants: a container id is exactly 64 lowercase hex digits (what
+//! every runtime here generates), so session scopes, user slices and pod slices never pass for
+//! one; the `conmon` monitor scopes of CRI-O and Podman are not containers.
 
 use super::{keys, Labels};
 
@@ -83,18 +89,23 @@ fn paths(cgroup: &str) -> impl Iterator<Item = (Option<&str>, &str)> {
     })
 }
 
-/// The one path that places the process in the unified hierarchy: the cgroup v2 line (`0::`),
-/// else the v1 `name=systemd` line, else a lone path.
+/// The one path that places the process in systemd's tree: a lone path, else the cgroup v2
+/// line (`0::`) unless it is the root and the v1 `name=systemd` line is not, else that line.
 fn preferred_path(cgroup: &str) -> Option<&str> {
-    let mut fallback = None;
+    let (mut unified, mut systemd) = (None, None);
     for (controllers, path) in paths(cgroup) {
         match controllers {
-            None | Some("") => return Some(path),
-            Some("name=systemd") => fallback = Some(path),
+            None => return Some(path),
+            Some("") => unified = unified.or(Some(path)),
+            Some("name=systemd") => systemd = systemd.or(Some(path)),
             Some(_) => {}
         }
     }
-    fallback
+    match (unified, systemd) {
+        (Some("/"), Some(v1)) if v1 != "/" => Some(v1),
+        (Some(v2), _) => Some(v2),
+        (None, v1) => v1,
+    }
 }
 
 /// The container a cgroup names, searching every hierarchy's path from the leaf up.
@@ -304,6 +315,135 @@ mod tests {
         );
         assert_eq!(unit("/"), None);
         assert_eq!(unit(""), None);
+    }
+
+    /// Whole `/proc/PID/cgroup` files of cgroup v1 hosts, as the sampler forwards them.
+    mod v1_files {
+        /// A CentOS 7 host (systemd 219), a process of nginx.service.
+        pub const SYSTEMD_SERVICE: &str = "11:hugetlb:/\n10:memory:/system.slice/nginx.service\n\
+            9:devices:/system.slice/nginx.service\n8:pids:/system.slice/nginx.service\n\
+            7:perf_event:/\n6:cpuset:/\n5:net_prio,net_cls:/\n4:freezer:/\n\
+            3:blkio:/system.slice/nginx.service\n2:cpuacct,cpu:/system.slice/nginx.service\n\
+            1:name=systemd:/system.slice/nginx.service\n";
+
+        /// A login session's shell on the same host.
+        pub const SESSION: &str = "10:memory:/user.slice\n8:pids:/user.slice/user-1000.slice\n\
+            2:cpuacct,cpu:/user.slice\n1:name=systemd:/user.slice/user-1000.slice/session-3.scope\n";
+
+        /// Docker with the systemd cgroup driver (`ID` substituted).
+        pub const DOCKER_SYSTEMD: &str = "12:pids:/system.slice/docker-ID.scope\n\
+            11:memory:/system.slice/docker-ID.scope\n4:cpuset:/\n\
+            2:cpu,cpuacct:/system.slice/docker-ID.scope\n1:name=systemd:/system.slice/docker-ID.scope\n";
+
+        /// Kubernetes (kubelet with the systemd driver) under containerd's CRI plugin.
+        pub const CRI_CONTAINERD: &str = "11:perf_event:/kubepods.slice/kubepods-burstable.slice/\
+            kubepods-burstable-pod5f3c6f1e_8a0b_4c7d_9e2f_1a2b3c4d5e6f.slice/cri-containerd-ID.scope\n\
+            10:memory:/kubepods.slice/kubepods-burstable.slice/\
+            kubepods-burstable-pod5f3c6f1e_8a0b_4c7d_9e2f_1a2b3c4d5e6f.slice/cri-containerd-ID.scope\n\
+            1:name=systemd:/kubepods.slice/kubepods-burstable.slice/\
+            kubepods-burstable-pod5f3c6f1e_8a0b_4c7d_9e2f_1a2b3c4d5e6f.slice/cri-containerd-ID.scope\n";
+
+        /// OpenShift 3 (CRI-O, systemd driver).
+        pub const CRI_O: &str = "11:pids:/kubepods.slice/kubepods-besteffort.slice/\
+            kubepods-besteffort-pod0a1b2c3d_4e5f_6a7b_8c9d_0e1f2a3b4c5d.slice/crio-ID.scope\n\
+            3:cpuacct,cpu:/kubepods.slice/kubepods-besteffort.slice/\
+            kubepods-besteffort-pod0a1b2c3d_4e5f_6a7b_8c9d_0e1f2a3b4c5d.slice/crio-ID.scope\n\
+            1:name=systemd:/kubepods.slice/kubepods-besteffort.slice/\
+            kubepods-besteffort-pod0a1b2c3d_4e5f_6a7b_8c9d_0e1f2a3b4c5d.slice/crio-ID.scope\n";
+
+        /// Rootful Podman on a v1 host (systemd cgroup manager).
+        pub const PODMAN: &str = "10:memory:/machine.slice/libpod-ID.scope\n\
+            5:pids:/machine.slice/libpod-ID.scope\n1:name=systemd:/machine.slice/libpod-ID.scope\n";
+
+        /// Kubernetes with the cgroupfs driver (kubeadm on CentOS 7, Docker): a bare id in every
+        /// hierarchy but the ones no controller of the pod uses.
+        pub const CGROUPFS_POD: &str =
+            "11:memory:/kubepods/burstable/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/ID\n\
+            7:perf_event:/\n\
+            2:cpu,cpuacct:/kubepods/burstable/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/ID\n\
+            1:name=systemd:/kubepods/burstable/pod7c3b1f2e-9a8d-4c6b-b5e4-1d2c3b4a5f6e/ID\n";
+
+        /// The same container seen from a host where only a controller's line names it (a
+        /// runtime that skips `name=systemd`).
+        pub const CONTROLLER_ONLY: &str = "4:memory:/docker/ID\n3:cpuset:/\n1:name=systemd:/\n";
+
+        /// A hybrid host (Ubuntu 20.04) whose unified hierarchy mirrors the systemd tree.
+        pub const HYBRID: &str = "12:pids:/system.slice/cron.service\n\
+            1:name=systemd:/system.slice/cron.service\n0::/system.slice/cron.service\n";
+
+        /// A hybrid host whose unified hierarchy is mounted but unused (this project's CI
+        /// sandbox): the `0::` line is the root.
+        pub const HYBRID_UNUSED_UNIFIED: &str =
+            "9:name=systemd:/ember-test.slice/ember-test-42.service\n\
+            8:pids:/\n4:memory:/process_api/f5e88c6bcc80acacde0e02b51740c084\n1:cpu:/\n0::/\n";
+    }
+
+    #[test]
+    fn whole_v1_files_give_containers_from_any_line() {
+        let with_id = |text: &str| text.replace("ID", ID);
+        for (text, runtime) in [
+            (v1_files::DOCKER_SYSTEMD, Some("docker")),
+            (v1_files::CRI_CONTAINERD, Some("containerd")),
+            (v1_files::CRI_O, Some("cri-o")),
+            (v1_files::PODMAN, Some("podman")),
+            (v1_files::CGROUPFS_POD, None),
+            (v1_files::CONTROLLER_ONLY, Some("docker")),
+        ] {
+            let text = with_id(text);
+            assert_eq!(found(&text), Some((ID.to_owned(), runtime)), "{text}");
+            let labels = labels(&text);
+            assert_eq!(labels.get(keys::CONTAINER_ID), Some(ID), "{text}");
+            assert_eq!(labels.get(keys::CONTAINER_RUNTIME), runtime, "{text}");
+        }
+        for text in [
+            v1_files::SYSTEMD_SERVICE,
+            v1_files::SESSION,
+            v1_files::HYBRID,
+            v1_files::HYBRID_UNUSED_UNIFIED,
+        ] {
+            assert_eq!(found(text), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn whole_v1_files_give_the_unit_of_the_systemd_line() {
+        let unit = |text: &str| {
+            let labels = labels(text);
+            (
+                labels.get(keys::SYSTEMD_UNIT).map(str::to_owned),
+                labels.get(keys::SYSTEMD_SLICE).map(str::to_owned),
+            )
+        };
+        let some = |u: &str, s: &str| (Some(u.to_owned()), Some(s.to_owned()));
+        assert_eq!(
+            unit(v1_files::SYSTEMD_SERVICE),
+            some("nginx.service", "system.slice")
+        );
+        assert_eq!(
+            unit(v1_files::SESSION),
+            some("session-3.scope", "user-1000.slice")
+        );
+        assert_eq!(unit(v1_files::HYBRID), some("cron.service", "system.slice"));
+        assert_eq!(
+            unit(v1_files::HYBRID_UNUSED_UNIFIED),
+            some("ember-test-42.service", "ember-test.slice")
+        );
+        assert_eq!(
+            labels(v1_files::HYBRID_UNUSED_UNIFIED).get(keys::META_PROCESS_CGROUP),
+            Some("/ember-test.slice/ember-test-42.service")
+        );
+        // A container's own scope is no unit, nor is a pod's bare path
+        for text in [
+            v1_files::DOCKER_SYSTEMD,
+            v1_files::CRI_O,
+            v1_files::PODMAN,
+            v1_files::CGROUPFS_POD,
+            v1_files::CONTROLLER_ONLY,
+        ] {
+            assert_eq!(unit(&text.replace("ID", ID)), (None, None), "{text}");
+        }
+        // A root unified line with a root systemd line: nothing
+        assert_eq!(unit("1:name=systemd:/\n0::/\n"), (None, None));
     }
 
     #[test]

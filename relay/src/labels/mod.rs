@@ -48,7 +48,8 @@ pub mod keys {
     /// Not in the semantic conventions (yet): the systemd unit and the slice holding it.
     pub const SYSTEMD_UNIT: &str = "systemd.unit";
     pub const SYSTEMD_SLICE: &str = "systemd.slice";
-    /// The process's cgroup v2 path, for relabel rules; removed after them.
+    /// The process's path in systemd's tree (the cgroup v2 `0::` line, or v1's `name=systemd`),
+    /// for relabel rules; removed after them.
     pub const META_PROCESS_CGROUP: &str = "__meta_process_cgroup";
 }
 

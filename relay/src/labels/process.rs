@@ -47,6 +47,15 @@ pub fn labels(facts: &ProcessFacts, users: &UserNames) -> Labels {
     labels
 }
 
+/// `process.command_line` from `/proc/PID/cmdline`'s bytes as the sampler forwarded them (with
+/// `--command-line`): the NULs ending each argument become spaces (the last one dropped),
+/// invalid UTF-8 is replaced, nothing else is escaped or quoted.
+pub fn command_line(raw: &[u8]) -> String {
+    let raw = raw.strip_suffix(b"\0").unwrap_or(raw);
+    let spaced: Vec<u8> = raw.iter().map(|&b| if b == 0 { b' ' } else { b }).collect();
+    String::from_utf8_lossy(&spaced).into_owned()
+}
+
 /// The per-sample labels of a thread (sample attributes: never series labels, see
 /// [`super::pyroscope`]).
 #[cfg(test)]
@@ -159,6 +168,20 @@ mod tests {
             users.malformed_lines, 0,
             "the cut line was dropped, not misread"
         );
+    }
+
+    #[test]
+    fn command_line_bytes_become_text() {
+        assert_eq!(
+            command_line(b"/usr/bin/app\0--port\x008080\0--name\0a b\0"),
+            "/usr/bin/app --port 8080 --name a b"
+        );
+        // Not NUL-terminated (cut at the sampler's bound), empty arguments, bad UTF-8, quotes
+        assert_eq!(
+            command_line(b"x\0\0y\xff\0\"q\"=\\"),
+            "x  y\u{fffd} \"q\"=\\"
+        );
+        assert_eq!(command_line(b""), "");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use super::{
     cgroup, keys,
     process::{self, ProcessFacts, UserNames},
-    resource_env::{service_name_variable, ResourceAttributes},
+    resource_env::{service_name_variable, MalformedAttributes, ResourceAttributes},
     service::{service_name, ServiceNameSource, ServiceNameSources},
     Labels,
 };
@@ -35,11 +35,11 @@ pub struct Shared {
 }
 
 /// What resolving one process found besides its labels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     pub service_name_source: ServiceNameSource,
-    /// Malformed `OTEL_RESOURCE_ATTRIBUTES` entries skipped.
-    pub skipped_env_entries: usize,
+    /// Why the process's `OTEL_RESOURCE_ATTRIBUTES` was discarded whole, if it was.
+    pub discarded_attributes: Option<MalformedAttributes>,
 }
 
 /// The labels of a process before relabeling.
@@ -48,11 +48,15 @@ pub fn resource_labels(
     facts: &ProcessFacts,
     env: &ProcessEnv,
 ) -> (Labels, Report) {
-    let attributes = env
+    let (attributes, discarded_attributes) = match env
         .otel_resource_attributes
         .as_deref()
         .map(ResourceAttributes::parse)
-        .unwrap_or_default();
+    {
+        Some(Ok(attributes)) => (attributes, None),
+        Some(Err(malformed)) => (ResourceAttributes::default(), Some(malformed)),
+        None => (ResourceAttributes::default(), None),
+    };
     let mut labels = attributes.labels();
     labels.merge(&shared.host);
     labels.merge(&process::labels(facts, &shared.users));
@@ -72,7 +76,7 @@ pub fn resource_labels(
     labels.set(keys::SERVICE_NAME, name);
     let report = Report {
         service_name_source: source,
-        skipped_env_entries: attributes.skipped,
+        discarded_attributes,
     };
     (labels, report)
 }
@@ -128,7 +132,7 @@ mod tests {
             ),
             (
                 facts("worker", ""),
-                env(None, Some("service.name=ledger,team=finance,bad")),
+                env(None, Some("service.name=ledger,team=finance")),
                 "ledger",
                 ServiceNameSource::ResourceAttributes,
             ),
@@ -155,11 +159,30 @@ mod tests {
         let (labels, report) = resource_labels(
             &shared,
             &facts("worker", ""),
-            &env(None, Some("service.name=ledger,team=finance,bad")),
+            &env(None, Some("service.name=ledger,team=finance")),
         );
-        assert_eq!(report.skipped_env_entries, 1);
+        assert_eq!(report.discarded_attributes, None);
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("ledger"));
         // The operator's tag wins over the application's own attribute.
         assert_eq!(labels.get("team"), Some("platform"));
+        // A malformed value is discarded whole (its service.name too); OTEL_SERVICE_NAME stays
+        let (labels, report) = resource_labels(
+            &shared,
+            &facts("worker", ""),
+            &env(
+                Some("from-env"),
+                Some("service.name=ledger,cost.center=42,bad"),
+            ),
+        );
+        assert_eq!(report.discarded_attributes.map(|m| m.position), Some(3));
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("from-env"));
+        assert_eq!(labels.get("cost.center"), None);
+        let (labels, _) = resource_labels(
+            &shared,
+            &facts("worker", ""),
+            &env(None, Some("service.name=ledger,bad")),
+        );
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("worker"));
     }
 
     #[test]

@@ -2,12 +2,16 @@
 //! `OTEL_RESOURCE_ATTRIBUTES`, as strings the sampler forwards (its allowlist takes only these
 //! two variables from `/proc/PID/environ`; nothing else of the environment reaches the relay).
 //!
-//! `OTEL_RESOURCE_ATTRIBUTES` follows the OpenTelemetry SDK specification: `key1=value1,key2=value2`
-//! in the W3C Baggage format without properties, optional whitespace around keys and values
-//! trimmed, keys and values percent-decoded (`+` stays `+`), invalid UTF-8 after decoding replaced
-//! by U+FFFD. An entry without `=`, with an empty key, or with a bad `%` escape is skipped and
-//! counted; the rest of the variable is kept (as the Go SDK does), since one bad entry should not
-//! cost a process its `service.name`. Pure: no I/O.
+//! `OTEL_RESOURCE_ATTRIBUTES` follows the OpenTelemetry SDK specification (resource SDK,
+//! "Specifying resource information via an environment variable"): `key1=value1,key2=value2`
+//! in the W3C Baggage format without properties, whitespace around keys and values trimmed,
+//! keys and values percent-decoded (`+` stays `+`), invalid UTF-8 after decoding replaced by
+//! U+FFFD. Empty entries (`a=1,,b=2`, a trailing comma) are no entries. The specification says
+//! that on any error the entire value is discarded and an error reported: an entry without `=`,
+//! with an empty key, or with a `%` not followed by two hex digits makes the parse fail
+//! ([`MalformedAttributes`]: the entry's position and the reason), and the process gets none of
+//! its attributes (its `OTEL_SERVICE_NAME`, a separate variable, still counts). Pure: no I/O; the
+//! labels stage logs and counts the error once per process.
 
 use super::{keys, Labels};
 
@@ -17,24 +21,42 @@ pub struct ResourceAttributes {
     /// The attributes in the order written; a key written twice keeps its last value in
     /// [`ResourceAttributes::labels`].
     pub attributes: Vec<(String, String)>,
-    /// Entries skipped as malformed.
-    pub skipped: usize,
 }
 
+/// Why a whole `OTEL_RESOURCE_ATTRIBUTES` value was discarded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "OTEL_RESOURCE_ATTRIBUTES entry {position} ({entry:?}): {reason}; the whole value is \
+     discarded (the OpenTelemetry specification's rule): write key=value pairs separated by ',', \
+     with ',', '=', '%' and non-ASCII characters percent-encoded"
+)]
+pub struct MalformedAttributes {
+    /// The entry's position, from 1, counting empty entries.
+    pub position: usize,
+    /// The entry as written, cut to [`ENTRY_SHOWN_BYTES`].
+    pub entry: String,
+    pub reason: &'static str,
+}
+
+/// Most bytes of a malformed entry shown in the error.
+pub const ENTRY_SHOWN_BYTES: usize = 64;
+
 impl ResourceAttributes {
-    /// Parses the variable's value.
-    pub fn parse(text: &str) -> Self {
+    /// Parses the variable's value; any malformed entry fails the whole value.
+    pub fn parse(text: &str) -> Result<Self, MalformedAttributes> {
         let mut parsed = Self::default();
-        for entry in text.split(',') {
+        for (index, entry) in text.split(',').enumerate() {
             if entry.trim().is_empty() {
                 continue;
             }
-            match parse_entry(entry) {
-                Some(attribute) => parsed.attributes.push(attribute),
-                None => parsed.skipped += 1,
-            }
+            let attribute = parse_entry(entry).map_err(|reason| MalformedAttributes {
+                position: index + 1,
+                entry: shown(entry),
+                reason,
+            })?;
+            parsed.attributes.push(attribute);
         }
-        parsed
+        Ok(parsed)
     }
 
     /// The `service.name` attribute, when set and not empty.
@@ -59,13 +81,28 @@ impl ResourceAttributes {
     }
 }
 
-fn parse_entry(entry: &str) -> Option<(String, String)> {
-    let (key, value) = entry.split_once('=')?;
-    let key = percent_decode(key.trim())?;
+fn parse_entry(entry: &str) -> Result<(String, String), &'static str> {
+    let (key, value) = entry
+        .split_once('=')
+        .ok_or("no '=' between a key and a value")?;
+    let key =
+        percent_decode(key.trim()).ok_or("a '%' in the key is not followed by two hex digits")?;
     if key.is_empty() {
-        return None;
+        return Err("empty key");
     }
-    Some((key, percent_decode(value.trim())?))
+    let value = percent_decode(value.trim())
+        .ok_or("a '%' in the value is not followed by two hex digits")?;
+    Ok((key, value))
+}
+
+/// `entry` trimmed and cut to [`ENTRY_SHOWN_BYTES`] at a char boundary, for the error.
+fn shown(entry: &str) -> String {
+    let entry = entry.trim();
+    let mut end = entry.len().min(ENTRY_SHOWN_BYTES);
+    while !entry.is_char_boundary(end) {
+        end -= 1;
+    }
+    entry.get(..end).unwrap_or_default().to_owned()
 }
 
 /// `%XX` -> the byte 0xXX; `None` for a `%` not followed by two hex digits.
@@ -101,77 +138,102 @@ pub fn service_name_variable(value: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
-    fn pairs(parsed: &ResourceAttributes) -> Vec<(&str, &str)> {
-        parsed
+    fn pairs(text: &str) -> Vec<(String, String)> {
+        ResourceAttributes::parse(text)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"))
             .attributes
+    }
+
+    fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
     }
 
     #[test]
-    fn plain_list_with_whitespace() {
-        let parsed = ResourceAttributes::parse(
-            " service.name = checkout , deployment.environment.name=prod,team=payments ",
-        );
+    fn plain_list_with_whitespace_and_empty_entries() {
+        let text = " service.name = checkout , deployment.environment.name=prod,,team=payments, ";
         assert_eq!(
-            pairs(&parsed),
-            [
+            pairs(text),
+            owned(&[
                 ("service.name", "checkout"),
                 ("deployment.environment.name", "prod"),
                 ("team", "payments")
-            ]
+            ])
         );
-        assert_eq!(parsed.skipped, 0);
+        let parsed = ResourceAttributes::parse(text).expect("well formed");
         assert_eq!(parsed.service_name(), Some("checkout"));
         assert_eq!(
             parsed.labels().to_string(),
             r#"{deployment.environment.name="prod", team="payments"}"#
         );
+        assert_eq!(pairs(""), Vec::new());
     }
 
     #[test]
-    fn percent_decoding_of_keys_and_values() {
-        let parsed = ResourceAttributes::parse(
-            "note=a%2Cb%3Dc%20d,plus=1+1,utf8=caf%C3%A9,bad.utf8=%FF,my%2Ekey=v,eq=a=b",
-        );
+    fn percent_encoding_per_the_specification() {
+        // Given the characters the specification says must be percent-encoded: ',' and '=' in
+        // keys and values, '%' itself, and what lies outside the baggage octets (space, '"',
+        // ';', '\\', non-ASCII)
+        let text = "note=a%2Cb%3Dc%20d,pct=100%25,quote=%22x%22%3B%5C,utf8=caf%C3%A9,\
+                    my%2Ekey=v,lower=%c3%a9,plus=1+1";
+        // When parsed, Then each decodes to the character it encodes, in keys too, in either
+        // case, and '+' stays '+' (percent-encoding, not form encoding)
         assert_eq!(
-            pairs(&parsed),
-            [
+            pairs(text),
+            owned(&[
                 ("note", "a,b=c d"),
-                ("plus", "1+1"),
+                ("pct", "100%"),
+                ("quote", "\"x\";\\"),
                 ("utf8", "café"),
-                ("bad.utf8", "\u{fffd}"),
                 ("my.key", "v"),
-                // Only the first `=` separates; the W3C value grammar forbids a raw one, but
-                // refusing it would drop a value every SDK keeps.
-                ("eq", "a=b"),
-            ]
+                ("lower", "é"),
+                ("plus", "1+1"),
+            ])
         );
-        assert_eq!(parsed.skipped, 0);
+        // Decoded bytes that are not UTF-8 are replaced, not refused
+        assert_eq!(pairs("bad.utf8=%FF"), owned(&[("bad.utf8", "\u{fffd}")]));
+        // Only the first '=' separates: a raw '=' in a value is a baggage octet
+        assert_eq!(pairs("eq=a=b"), owned(&[("eq", "a=b")]));
     }
 
     #[test]
-    fn bad_entries_skipped_and_counted() {
-        let parsed = ResourceAttributes::parse(
-            "novalue,=nokey, =x,good=1,,esc=%zz,short=%4,trailing=%,sign=%+1,also.good=2",
-        );
-        assert_eq!(pairs(&parsed), [("good", "1"), ("also.good", "2")]);
-        assert_eq!(parsed.skipped, 7);
-        assert_eq!(parsed.service_name(), None);
-        assert_eq!(ResourceAttributes::parse(""), ResourceAttributes::default());
+    fn one_malformed_entry_discards_the_whole_value() {
+        // Given values with one bad entry among good ones, When parsed, Then the whole value
+        // fails, naming the entry's position and the reason
+        for (text, position, reason) in [
+            ("service.name=a,novalue,team=b", 2, "no '='"),
+            ("=nokey,good=1", 1, "empty key"),
+            ("good=1, =x", 2, "empty key"),
+            ("good=1,,esc=%zz", 3, "not followed by two hex digits"),
+            ("short=%4", 1, "not followed by two hex digits"),
+            ("trailing=%", 1, "not followed by two hex digits"),
+            ("sign=%+1", 1, "not followed by two hex digits"),
+            ("k%g1=v", 1, "in the key"),
+        ] {
+            let err = ResourceAttributes::parse(text).expect_err(text);
+            assert_eq!(err.position, position, "{text}: {err}");
+            assert!(err.to_string().contains(reason), "{text}: {err}");
+            assert!(
+                err.to_string().contains("percent-encoded"),
+                "the fix: {err}"
+            );
+        }
+        // And a long entry is shown cut
+        let long = "x".repeat(500);
+        let err = ResourceAttributes::parse(&long).expect_err("no '='");
+        assert_eq!(err.entry.len(), ENTRY_SHOWN_BYTES);
     }
 
     #[test]
     fn last_service_name_wins_and_empty_is_none() {
+        let parse = |text| ResourceAttributes::parse(text).expect("well formed");
         assert_eq!(
-            ResourceAttributes::parse("service.name=a,service.name=b").service_name(),
+            parse("service.name=a,service.name=b").service_name(),
             Some("b")
         );
-        assert_eq!(
-            ResourceAttributes::parse("service.name=").service_name(),
-            None
-        );
+        assert_eq!(parse("service.name=").service_name(), None);
         assert_eq!(service_name_variable("  api \n"), Some("api"));
         assert_eq!(service_name_variable("  "), None);
     }

@@ -10,7 +10,8 @@
 //! removed and counted). A dropped process's samples are not exported; they are counted.
 //!
 //! The session calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
-//! (exec, or a reused pid), so labels follow exec. Pure apart from [`LabelStage::local`], which
+//! (exec, or a reused pid), so labels follow exec; a config reload replaces the settings whole
+//! ([`LabelStage::replace_settings`]) and forgets every cached result. Pure apart from [`LabelStage::local`], which
 //! reads `/etc/passwd` and the machine id once (bounded) before privileges are dropped.
 
 use std::sync::Arc;
@@ -87,8 +88,8 @@ pub struct LabelStats {
     pub samples_dropped: u64,
     /// Labels removed to fit Pyroscope's series limits.
     pub labels_over_limit: u64,
-    /// Malformed `OTEL_RESOURCE_ATTRIBUTES` entries skipped.
-    pub env_entries_skipped: u64,
+    /// Processes whose `OTEL_RESOURCE_ATTRIBUTES` was malformed, hence discarded whole.
+    pub env_attributes_discarded: u64,
 }
 
 /// One process as the stage sees it: its facts and its allowlisted environment.
@@ -109,7 +110,10 @@ impl ProcessRecord {
                 executable_name: info.executable_name.clone(),
                 uid: info.uid,
                 cgroup: info.cgroup.clone(),
-                command_line: None,
+                command_line: info
+                    .command_line
+                    .as_deref()
+                    .map(super::process::command_line),
             },
             env: ProcessEnv {
                 otel_service_name: info.otel_service_name.clone(),
@@ -159,13 +163,7 @@ impl Default for LabelStage {
 impl LabelStage {
     /// A stage with the given user names and machine id (no I/O).
     pub fn new(settings: LabelSettings, users: UserNames, machine_id: Option<String>) -> Self {
-        let pinned = settings
-            .tags
-            .iter()
-            .map(|(name, _)| name.to_owned())
-            .chain(settings.rules.iter().map(|r| r.target_label().to_owned()))
-            .filter(|name| !name.is_empty())
-            .collect();
+        let pinned = pinned(&settings);
         let shared = Shared {
             tags: settings.tags.clone(),
             default_service_name: settings.default_service_name.clone(),
@@ -191,6 +189,17 @@ impl LabelStage {
             UserNames::load(std::path::Path::new(super::process::PASSWD_PATH)).unwrap_or_default();
         let machine_id = host::read_machine_id(&host::MACHINE_ID_PATHS.map(std::path::Path::new));
         Self::new(settings, users, machine_id)
+    }
+
+    /// Replaces the operator's settings (a config reload): every cached result is forgotten, so
+    /// the next sample of each known process computes its labels with the new rules. User names,
+    /// the machine id, the host labels and the counters stay.
+    pub fn replace_settings(&mut self, settings: LabelSettings) {
+        self.pinned = pinned(&settings);
+        self.shared.tags = settings.tags.clone();
+        self.shared.default_service_name = settings.default_service_name.clone();
+        self.settings = settings;
+        self.cache.clear();
     }
 
     pub fn stats(&self) -> LabelStats {
@@ -255,6 +264,18 @@ impl LabelStage {
     }
 }
 
+/// Label names ranked right after `service.name` when a series must shrink: the static tags and
+/// the rules' targets (what the operator asked for).
+fn pinned(settings: &LabelSettings) -> Vec<String> {
+    settings
+        .tags
+        .iter()
+        .map(|(name, _)| name.to_owned())
+        .chain(settings.rules.iter().map(|r| r.target_label().to_owned()))
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
 /// One process's labels, `None` when filtered out or dropped.
 fn compute(
     settings: &LabelSettings,
@@ -270,7 +291,17 @@ fn compute(
         }
     }
     let (labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
-    stats.env_entries_skipped += report.skipped_env_entries as u64;
+    if let Some(malformed) = &report.discarded_attributes {
+        stats.env_attributes_discarded += 1;
+        // Once per process: its labels are computed once (again only on new facts or a reload).
+        tracing::warn!(
+            pid = process.facts.pid,
+            executable = process.facts.executable_name.as_str(),
+            reason = %malformed,
+            discarded = stats.env_attributes_discarded,
+            "a process's OTEL_RESOURCE_ATTRIBUTES is malformed; none of its attributes are used"
+        );
+    }
     let before_rules = labels.get(keys::SERVICE_NAME).unwrap_or("").to_owned();
     let Some(mut labels) = relabel::process(&settings.rules, labels) else {
         stats.processes_dropped += 1;
@@ -422,6 +453,25 @@ mod tests {
     }
 
     #[test]
+    fn a_malformed_attributes_variable_is_discarded_and_counted_once_per_process() {
+        // Given a process whose OTEL_RESOURCE_ATTRIBUTES has one bad entry, and OTEL_SERVICE_NAME
+        let env = ProcessEnv {
+            otel_service_name: Some("named".into()),
+            otel_resource_attributes: Some("team=a,oops".into()),
+        };
+        let mut stage = LabelStage::default();
+        // When its samples are labelled, batch after batch
+        let labels = stage
+            .resource("h", &record(11, 1, "app", env.clone()))
+            .expect("kept");
+        stage.resource("h", &record(11, 1, "app", env));
+        // Then none of its attributes are used, its OTEL_SERVICE_NAME is, and it counts once
+        assert_eq!(labels.get("team"), None);
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("named"));
+        assert_eq!(stage.stats().env_attributes_discarded, 1);
+    }
+
+    #[test]
     fn exec_refreshes_after_forget() {
         let mut stage = LabelStage::default();
         let first = stage.resource("h", &record(5, 1, "sh", ProcessEnv::default()));
@@ -431,6 +481,39 @@ mod tests {
         // Then the new executable names it
         let after = stage.resource("h", &record(5, 1, "worker", ProcessEnv::default()));
         assert_eq!(after.expect("kept").get(keys::SERVICE_NAME), Some("worker"));
+    }
+
+    #[test]
+    fn replaced_settings_apply_to_known_processes() {
+        // Given a process labelled with no rules
+        let mut stage = LabelStage::default();
+        let before = stage.resource("h", &record(7, 1, "api", ProcessEnv::default()));
+        assert_eq!(before.expect("kept").get(keys::SERVICE_NAME), Some("api"));
+        // When the settings are replaced with a rename rule and a tag (a reload)
+        stage.replace_settings(LabelSettings {
+            tags: [("env", "prod")].into_iter().collect(),
+            rules: rules(
+                "- source_labels: [process.executable.name]\n  regex: api\n  \
+                 target_label: service.name\n  replacement: gateway\n",
+            ),
+            ..LabelSettings::default()
+        });
+        // Then the same process (no new facts) gets the new labels
+        let after = stage
+            .resource("h", &record(7, 1, "api", ProcessEnv::default()))
+            .expect("kept");
+        assert_eq!(after.get(keys::SERVICE_NAME), Some("gateway"));
+        assert_eq!(after.get("env"), Some("prod"));
+        // And a filter set by the next reload leaves it out
+        stage.replace_settings(LabelSettings {
+            process_filter: Some(process_filter("other").expect("regex")),
+            ..LabelSettings::default()
+        });
+        assert_eq!(
+            stage.resource("h", &record(7, 1, "api", ProcessEnv::default())),
+            None
+        );
+        assert_eq!(stage.stats().processes_filtered, 1);
     }
 
     /// The stage's cost, printed: `cargo test -p ember-relay --lib stage_cost -- --ignored
