@@ -4,7 +4,7 @@
 //! Owns the [`Labels`] set (attribute name -> value, ordered by name), the attribute names of the
 //! OpenTelemetry semantic conventions the relay emits ([`keys`]), and one provider per source:
 //! [`process`] (pid, executable, owner), [`cgroup`] (container id and runtime, systemd unit and
-//! slice), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
+//! slice), [`kubernetes`] (the node's pods, joined by container id), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
 //! `OTEL_RESOURCE_ATTRIBUTES`), [`tags`] (`--tags`), [`service`] (the `service.name` precedence)
 //! and [`pyroscope`] (what a Pyroscope series accepts). [`resource`] merges them into one
 //! process's labels before relabeling ([`crate::relabel`] runs the rules on them).
@@ -18,6 +18,11 @@
 
 pub mod cgroup;
 pub mod host;
+// Without the `kubernetes` feature nothing fills the pod index (the watch is left out): its
+// writers are dead code there. `allow`, not `expect`: what is dead differs between the library
+// and its tests.
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+pub mod kubernetes;
 pub mod process;
 pub mod pyroscope;
 pub mod resource;

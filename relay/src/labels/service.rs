@@ -33,8 +33,9 @@ pub struct ServiceNameSources<'a> {
     pub executable_name: Option<&'a str>,
 }
 
-/// Which source named the service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which source named the service. Declared in rank order: a smaller one wins (the
+/// Kubernetes provider compares its source with the one that named a process before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum ServiceNameSource {
     Relabel,

@@ -20,6 +20,7 @@ use regex::Regex;
 use super::{
     host::{self, HostFacts},
     keys,
+    kubernetes::{self, Pods},
     process::{ProcessFacts, UserNames},
     pyroscope,
     resource::{self, ProcessEnv, Shared},
@@ -142,6 +143,8 @@ pub struct LabelStage {
     pinned: Vec<String>,
     cache: RelabelCache,
     stats: LabelStats,
+    /// The node's pods ([`kubernetes`]) and the generation the cache was filled with.
+    kubernetes: Option<(Pods, u64)>,
 }
 
 impl Default for LabelStage {
@@ -174,7 +177,14 @@ impl LabelStage {
             pinned,
             cache: RelabelCache::new(MAX_CACHED_PROCESSES),
             stats: LabelStats::default(),
+            kubernetes: None,
         }
+    }
+
+    /// Joins the Kubernetes pods of this node to processes (through their container id).
+    pub fn with_kubernetes(mut self, pods: Pods) -> Self {
+        self.kubernetes = Some((pods, u64::MAX));
+        self
     }
 
     /// This machine's stage: reads `/etc/passwd` and the machine id (bounded; run it before
@@ -195,17 +205,27 @@ impl LabelStage {
         if self.hostname.as_deref() != Some(hostname) {
             self.set_hostname(hostname);
         }
+        if let Some((pods, seen)) = &mut self.kubernetes {
+            // The pods changed: labels computed before may lack (or hold stale) k8s.* labels.
+            let generation = pods.generation();
+            if *seen != generation {
+                *seen = generation;
+                self.cache.clear();
+            }
+        }
         let Self {
             settings,
             shared,
             pinned,
             cache,
             stats,
+            kubernetes,
             ..
         } = self;
         let facts = &process.facts;
+        let pods = kubernetes.as_ref().map(|(pods, _)| pods);
         cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
-            compute(settings, shared, pinned, stats, process)
+            compute(settings, shared, pinned, stats, pods, process)
         })
     }
 
@@ -236,6 +256,7 @@ fn compute(
     shared: &Shared,
     pinned: &[String],
     stats: &mut LabelStats,
+    pods: Option<&Pods>,
     process: &ProcessRecord,
 ) -> Option<Labels> {
     if let Some(filter) = &settings.process_filter {
@@ -244,7 +265,10 @@ fn compute(
             return None;
         }
     }
-    let (labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    let (mut labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    if let Some(pods) = pods {
+        kubernetes::join(pods, &mut labels, report.service_name_source, &shared.tags);
+    }
     stats.env_entries_skipped += report.skipped_env_entries as u64;
     let before_rules = labels.get(keys::SERVICE_NAME).unwrap_or("").to_owned();
     let Some(mut labels) = relabel::process(&settings.rules, labels) else {
