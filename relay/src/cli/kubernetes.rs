@@ -23,8 +23,8 @@ pub struct KubernetesArgs {
     /// DaemonSet, set NODE_NAME from the downward API (fieldRef spec.nodeName).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// The kubeconfig file to reach the API server with. Default: the pod's service account
-    /// (in a pod), else KUBECONFIG or ~/.kube/config.
+    /// The kubeconfig file to reach the API server with. Default: KUBECONFIG or ~/.kube/config
+    /// when there is one, else the pod's service account (in a pod).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Talk to the API server at this URL without credentials (tests, `kubectl proxy`); the

@@ -10,8 +10,10 @@
 //! process's labels before relabeling ([`crate::relabel`] runs the rules on them).
 //!
 //! Invariants: providers are pure functions of their inputs (no `/proc` reads; the sampler is the
-//! only reader of other processes). The two file reads here ([`read_bounded`]: `/etc/passwd`,
-//! `/etc/machine-id`) are bounded and run before the relay drops privileges, like the config.
+//! only reader of other processes); the Kubernetes index is filled by a background watch on the
+//! API server, and reading it never waits for the network. The two file reads here
+//! ([`read_bounded`]: `/etc/passwd`, `/etc/machine-id`) are bounded and run before the relay
+//! drops privileges, like the config.
 //! Labels whose name starts with `__` are meta labels: visible to relabel rules, removed after
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.

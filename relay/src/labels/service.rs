@@ -129,6 +129,9 @@ mod tests {
             ),
             (|s| s.default = None, "exe", S::Executable),
         ];
+        // And the order of the enum is the rank (the Kubernetes provider compares them).
+        assert!(table.windows(2).all(|w| w[0].2 < w[1].2));
+        assert!(table[table.len() - 1].2 < S::Unknown);
         let mut sources = all;
         for (take_away, name, source) in table {
             take_away(&mut sources);

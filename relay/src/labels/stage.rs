@@ -5,6 +5,8 @@
 //! Per process, in order: the `--process-filter` (the executable name must match, fully
 //! anchored; a process that does not is dropped), [`resource::resource_labels`] (host, process,
 //! cgroup, the allowlisted environment, static tags, `service.name` by its precedence), the
+//! Kubernetes labels of its container when the provider runs ([`kubernetes::join`]; a change of
+//! the node's pods drops the cached labels, so they are recomputed), the
 //! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], and
 //! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
 //! removed and counted). A dropped process's samples are not exported; they are counted.

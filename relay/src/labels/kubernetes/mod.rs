@@ -278,8 +278,8 @@ pub struct KubernetesConfig {
     /// This node's name; `--node-name` and the `NODE_NAME` variable win (a DaemonSet sets
     /// `NODE_NAME` from the downward API: one ConfigMap cannot name every node).
     pub node_name: Option<String>,
-    /// A kubeconfig file; `--kubeconfig` wins. Absent: `KUBERNETES_SERVICE_HOST` and the pod's
-    /// service account, else `KUBECONFIG` / `~/.kube/config` (kube's inference).
+    /// A kubeconfig file; `--kubeconfig` wins. Absent: `KUBECONFIG` / `~/.kube/config` when
+    /// there is one, else the pod's service account (kube's inference).
     pub kubeconfig: Option<PathBuf>,
 }
 

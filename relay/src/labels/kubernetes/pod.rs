@@ -13,7 +13,7 @@
 //!   without its `-<pod-template-hash>` suffix: the hash is the pod's `pod-template-hash`
 //!   label when present (the Deployment controller sets it), else the last `-` segment when it
 //!   looks like one (only the characters of Kubernetes' `SafeEncodeString`). A ReplicaSet
-//!   without such a suffix was made by hand: no Deployment.
+//!   without such a suffix was made by hand: no Deployment, the ReplicaSet names the service.
 //! - Job -> `k8s.job.name`, and `k8s.cronjob.name` when the Job's name is `<name>-<digits>`
 //!   with at least 8 digits (the CronJob controller names each Job after its scheduled time in
 //!   minutes since the epoch, 8 digits since 1989; the Job's own owner is not visible here).
