@@ -89,7 +89,8 @@ pub enum ApiState {
     Connecting = 0,
     /// The node's pods were listed; the watch follows changes.
     Synced = 1,
-    /// The last request failed; the watcher retries with backoff.
+    /// The last request failed (unreachable, refused, forbidden); the watcher retries with
+    /// backoff.
     Unreachable = 2,
 }
 

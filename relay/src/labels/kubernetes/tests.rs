@@ -28,17 +28,22 @@ use crate::{
 };
 
 const POD_LIST: &str = include_str!("testdata/podlist-node-a.json");
+/// The list after the watch expired: postgres-0 and the CronJob's pod are gone.
+const POD_RELIST: &str = include_str!("testdata/podlist-node-a-relist.json");
 const WATCH_EVENTS: &str = include_str!("testdata/watch-node-a.jsonl");
 
 /// Container ids in the fixtures.
 const CHECKOUT_APP: &str = "4f1c2b7d9e8a6b5c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c";
 const CHECKOUT_MIGRATE: &str = "1e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3";
+const CHECKOUT_DEBUGGER: &str = "5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c";
 const POSTGRES: &str = "c0ffee0d15ea5e5b0a7d00dfeedfacecafebabe0123456789abcdef012345678";
 const REPORT: &str = "7b3e9d1c5a2f4e6d8c0b1a3f5e7d9c2b4a6f8e0d1c3b5a7f9e2d4c6b8a0f1e3d";
 
 /// A fake API server: the list answers with `POD_LIST`; a watch streams what the test sends.
 struct ApiServer {
     url: String,
+    /// What a list returns.
+    list: Arc<Mutex<&'static str>>,
     requests: Arc<Mutex<Vec<String>>>,
     events: mpsc::Sender<String>,
 }
@@ -56,14 +61,17 @@ impl ApiServer {
         let (events, rx) = mpsc::channel();
         let rx = Arc::new(Mutex::new(rx));
         let seen = Arc::clone(&requests);
+        let list = Arc::new(Mutex::new(POD_LIST));
+        let served = Arc::clone(&list);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (seen, rx) = (Arc::clone(&seen), Arc::clone(&rx));
-                std::thread::spawn(move || serve(stream, &seen, &rx));
+                let (seen, rx, list) = (Arc::clone(&seen), Arc::clone(&rx), Arc::clone(&served));
+                std::thread::spawn(move || serve(stream, &seen, &rx, &list));
             }
         });
         Self {
             url,
+            list,
             requests,
             events,
         }
@@ -78,7 +86,12 @@ impl ApiServer {
 }
 
 /// One connection: requests answered in turn until the client closes it.
-fn serve(stream: TcpStream, seen: &Mutex<Vec<String>>, events: &Mutex<Receiver<String>>) {
+fn serve(
+    stream: TcpStream,
+    seen: &Mutex<Vec<String>>,
+    events: &Mutex<Receiver<String>>,
+    list: &Mutex<&'static str>,
+) {
     let mut reader = BufReader::new(stream.try_clone().unwrap_or_else(|e| panic!("clone: {e}")));
     let mut stream = stream;
     loop {
@@ -105,12 +118,13 @@ fn serve(stream: TcpStream, seen: &Mutex<Vec<String>>, events: &Mutex<Receiver<S
             continue;
         }
         if !target.contains("watch=true") {
+            let body = *list.lock().unwrap_or_else(|e| panic!("lock: {e}"));
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                POD_LIST.len()
+                body.len()
             );
             let _ = stream.write_all(head.as_bytes());
-            let _ = stream.write_all(POD_LIST.as_bytes());
+            let _ = stream.write_all(body.as_bytes());
             continue;
         }
         // The watch: one chunk per event, as the API server streams them.
@@ -229,6 +243,11 @@ fn pods_of_the_node_label_their_processes_and_follow_the_watch() {
         "migrate",
         &cgroupfs_driver_path(checkout_uid, CHECKOUT_MIGRATE),
     );
+    let debugger = process(
+        105,
+        "sh",
+        &systemd_driver_path(checkout_uid, CHECKOUT_DEBUGGER),
+    );
     let postgres = process(
         103,
         "postgres",
@@ -275,6 +294,14 @@ fn pods_of_the_node_label_their_processes_and_follow_the_watch() {
     let labels = labels_of(&mut stage, &migrate);
     assert_eq!(labels.get(k::CONTAINER_NAME), Some("migrate"));
     assert_eq!(labels.get(k::POD_NAME), Some("checkout-7d9f8b6c5d-x2k4p"));
+    // and an ephemeral one (kubectl debug)
+    let labels = labels_of(&mut stage, &debugger);
+    assert_eq!(
+        labels.get(k::CONTAINER_NAME),
+        Some("debugger-7xq2d"),
+        "{labels}"
+    );
+    assert_eq!(labels.get(k::DEPLOYMENT), Some("checkout"));
     // a StatefulSet's container without the app label: the owner names it
     let labels = labels_of(&mut stage, &postgres);
     assert_eq!(labels.get(k::STATEFULSET), Some("postgres"), "{labels}");
@@ -296,8 +323,8 @@ fn pods_of_the_node_label_their_processes_and_follow_the_watch() {
 
     // When the watch brings the CronJob's pod, still without a container id (ADDED)
     let events: Vec<&str> = WATCH_EVENTS.lines().collect();
-    let [bookmark, added, modified, deleted] = events[..] else {
-        panic!("four watch events in the fixture")
+    let [bookmark, added, modified, deleted, expired] = events[..] else {
+        panic!("five watch events in the fixture")
     };
     let before = pods.generation();
     for event in [bookmark, added] {
@@ -348,7 +375,24 @@ fn pods_of_the_node_label_their_processes_and_follow_the_watch() {
         labels_of(&mut stage, &checkout).get(k::DEPLOYMENT),
         Some("checkout")
     );
-    assert_eq!(pods.len(), (2, 4), "checkout (3 containers) and report");
+    assert_eq!(pods.len(), (2, 5), "checkout (4 containers) and report");
+
+    // When the watch expires (410 Gone) and the relist lacks the CronJob's pod (deleted while
+    // the watch was down)
+    *server.list.lock().unwrap_or_else(|e| panic!("lock: {e}")) = POD_RELIST;
+    let before = pods.generation();
+    server
+        .events
+        .send(expired.into())
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for("the relist", || pods.generation() != before);
+    // Then the relist replaced the index: the pod's process loses its labels, the others stay
+    assert_eq!(k8s_labels(&labels_of(&mut stage, &report)), []);
+    assert_eq!(
+        labels_of(&mut stage, &checkout).get(k::POD_NAME),
+        Some("checkout-7d9f8b6c5d-x2k4p")
+    );
+    assert_eq!(pods.len(), (1, 4));
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! leaves the last known pods in place.
 //!
 //! Logged on change only, never per sample: the watch's state (synced with how many pods,
-//! unreachable with the error, recovered) and, at most once per [`MISSES_LOG_PERIOD`], the
+//! failing with the error (unreachable, forbidden, ...), recovered) and, at most once per [`MISSES_LOG_PERIOD`], the
 //! count of `k8s lookups missed` when it grew.
 
 use std::{collections::HashMap, pin::pin, sync::mpsc, time::Duration};
@@ -112,7 +112,12 @@ async fn follow(client: Client, node: &str, pods: &Pods) {
         tokio::select! {
             event = events.next() => match event {
                 Some(Ok(event)) => apply(event, pods, &mut listing),
-                Some(Err(err)) => unreachable(pods, &err),
+                // The watch's resourceVersion is too old (etcd compacted): the watcher relists,
+                // and that list replaces the index. Not a failure.
+                Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+                    tracing::debug!(message = %status.message, "Kubernetes pod watch expired: relisting");
+                }
+                Some(Err(err)) => failing(pods, &err),
                 None => {
                     tracing::error!("the Kubernetes pod watch ended; k8s.* labels stop following pods");
                     return;
@@ -167,14 +172,14 @@ fn recovered(pods: &Pods) {
     }
 }
 
-fn unreachable(pods: &Pods, err: &watcher::Error) {
+fn failing(pods: &Pods, err: &watcher::Error) {
     if pods.set_api_state(ApiState::Unreachable) {
         let (pod_count, containers) = pods.len();
         tracing::warn!(
             error = %err,
             pods_kept = pod_count,
             containers_kept = containers,
-            "Kubernetes API unreachable: keeping the last known pods, retrying with backoff"
+            "Kubernetes API requests failing: keeping the last known pods, retrying with backoff"
         );
     }
 }
