@@ -423,3 +423,73 @@ fn an_unreachable_api_leaves_labels_without_kubernetes_and_counts_misses() {
     assert_eq!(pods.stats().lookups_missed, 1);
     assert_eq!(pods.len(), (0, 0));
 }
+
+/// The join's cost, printed: `cargo test -p ember-relay --lib kubernetes_join_cost --
+/// --ignored --nocapture`. 1,000 processes, each in a container of one of 1,000 known pods
+/// (10 pod labels each): labels computed cold without and with the provider, and the cost of a
+/// pod change (the stage recomputes every process once).
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn kubernetes_join_cost() {
+    use super::{ContainerLabels, PodEntries};
+    let pods = Pods::new();
+    let id = |i: u32| format!("{i:064x}");
+    for i in 0..1000u32 {
+        let mut labels: Labels = [
+            (k::NAMESPACE, "shop".to_owned()),
+            (k::POD_NAME, format!("web-{i}")),
+            (k::POD_UID, format!("uid-{i}")),
+            (k::CONTAINER_NAME, "app".to_owned()),
+            (k::DEPLOYMENT, "web".to_owned()),
+        ]
+        .into_iter()
+        .collect();
+        for l in 0..10 {
+            labels.set(format!("k8s.pod.label.key-{l}"), format!("value-{l}"));
+        }
+        let entries: PodEntries = vec![(
+            id(i),
+            Arc::new(ContainerLabels {
+                labels,
+                owner_name: Some("web".into()),
+                container_name: "app".into(),
+                ..ContainerLabels::default()
+            }),
+        )];
+        pods.apply(&format!("uid-{i}"), entries);
+    }
+    let records: Vec<ProcessRecord> = (0..1000u32)
+        .map(|i| {
+            process(
+                i + 10,
+                "web",
+                &systemd_driver_path(&format!("uid-{i}"), &id(i)),
+            )
+        })
+        .collect();
+    let run = |stage: &mut LabelStage| {
+        let started = Instant::now();
+        for r in &records {
+            std::hint::black_box(stage.resource("node-a", r));
+        }
+        started.elapsed()
+    };
+    let mut plain = LabelStage::new(LabelSettings::default(), UserNames::default(), None);
+    let without = run(&mut plain);
+    let mut joined = stage(&pods, "[]");
+    let with = run(&mut joined);
+    let warm = run(&mut joined);
+    pods.delete("uid-0");
+    let after_change = run(&mut joined);
+    assert_eq!(pods.stats().lookups_found, 2 * 1000 - 1);
+    eprintln!(
+        "k8s join, 1,000 processes x 1,000 pods ({} build): cold without {without:?}, cold with \
+         {with:?} ({:?}/process more), warm {warm:?}, after a pod change {after_change:?}",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        with.saturating_sub(without) / 1000
+    );
+}
