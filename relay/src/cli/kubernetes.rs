@@ -49,3 +49,49 @@ impl KubernetesArgs {
         kubernetes::resolve(&flags, &file.kubernetes, &|name| std::env::var(name).ok())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::labels::kubernetes::ApiSource;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        kubernetes: KubernetesArgs,
+    }
+
+    #[test]
+    fn flags_become_settings() {
+        // Given the test flags
+        let cli = Cli::try_parse_from([
+            "relay",
+            "--kubernetes",
+            "--node-name",
+            "node-a",
+            "--kubernetes-api-url",
+            "http://127.0.0.1:8001",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        // When resolved without a config file
+        let settings = cli
+            .kubernetes
+            .resolve(None)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        // Then the provider is asked for, on that node, at that URL
+        assert_eq!(
+            settings,
+            Some(KubernetesSettings {
+                node_name: "node-a".into(),
+                api: ApiSource::Url("http://127.0.0.1:8001".into()),
+                explicit: true,
+            })
+        );
+        // And the test URL alone does not turn the provider on
+        let err = Cli::try_parse_from(["relay", "--kubernetes-api-url", "http://x"])
+            .expect_err("needs --kubernetes");
+        assert!(err.to_string().contains("--kubernetes"), "{err}");
+    }
+}
