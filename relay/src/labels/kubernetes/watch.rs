@@ -13,7 +13,12 @@
 //! failing with the error (unreachable, forbidden, ...), recovered) and, at most once per [`MISSES_LOG_PERIOD`], the
 //! count of `k8s lookups missed` when it grew.
 
-use std::{collections::HashMap, pin::pin, sync::mpsc, time::Duration};
+use std::{
+    collections::HashMap,
+    pin::pin,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use futures_util::StreamExt as _;
@@ -29,8 +34,10 @@ use kube::{
 
 use super::{pod, ApiSource, ApiState, KubernetesSettings, PodEntries, Pods};
 
-/// How often the count of missed lookups may be logged.
+/// How often the count of missed lookups may be logged (the first miss is logged at once).
 pub const MISSES_LOG_PERIOD: Duration = Duration::from_secs(60);
+/// How often the count is looked at.
+const MISSES_CHECK_PERIOD: Duration = Duration::from_secs(1);
 
 /// Starts the watch thread; returns once the client is configured (an unusable kubeconfig,
 /// URL or in-cluster environment is an error here, before any request).
@@ -106,8 +113,8 @@ async fn follow(client: Client, node: &str, pods: &Pods) {
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut events = pin!(watcher::watcher(api, config).default_backoff());
     let mut listing: Option<HashMap<String, PodEntries>> = None;
-    let mut misses = tokio::time::interval(MISSES_LOG_PERIOD);
-    let mut misses_logged = 0;
+    let mut misses = tokio::time::interval(MISSES_CHECK_PERIOD);
+    let mut misses_logged = MissesLogged::default();
     loop {
         tokio::select! {
             event = events.next() => match event {
@@ -184,10 +191,21 @@ fn failing(pods: &Pods, err: &watcher::Error) {
     }
 }
 
-fn log_misses(pods: &Pods, logged: &mut u64) {
+/// The count last logged, and when.
+#[derive(Default)]
+struct MissesLogged {
+    count: u64,
+    at: Option<Instant>,
+}
+
+fn log_misses(pods: &Pods, logged: &mut MissesLogged) {
     let stats = pods.stats();
-    if stats.lookups_missed != *logged {
-        *logged = stats.lookups_missed;
+    let due = logged.at.is_none_or(|at| at.elapsed() >= MISSES_LOG_PERIOD);
+    if stats.lookups_missed != logged.count && due {
+        *logged = MissesLogged {
+            count: stats.lookups_missed,
+            at: Some(Instant::now()),
+        };
         tracing::info!(
             missed = stats.lookups_missed,
             found = stats.lookups_found,
