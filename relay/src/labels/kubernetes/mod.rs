@@ -501,6 +501,35 @@ mod index_tests {
             settings.map(|s| (s.api, s.explicit)),
             Some((ApiSource::Url("http://127.0.0.1:8001".into()), true))
         );
+        // only http(s) URLs; else the flag's kubeconfig, else the file's
+        let ftp = KubernetesFlags {
+            api_url: Some("ftp://api".into()),
+            ..url.clone()
+        };
+        assert!(resolve(&ftp, &with_node, &no_env).is_err());
+        let file_kubeconfig = KubernetesConfig {
+            enabled: Some(true),
+            node_name: Some("n".into()),
+            kubeconfig: Some("/etc/k".into()),
+        };
+        let api = |flags: &KubernetesFlags| {
+            resolve(flags, &file_kubeconfig, &no_env)
+                .ok()
+                .flatten()
+                .map(|s| s.api)
+        };
+        assert_eq!(
+            api(&KubernetesFlags::default()),
+            Some(ApiSource::Kubeconfig("/etc/k".into()))
+        );
+        let flag_kubeconfig = KubernetesFlags {
+            kubeconfig: Some("/flag/k".into()),
+            ..KubernetesFlags::default()
+        };
+        assert_eq!(
+            api(&flag_kubeconfig),
+            Some(ApiSource::Kubeconfig("/flag/k".into()))
+        );
     }
 
     #[test]

@@ -193,6 +193,66 @@ mod tests {
         assert_eq!(cronjob_name("migrate"), None);
         assert_eq!(cronjob_name("-29412345"), None);
         assert_eq!(sanitize("prometheus.io/scrape"), "prometheus_io_scrape");
+        // the bounds: a 5-character hash is one, 4 is not; 7 digits are no CronJob's
+        assert_eq!(deployment_name("web-5c8f9", None), Some("web"));
+        assert_eq!(deployment_name("web-bcdf", None), None);
+        assert_eq!(deployment_name("-7d9f8b6c5d", Some("7d9f8b6c5d")), None);
+        assert_eq!(cronjob_name("backup-2941234"), None);
+    }
+
+    fn pod(json: &str) -> Pod {
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
+    }
+
+    #[test]
+    fn the_controller_owner_wins_and_static_pods_have_none() {
+        // Given a pod with a non-controller owner listed before its controller
+        let owned = pod(
+            r#"{"metadata": {"name": "w-0", "namespace": "ns", "uid": "u1",
+            "ownerReferences": [
+              {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "c"},
+              {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d",
+               "controller": true}]},
+            "status": {"containerStatuses": [{"name": "agent", "image": "a", "imageID": "",
+              "ready": true, "restartCount": 0,
+              "containerID": "CRI-O://ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789"},
+              {"name": "pending", "image": "p", "imageID": "", "ready": false,
+               "restartCount": 0, "containerID": "containerd://"}]}}"#,
+        );
+        // When converted
+        let (uid, owned_entries) = entries(&owned).expect("a uid");
+        // Then the DaemonSet owns it, the id is lowercase without its scheme, and a container
+        // without an id has no entry
+        assert_eq!(uid, "u1");
+        let [(id, labels)] = &owned_entries[..] else {
+            panic!("one entry: {owned_entries:?}")
+        };
+        assert_eq!(
+            id,
+            "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+        );
+        assert_eq!(labels.labels.get(k::DAEMONSET), Some("agent"));
+        assert_eq!(labels.owner_name.as_deref(), Some("agent"));
+        // Given a static pod (its mirror pod is owned by the Node), Then no owner at all
+        let mirror = pod(
+            r#"{"metadata": {"name": "etcd-node-a", "namespace": "kube-system",
+            "uid": "u2", "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+              "name": "node-a", "uid": "n", "controller": true}]},
+            "status": {"containerStatuses": [{"name": "etcd", "image": "e", "imageID": "",
+              "ready": true, "restartCount": 0, "containerID": "containerd://0a"}]}}"#,
+        );
+        let (_, mirror_entries) = entries(&mirror).expect("a uid");
+        let labels = &mirror_entries[0].1;
+        assert_eq!(labels.owner_name, None);
+        assert!(
+            !labels.labels.iter().any(|(n, _)| n.ends_with("set.name")
+                || n.ends_with("job.name")
+                || n == k::DEPLOYMENT),
+            "{}",
+            labels.labels
+        );
+        // And a pod without a uid gives nothing
+        assert!(entries(&pod(r#"{"metadata": {"name": "x"}}"#)).is_none());
     }
 
     #[test]
@@ -212,5 +272,10 @@ mod tests {
         }
         let pending = ContainerStatus::default();
         assert_eq!(container_id(&pending), None);
+        let scheme_only = ContainerStatus {
+            container_id: Some("docker://".into()),
+            ..ContainerStatus::default()
+        };
+        assert_eq!(container_id(&scheme_only), None);
     }
 }
