@@ -31,6 +31,8 @@ pub struct RunConfig {
     pub file_limits: FileLimits,
     /// Tags, relabel rules, process filter, folded root.
     pub labels: LabelConfig,
+    /// The Kubernetes labels provider, when on.
+    pub kubernetes: Option<crate::labels::kubernetes::KubernetesSettings>,
     /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
     pub unwind: UnwindMode,
 }
@@ -88,8 +90,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         Box::new(move || source.settings()),
         true,
     );
+    let mut labels = config.labels.stage();
+    if let Some(settings) = &config.kubernetes {
+        if let Some(pods) = crate::labels::kubernetes::start(settings)? {
+            labels = labels.with_kubernetes(pods);
+        }
+    }
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
-        .with_labels(config.labels.stage())
+        .with_labels(labels)
         .with_reload(reloader)
         .with_unwind(config.unwind)?;
     let ended = driver.run(&events, &mut Service)?;

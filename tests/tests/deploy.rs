@@ -4,7 +4,9 @@
 //! promises the files make that no tool checks (the sampler's capability list is the same
 //! everywhere, the relay holds none and runs as its own uid, the two sides name each other's
 //! uids, nothing runs `privileged`, Grafana is not anonymous Admin and nothing listens beyond
-//! 127.0.0.1 in Compose, no cluster role, the Pyroscope image and the OTLP proto version match).
+//! 127.0.0.1 in Compose, the only cluster role reads pods and only the relay holds its token, the
+//! relay learns its node's name from the downward API, the Pyroscope image and the OTLP proto
+//! version match).
 //!
 //! The tools come from `scripts/setup.sh`: `systemd-analyze` (Debian's systemd),
 //! `docker-compose` (Debian's v1; `config` needs no Docker engine) and `kubernetes-validate`
@@ -629,6 +631,8 @@ fn kubernetes_manifests_validate() {
     let expected = [
         "namespace/ember",
         "serviceaccount/ember",
+        "clusterrole/ember-pod-reader",
+        "clusterrolebinding/ember-pod-reader",
         "configmap/ember-relay",
         "daemonset/ember",
     ];
@@ -659,27 +663,79 @@ fn kubernetes_manifests_validate() {
     }
 
     // What the schemas do not check.
-    // RBAC: the code uses no Kubernetes API, so no role of any kind and no token.
+    // RBAC: the relay's Kubernetes labels read pods (list + watch) and nothing else; roles are
+    // only in 10-rbac.yaml, and only the relay container holds a token.
+    let mut role_kinds = Vec::new();
     for file in &files {
         let manifest = fs::read_to_string(file).expect("reading a manifest");
-        for line in manifest.lines().map(str::trim) {
-            assert!(
-                !matches!(
-                    line,
-                    "kind: ClusterRole"
-                        | "kind: ClusterRoleBinding"
-                        | "kind: Role"
-                        | "kind: RoleBinding"
-                ),
-                "{}: `{line}`: the relay uses no Kubernetes API, so it gets no role",
-                file.display()
-            );
+        // Top-level kinds only (a binding's roleRef names its role's kind too).
+        for line in manifest.lines().filter(|l| !l.starts_with(' ')) {
+            if matches!(
+                line,
+                "kind: ClusterRole"
+                    | "kind: ClusterRoleBinding"
+                    | "kind: Role"
+                    | "kind: RoleBinding"
+            ) {
+                assert!(
+                    file.ends_with("10-rbac.yaml"),
+                    "{}: `{line}`: roles belong in 10-rbac.yaml",
+                    file.display()
+                );
+                role_kinds.push(line.to_owned());
+            }
         }
     }
+    assert_eq!(
+        role_kinds,
+        ["kind: ClusterRole", "kind: ClusterRoleBinding"],
+        "one ClusterRole and its binding, no namespaced roles"
+    );
     let rbac = read("deploy/kubernetes/10-rbac.yaml");
+    let documents: Vec<&str> = rbac.split("\n---\n").collect();
+    let document = |kind: &str| -> Vec<&str> {
+        documents
+            .iter()
+            .find(|d| d.lines().any(|l| l.trim() == format!("kind: {kind}")))
+            .unwrap_or_else(|| panic!("no {kind} in 10-rbac.yaml"))
+            .lines()
+            .collect()
+    };
+    let role = document("ClusterRole");
+    let role_text = role.join("\n");
+    let rules = yaml_block(&role_text, &["rules"]);
+    let rule_lines: Vec<&str> = rules
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        rule_lines,
+        [
+            "- apiGroups: [\"\"]",
+            "resources: [\"pods\"]",
+            "verbs: [\"list\", \"watch\"]"
+        ],
+        "the ClusterRole only lists and watches pods"
+    );
+    let binding = document("ClusterRoleBinding").join("\n");
+    let role_ref = yaml_block(&binding, &["roleRef"]);
+    let subjects = yaml_block(&binding, &["subjects"]);
+    for (block, expected) in [
+        (&role_ref, "kind: ClusterRole"),
+        (&role_ref, "name: ember-pod-reader"),
+        (&subjects, "- kind: ServiceAccount"),
+        (&subjects, "name: ember"),
+        (&subjects, "namespace: ember"),
+    ] {
+        assert!(
+            has_line(block, expected),
+            "ClusterRoleBinding: `{expected}` in\n{binding}"
+        );
+    }
     assert!(
         has_line(
-            &rbac.lines().collect::<Vec<_>>(),
+            &document("ServiceAccount"),
             "automountServiceAccountToken: false"
         ),
         "ServiceAccount: automountServiceAccountToken: false"
@@ -692,11 +748,12 @@ fn kubernetes_manifests_validate() {
     let pod = yaml_block(&daemonset, &["spec", "template", "spec"]);
     assert!(
         has_line(&pod, "automountServiceAccountToken: false"),
-        "DaemonSet: no API token in any container"
+        "DaemonSet: no API token mounted by default (the relay projects its own)"
     );
-    assert!(
-        !daemonset.contains("serviceAccountToken:") && !daemonset.contains("serviceaccount"),
-        "DaemonSet: no container mounts an API token"
+    assert_eq!(
+        daemonset.matches("serviceAccountToken:").count(),
+        1,
+        "DaemonSet: one projected token (the relay's)"
     );
     let containers = yaml_block(&daemonset, &["spec", "template", "spec", "containers"]);
     let text = containers.join("\n");
@@ -748,10 +805,34 @@ fn kubernetes_manifests_validate() {
         ["socket"],
         "sampler mounts only the socket"
     );
+    let relay_text = relay.join("\n");
     assert_eq!(
         mounts(&relay),
-        ["socket", "config", "tmp"],
-        "relay mounts the socket, its config and a /tmp"
+        ["socket", "config", "tmp", "kube-api-access"],
+        "relay mounts the socket, its config, a /tmp and its API token"
+    );
+    let token_mount = yaml_block(&relay_text, &["volumeMounts", "name: kube-api-access"]);
+    for expected in [
+        "mountPath: /var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly: true",
+    ] {
+        assert!(
+            has_line(&token_mount, expected),
+            "relay token mount: `{expected}`"
+        );
+    }
+    // The relay's Kubernetes labels: asked for, and the node's name from the downward API.
+    assert!(
+        yaml_list(&relay, "command")
+            .iter()
+            .any(|a| a == "--kubernetes"),
+        "relay: --kubernetes"
+    );
+    let node_name = yaml_block(&relay_text, &["env", "name: NODE_NAME"]);
+    assert!(
+        has_line(&node_name, "fieldPath: spec.nodeName"),
+        "relay: NODE_NAME from the downward API (fieldRef spec.nodeName), in\n{}",
+        relay.join("\n")
     );
     assert!(
         !text

@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{labels::LabelArgs, parse_duration, LogFormat};
+use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
     record, run, session,
@@ -120,6 +120,8 @@ pub(super) struct RunArgs {
     export: ExportArgs,
     #[command(flatten)]
     labels: LabelArgs,
+    #[command(flatten)]
+    kubernetes: KubernetesArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -194,6 +196,7 @@ impl RunArgs {
                 max_open_files: self.max_open_files,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
+            kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
         })
     }

@@ -7,6 +7,7 @@
 //! re-exported here under the names the relay uses.
 
 mod args;
+pub(crate) mod kubernetes;
 pub(crate) mod labels;
 
 use std::process::ExitCode;

@@ -17,6 +17,8 @@
 //!   - source_labels: [systemd.unit]
 //!     regex: (.+)\.service
 //!     target_label: service.name
+//! kubernetes:                 # k8s.* labels (crate::labels::kubernetes); on by default in a pod
+//!   enabled: true
 //! ```
 //!
 //! The label sections are resolved by the command line (`cli::labels`); `run` reloads them on
@@ -56,6 +58,9 @@ pub struct RelayConfig {
     /// Prometheus relabel rules, run once per process on its labels.
     #[serde(default)]
     pub relabel_configs: Vec<crate::relabel::RelabelConfig>,
+    /// Kubernetes labels (crate::labels::kubernetes::KubernetesConfig).
+    #[serde(default)]
+    pub kubernetes: crate::labels::kubernetes::KubernetesConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -4,20 +4,27 @@
 //! Owns the [`Labels`] set (attribute name -> value, ordered by name), the attribute names of the
 //! OpenTelemetry semantic conventions the relay emits ([`keys`]), and one provider per source:
 //! [`process`] (pid, executable, owner), [`cgroup`] (container id and runtime, systemd unit and
-//! slice), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
+//! slice), [`kubernetes`] (the node's pods, joined by container id), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
 //! `OTEL_RESOURCE_ATTRIBUTES`), [`tags`] (`--tags`), [`service`] (the `service.name` precedence)
 //! and [`pyroscope`] (what a Pyroscope series accepts). [`resource`] merges them into one
 //! process's labels before relabeling ([`crate::relabel`] runs the rules on them).
 //!
 //! Invariants: providers are pure functions of their inputs (no `/proc` reads; the sampler is the
-//! only reader of other processes). The two file reads here ([`read_bounded`]: `/etc/passwd`,
-//! `/etc/machine-id`) are bounded and run before the relay drops privileges, like the config.
+//! only reader of other processes); the Kubernetes index is filled by a background watch on the
+//! API server, and reading it never waits for the network. The two file reads here
+//! ([`read_bounded`]: `/etc/passwd`, `/etc/machine-id`) are bounded and run before the relay
+//! drops privileges, like the config.
 //! Labels whose name starts with `__` are meta labels: visible to relabel rules, removed after
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.
 
 pub mod cgroup;
 pub mod host;
+// Without the `kubernetes` feature nothing fills the pod index (the watch is left out): its
+// writers are dead code there. `allow`, not `expect`: what is dead differs between the library
+// and its tests.
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+pub mod kubernetes;
 pub mod process;
 pub mod pushdown;
 pub mod pyroscope;

@@ -33,8 +33,9 @@ pub struct ServiceNameSources<'a> {
     pub executable_name: Option<&'a str>,
 }
 
-/// Which source named the service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which source named the service. Declared in rank order: a smaller one wins (the
+/// Kubernetes provider compares its source with the one that named a process before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum ServiceNameSource {
     Relabel,
@@ -128,6 +129,9 @@ mod tests {
             ),
             (|s| s.default = None, "exe", S::Executable),
         ];
+        // And the order of the enum is the rank (the Kubernetes provider compares them).
+        assert!(table.windows(2).all(|w| w[0].2 < w[1].2));
+        assert!(table[table.len() - 1].2 < S::Unknown);
         let mut sources = all;
         for (take_away, name, source) in table {
             take_away(&mut sources);

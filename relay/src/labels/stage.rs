@@ -5,6 +5,8 @@
 //! Per process, in order: the `--process-filter` (the executable name must match, fully
 //! anchored; a process that does not is dropped), [`resource::resource_labels`] (host, process,
 //! cgroup, the allowlisted environment, static tags, `service.name` by its precedence), the
+//! Kubernetes labels of its container when the provider runs ([`kubernetes::join`]; a change of
+//! the node's pods drops the cached labels, so they are recomputed), the
 //! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], and
 //! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
 //! removed and counted). A dropped process's samples are not exported; they are counted.
@@ -21,6 +23,7 @@ use regex::Regex;
 use super::{
     host::{self, HostFacts},
     keys,
+    kubernetes::{self, Pods},
     process::{ProcessFacts, UserNames},
     pyroscope,
     resource::{self, ProcessEnv, Shared},
@@ -149,6 +152,8 @@ pub struct LabelStage {
     /// Processes the `--process-filter` left out since the last [`LabelStage::take_filtered_out`],
     /// to push down to their sampler (at most [`MAX_IGNORED`]).
     filtered_out: Vec<ember_protocol::IgnoredProcess>,
+    /// The node's pods ([`kubernetes`]) and the generation the cache was filled with.
+    kubernetes: Option<(Pods, u64)>,
 }
 
 /// Most filtered-out processes kept for the sampler between two batches (its own cap).
@@ -179,7 +184,14 @@ impl LabelStage {
             cache: RelabelCache::new(MAX_CACHED_PROCESSES),
             stats: LabelStats::default(),
             filtered_out: Vec::new(),
+            kubernetes: None,
         }
+    }
+
+    /// Joins the Kubernetes pods of this node to processes (through their container id).
+    pub fn with_kubernetes(mut self, pods: Pods) -> Self {
+        self.kubernetes = Some((pods, u64::MAX));
+        self
     }
 
     /// This machine's stage: reads `/etc/passwd` and the machine id (bounded; run it before
@@ -211,18 +223,28 @@ impl LabelStage {
         if self.hostname.as_deref() != Some(hostname) {
             self.set_hostname(hostname);
         }
+        if let Some((pods, seen)) = &mut self.kubernetes {
+            // The pods changed: labels computed before may lack (or hold stale) k8s.* labels.
+            let generation = pods.generation();
+            if *seen != generation {
+                *seen = generation;
+                self.cache.clear();
+            }
+        }
         let Self {
             settings,
             shared,
             pinned,
             cache,
             stats,
+            kubernetes,
             ..
         } = self;
         let facts = &process.facts;
+        let pods = kubernetes.as_ref().map(|(pods, _)| pods);
         let filtered_before = stats.processes_filtered;
         let outcome = cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
-            compute(settings, shared, pinned, stats, process)
+            compute(settings, shared, pinned, stats, pods, process)
         });
         // Only a process the sampler described (it has a start time) can be pushed down.
         if stats.processes_filtered != filtered_before
@@ -282,6 +304,7 @@ fn compute(
     shared: &Shared,
     pinned: &[String],
     stats: &mut LabelStats,
+    pods: Option<&Pods>,
     process: &ProcessRecord,
 ) -> Option<Labels> {
     if let Some(filter) = &settings.process_filter {
@@ -290,7 +313,10 @@ fn compute(
             return None;
         }
     }
-    let (labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    let (mut labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    if let Some(pods) = pods {
+        kubernetes::join(pods, &mut labels, report.service_name_source, &shared.tags);
+    }
     if let Some(malformed) = &report.discarded_attributes {
         stats.env_attributes_discarded += 1;
         // Once per process: its labels are computed once (again only on new facts or a reload).
