@@ -3,12 +3,19 @@
 //! which the driver takes when a batch completes its interval. Symbolizer state is not `Send`
 //! (blazesym resolvers), which is why all of it lives on the driver's thread.
 
-use std::{collections::HashMap, fs::File, os::fd::OwnedFd, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
     labels::stage::{LabelStage, LabelStats},
+    metrics::RelayStats,
     model::Profile,
     session::{FileLimits, Session},
     source::{ConnectionId, SourceEvent},
@@ -54,6 +61,23 @@ pub(crate) struct Pipeline {
     unwind: Option<TableSender>,
     /// Each connection's sending side, kept only with `unwind` (dropped when it closes).
     controls: HashMap<ConnectionId, Arc<OwnedFd>>,
+    /// Totals for the metrics that outlive the sessions they come from.
+    totals: Totals,
+}
+
+/// What the pipeline counts for the metrics alone (see [`Pipeline::stats`]).
+#[derive(Default)]
+struct Totals {
+    connections: u64,
+    connections_total: u64,
+    batches: u64,
+    symbolized: u64,
+    filtered: u64,
+    frames: u64,
+    unknown_frames: u64,
+    without_process: u64,
+    last_batch: Option<Instant>,
+    interval: Duration,
 }
 
 impl Pipeline {
@@ -69,6 +93,32 @@ impl Pipeline {
     /// The sampler's latest loss report (totals since it started).
     pub fn last_losses(&self) -> Losses {
         self.last_losses
+    }
+
+    /// Totals since start and what the pipeline holds now, for the metrics.
+    pub fn stats(&self) -> RelayStats {
+        let t = &self.totals;
+        let sessions = self.sessions.values();
+        RelayStats {
+            connections: t.connections,
+            connections_total: t.connections_total,
+            batches: t.batches,
+            samples_received: self.samples,
+            samples_symbolized: t.symbolized,
+            samples_filtered: t.filtered,
+            samples_without_process: t.without_process,
+            frames: t.frames,
+            unknown_frames: t.unknown_frames,
+            processes: sessions.clone().map(|s| s.process_count() as u64).sum(),
+            files: sessions.map(|s| s.file_count() as u64).sum(),
+            resolvers: self.cache.len() as u64,
+            resolvers_opened: self.cache.opened,
+            resolvers_evicted: self.cache.evicted,
+            copied_bytes: self.cache.copied_bytes,
+            sampler: (t.batches > 0).then_some(self.last_losses),
+            last_batch: t.last_batch,
+            interval: t.interval,
+        }
     }
 
     /// The sampling frequency, from the first hello or batch (0 before).
@@ -102,12 +152,15 @@ impl Pipeline {
                 control,
             } => {
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
+                self.totals.connections += 1;
+                self.totals.connections_total += 1;
                 if let (Some(control), Some(_)) = (control, &self.unwind) {
                     self.controls.insert(conn, control);
                 }
                 Handled::Nothing
             }
             SourceEvent::Closed { conn, error } => {
+                self.totals.connections = self.totals.connections.saturating_sub(1);
                 self.controls.remove(&conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
@@ -199,10 +252,32 @@ impl Pipeline {
         if self.interval.frequency_hz == 0 {
             self.interval.frequency_hz = batch.frequency_hz;
         }
+        let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
+        // Saturating: a new labels stage (set_labels) starts its counters at zero.
+        let filtered = self
+            .labels
+            .stats()
+            .samples_dropped
+            .saturating_sub(filtered_before);
+        let after = session.stats;
+        let t = &mut self.totals;
+        t.batches += 1;
+        t.filtered += filtered;
+        t.symbolized += samples.saturating_sub(filtered);
+        t.frames += after.frames - before.frames;
+        t.unknown_frames += after.unknown_frames - before.unknown_frames;
+        t.without_process +=
+            after.samples_without_process_facts - before.samples_without_process_facts;
+        t.last_batch = Some(Instant::now());
+        t.interval = Duration::from_nanos(
+            batch
+                .interval_end_unix_ns
+                .saturating_sub(batch.interval_start_unix_ns),
+        );
         tracing::info!(
             connection = conn,
             sequence = batch.sequence,

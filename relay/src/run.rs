@@ -3,7 +3,7 @@
 //! at stop; with exporters configured, each completed interval to them. Owns only the policy:
 //! refusing root, the stop signal, the window length, the drain timeout.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
@@ -12,6 +12,7 @@ use crate::cli::labels::LabelConfig;
 use crate::{
     config::Exporters,
     driver::{self, Driver, Flow, Policy, Tick},
+    metrics::{self, Metrics, MetricsSettings},
     privileges,
     session::FileLimits,
     sink::{exporters, files::FilesSink, SinkReport, Sinks},
@@ -32,6 +33,8 @@ pub struct RunConfig {
     pub labels: LabelConfig,
     /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
     pub unwind: UnwindMode,
+    /// `--metrics-address`: where /metrics, /healthz and /readyz are served.
+    pub metrics: MetricsSettings,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -79,10 +82,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
             FilesSink::create(dir)?.with_folded_root(config.labels.folded_root),
         ));
     }
-    sinks.extend(exporters::start(config.exporters)?);
+    let metrics = Arc::new(Metrics::default());
+    metrics::serve(config.metrics, &metrics)?;
+    sinks.extend(exporters::start(config.exporters, &metrics)?);
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(config.labels.stage())
-        .with_unwind(config.unwind)?;
+        .with_unwind(config.unwind)?
+        .with_metrics(metrics);
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

@@ -17,6 +17,8 @@
 //!   - source_labels: [systemd.unit]
 //!     regex: (.+)\.service
 //!     target_label: service.name
+//! metrics:                    # /metrics, /healthz, /readyz (crate::metrics)
+//!   address: 0.0.0.0:17471    # HOST:PORT or off
 //! ```
 //!
 //! The label sections are resolved by the command line (`cli::labels`).
@@ -54,6 +56,9 @@ pub struct RelayConfig {
     /// Prometheus relabel rules, run once per process on its labels.
     #[serde(default)]
     pub relabel_configs: Vec<crate::relabel::RelabelConfig>,
+    /// The relay's own metrics and health endpoint (`address: HOST:PORT | off`).
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
