@@ -285,6 +285,8 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
         scrape.value("ember_relay_batch_latency_seconds_bucket{le=\"+Inf\"}"),
         intervals
     );
+    assert!(scrape.value("process_resident_memory_bytes") > 0.0);
+    assert!(scrape.value("process_open_fds") >= 3.0);
     let version = env!("CARGO_PKG_VERSION");
     let build = format!("ember_relay_build_info{{protocol_version=\"3\",version=\"{version}\"}}");
     assert_eq!(scrape.value(&build), 1.0);
@@ -299,10 +301,10 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
     assert_eq!(scrape.families["ember_relay_processes"].0, "gauge");
     for (name, (kind, help)) in &scrape.families {
         assert!(!help.is_empty(), "{name} ({kind}) has no HELP");
-        assert!(
-            name.starts_with("ember_relay_") || name.starts_with("ember_sampler_"),
-            "{name}"
-        );
+        let prefixed = ["ember_relay_", "ember_sampler_", "process_"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        assert!(prefixed, "{name}");
     }
     drop(relay);
 }

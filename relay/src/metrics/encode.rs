@@ -2,7 +2,8 @@
 //! one [`Metrics`] at scrape time. Names follow Prometheus' conventions: `ember_relay_` for the
 //! relay's own series, `ember_sampler_` for the counters the sampler reports in each batch's
 //! `Losses` (it has no network, so the relay serves them), base units in the name (`_bytes`,
-//! `_seconds`) and `_total` on counters (added by the encoder to the names below).
+//! `_seconds`) and `_total` on counters (added by the encoder to the names below), and the
+//! `process_` series every Prometheus client library serves (see [`super::process`]).
 //!
 //! Each series is one line of a table: a field added to `Losses` is one added line in
 //! [`SAMPLER`] (a test fails until it is there).
@@ -17,7 +18,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{Metrics, Published, RelayStats, LATENCY_BUCKETS};
+use super::{
+    process::{self, ProcessStats},
+    Metrics, Published, RelayStats, LATENCY_BUCKETS,
+};
 use crate::sink::otlp::stats::{DropReason, Snapshot};
 
 /// The `Content-Type` of what [`render`] returns.
@@ -231,6 +235,7 @@ pub(crate) fn render(metrics: &Metrics) -> Result<String, fmt::Error> {
         heartbeat_age: metrics.heartbeat_age().as_secs_f64(),
         started_unix: metrics.started_unix_seconds(),
         now: Instant::now(),
+        process: process::read(),
     }));
     let mut text = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
@@ -245,6 +250,7 @@ struct Scrape {
     heartbeat_age: f64,
     started_unix: f64,
     now: Instant,
+    process: Option<ProcessStats>,
 }
 
 impl Collector for Scrape {
@@ -262,12 +268,7 @@ impl Collector for Scrape {
                 MetricType::Info,
             )?
             .encode_info(&build)?;
-        gauge_f64(
-            &mut encoder,
-            "ember_relay_start_time_seconds",
-            "When the relay started, seconds since the Unix epoch.",
-            self.started_unix,
-        )?;
+        self.encode_process(&mut encoder)?;
         gauge_f64(
             &mut encoder,
             "ember_relay_loop_heartbeat_age_seconds",
@@ -306,6 +307,56 @@ impl Collector for Scrape {
 }
 
 impl Scrape {
+    /// The conventional `process_` series (those that could be read).
+    fn encode_process(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        gauge_f64(
+            encoder,
+            "process_start_time_seconds",
+            "When the relay started, seconds since the Unix epoch.",
+            self.started_unix,
+        )?;
+        let Some(p) = &self.process else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        let help = "User and system CPU time the relay used, in seconds.";
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            help,
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size, in bytes.",
+                Some(p.resident_bytes),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size, in bytes.",
+                Some(p.virtual_bytes),
+            ),
+            ("process_threads", "Threads of the relay.", Some(p.threads)),
+            (
+                "process_open_fds",
+                "Open file descriptors (passed binaries included).",
+                p.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "The soft limit on open file descriptors.",
+                p.max_fds,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(value) = value {
+                series(encoder, name, help, Kind::Gauge, value)?;
+            }
+        }
+        Ok(())
+    }
+
     fn encode_latency(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
         let latency = &self.published.latency;
         let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
@@ -574,6 +625,10 @@ mod tests {
         assert_eq!(dropped("queue_full"), Some(9.0));
         assert_eq!(dropped("retries_exhausted"), Some(0.0));
         assert_eq!(v("ember_relay_export_queue_bytes"), Some(4096.0));
+        // And the process's own resources under the conventional names
+        assert_eq!(parsed.types["process_cpu_seconds_total"], "counter");
+        assert!(v("process_resident_memory_bytes").is_some_and(|b| b > 0.0));
+        assert!(v("process_open_fds").is_some_and(|n| n >= 3.0));
         // And no sampler series before the first batch
         assert!(!parsed
             .values
@@ -585,7 +640,9 @@ mod tests {
                 help.len() > 10 && help.ends_with('.') || help.ends_with(')'),
                 "{name}: {help}"
             );
-            let prefixed = name.starts_with("ember_relay_") || name.starts_with("ember_sampler_");
+            let prefixed = ["ember_relay_", "ember_sampler_", "process_"]
+                .iter()
+                .any(|p| name.starts_with(p));
             assert!(prefixed, "{name}");
             assert_eq!(
                 parsed.types[name] == "counter",

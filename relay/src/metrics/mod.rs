@@ -11,6 +11,7 @@
 
 pub(crate) mod encode;
 pub(crate) mod health;
+pub(crate) mod process;
 pub(crate) mod server;
 
 use std::{
