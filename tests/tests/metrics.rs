@@ -241,6 +241,23 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
     assert_eq!((status, reason.as_str()), (503, "no sampler connected\n"));
     assert_eq!(http_get(&address, "/healthz").0, 200);
 
+    // A client of the wrong uid (this test runs as root, the relay takes --sampler-uid 65534):
+    // refused, counted by reason, and named by /readyz.
+    let refused = "ember_relay_sampler_connections_refused_total{reason=\"peer_uid\"}";
+    assert!(text.contains(&format!("\n{refused} 0\n")), "{text}");
+    drop(ember_protocol::transport::connect(&socket).expect("connect to the relay's socket"));
+    let counted = wait_until(LOG_TIMEOUT, || {
+        text = http_get(&address, "/metrics").1;
+        text.contains(&format!("\n{refused} 1\n"))
+    });
+    assert!(counted.is_some(), "the refusal was not counted:\n{text}");
+    let (status, reason) = http_get(&address, "/readyz");
+    assert_eq!(status, 503);
+    assert!(
+        reason.starts_with("no sampler connected (1 connection(s) refused"),
+        "{reason}"
+    );
+
     // The scrape, parsed by Prometheus' own client, against the relay's log.
     let scrape = parse_with_prometheus_client(&python, &text);
     let batches = relay.log.matching(is_batch);

@@ -22,7 +22,10 @@ use super::{
     process::{self, ProcessStats},
     Metrics, Published, RelayStats, LATENCY_BUCKETS,
 };
-use crate::sink::otlp::stats::{DropReason, Snapshot};
+use crate::{
+    sink::otlp::stats::{DropReason, Snapshot},
+    source::Refusal,
+};
 
 /// The `Content-Type` of what [`render`] returns.
 pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -291,6 +294,16 @@ impl Collector for Scrape {
                 *kind,
                 value(relay),
             )?;
+        }
+        let mut refused = encoder.encode_descriptor(
+            "ember_relay_sampler_connections_refused",
+            "Sampler connections refused, or closed on a protocol error, by reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for reason in Refusal::ALL {
+            let labels = [("reason", reason.as_str())];
+            ConstCounter::new(reason.total()).encode(refused.encode_family(&labels)?)?;
         }
         self.encode_latency(&mut encoder)?;
         if let Some(losses) = &relay.sampler {
@@ -594,6 +607,9 @@ mod tests {
             parsed.types["ember_relay_samples_received_total"],
             "counter"
         );
+        let refused = "ember_relay_sampler_connections_refused_total";
+        assert_eq!(parsed.types[refused], "counter");
+        assert!(v(&format!("{refused}{{reason=\"version\"}}")).is_some());
         assert_eq!(
             v("ember_relay_build_info{version=\"0.1.0\",protocol_version=\"3\"}"),
             Some(1.0)

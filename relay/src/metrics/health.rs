@@ -35,8 +35,15 @@ pub(crate) fn liveness(heartbeat_age: Duration) -> Result<(), String> {
     Ok(())
 }
 
-/// `Ok` when ready, else the one-line reason.
-pub(crate) fn readiness(stats: &RelayStats, now: Instant) -> Result<(), String> {
+/// `Ok` when ready, else the one-line reason. `refused`: connections the relay refused or
+/// closed on an error since start (named when no sampler is connected: the likely cause).
+pub(crate) fn readiness(stats: &RelayStats, refused: u64, now: Instant) -> Result<(), String> {
+    if stats.connections == 0 && refused > 0 {
+        return Err(format!(
+            "no sampler connected ({refused} connection(s) refused or closed on an error, by \
+             reason in ember_relay_sampler_connections_refused_total; the relay's log says why)"
+        ));
+    }
     if stats.connections == 0 {
         return Err("no sampler connected".to_owned());
     }
@@ -74,28 +81,32 @@ mod tests {
         // Given no sampler
         let mut stats = RelayStats::default();
         assert_eq!(
-            readiness(&stats, start).unwrap_err(),
+            readiness(&stats, 0, start).unwrap_err(),
             "no sampler connected"
         );
+        // And when connections were refused, it says so
+        assert!(readiness(&stats, 2, start)
+            .unwrap_err()
+            .starts_with("no sampler connected (2 connection(s) refused"));
         // When one connects, then it is not ready before its first batch
         stats.connections = 1;
-        assert!(readiness(&stats, start)
+        assert!(readiness(&stats, 0, start)
             .unwrap_err()
             .contains("no batch has arrived yet"));
         // When a batch of a 5 s interval arrives, then it is ready for 3 intervals
         stats.last_batch = Some(start);
         stats.interval = Duration::from_secs(5);
-        assert!(readiness(&stats, start + Duration::from_secs(15)).is_ok());
-        let late = readiness(&stats, start + Duration::from_secs(16)).unwrap_err();
+        assert!(readiness(&stats, 0, start + Duration::from_secs(15)).is_ok());
+        let late = readiness(&stats, 0, start + Duration::from_secs(16)).unwrap_err();
         assert!(
             late.contains("16.0s ago") && late.contains("(15.0s)"),
             "{late}"
         );
         // And a short interval still gets the minimum window
         stats.interval = Duration::from_millis(100);
-        assert!(readiness(&stats, start + READY_MIN_WINDOW).is_ok());
+        assert!(readiness(&stats, 0, start + READY_MIN_WINDOW).is_ok());
         // And once the sampler is gone it is not ready, however recent the batch
         stats.connections = 0;
-        assert!(readiness(&stats, start).is_err());
+        assert!(readiness(&stats, 0, start).is_err());
     }
 }

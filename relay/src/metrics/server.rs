@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 
 use super::{encode, health, Metrics};
+use crate::source::Refusal;
 
 /// The server's bounds.
 #[derive(Clone, Copy, Debug)]
@@ -143,10 +144,15 @@ fn respond(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Byte
             ),
         },
         "/healthz" => verdict(health::liveness(metrics.heartbeat_age())),
-        "/readyz" => verdict(health::readiness(
-            &metrics.published().relay,
-            std::time::Instant::now(),
-        )),
+        "/readyz" => {
+            let refused = Refusal::ALL.iter().map(|r| r.total()).sum();
+            let relay = metrics.published().relay;
+            verdict(health::readiness(
+                &relay,
+                refused,
+                std::time::Instant::now(),
+            ))
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: /metrics, /healthz, /readyz\n".into(),
