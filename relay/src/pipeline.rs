@@ -17,7 +17,7 @@ use crate::{
     labels::stage::{LabelStage, LabelStats},
     metrics::RelayStats,
     model::Profile,
-    session::{FileLimits, Session},
+    session::{FileLimits, Session, SymbolStats},
     source::{ConnectionId, SourceEvent},
     symbolize::{sigbus, ElfCache},
     unwind::sender::{Job, TableSender},
@@ -78,6 +78,33 @@ struct Totals {
     without_process: u64,
     last_batch: Option<Instant>,
     interval: Duration,
+}
+
+impl Totals {
+    /// Adds a symbolized batch: `samples` in it, `filtered` of them left out, the session's
+    /// symbolization counters `before` and `after` it.
+    fn count_batch(
+        &mut self,
+        batch: &Batch,
+        samples: u64,
+        filtered: u64,
+        before: &SymbolStats,
+        after: &SymbolStats,
+    ) {
+        self.batches += 1;
+        self.filtered += filtered;
+        self.symbolized += samples.saturating_sub(filtered);
+        self.frames += after.frames - before.frames;
+        self.unknown_frames += after.unknown_frames - before.unknown_frames;
+        self.without_process +=
+            after.samples_without_process_facts - before.samples_without_process_facts;
+        self.last_batch = Some(Instant::now());
+        self.interval = Duration::from_nanos(
+            batch
+                .interval_end_unix_ns
+                .saturating_sub(batch.interval_start_unix_ns),
+        );
+    }
 }
 
 impl Pipeline {
@@ -263,21 +290,8 @@ impl Pipeline {
             .stats()
             .samples_dropped
             .saturating_sub(filtered_before);
-        let after = session.stats;
-        let t = &mut self.totals;
-        t.batches += 1;
-        t.filtered += filtered;
-        t.symbolized += samples.saturating_sub(filtered);
-        t.frames += after.frames - before.frames;
-        t.unknown_frames += after.unknown_frames - before.unknown_frames;
-        t.without_process +=
-            after.samples_without_process_facts - before.samples_without_process_facts;
-        t.last_batch = Some(Instant::now());
-        t.interval = Duration::from_nanos(
-            batch
-                .interval_end_unix_ns
-                .saturating_sub(batch.interval_start_unix_ns),
-        );
+        self.totals
+            .count_batch(batch, samples, filtered, &before, &session.stats);
         tracing::info!(
             connection = conn,
             sequence = batch.sequence,
@@ -677,6 +691,16 @@ mod tests {
         assert!(pipeline.take_interval().is_none());
         let stats = pipeline.labels.stats();
         assert_eq!((stats.processes_dropped, stats.samples_dropped), (1, 4));
+        // And the metrics count them as received and filtered, not symbolized
+        let counted = pipeline.stats();
+        assert_eq!(
+            (
+                counted.samples_received,
+                counted.samples_symbolized,
+                counted.samples_filtered
+            ),
+            (7, 3, 4)
+        );
         // And after another exec it is labelled anew (no stale drop)
         pipeline.handle(process_message("worker", None));
         pipeline.handle(batch(3, 0, 1, 2));
@@ -686,6 +710,39 @@ mod tests {
             profile.samples()[0].thread.resource.get("service.name"),
             Some("worker")
         );
+    }
+
+    #[test]
+    fn the_metrics_count_what_the_pipeline_saw_and_hold_what_it_holds() {
+        // Given a connected session that passed one file and one process
+        let mut pipeline = started();
+        let stats = pipeline.stats();
+        assert_eq!((stats.connections, stats.connections_total), (1, 1));
+        assert_eq!((stats.processes, stats.files), (1, 1));
+        assert!(stats.sampler.is_none() && stats.last_batch.is_none());
+        // When two batches of 5 and 3 samples arrive
+        pipeline.handle(batch(1, 0, 1, 5));
+        pipeline.handle(batch(2, 0, 1, 3));
+        // Then every sample was received and symbolized, the 1 s interval and losses are kept
+        let stats = pipeline.stats();
+        assert_eq!(
+            (
+                stats.batches,
+                stats.samples_received,
+                stats.samples_symbolized
+            ),
+            (2, 8, 8)
+        );
+        assert_eq!(stats.samples_filtered, 0);
+        assert!(stats.frames >= 4 && stats.unknown_frames <= stats.frames);
+        assert_eq!(stats.interval, Duration::from_secs(1));
+        assert!(stats.sampler.is_some() && stats.last_batch.is_some());
+        // When the connection closes, then nothing is held, and the totals stay
+        pipeline.handle(closed());
+        let stats = pipeline.stats();
+        assert_eq!((stats.connections, stats.connections_total), (0, 1));
+        assert_eq!((stats.processes, stats.files), (0, 0));
+        assert_eq!(stats.samples_received, 8);
     }
 
     #[test]
