@@ -69,8 +69,11 @@ if [ $need_build -eq 1 ]; then
 fi
 # 4. kubernetes-validate (PyPI) in its own venv under .tools/, for the deploy/kubernetes/ gate.
 #    It ships the Kubernetes JSON schemas, so validating needs no network. Skipped (fast) when the
-#    venv already has this version and its interpreter still runs.
+#    venv already has this version and its interpreter still runs. The same venv holds the
+#    official Prometheus Python client, whose text parser reads the relay's /metrics in
+#    tests/tests/metrics.rs.
 kv_version=1.37.0
+pc_version=0.26.0
 venv="$root/.tools/venv"
 if [ "$gates" != 0 ] && ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c '' 2>/dev/null \
   && compgen -G "$venv/lib/python3*/site-packages/kubernetes_validate-$kv_version.dist-info" >/dev/null; }; then
@@ -78,6 +81,11 @@ if [ "$gates" != 0 ] && ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c '
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$kv_version"
+fi
+if [ "$gates" != 0 ] && ! "$venv/bin/python" -c "import importlib.metadata as m, sys; \
+    sys.exit(m.version('prometheus-client') != '$pc_version')" 2>/dev/null; then
+  log "installing prometheus-client $pc_version (the /metrics parser) into .tools/venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "prometheus-client==$pc_version"
 fi
 
 # 5. Independent OTLP decoders for the export tests: the official Python `opentelemetry-proto`
@@ -105,5 +113,5 @@ if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-mutants" mutants --version 2>/
 fi
 
 gate_tools=""
-[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, cargo-mutants $mutants_version"
+[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -11,7 +11,10 @@
 //! period, so stop requests are seen promptly.
 
 use std::{
-    sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender},
+    sync::{
+        mpsc::{self, Receiver, RecvTimeoutError, SyncSender},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -19,6 +22,7 @@ use anyhow::Context as _;
 use ember_protocol::Losses;
 
 use crate::{
+    metrics::{Metrics, Published},
     model::Profile,
     pipeline::{Handled, Pipeline},
     session::FileLimits,
@@ -83,6 +87,9 @@ pub(crate) struct Driver {
     window_started: Instant,
     /// `run`: reloads the label settings on SIGHUP or a changed config file, between events.
     reload: Option<crate::config::reload::Reloader>,
+    /// What the metrics endpoint serves: published by the loop, never waited on.
+    metrics: Arc<Metrics>,
+    published: Published,
 }
 
 impl Driver {
@@ -96,12 +103,20 @@ impl Driver {
             window_length: window,
             window_started: Instant::now(),
             reload: None,
+            metrics: Arc::default(),
+            published: Published::default(),
         }
     }
 
     /// Reloads the label settings when `reloader` says so (checked between events).
     pub(crate) fn with_reload(mut self, reloader: crate::config::reload::Reloader) -> Self {
         self.reload = Some(reloader);
+        self
+    }
+
+    /// Publishes the loop's heartbeat and counters to `metrics` (served by `metrics::server`).
+    pub(crate) fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -137,6 +152,7 @@ impl Driver {
                 Err(RecvTimeoutError::Timeout) => Tick::Quiet,
                 Err(RecvTimeoutError::Disconnected) => Tick::Disconnected,
             };
+            self.publish();
             let flow = policy.check(&tick, self.pipeline.samples())?;
             if flow == Flow::Stop {
                 break;
@@ -167,10 +183,21 @@ impl Driver {
         Tick::Handled(handled)
     }
 
+    /// The loop is alive and here is what it counted: a few dozen numbers copied, no lock
+    /// waited on (see `metrics`).
+    fn publish(&mut self) {
+        self.metrics.heartbeat();
+        self.published.relay = self.pipeline.stats();
+        self.metrics.publish(&self.published);
+    }
+
     /// Hands the interval so far to the sinks and adds it to the window.
     fn end_interval(&mut self) {
         if let Some(interval) = self.pipeline.take_interval() {
             self.sinks.interval(&interval);
+            self.published
+                .latency
+                .observe_interval_end(interval.end_unix_ns);
             self.window.merge(interval);
         }
     }

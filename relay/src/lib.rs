@@ -14,6 +14,7 @@ pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod driver;
 pub(crate) mod labels;
+pub(crate) mod metrics;
 pub(crate) mod model;
 pub(crate) mod pipeline;
 pub(crate) mod privileges;

@@ -3,7 +3,13 @@
 //! which the driver takes when a batch completes its interval. Symbolizer state is not `Send`
 //! (blazesym resolvers), which is why all of it lives on the driver's thread.
 
-use std::{collections::HashMap, fs::File, os::fd::OwnedFd, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
@@ -12,8 +18,9 @@ use crate::{
         pushdown::IgnoreSender,
         stage::{LabelStage, LabelStats},
     },
+    metrics::RelayStats,
     model::Profile,
-    session::{FileLimits, Session},
+    session::{FileLimits, Session, SymbolStats},
     source::{ConnectionId, SourceEvent},
     symbolize::{sigbus, ElfCache},
     unwind::sender::{Job, TableSender},
@@ -59,6 +66,50 @@ pub(crate) struct Pipeline {
     controls: HashMap<ConnectionId, Arc<OwnedFd>>,
     /// Sends the processes the process filter left out to their sampler (`labels::pushdown`).
     ignore: IgnoreSender,
+    /// Totals for the metrics that outlive the sessions they come from.
+    totals: Totals,
+}
+
+/// What the pipeline counts for the metrics alone (see [`Pipeline::stats`]).
+#[derive(Default)]
+struct Totals {
+    connections: u64,
+    connections_total: u64,
+    batches: u64,
+    symbolized: u64,
+    filtered: u64,
+    frames: u64,
+    unknown_frames: u64,
+    without_process: u64,
+    last_batch: Option<Instant>,
+    interval: Duration,
+}
+
+impl Totals {
+    /// Adds a symbolized batch: `samples` in it, `filtered` of them left out, the session's
+    /// symbolization counters `before` and `after` it.
+    fn count_batch(
+        &mut self,
+        batch: &Batch,
+        samples: u64,
+        filtered: u64,
+        before: &SymbolStats,
+        after: &SymbolStats,
+    ) {
+        self.batches += 1;
+        self.filtered += filtered;
+        self.symbolized += samples.saturating_sub(filtered);
+        self.frames += after.frames - before.frames;
+        self.unknown_frames += after.unknown_frames - before.unknown_frames;
+        self.without_process +=
+            after.samples_without_process_facts - before.samples_without_process_facts;
+        self.last_batch = Some(Instant::now());
+        self.interval = Duration::from_nanos(
+            batch
+                .interval_end_unix_ns
+                .saturating_sub(batch.interval_start_unix_ns),
+        );
+    }
 }
 
 impl Pipeline {
@@ -74,6 +125,32 @@ impl Pipeline {
     /// The sampler's latest loss report (totals since it started).
     pub fn last_losses(&self) -> Losses {
         self.last_losses
+    }
+
+    /// Totals since start and what the pipeline holds now, for the metrics.
+    pub fn stats(&self) -> RelayStats {
+        let t = &self.totals;
+        let sessions = self.sessions.values();
+        RelayStats {
+            connections: t.connections,
+            connections_total: t.connections_total,
+            batches: t.batches,
+            samples_received: self.samples,
+            samples_symbolized: t.symbolized,
+            samples_filtered: t.filtered,
+            samples_without_process: t.without_process,
+            frames: t.frames,
+            unknown_frames: t.unknown_frames,
+            processes: sessions.clone().map(|s| s.process_count() as u64).sum(),
+            files: sessions.map(|s| s.file_count() as u64).sum(),
+            resolvers: self.cache.len() as u64,
+            resolvers_opened: self.cache.opened,
+            resolvers_evicted: self.cache.evicted,
+            copied_bytes: self.cache.copied_bytes,
+            sampler: (t.batches > 0).then_some(self.last_losses),
+            last_batch: t.last_batch,
+            interval: t.interval,
+        }
     }
 
     /// The sampling frequency, from the first hello or batch (0 before).
@@ -120,12 +197,15 @@ impl Pipeline {
                 if let Some(control) = &control {
                     self.ignore.connected(conn, Arc::clone(control));
                 }
+                self.totals.connections += 1;
+                self.totals.connections_total += 1;
                 if let (Some(control), Some(_)) = (control, &self.unwind) {
                     self.controls.insert(conn, control);
                 }
                 Handled::Nothing
             }
             SourceEvent::Closed { conn, error } => {
+                self.totals.connections = self.totals.connections.saturating_sub(1);
                 self.controls.remove(&conn);
                 self.ignore.closed(conn);
                 if let Some(session) = self.sessions.remove(&conn) {
@@ -218,11 +298,20 @@ impl Pipeline {
         if self.interval.frequency_hz == 0 {
             self.interval.frequency_hz = batch.frequency_hz;
         }
+        let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         self.ignore.send(conn, self.labels.take_filtered_out());
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
+        // Saturating: a new labels stage (set_labels) starts its counters at zero.
+        let filtered = self
+            .labels
+            .stats()
+            .samples_dropped
+            .saturating_sub(filtered_before);
+        self.totals
+            .count_batch(batch, samples, filtered, &before, &session.stats);
         tracing::info!(
             connection = conn,
             sequence = batch.sequence,
@@ -237,10 +326,15 @@ impl Pipeline {
             frames = session.stats.frames,
             files_closed = session.stats.files_closed,
             files_swept = session.stats.files_swept,
+            sampler_samples = batch.losses.samples,
+            idle_samples = batch.losses.idle,
+            filtered_samples = batch.losses.filtered,
             user_stack_lost = batch.losses.user_stack_lost,
             kernel_stack_lost = batch.losses.kernel_stack_lost,
             counts_full = batch.losses.counts_full,
+            backlog_dropped_batches = batch.losses.backlog_dropped_batches,
             backlog_dropped_samples = batch.losses.backlog_dropped_samples,
+            proc_errors = batch.losses.proc_errors,
             facts_dropped = batch.losses.facts_dropped,
             facts_truncated = batch.losses.facts_truncated,
             files_unopened = batch.losses.files_unopened,
@@ -621,6 +715,16 @@ mod tests {
         assert!(pipeline.take_interval().is_none());
         let stats = pipeline.labels.stats();
         assert_eq!((stats.processes_dropped, stats.samples_dropped), (1, 4));
+        // And the metrics count them as received and filtered, not symbolized
+        let counted = pipeline.stats();
+        assert_eq!(
+            (
+                counted.samples_received,
+                counted.samples_symbolized,
+                counted.samples_filtered
+            ),
+            (7, 3, 4)
+        );
         // And after another exec it is labelled anew (no stale drop)
         pipeline.handle(process_message("worker", None));
         pipeline.handle(batch(3, 0, 1, 2));
@@ -727,6 +831,39 @@ mod tests {
         pipeline.handle(batch(1, 0, 1, 3));
         assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
         assert!(ignore_messages(&theirs).is_empty());
+    }
+
+    #[test]
+    fn the_metrics_count_what_the_pipeline_saw_and_hold_what_it_holds() {
+        // Given a connected session that passed one file and one process
+        let mut pipeline = started();
+        let stats = pipeline.stats();
+        assert_eq!((stats.connections, stats.connections_total), (1, 1));
+        assert_eq!((stats.processes, stats.files), (1, 1));
+        assert!(stats.sampler.is_none() && stats.last_batch.is_none());
+        // When two batches of 5 and 3 samples arrive
+        pipeline.handle(batch(1, 0, 1, 5));
+        pipeline.handle(batch(2, 0, 1, 3));
+        // Then every sample was received and symbolized, the 1 s interval and losses are kept
+        let stats = pipeline.stats();
+        assert_eq!(
+            (
+                stats.batches,
+                stats.samples_received,
+                stats.samples_symbolized
+            ),
+            (2, 8, 8)
+        );
+        assert_eq!(stats.samples_filtered, 0);
+        assert!(stats.frames >= 4 && stats.unknown_frames <= stats.frames);
+        assert_eq!(stats.interval, Duration::from_secs(1));
+        assert!(stats.sampler.is_some() && stats.last_batch.is_some());
+        // When the connection closes, then nothing is held, and the totals stay
+        pipeline.handle(closed());
+        let stats = pipeline.stats();
+        assert_eq!((stats.connections, stats.connections_total), (0, 1));
+        assert_eq!((stats.processes, stats.files), (0, 0));
+        assert_eq!(stats.samples_received, 8);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::{
     },
     path::PathBuf,
     process::{Child, Command, Stdio},
+    sync::Arc,
     thread,
     time::{Duration, Instant},
 };
@@ -25,6 +26,7 @@ use crate::cli::labels::LabelConfig;
 use crate::{
     config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
+    metrics::{self, Metrics, MetricsSettings},
     model::Profile,
     pipeline::Handled,
     privileges,
@@ -62,6 +64,8 @@ pub struct RecordConfig {
     pub unwind: UnwindMode,
     /// `--command-line`, passed to the sampler (which decides what leaves it).
     pub command_line: bool,
+    /// `--metrics-address` (off unless asked for).
+    pub metrics: MetricsSettings,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -124,11 +128,15 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let mut sinks = Sinks::default();
     sinks.push(Box::new(files));
     // Started unprivileged: threads created earlier would keep root's capabilities.
-    sinks.extend(exporters::start(config.exporters)?);
+    // Served unprivileged too (the listening socket and its thread are created here).
+    let metrics = Arc::new(Metrics::default());
+    metrics::serve(config.metrics, &metrics)?;
+    sinks.extend(exporters::start(config.exporters, &metrics)?);
     let mut policy = Recording::new(config.duration, control);
     let ended = Driver::new(sinks, config.file_limits, None)
         .with_labels(labels)
         .with_unwind(config.unwind)?
+        .with_metrics(metrics)
         .run(&events, &mut policy)?;
     if policy.tty {
         eprintln!();

@@ -4,7 +4,7 @@
 //! refusing root, the stop and reload signals, the window length, the drain timeout. SIGHUP and a
 //! changed `--config` file reload the label settings ([`crate::config::reload`]).
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
@@ -13,6 +13,7 @@ use crate::cli::labels::LabelConfig;
 use crate::{
     config::{reload::Reloader, Exporters},
     driver::{self, Driver, Flow, Policy, Tick},
+    metrics::{self, Metrics, MetricsSettings},
     privileges,
     session::FileLimits,
     sink::{exporters, files::FilesSink, SinkReport, Sinks},
@@ -35,6 +36,8 @@ pub struct RunConfig {
     pub kubernetes: Option<crate::labels::kubernetes::KubernetesSettings>,
     /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
     pub unwind: UnwindMode,
+    /// `--metrics-address`: where /metrics, /healthz and /readyz are served.
+    pub metrics: MetricsSettings,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -83,7 +86,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
             FilesSink::create(dir)?.with_folded_root(config.labels.folded_root),
         ));
     }
-    sinks.extend(exporters::start(config.exporters)?);
+    let metrics = Arc::new(Metrics::default());
+    metrics::serve(config.metrics, &metrics)?;
+    sinks.extend(exporters::start(config.exporters, &metrics)?);
     let source = config.labels.source.clone();
     let reloader = Reloader::new(
         source.config.clone(),
@@ -99,7 +104,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(labels)
         .with_reload(reloader)
-        .with_unwind(config.unwind)?;
+        .with_unwind(config.unwind)?
+        .with_metrics(metrics);
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
+    metrics::{MetricsAddress, MetricsSettings},
     record, run, session,
     sink::otlp::{transport::Protocol, ProtoVersion},
     unwind::sender::UnwindMode,
@@ -71,6 +72,19 @@ impl ExportArgs {
         }
         Ok(exporters)
     }
+
+    /// `--metrics-address` over the file's `metrics.address` over the command's `default`.
+    fn metrics(
+        &self,
+        flag: Option<MetricsAddress>,
+        default: MetricsAddress,
+    ) -> anyhow::Result<MetricsSettings> {
+        let file = match (&self.config, flag) {
+            (Some(path), None) => config::load(path)?.metrics.address,
+            _ => None,
+        };
+        Ok(MetricsSettings::resolve(flag, file, default))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -116,6 +130,12 @@ pub(super) struct RunArgs {
     /// it before use; start the sampler with the same --unwind).
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
+    /// Serve the relay's own metrics (/metrics, Prometheus text) and health (/healthz: the loop
+    /// is alive; /readyz: a sampler is connected and sent a batch within 3 intervals) over HTTP
+    /// on HOST:PORT, or `off`. Default 127.0.0.1:17471 (this host only); in a pod, use
+    /// 0.0.0.0:17471 so the kubelet's probes reach it. Config file: `metrics.address`.
+    #[arg(long, value_name = "HOST:PORT|off")]
+    metrics_address: Option<MetricsAddress>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -174,6 +194,11 @@ pub(super) struct RecordArgs {
     /// exported as `process.command_line`. Off by default: arguments can hold secrets.
     #[arg(long)]
     command_line: bool,
+    /// Serve the relay's own metrics (/metrics) and health (/healthz, /readyz) over HTTP on
+    /// HOST:PORT while recording, e.g. 127.0.0.1:17471. Default: off (config `metrics.address`
+    /// turns it on too).
+    #[arg(long, value_name = "HOST:PORT|off")]
+    metrics_address: Option<MetricsAddress>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -198,6 +223,9 @@ impl RunArgs {
             labels: self.labels.resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
+            metrics: self
+                .export
+                .metrics(self.metrics_address, MetricsAddress::run_default())?,
         })
     }
 }
@@ -225,6 +253,9 @@ impl RecordArgs {
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
             command_line: self.command_line,
+            metrics: self
+                .export
+                .metrics(self.metrics_address, MetricsAddress::Off)?,
         })
     }
 }

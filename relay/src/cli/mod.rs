@@ -174,6 +174,55 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_served_by_run_on_loopback_and_by_record_only_when_asked() {
+        use crate::metrics::{MetricsAddress, MetricsSettings};
+        let run = |args: &[&str]| {
+            let Command::Run(a) = parse(&[&["run"], args].concat()).command else {
+                panic!("not run")
+            };
+            a.into_config().expect("run config").metrics
+        };
+        let record = |args: &[&str]| {
+            let Command::Record(a) = parse(&[&["record"], args].concat()).command else {
+                panic!("not record")
+            };
+            a.into_config(LogFormat::Text)
+                .expect("record config")
+                .metrics
+        };
+        // Given no flag: run serves 127.0.0.1:17471 (a taken port only warns), record nothing
+        assert_eq!(
+            run(&[]),
+            MetricsSettings {
+                address: MetricsAddress::run_default(),
+                explicit: false
+            }
+        );
+        assert_eq!(record(&[]).address, MetricsAddress::Off);
+        // The flag turns them off, or on at an address that must then be bound
+        assert_eq!(
+            run(&["--metrics-address", "off"]).address,
+            MetricsAddress::Off
+        );
+        let asked = record(&["--metrics-address", "127.0.0.1:0"]);
+        assert_eq!(asked.address, "127.0.0.1:0".parse().expect("address"));
+        assert!(asked.explicit);
+        // And the config file's metrics.address, unless the flag says otherwise
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        std::fs::write(file.path(), "metrics:\n  address: 0.0.0.0:9\n").expect("write");
+        let path = file.path().to_str().expect("utf-8 path");
+        let from_file = run(&["--config", path]);
+        assert_eq!(from_file.address, "0.0.0.0:9".parse().expect("address"));
+        assert_eq!(
+            run(&["--config", path, "--metrics-address", "off"]).address,
+            MetricsAddress::Off
+        );
+        assert!(
+            Cli::try_parse_from(["ember-relay", "run", "--metrics-address", "localhost"]).is_err()
+        );
+    }
+
+    #[test]
     fn out_of_range_frequency_is_refused() {
         assert!(Cli::try_parse_from(["ember-relay", "record", "-F", "0"]).is_err());
         assert!(Cli::try_parse_from(["ember-relay", "record", "-F", "10001"]).is_err());

@@ -19,6 +19,8 @@
 //!     target_label: service.name
 //! kubernetes:                 # k8s.* labels (crate::labels::kubernetes); on by default in a pod
 //!   enabled: true
+//! metrics:                    # /metrics, /healthz, /readyz (crate::metrics)
+//!   address: 0.0.0.0:17471    # HOST:PORT or off
 //! ```
 //!
 //! The label sections are resolved by the command line (`cli::labels`); `run` reloads them on
@@ -61,6 +63,9 @@ pub struct RelayConfig {
     /// Kubernetes labels (crate::labels::kubernetes::KubernetesConfig).
     #[serde(default)]
     pub kubernetes: crate::labels::kubernetes::KubernetesConfig,
+    /// The relay's own metrics and health endpoint (`address: HOST:PORT | off`).
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

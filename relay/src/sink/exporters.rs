@@ -12,7 +12,7 @@ use super::{
     otlp::{stats::Snapshot, Drained, Exporter},
     Sink, SinkReport,
 };
-use crate::{config::Exporters, model::Profile};
+use crate::{config::Exporters, metrics::Metrics, model::Profile};
 
 /// How the OTLP exporter ended.
 #[derive(Debug)]
@@ -22,14 +22,16 @@ pub(crate) struct OtlpFinished {
     pub stats: Snapshot,
 }
 
-/// Starts the exporters `config` enables, debug first (as it prints, OTLP queues).
-pub(crate) fn start(config: Exporters) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+/// Starts the exporters `config` enables, debug first (as it prints, OTLP queues); `metrics`
+/// serves the OTLP exporter's counters.
+pub(crate) fn start(config: Exporters, metrics: &Metrics) -> anyhow::Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(settings) = config.debug {
         sinks.push(Box::new(DebugSink(settings)));
     }
     if let Some(settings) = config.otlp {
         let exporter = Exporter::start(settings).context("starting the OTLP exporter")?;
+        metrics.watch_exporter(exporter.shared_stats());
         sinks.push(Box::new(OtlpSink(exporter)));
     }
     Ok(sinks)

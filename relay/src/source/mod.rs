@@ -12,7 +12,7 @@ use std::{
     os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc::SyncSender,
         Arc,
     },
@@ -72,6 +72,81 @@ pub enum ConnectionError {
     #[error("message refers to fd index {index} but carried {count} descriptors")]
     FdIndex { index: i32, count: usize },
 }
+
+impl ConnectionError {
+    /// The reason's name in the metrics (`ember_relay_sampler_connections_refused_total`).
+    fn reason(&self) -> Refusal {
+        match self {
+            Self::Recv(_) => Refusal::Recv,
+            Self::Oversized { .. } => Refusal::Oversized,
+            Self::Decode(_) => Refusal::Malformed,
+            Self::NoHello(_) | Self::DuplicateHello => Refusal::Handshake,
+            Self::Version { .. } => Refusal::Version,
+            Self::FdIndex { .. } => Refusal::FdIndex,
+        }
+    }
+}
+
+/// Why the relay refused a connection or closed it on an error: counted for the metrics (one
+/// process-wide table, as the accept and connection threads have no other way to the driver
+/// that could not block them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The peer's uid is not one of `--sampler-uid`.
+    PeerUid,
+    /// Its credentials could not be read.
+    Credentials,
+    /// [`MAX_CONNECTIONS`] samplers were connected already.
+    TooMany,
+    Recv,
+    Oversized,
+    Malformed,
+    /// No hello first, or a second one.
+    Handshake,
+    /// The protocol versions differ.
+    Version,
+    FdIndex,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Self; 9] = [
+        Self::PeerUid,
+        Self::Credentials,
+        Self::TooMany,
+        Self::Recv,
+        Self::Oversized,
+        Self::Malformed,
+        Self::Handshake,
+        Self::Version,
+        Self::FdIndex,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerUid => "peer_uid",
+            Self::Credentials => "credentials",
+            Self::TooMany => "too_many",
+            Self::Recv => "recv_error",
+            Self::Oversized => "oversized",
+            Self::Malformed => "malformed",
+            Self::Handshake => "handshake",
+            Self::Version => "version",
+            Self::FdIndex => "fd_index",
+        }
+    }
+
+    fn count(self) {
+        REFUSALS[self as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections refused or closed for this reason since start.
+    pub(crate) fn total(self) -> u64 {
+        REFUSALS[self as usize].load(Ordering::Relaxed)
+    }
+}
+
+static REFUSALS: [AtomicU64; Refusal::ALL.len()] =
+    [const { AtomicU64::new(0) }; Refusal::ALL.len()];
 
 pub use ember_common::raise_nofile_limit;
 
@@ -164,6 +239,7 @@ pub fn serve_connection(
     let error = match result {
         Ok(()) => None,
         Err(err) => {
+            err.reason().count();
             tracing::error!(
                 connection = conn,
                 peer_pid,
@@ -301,6 +377,7 @@ pub fn spawn_listener(
                 };
                 match transport::peer_credentials(fd.as_fd()) {
                     Ok((uid, _, pid)) if !sampler_uids.contains(&uid) => {
+                        Refusal::PeerUid.count();
                         tracing::error!(
                             peer_uid = uid,
                             peer_pid = pid,
@@ -311,11 +388,13 @@ pub fn spawn_listener(
                     }
                     Ok(_) => {}
                     Err(err) => {
+                        Refusal::Credentials.count();
                         tracing::error!(%err, "closing connection: cannot read its credentials");
                         continue;
                     }
                 }
                 if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    Refusal::TooMany.count();
                     tracing::error!(
                         max = MAX_CONNECTIONS,
                         "closing connection: too many samplers connected at once"

@@ -154,6 +154,11 @@ impl Exporter {
         self.stats.snapshot()
     }
 
+    /// The live counters, for the metrics endpoint to read at scrape time.
+    pub fn shared_stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
+    }
+
     pub fn description(&self) -> &str {
         &self.description
     }

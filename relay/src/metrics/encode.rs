@@ -1,0 +1,670 @@
+//! `/metrics`: the Prometheus text exposition (format 0.0.4, prometheus-client's encoder) of
+//! one [`Metrics`] at scrape time. Names follow Prometheus' conventions: `ember_relay_` for the
+//! relay's own series, `ember_sampler_` for the counters the sampler reports in each batch's
+//! `Losses` (it has no network, so the relay serves them), base units in the name (`_bytes`,
+//! `_seconds`) and `_total` on counters (added by the encoder to the names below), and the
+//! `process_` series every Prometheus client library serves (see [`super::process`]).
+//!
+//! Each series is one line of a table: a field added to `Losses` is one added line in
+//! [`SAMPLER`] (a test fails until it is there).
+
+use std::{fmt, time::Instant};
+
+use ember_protocol::{Losses, PROTOCOL_VERSION};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+
+use super::{
+    process::{self, ProcessStats},
+    Metrics, Published, RelayStats, LATENCY_BUCKETS,
+};
+use crate::{
+    sink::otlp::stats::{DropReason, Snapshot},
+    source::Refusal,
+};
+
+/// The `Content-Type` of what [`render`] returns.
+pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Counter or gauge.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One series of the relay's snapshot: name (without `ember_relay_` and `_total`), help, kind,
+/// value.
+type RelaySeries = (&'static str, &'static str, Kind, fn(&RelayStats) -> u64);
+
+const RELAY: &[RelaySeries] = &[
+    ("samplers_connected", "Samplers connected now.", Kind::Gauge, |s| s.connections),
+    ("sampler_connections", "Sampler connections accepted since start.", Kind::Counter, |s| s.connections_total),
+    ("batches_received", "Batch parts received from samplers.", Kind::Counter, |s| s.batches),
+    ("samples_received", "Samples received from samplers (the sum of `samples` of the `batch received` log lines).", Kind::Counter, |s| s.samples_received),
+    ("samples_symbolized", "Samples symbolized into profiles (received minus filtered).", Kind::Counter, |s| s.samples_symbolized),
+    ("samples_filtered", "Samples left out because their process was filtered out (process_filter) or dropped by a relabel rule.", Kind::Counter, |s| s.samples_filtered),
+    ("samples_without_process", "Samples whose process facts had not arrived: named by their thread, their user frames unknown.", Kind::Counter, |s| s.samples_without_process),
+    ("frames", "Stack frames symbolized (each distinct stack of a batch counted once).", Kind::Counter, |s| s.frames),
+    ("unknown_frames", "Stack frames that could not be named, counted like frames (each names its reason in the profile).", Kind::Counter, |s| s.unknown_frames),
+    ("processes", "Processes whose facts the relay holds now.", Kind::Gauge, |s| s.processes),
+    ("files", "Binaries passed by samplers that the relay holds open now.", Kind::Gauge, |s| s.files),
+    ("symbolizer_resolvers", "Symbol resolvers (one per open binary) in the symbolizer cache now.", Kind::Gauge, |s| s.resolvers),
+    ("symbolizer_resolvers_opened", "Symbol resolvers opened: symbolizer cache misses.", Kind::Counter, |s| s.resolvers_opened),
+    ("symbolizer_resolvers_evicted", "Symbol resolvers closed because unused or over the cache's bounds.", Kind::Counter, |s| s.resolvers_evicted),
+    ("symbolizer_copied_bytes", "Bytes of binaries copied into memory because the relay may not reopen them.", Kind::Counter, |s| s.copied_bytes),
+];
+
+/// One counter of the sampler's `Losses` (totals since the sampler started): name without
+/// `ember_sampler_` and `_total`, help, field.
+type SamplerSeries = (&'static str, &'static str, fn(&Losses) -> u64);
+
+const SAMPLER: &[SamplerSeries] = &[
+    (
+        "samples",
+        "Samples the eBPF program saw on every CPU (the denominator of the losses).",
+        |l| l.samples,
+    ),
+    (
+        "idle_samples",
+        "Samples of the idle task, not recorded by design.",
+        |l| l.idle,
+    ),
+    (
+        "filtered_samples",
+        "Samples of other processes while the sampler is limited to one pid.",
+        |l| l.filtered,
+    ),
+    (
+        "user_stacks_lost",
+        "Samples kept without their user stack (stack map collision or full).",
+        |l| l.user_stack_lost,
+    ),
+    (
+        "kernel_stacks_lost",
+        "Samples kept without their kernel stack (stack map collision or full).",
+        |l| l.kernel_stack_lost,
+    ),
+    (
+        "counts_map_full_samples",
+        "Samples dropped because the counts map was full.",
+        |l| l.counts_full,
+    ),
+    (
+        "backlog_dropped_batches",
+        "Batches dropped from the sampler's backlog while no relay was connected.",
+        |l| l.backlog_dropped_batches,
+    ),
+    (
+        "backlog_dropped_samples",
+        "Samples in the batches dropped from the backlog.",
+        |l| l.backlog_dropped_samples,
+    ),
+    (
+        "proc_errors",
+        "Processes whose facts could not be read (often: exited first).",
+        |l| l.proc_errors,
+    ),
+    (
+        "facts_dropped",
+        "Process-fact datagrams the socket refused: dropped, never retried.",
+        |l| l.facts_dropped,
+    ),
+    (
+        "facts_truncated",
+        "Processes whose facts were cut to the sampler's caps.",
+        |l| l.facts_truncated,
+    ),
+    (
+        "files_unopened",
+        "Mapped files not opened because of the sampler's open-file caps.",
+        |l| l.files_unopened,
+    ),
+    (
+        "unwind_tables_loaded",
+        "Unwind tables the sampler checked and accepted.",
+        |l| l.unwind_tables_loaded,
+    ),
+    (
+        "unwind_tables_refused",
+        "Unwind tables (or chunks) the sampler refused: malformed, unknown file, over budget.",
+        |l| l.unwind_tables_refused,
+    ),
+    (
+        "unwind_stopped",
+        "DWARF-walked user stacks cut at a row the unwinder cannot follow.",
+        |l| l.unwind_stopped,
+    ),
+    (
+        "unwind_cut",
+        "DWARF-walked user stacks cut at the frame cap.",
+        |l| l.unwind_cut,
+    ),
+    (
+        "unwind_map_full",
+        "Samples whose walked stack found the stack map full (frame-pointer stack kept).",
+        |l| l.unwind_map_full,
+    ),
+];
+
+/// One counter or gauge of an OTLP exporter: name without `ember_relay_export_` and `_total`.
+type ExportSeries = (&'static str, &'static str, Kind, fn(&Snapshot) -> u64);
+
+const EXPORT: &[ExportSeries] = &[
+    (
+        "profiles",
+        "Interval profiles handed to the OTLP exporter.",
+        Kind::Counter,
+        |s| s.profiles,
+    ),
+    (
+        "requests",
+        "OTLP export requests delivered.",
+        Kind::Counter,
+        |s| s.requests_sent,
+    ),
+    (
+        "samples",
+        "Samples delivered over OTLP.",
+        Kind::Counter,
+        |s| s.samples_sent,
+    ),
+    (
+        "bytes",
+        "Uncompressed protobuf bytes delivered over OTLP.",
+        Kind::Counter,
+        |s| s.bytes_sent,
+    ),
+    (
+        "http_body_bytes",
+        "OTLP/HTTP body bytes sent, after compression (gRPC: not counted).",
+        Kind::Counter,
+        |s| s.http_body_bytes_sent,
+    ),
+    (
+        "retries",
+        "OTLP request attempts retried after a retryable failure.",
+        Kind::Counter,
+        |s| s.retries,
+    ),
+    (
+        "split_requests",
+        "OTLP requests split because they exceeded the request size limit.",
+        Kind::Counter,
+        |s| s.split_requests,
+    ),
+    (
+        "partial_successes",
+        "OTLP responses reporting a partial success.",
+        Kind::Counter,
+        |s| s.partial_success,
+    ),
+    (
+        "rejected_profiles",
+        "Profiles the receiver rejected in partial successes.",
+        Kind::Counter,
+        |s| s.rejected_profiles,
+    ),
+    (
+        "queue_bytes",
+        "Bytes of encoded requests waiting in the export queue now.",
+        Kind::Gauge,
+        |s| s.queue_bytes,
+    ),
+    (
+        "queue_high_water_bytes",
+        "The most bytes the export queue has held.",
+        Kind::Gauge,
+        |s| s.queue_high_water,
+    ),
+    (
+        "queue_requests",
+        "Requests waiting in the export queue now.",
+        Kind::Gauge,
+        |s| s.queue_requests,
+    ),
+];
+
+/// Encodes everything `metrics` holds now.
+pub(crate) fn render(metrics: &Metrics) -> Result<String, fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape {
+        published: metrics.published(),
+        exporters: metrics.exporters().iter().map(|s| s.snapshot()).collect(),
+        heartbeat_age: metrics.heartbeat_age().as_secs_f64(),
+        started_unix: metrics.started_unix_seconds(),
+        now: Instant::now(),
+        process: process::read(),
+    }));
+    let mut text = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+/// The values of one scrape.
+#[derive(Debug)]
+struct Scrape {
+    published: Published,
+    exporters: Vec<Snapshot>,
+    heartbeat_age: f64,
+    started_unix: f64,
+    now: Instant,
+    process: Option<ProcessStats>,
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let relay = &self.published.relay;
+        let build = [
+            ("version", env!("CARGO_PKG_VERSION").to_owned()),
+            ("protocol_version", PROTOCOL_VERSION.to_string()),
+        ];
+        encoder
+            .encode_descriptor(
+                "ember_relay_build",
+                "The relay's version and protocol version (value 1).",
+                None,
+                MetricType::Info,
+            )?
+            .encode_info(&build)?;
+        self.encode_process(&mut encoder)?;
+        gauge_f64(
+            &mut encoder,
+            "ember_relay_loop_heartbeat_age_seconds",
+            "Seconds since the relay's loop last stepped (/healthz fails above 30).",
+            self.heartbeat_age,
+        )?;
+        gauge_f64(
+            &mut encoder,
+            "ember_relay_last_batch_age_seconds",
+            "Seconds since the latest batch arrived (absent before the first one).",
+            relay.last_batch.map_or(f64::NAN, |at| {
+                self.now.saturating_duration_since(at).as_secs_f64()
+            }),
+        )?;
+        for (name, help, kind, value) in RELAY {
+            series(
+                &mut encoder,
+                &format!("ember_relay_{name}"),
+                help,
+                *kind,
+                value(relay),
+            )?;
+        }
+        let mut refused = encoder.encode_descriptor(
+            "ember_relay_sampler_connections_refused",
+            "Sampler connections refused, or closed on a protocol error, by reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for reason in Refusal::ALL {
+            let labels = [("reason", reason.as_str())];
+            ConstCounter::new(reason.total()).encode(refused.encode_family(&labels)?)?;
+        }
+        self.encode_latency(&mut encoder)?;
+        if let Some(losses) = &relay.sampler {
+            for (name, help, value) in SAMPLER {
+                let name = format!("ember_sampler_{name}");
+                series(&mut encoder, &name, help, Kind::Counter, value(losses))?;
+            }
+        }
+        for export in &self.exporters {
+            encode_export(&mut encoder, export)?;
+        }
+        Ok(())
+    }
+}
+
+impl Scrape {
+    /// The conventional `process_` series (those that could be read).
+    fn encode_process(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        gauge_f64(
+            encoder,
+            "process_start_time_seconds",
+            "When the relay started, seconds since the Unix epoch.",
+            self.started_unix,
+        )?;
+        let Some(p) = &self.process else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        let help = "User and system CPU time the relay used, in seconds.";
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            help,
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size, in bytes.",
+                Some(p.resident_bytes),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size, in bytes.",
+                Some(p.virtual_bytes),
+            ),
+            ("process_threads", "Threads of the relay.", Some(p.threads)),
+            (
+                "process_open_fds",
+                "Open file descriptors (passed binaries included).",
+                p.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "The soft limit on open file descriptors.",
+                p.max_fds,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(value) = value {
+                series(encoder, name, help, Kind::Gauge, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_latency(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        let latency = &self.published.latency;
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(latency.buckets)
+            .collect();
+        encoder
+            .encode_descriptor(
+                "ember_relay_batch_latency_seconds",
+                "From an interval's end (sampler's clock) to its profile reaching the sinks.",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<NoLabelSet>(latency.sum_seconds, latency.count, &buckets, None)
+    }
+}
+
+/// A family of the exporter's drops by reason: name, help, value of one reason.
+type DropSeries = (&'static str, &'static str, fn(&Snapshot, DropReason) -> u64);
+
+/// The OTLP exporter's series, dropped requests and samples by reason.
+fn encode_export(encoder: &mut DescriptorEncoder, export: &Snapshot) -> Result<(), fmt::Error> {
+    for (name, help, kind, value) in EXPORT {
+        let name = format!("ember_relay_export_{name}");
+        series(encoder, &name, help, *kind, value(export))?;
+    }
+    let dropped: [DropSeries; 2] = [
+        (
+            "ember_relay_export_dropped_requests",
+            "OTLP requests given up, by reason.",
+            Snapshot::dropped_requests,
+        ),
+        (
+            "ember_relay_export_dropped_samples",
+            "Samples in the OTLP requests given up, by reason.",
+            Snapshot::dropped_samples,
+        ),
+    ];
+    for (name, help, value) in dropped {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for reason in DropReason::ALL {
+            let labels = [("reason", reason.as_str())];
+            ConstCounter::new(value(export, reason)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn series(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    value: u64,
+) -> Result<(), fmt::Error> {
+    match kind {
+        Kind::Counter => {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)
+        }
+        Kind::Gauge => {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)
+        }
+    }
+}
+
+/// A gauge with a fractional value; NaN leaves it out.
+fn gauge_f64(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> Result<(), fmt::Error> {
+    if value.is_nan() {
+        return Ok(());
+    }
+    let gauge = ConstGauge::new(value);
+    gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc};
+
+    use super::*;
+    use crate::sink::otlp::stats::Stats;
+
+    /// `name{labels}` -> value, and each family's HELP text and TYPE.
+    struct Parsed {
+        values: BTreeMap<String, f64>,
+        help: BTreeMap<String, String>,
+        types: BTreeMap<String, String>,
+    }
+
+    fn parse(text: &str) -> Parsed {
+        let mut parsed = Parsed {
+            values: BTreeMap::new(),
+            help: BTreeMap::new(),
+            types: BTreeMap::new(),
+        };
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').expect("HELP name text");
+                parsed.help.insert(name.to_owned(), help.to_owned());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+                parsed.types.insert(name.to_owned(), kind.to_owned());
+            } else {
+                let (series, value) = line.rsplit_once(' ').expect("series value");
+                let value = value.parse().expect("a number");
+                assert!(
+                    parsed.values.insert(series.to_owned(), value).is_none(),
+                    "{line}"
+                );
+            }
+        }
+        parsed
+    }
+
+    /// Losses with every field a different value: field i holds 1000 + i.
+    fn distinct_losses() -> Losses {
+        let mut losses = Losses::default();
+        let fields: [&mut u64; 17] = [
+            &mut losses.samples,
+            &mut losses.idle,
+            &mut losses.filtered,
+            &mut losses.user_stack_lost,
+            &mut losses.kernel_stack_lost,
+            &mut losses.counts_full,
+            &mut losses.backlog_dropped_batches,
+            &mut losses.backlog_dropped_samples,
+            &mut losses.proc_errors,
+            &mut losses.facts_dropped,
+            &mut losses.facts_truncated,
+            &mut losses.files_unopened,
+            &mut losses.unwind_tables_loaded,
+            &mut losses.unwind_tables_refused,
+            &mut losses.unwind_stopped,
+            &mut losses.unwind_cut,
+            &mut losses.unwind_map_full,
+        ];
+        for (i, field) in fields.into_iter().enumerate() {
+            *field = 1000 + i as u64;
+        }
+        losses
+    }
+
+    fn scraped(metrics: &Metrics) -> Parsed {
+        parse(&render(metrics).expect("encodes"))
+    }
+
+    #[test]
+    fn every_sampler_loss_field_is_a_counter_with_its_own_value() {
+        // Given a snapshot whose loss report has a distinct value in every field
+        let metrics = Metrics::default();
+        let losses = distinct_losses();
+        metrics.publish(&Published {
+            relay: RelayStats {
+                sampler: Some(losses),
+                ..RelayStats::default()
+            },
+            ..Published::default()
+        });
+        // When it is scraped
+        let parsed = scraped(&metrics);
+        // Then each field of `Losses` (counted from its Debug form, so a new field counts too)
+        // is one ember_sampler_*_total counter, and no two carry the same field
+        let fields = format!("{losses:?}").matches(": ").count();
+        let sampler: BTreeMap<&String, &f64> = parsed
+            .values
+            .iter()
+            .filter(|(name, _)| name.starts_with("ember_sampler_"))
+            .collect();
+        assert_eq!(
+            sampler.len(),
+            fields,
+            "one series per Losses field: {sampler:#?}"
+        );
+        let mut values: Vec<u64> = sampler.values().map(|v| **v as u64).collect();
+        values.sort_unstable();
+        assert_eq!(values, (1000..1000 + fields as u64).collect::<Vec<_>>());
+        assert_eq!(
+            parsed.values["ember_sampler_counts_map_full_samples_total"],
+            1005.0
+        );
+        assert_eq!(
+            parsed.values["ember_sampler_user_stacks_lost_total"],
+            1003.0
+        );
+        for name in sampler.keys() {
+            assert!(name.ends_with("_total"), "{name}");
+            assert_eq!(parsed.types[*name], "counter", "{name}");
+        }
+    }
+
+    #[test]
+    fn relay_series_have_conventional_names_types_and_help() {
+        // Given a relay that received batches and an OTLP exporter that dropped one request
+        let metrics = Metrics::default();
+        let mut latency = super::super::Latency::default();
+        latency.observe(0.02);
+        latency.observe(0.3);
+        metrics.publish(&Published {
+            relay: RelayStats {
+                connections: 1,
+                connections_total: 2,
+                samples_received: 42,
+                samples_symbolized: 40,
+                samples_filtered: 2,
+                processes: 7,
+                ..RelayStats::default()
+            },
+            latency,
+        });
+        let stats = Arc::new(Stats::default());
+        stats.dropped(DropReason::QueueFull, 9);
+        stats
+            .queue_bytes
+            .store(4096, std::sync::atomic::Ordering::Relaxed);
+        metrics.watch_exporter(stats);
+        // When it is scraped
+        let parsed = scraped(&metrics);
+        let v = |name: &str| parsed.values.get(name).copied();
+        // Then counters end in _total, gauges do not, and every family has a HELP line
+        assert_eq!(v("ember_relay_samples_received_total"), Some(42.0));
+        assert_eq!(v("ember_relay_samples_symbolized_total"), Some(40.0));
+        assert_eq!(v("ember_relay_samplers_connected"), Some(1.0));
+        assert_eq!(v("ember_relay_sampler_connections_total"), Some(2.0));
+        assert_eq!(v("ember_relay_processes"), Some(7.0));
+        assert_eq!(parsed.types["ember_relay_processes"], "gauge");
+        assert_eq!(
+            parsed.types["ember_relay_samples_received_total"],
+            "counter"
+        );
+        let refused = "ember_relay_sampler_connections_refused_total";
+        assert_eq!(parsed.types[refused], "counter");
+        assert!(v(&format!("{refused}{{reason=\"version\"}}")).is_some());
+        assert_eq!(
+            v("ember_relay_build_info{version=\"0.1.0\",protocol_version=\"3\"}"),
+            Some(1.0)
+        );
+        // And the latency histogram is cumulative, in seconds
+        assert_eq!(
+            parsed.types["ember_relay_batch_latency_seconds"],
+            "histogram"
+        );
+        assert_eq!(
+            v("ember_relay_batch_latency_seconds_bucket{le=\"0.025\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            v("ember_relay_batch_latency_seconds_bucket{le=\"0.5\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            v("ember_relay_batch_latency_seconds_bucket{le=\"+Inf\"}"),
+            Some(2.0)
+        );
+        assert_eq!(v("ember_relay_batch_latency_seconds_count"), Some(2.0));
+        // And the exporter's drops are one family labelled by reason, its queue a gauge in bytes
+        let dropped = |reason: &str| {
+            v(&format!(
+                "ember_relay_export_dropped_samples_total{{reason=\"{reason}\"}}"
+            ))
+        };
+        assert_eq!(dropped("queue_full"), Some(9.0));
+        assert_eq!(dropped("retries_exhausted"), Some(0.0));
+        assert_eq!(v("ember_relay_export_queue_bytes"), Some(4096.0));
+        // And the process's own resources under the conventional names
+        assert_eq!(parsed.types["process_cpu_seconds_total"], "counter");
+        assert!(v("process_resident_memory_bytes").is_some_and(|b| b > 0.0));
+        assert!(v("process_open_fds").is_some_and(|n| n >= 3.0));
+        // And no sampler series before the first batch
+        assert!(!parsed
+            .values
+            .keys()
+            .any(|k| k.starts_with("ember_sampler_")));
+        for name in parsed.types.keys() {
+            let help = &parsed.help[name];
+            assert!(
+                help.len() > 10 && help.ends_with('.') || help.ends_with(')'),
+                "{name}: {help}"
+            );
+            let prefixed = ["ember_relay_", "ember_sampler_", "process_"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            assert!(prefixed, "{name}");
+            assert_eq!(
+                parsed.types[name] == "counter",
+                name.ends_with("_total"),
+                "{name}"
+            );
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The relay's self-metrics and health: what the driver publishes ([`Metrics`]), its Prometheus
+//! text encoding ([`encode`]), the liveness and readiness rules ([`health`]) and the small HTTP
+//! server that serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
+//!
+//! Invariants: the driver never waits on a scrape. It keeps its own counters and, once per loop
+//! step, stores a heartbeat (an atomic) and copies a plain [`Published`] snapshot under a mutex
+//! it only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next
+//! one carries everything (the snapshot holds totals, never deltas). The OTLP exporter's
+//! counters are atomics of its own, read at scrape time. The server runs on a thread of its own
+//! with a single-threaded runtime, bounded in connections, header size and time.
+
+pub(crate) mod encode;
+pub(crate) mod health;
+pub(crate) mod process;
+pub(crate) mod server;
+
+use std::{
+    fmt,
+    net::SocketAddr,
+    str::FromStr,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use ember_protocol::Losses;
+use serde::{Deserialize, Deserializer};
+
+use crate::sink::otlp::stats::Stats;
+
+/// The port `run` serves metrics on by default (on 127.0.0.1). Outside 9100-9999, the range the
+/// Prometheus project hands out to exporters (all taken), and away from the OpenTelemetry
+/// Collector's own ports (8888, 13133, 1777, 4317, 4318, 55679), Pyroscope's 4040 and the
+/// Linux ephemeral range (32768-60999), so a relay never collides with the tools it runs beside.
+pub(crate) const DEFAULT_PORT: u16 = 17471;
+
+/// `--metrics-address`: where to serve, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsAddress {
+    Off,
+    At(SocketAddr),
+}
+
+impl MetricsAddress {
+    /// `run`'s default: loopback only.
+    pub(crate) fn run_default() -> Self {
+        Self::At(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))
+    }
+}
+
+impl FromStr for MetricsAddress {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(Self::Off);
+        }
+        text.parse::<SocketAddr>().map(Self::At).map_err(|_| {
+            format!(
+                "{text:?} is neither HOST:PORT with a numeric host (127.0.0.1:{DEFAULT_PORT}, \
+                 0.0.0.0:{DEFAULT_PORT}, [::1]:{DEFAULT_PORT}) nor `off`"
+            )
+        })
+    }
+}
+
+impl fmt::Display for MetricsAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::At(address) => address.fmt(f),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsAddress {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The config file's `metrics:` section.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where to serve /metrics, /healthz and /readyz (HOST:PORT), or `off`. `--metrics-address`
+    /// wins. Default: 127.0.0.1:17471 for `run`, off for `record`.
+    pub address: Option<MetricsAddress>,
+}
+
+/// Where the command serves metrics, resolved: flag > file > the command's default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MetricsSettings {
+    pub address: MetricsAddress,
+    /// Given by the flag or the file: failing to listen there stops the relay. The default
+    /// address being taken (another relay on this host) is only warned about.
+    pub explicit: bool,
+}
+
+impl MetricsSettings {
+    pub(crate) fn resolve(
+        flag: Option<MetricsAddress>,
+        file: Option<MetricsAddress>,
+        default: MetricsAddress,
+    ) -> Self {
+        match flag.or(file) {
+            Some(address) => Self {
+                address,
+                explicit: true,
+            },
+            None => Self {
+                address: default,
+                explicit: false,
+            },
+        }
+    }
+}
+
+/// Upper bounds of the batch latency histogram, in seconds.
+pub(crate) const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Batch latency: from an interval's end (as the sampler stamped it) to its profile reaching
+/// the sinks. Plain numbers, owned by the driver and copied into each [`Published`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Latency {
+    /// Observations per bucket of [`LATENCY_BUCKETS`] (not cumulative); the last is +Inf.
+    pub buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    pub sum_seconds: f64,
+    pub count: u64,
+}
+
+impl Latency {
+    pub(crate) fn observe(&mut self, seconds: f64) {
+        let index = LATENCY_BUCKETS
+            .iter()
+            .position(|&upper| seconds <= upper)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[index] += 1;
+        self.sum_seconds += seconds;
+        self.count += 1;
+    }
+
+    /// Observes the latency of an interval that ended at `end_unix_ns` (sampler's clock), now.
+    pub(crate) fn observe_interval_end(&mut self, end_unix_ns: u64) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        // A sampler clock ahead of ours counts as no delay rather than a negative one.
+        self.observe(now.saturating_sub(end_unix_ns) as f64 / 1e9);
+    }
+}
+
+/// The pipeline's side of the metrics: totals since start and what it holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RelayStats {
+    pub connections: u64,
+    pub connections_total: u64,
+    pub batches: u64,
+    pub samples_received: u64,
+    pub samples_symbolized: u64,
+    pub samples_filtered: u64,
+    pub samples_without_process: u64,
+    pub frames: u64,
+    pub unknown_frames: u64,
+    pub processes: u64,
+    pub files: u64,
+    pub resolvers: u64,
+    pub resolvers_opened: u64,
+    pub resolvers_evicted: u64,
+    pub copied_bytes: u64,
+    /// The sampler's latest loss report; `None` before the first batch.
+    pub sampler: Option<Losses>,
+    /// When the latest batch arrived, and the length of its interval.
+    pub last_batch: Option<Instant>,
+    pub interval: Duration,
+}
+
+/// What the driver publishes each loop step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Published {
+    pub relay: RelayStats,
+    pub latency: Latency,
+}
+
+/// The shared state between the driver (writer) and the HTTP server (reader).
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    started: Instant,
+    started_unix: f64,
+    /// Milliseconds after `started` of the driver's latest loop step.
+    heartbeat_ms: AtomicU64,
+    published: Mutex<Published>,
+    /// The OTLP exporters' own counters, read at scrape time.
+    exporters: Mutex<Vec<Arc<Stats>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            heartbeat_ms: AtomicU64::new(0),
+            published: Mutex::new(Published::default()),
+            exporters: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Metrics {
+    /// The driver's loop is alive: called once per loop step.
+    pub(crate) fn heartbeat(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.heartbeat_ms.store(ms, Relaxed);
+    }
+
+    /// How long ago the driver last called [`Metrics::heartbeat`] (since start if never).
+    pub(crate) fn heartbeat_age(&self) -> Duration {
+        let at = Duration::from_millis(self.heartbeat_ms.load(Relaxed));
+        self.started.elapsed().saturating_sub(at)
+    }
+
+    /// Stores the driver's snapshot unless a scrape is reading the previous one right now (then
+    /// the next step's snapshot carries it). Never blocks.
+    pub(crate) fn publish(&self, snapshot: &Published) {
+        if let Ok(mut published) = self.published.try_lock() {
+            *published = *snapshot;
+        }
+    }
+
+    /// The latest snapshot (a scrape's copy).
+    pub(crate) fn published(&self) -> Published {
+        *self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds an OTLP exporter's counters to what is served.
+    pub(crate) fn watch_exporter(&self, stats: Arc<Stats>) {
+        self.exporters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(stats);
+    }
+
+    pub(crate) fn exporters(&self) -> Vec<Arc<Stats>> {
+        self.exporters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn started_unix_seconds(&self) -> f64 {
+        self.started_unix
+    }
+}
+
+/// Starts serving `settings.address` for `metrics` (nothing when off); logs the bound address.
+/// Failing to listen is an error when the address was asked for, a warning for the default.
+pub(crate) fn serve(settings: MetricsSettings, metrics: &Arc<Metrics>) -> anyhow::Result<()> {
+    let MetricsAddress::At(address) = settings.address else {
+        return Ok(());
+    };
+    match server::spawn(address, Arc::clone(metrics), server::Limits::default()) {
+        Ok(bound) => {
+            tracing::info!(
+                address = %bound,
+                "serving metrics and health on http://{bound}/metrics, /healthz, /readyz"
+            );
+            Ok(())
+        }
+        Err(err) if !settings.explicit => {
+            tracing::warn!(
+                address = %address,
+                error = %err,
+                "cannot serve metrics on the default address (another relay on this host?); \
+                 running without them. Pass --metrics-address HOST:PORT to choose another, or \
+                 --metrics-address off"
+            );
+            Ok(())
+        }
+        Err(err) => Err(anyhow::anyhow!(
+            "cannot serve metrics on {address}: {err}; choose a free HOST:PORT with \
+             --metrics-address (config `metrics.address`), or `off`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_off_turns_them_off() {
+        assert_eq!("off".parse(), Ok(MetricsAddress::Off));
+        assert_eq!(
+            "0.0.0.0:9".parse(),
+            Ok(MetricsAddress::At(SocketAddr::from(([0, 0, 0, 0], 9))))
+        );
+        let err = "localhost:1".parse::<MetricsAddress>().unwrap_err();
+        assert!(err.contains("numeric host"), "{err}");
+        assert_eq!(MetricsAddress::run_default().to_string(), "127.0.0.1:17471");
+    }
+
+    #[test]
+    fn the_flag_beats_the_file_which_beats_the_default() {
+        let at = |port| MetricsAddress::At(SocketAddr::from(([127, 0, 0, 1], port)));
+        let resolve = MetricsSettings::resolve;
+        assert_eq!(
+            resolve(Some(at(1)), Some(at(2)), at(3)),
+            MetricsSettings {
+                address: at(1),
+                explicit: true
+            }
+        );
+        assert_eq!(
+            resolve(None, Some(MetricsAddress::Off), at(3)).address,
+            MetricsAddress::Off
+        );
+        assert_eq!(
+            resolve(None, None, MetricsAddress::Off),
+            MetricsSettings {
+                address: MetricsAddress::Off,
+                explicit: false
+            }
+        );
+    }
+
+    #[test]
+    fn latency_lands_in_the_first_bucket_that_holds_it() {
+        let mut latency = Latency::default();
+        for seconds in [0.001, 0.005, 0.3, 100.0] {
+            latency.observe(seconds);
+        }
+        assert_eq!(latency.buckets[0], 2);
+        assert_eq!(latency.buckets[6], 1, "0.3 s is in the 0.5 s bucket");
+        assert_eq!(latency.buckets[LATENCY_BUCKETS.len()], 1, "+Inf");
+        assert_eq!(latency.count, 4);
+    }
+}
