@@ -112,6 +112,15 @@ if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-mutants" mutants --version 2>/
   cargo install --locked --root "$root/.tools" "cargo-mutants@$mutants_version" --force -q
 fi
 
+# 7. cargo-fuzz 0.13.2 in .tools/bin, for scripts/fuzz.sh (libFuzzer targets under fuzz/, built
+#    with the nightly toolchain of step 2). Skipped (fast) when that version is already there.
+fuzz_version=0.13.2
+if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-fuzz" --version 2>/dev/null \
+  | grep -qx "cargo-fuzz $fuzz_version"; then
+  log "building cargo-fuzz $fuzz_version into .tools/bin (about a minute)"
+  cargo install --locked --root "$root/.tools" "cargo-fuzz@$fuzz_version" --force -q
+fi
+
 gate_tools=""
-[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version"
+[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version, cargo-fuzz $fuzz_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

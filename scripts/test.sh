@@ -2,7 +2,8 @@
 # Sets up what ember needs (idempotent), then runs every check and test: formatting, clippy,
 # unit tests and the end-to-end tests that load the real eBPF program (these need root).
 #
-# Last, a time-capped mutation test of the changed Rust code (scripts/mutants.sh --ci).
+# Then each fuzz target for a few seconds (scripts/fuzz.sh), and last, a time-capped mutation
+# test of the changed Rust code (scripts/mutants.sh --ci).
 #
 # Nothing is skipped in silence: this script sets EMBER_REQUIRE_ALL=1, so a test that cannot run
 # here (not root, a tool or the Python decoders missing) fails. `EMBER_REQUIRE_ALL=0
@@ -18,6 +19,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 cargo check --locked -p ember-relay --no-default-features  # the relay without Kubernetes support
+cargo clippy --locked -p ember-relay --features fuzzing -- -D warnings  # the fuzz targets' entry points
 echo "== cargo build"
 cargo build --locked
 echo "== cargo test"
@@ -39,6 +41,15 @@ fi
 if [ "$status" -ne 0 ]; then
     echo "== cargo test failed (exit $status)"
     exit "$status"
+fi
+# Every fuzz target for a few seconds from its committed seeds (scripts/fuzz.sh): a panic, hang
+# or unbounded allocation in a parser of untrusted input fails the run. EMBER_FUZZ_SECONDS
+# (default 10) per target; 0 leaves it out.
+if [ "${EMBER_FUZZ_SECONDS:-10}" != 0 ]; then
+    echo "== fuzzing (${EMBER_FUZZ_SECONDS:-10}s per target)"
+    fuzz_start=$(date +%s)
+    bash scripts/fuzz.sh -t "${EMBER_FUZZ_SECONDS:-10}"
+    echo "== fuzzing took $(( $(date +%s) - fuzz_start ))s"
 fi
 # Mutation testing of the Rust code changed since the base commit (scripts/mutants.sh --ci):
 # capped at EMBER_MUTANTS_TIMEOUT (15m); lists the mutants no test caught, and fails on them

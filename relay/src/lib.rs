@@ -13,6 +13,8 @@
 pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod driver;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub(crate) mod labels;
 pub(crate) mod metrics;
 pub(crate) mod model;

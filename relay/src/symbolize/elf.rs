@@ -106,6 +106,8 @@ impl Default for ElfCache {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    #[error("its program headers are malformed ({0}); it is not parsed further")]
+    Malformed(#[from] super::headers::HeaderError),
     #[error("blazesym could not open it: {0}")]
     Open(#[source] blazesym::Error),
     #[error(
@@ -135,6 +137,7 @@ fn fd_path(fd: &impl AsRawFd) -> String {
 /// permissions again; a file the relay's user may not read (e.g. a root-only 0700 binary) is
 /// then copied through the descriptor into a sealed memfd of at most `cap` bytes.
 fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError> {
+    super::headers::check(fd)?;
     match ElfResolver::open(fd_path(fd)) {
         Ok(resolver) => Ok((resolver, 0)),
         Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
@@ -347,7 +350,17 @@ impl ElfCache {
     }
 }
 
+/// Names `file_offset` in `resolver`'s file. A panic inside blazesym (a hostile file hitting a
+/// bug we have not fenced off in [`super::headers`]) leaves the frame unnamed instead of
+/// ending the relay; the panic's message still reaches stderr.
 fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lookup_unguarded(resolver, file_offset)
+    }))
+    .unwrap_or_default()
+}
+
+fn lookup_unguarded(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
     let Ok(Some(virt)) = resolver.file_offset_to_virt_offset(file_offset) else {
         return Vec::new();
     };
