@@ -88,6 +88,9 @@ pub struct ElfCache {
     pub copied_bytes: u64,
     /// Files left unnamed because they exceed `max_copy_bytes` (or the copy budget).
     pub too_large: u64,
+    /// Files whose parsing panicked inside blazesym (a hostile or broken file): their resolver
+    /// is dropped and their frames stay unnamed.
+    pub panicked: u64,
     /// Bytes of copies held by the cached resolvers right now.
     live_copy_bytes: u64,
 }
@@ -108,6 +111,8 @@ impl Default for ElfCache {
 pub enum OpenError {
     #[error("its program headers are malformed ({0}); it is not parsed further")]
     Malformed(#[from] super::headers::HeaderError),
+    #[error("opening it panicked inside blazesym (a malformed or hostile file)")]
+    Panicked,
     #[error("blazesym could not open it: {0}")]
     Open(#[source] blazesym::Error),
     #[error(
@@ -138,7 +143,8 @@ fn fd_path(fd: &impl AsRawFd) -> String {
 /// then copied through the descriptor into a sealed memfd of at most `cap` bytes.
 fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError> {
     super::headers::check(fd)?;
-    match ElfResolver::open(fd_path(fd)) {
+    let path = fd_path(fd);
+    match guarded(|| ElfResolver::open(path)).ok_or(OpenError::Panicked)? {
         Ok(resolver) => Ok((resolver, 0)),
         Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
             let reopen = err.to_string();
@@ -156,7 +162,10 @@ fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError
                 }
             };
             // The mapping blazesym makes outlives the memfd descriptor, dropped here.
-            let resolver = ElfResolver::open(fd_path(&copy)).map_err(OpenError::Open)?;
+            let path = fd_path(&copy);
+            let resolver = guarded(|| ElfResolver::open(path))
+                .ok_or(OpenError::Panicked)?
+                .map_err(OpenError::Open)?;
             Ok((resolver, bytes))
         }
         Err(err) => Err(OpenError::Open(err)),
@@ -241,7 +250,7 @@ fn private_copy(fd: &OwnedFd, cap: u64) -> Result<(OwnedFd, u64), CopyError> {
 
 /// Reads the GNU build id of a passed file, as lowercase hex.
 pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
-    let id = read_elf_build_id(&fd_path(fd)).ok()??;
+    let id = guarded(|| read_elf_build_id(&fd_path(fd)))?.ok()??;
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     Some(Arc::from(hex))
 }
@@ -257,6 +266,7 @@ impl ElfCache {
             copied: 0,
             copied_bytes: 0,
             too_large: 0,
+            panicked: 0,
             live_copy_bytes: 0,
         }
     }
@@ -271,10 +281,11 @@ impl ElfCache {
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
         let cap = self.copy_cap();
-        let (copied, copied_bytes, too_large, live_copy_bytes) = (
+        let (copied, copied_bytes, too_large, panicked, live_copy_bytes) = (
             &mut self.copied,
             &mut self.copied_bytes,
             &mut self.too_large,
+            &mut self.panicked,
             &mut self.live_copy_bytes,
         );
         let entry = self.files.entry(*key).or_insert_with(|| {
@@ -292,6 +303,9 @@ impl ElfCache {
                     // Logged once per file: the failed entry stays cached until evicted.
                     if matches!(err, OpenError::TooLarge { .. }) {
                         *too_large += 1;
+                        tracing::warn!(file = %path, error = %err, "file not symbolized");
+                    } else if matches!(err, OpenError::Panicked) {
+                        *panicked += 1;
                         tracing::warn!(file = %path, error = %err, "file not symbolized");
                     } else {
                         tracing::debug!(file = %path, error = %err, "file not symbolized");
@@ -314,7 +328,20 @@ impl ElfCache {
             return Some(Rc::clone(found));
         }
         let resolver = entry.resolver.as_ref()?;
-        let resolved: Rc<[Resolved]> = lookup(resolver, file_offset).into();
+        let Some(found) = guarded(|| lookup(resolver, file_offset)) else {
+            // The resolver's state after a panic is unknown: the file is not parsed again.
+            self.panicked += 1;
+            tracing::warn!(
+                file = %path,
+                panicked = self.panicked,
+                "symbolizing this file panicked inside blazesym (a malformed or hostile file); its \
+                 frames stay unnamed. Please report the file to ember's maintainers"
+            );
+            entry.resolver = None;
+            entry.memo.clear();
+            return None;
+        };
+        let resolved: Rc<[Resolved]> = found.into();
         if entry.memo.len() >= MEMO_LIMIT {
             entry.memo.clear();
         }
@@ -350,17 +377,16 @@ impl ElfCache {
     }
 }
 
-/// Names `file_offset` in `resolver`'s file. A panic inside blazesym (a hostile file hitting a
-/// bug we have not fenced off in [`super::headers`]) leaves the frame unnamed instead of
-/// ending the relay; the panic's message still reaches stderr.
-fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        lookup_unguarded(resolver, file_offset)
-    }))
-    .unwrap_or_default()
+/// Runs `parse`, a call into blazesym on a file the relay does not trust, so that a panic in
+/// it (a bug a hostile file reaches, like the unwrap in its DWARF line reader that the
+/// `elf_symbolize` fuzz target found) leaves one file unnamed instead of ending the relay. The
+/// panic's message still reaches stderr through the panic hook.
+fn guarded<T>(parse: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)).ok()
 }
 
-fn lookup_unguarded(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
+/// Names `file_offset` in `resolver`'s file: the function and the functions inlined into it.
+fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
     let Ok(Some(virt)) = resolver.file_offset_to_virt_offset(file_offset) else {
         return Vec::new();
     };
