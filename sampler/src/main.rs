@@ -460,6 +460,9 @@ impl Sampler {
             unwind_stopped = losses.unwind_stopped,
             unwind_cut = losses.unwind_cut,
             unwind_map_full = losses.unwind_map_full,
+            unwind_tables_evicted = losses.unwind_tables_evicted,
+            unwind_read_failed = losses.unwind_read_failed,
+            unwind_fp_no_table = losses.unwind_fp_no_table,
             "sampler status"
         );
     }

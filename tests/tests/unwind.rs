@@ -732,3 +732,125 @@ fn dwarf_unwinding_reaches_start_in_debians_python3() {
         &other[..other.len().min(5)]
     );
 }
+
+/// Stop reason counted by the stop-row test (6 = `StopReason::RbpRule`).
+const STOP_CODE: u32 = 6;
+
+/// A table over every address of a file (base 0, 4 GiB - 1) whose one row is a stop row of
+/// `code`: any frame found in that file ends the walk with that reason.
+fn stop_table(code: u32) -> Vec<u8> {
+    let mut out = 0u64.to_le_bytes().to_vec();
+    out.extend_from_slice(&u32::MAX.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes()); // pc
+    out.extend_from_slice(&(code as i32).to_le_bytes()); // a: the stop code
+    out.extend_from_slice(&0i16.to_le_bytes()); // b
+    out.extend([5, 0]); // kind 5: stop
+    out
+}
+
+/// Stop reasons are counted one by one: a test relay gives the spinner's executable a table
+/// whose only row says "stop, reason 6". Every walked stack that reaches a spinner frame ends
+/// there, so (1) the sampler's count under reason 6 equals exactly the samples whose user stack's
+/// outermost frame is in the spinner's executable mapping, summed over every batch until the
+/// spinner exited and the totals settled, (2) no other stop reason is counted, and (3) the old
+/// total `unwindStopped` agrees.
+#[test]
+fn a_stop_row_counts_exactly_its_samples_under_its_reason() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let spinner_pid = workload.pid();
+    let Connected {
+        sampler: _sampler,
+        log,
+        listener: _listener,
+        conn,
+        _dir,
+    } = connect_sampler(spinner_pid, &["--frequency", "499"]);
+    let deadline = Instant::now() + TIMEOUT;
+    let exe = workloads().spinner.to_string_lossy().into_owned();
+    // Given the spinner's executable (its file id, its mappings) ...
+    let (mut file_id, mut mappings) = (None, Vec::new());
+    let mut batches = Vec::new();
+    while file_id.is_none() || mappings.is_empty() {
+        match next(&conn, deadline) {
+            Some(SamplerMessage::Files(files)) => {
+                if let Some(f) = files.iter().find(|f| f.path == exe && f.fd >= 0) {
+                    file_id = Some(f.file_id);
+                }
+            }
+            Some(SamplerMessage::Process(p)) if p.pid == spinner_pid => {
+                mappings.extend(p.mappings.into_iter().filter(|m| m.path == exe));
+            }
+            Some(SamplerMessage::Batch(b)) => batches.push(b),
+            Some(_) => {}
+            None => panic!("no spinner file or mappings:\n{}", log.text()),
+        }
+    }
+    // ... When the relay sends a stop-6 table for it and the spinner runs for 3 more batches
+    // after it loaded, then exits.
+    send_table(&conn, file_id.expect("file id"), stop_table(STOP_CODE));
+    let mut after_load = 0;
+    while after_load < 3 {
+        let batch = next_batch(&conn, &log, deadline);
+        if batch.losses.unwind_tables_loaded == 1 {
+            after_load += 1;
+        }
+        batches.push(batch);
+    }
+    let (status, _) = workload.terminate_and_read_stdout(Duration::from_secs(10));
+    assert!(status.success(), "spinner exited with {status}");
+    // Two whole batches after the exit: nothing of the spinner is in flight any more.
+    let mut empty = 0;
+    while empty < 2 {
+        let batch = next_batch(&conn, &log, deadline);
+        if batch.sample_count() == 0 {
+            empty += 1;
+        }
+        batches.push(batch);
+    }
+
+    // Then the samples ending in the spinner are exactly the ones counted under reason 6.
+    let in_spinner = |pc: u64| mappings.iter().any(|m| m.start <= pc && pc < m.end);
+    let mut ending_there = 0u64;
+    for batch in &batches {
+        for row in batch.rows.iter().filter(|r| r.pid == spinner_pid) {
+            if let ember_protocol::StackRef::Index(i) = row.user_stack {
+                let frames = &batch.user_stacks[i as usize];
+                if frames.last().is_some_and(|pc| in_spinner(*pc)) {
+                    ending_there += row.count;
+                }
+            }
+        }
+    }
+    let losses = &batches.last().expect("batches").losses;
+    let counted = losses.unwind_stops_with_code(STOP_CODE).expect("code 6");
+    let others: Vec<u64> = (1..=8)
+        .filter(|c| *c != STOP_CODE)
+        .filter_map(|c| losses.unwind_stops_with_code(c))
+        .collect();
+    eprintln!(
+        "stacks ending in the spinner: {ending_there}; counted under reason {STOP_CODE}: \
+         {counted}; other codes {others:?}; samples {}",
+        losses.samples
+    );
+    assert!(
+        counted >= 100,
+        "only {counted} stacks stopped: the table was not used"
+    );
+    assert_eq!(
+        counted, ending_there,
+        "samples counted under reason {STOP_CODE} != samples whose stack ends in the spinner"
+    );
+    assert!(
+        others.iter().all(|n| *n == 0),
+        "other stop reasons counted: {others:?}"
+    );
+    assert_eq!(
+        losses.unwind_stopped, counted,
+        "the total of non-outermost stops"
+    );
+}
