@@ -78,12 +78,22 @@ pub struct UnwindTableInfo {
     pub first_row: u32,
     /// Number of rows.
     pub rows: u32,
-    pub _pad: u32,
+    /// When the unwinder last used this table, in [`tick`] units: written by the program, read
+    /// by the sampler to evict the least recently sampled table first.
+    pub last_sampled: u32,
+}
+
+/// The clock of [`UnwindTableInfo::last_sampled`]: CLOCK_MONOTONIC (`bpf_ktime_get_ns`)
+/// nanoseconds shifted right by this, about 1.07 s per tick, wrapping after 146 years.
+pub const TICK_SHIFT: u32 = 30;
+
+/// The tick of a CLOCK_MONOTONIC time in nanoseconds.
+pub fn tick(monotonic_ns: u64) -> u32 {
+    (monotonic_ns >> TICK_SHIFT) as u32
 }
 
 #[cfg(feature = "user")]
-// SAFETY: `repr(C)`, integers only, explicit padding field (2 * 8 + 4 * 4 bytes), any bit
-// pattern valid.
+// SAFETY: `repr(C)`, integers only, no padding (2 * 8 + 4 * 4 bytes), any bit pattern valid.
 unsafe impl aya::Pod for UnwindTableInfo {}
 
 /// Deepest user stack the DWARF unwinder walks.

@@ -9,7 +9,10 @@
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_loop, bpf_probe_read_user},
+        helpers::{
+            bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_loop,
+            bpf_probe_read_user,
+        },
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
@@ -106,14 +109,20 @@ mod program {
 
     /// The row covering `pc` in its mapping's table, or why there is none.
     #[inline(always)]
-    fn find_row(procs: &ProcMappings, pc: u64) -> Lookup {
+    fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
         let Some(mapping) = find_mapping(procs, pc) else {
             return Lookup::NoMapping;
         };
-        // SAFETY: a lookup in a map only the sampler writes; the value is read at once.
-        let Some(info) = (unsafe { UNWIND_TABLES.get(&mapping.file_id) }) else {
+        let Some(info) = UNWIND_TABLES.get_ptr_mut(&mapping.file_id) else {
             return Lookup::NoTable;
         };
+        // SAFETY: a live value of the map for this program run. The sampler replaces or
+        // deletes whole entries; a racing write of the tick can only age one table by a tick.
+        let info = unsafe { &mut *info };
+        // The least recently sampled table is evicted first (sampler/src/unwind.rs).
+        if info.last_sampled != tick {
+            info.last_sampled = tick;
+        }
         match find_in_table(info, mapping, pc) {
             Some(row) => Lookup::Row(row),
             None => Lookup::Outside,
@@ -238,6 +247,9 @@ mod program {
         tgid: u32,
         /// 1 once the walk reached its end (anything but the frame cap).
         ended: u32,
+        /// This sample's tick (`ember_sampler_ebpf::tick`), stamped on the tables used.
+        tick: u32,
+        _pad: u32,
         pc: u64,
         sp: u64,
         bp: u64,
@@ -273,7 +285,7 @@ mod program {
         };
         // A caller's pc is a return address: look up the call instruction before it.
         let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
-        let step = match find_row(procs, lookup) {
+        let step = match find_row(procs, lookup, walk.tick) {
             Lookup::Row(row) => apply(row, &mut r),
             Lookup::NoMapping => {
                 bump(counter::UNWIND_FP_NO_MAPPING);
@@ -347,9 +359,13 @@ mod program {
         let stack = unsafe { &mut *stack };
         stack.len = 0;
         stack.dwarf_frames = 0;
+        // SAFETY: a helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
         let mut walk = Walk {
             tgid,
             ended: 0,
+            tick: ember_sampler_ebpf::tick(now),
+            _pad: 0,
             pc: regs.rip,
             sp: regs.rsp,
             bp: regs.rbp,

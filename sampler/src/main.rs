@@ -88,7 +88,10 @@ struct Cli {
     /// compiles from .eh_frame; the sampler checks each one and refuses bad ones, counted).
     #[arg(long, value_enum, default_value_t = SamplerConfig::default().unwind)]
     unwind: Unwind,
-    /// Most bytes of unwind-table rows the sampler holds; tables beyond it are refused, counted.
+    /// Kernel memory for all of the DWARF unwinder's maps (rows, tables, process mappings,
+    /// walked stacks), sized from it at start (the sizes are logged). When the rows are full,
+    /// the least recently sampled binary's table is evicted (counted); its frames fall back to
+    /// frame pointers.
     #[arg(long, default_value_t = SamplerConfig::default().unwind_memory_bytes)]
     unwind_memory_bytes: usize,
 }
@@ -170,7 +173,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
         target_pid: config.target_pid,
     };
-    let unwind_rows = loaded.unwind.capacity_rows;
+    let unwind_sizes = loaded.unwind.sizes;
     let sampler = Sampler {
         inherited: inherited.is_some(),
         link: Link::new(target, inherited, config.backlog_max_bytes, relay),
@@ -178,7 +181,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         hello: state(SamplerMessage::Hello(hello), kallsyms.into_iter().collect()),
         loaded,
         drainer: Drainer::new(),
-        tables: unwind::Tables::new(unwind_rows),
+        tables: unwind::Tables::new(unwind_sizes.rows, unwind_sizes.tables),
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
@@ -434,6 +437,7 @@ impl Sampler {
         losses.facts_truncated = self.tracker.truncated;
         losses.files_unopened = self.tracker.files.unopened;
         losses.unwind_tables_loaded = self.tables.accepted;
+        losses.unwind_tables_evicted = self.tables.evicted;
         losses.unwind_tables_refused = self.tables.refused + self.link.inbox_refused;
         losses
     }

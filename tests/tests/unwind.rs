@@ -854,3 +854,173 @@ fn a_stop_row_counts_exactly_its_samples_under_its_reason() {
         "the total of non-outermost stops"
     );
 }
+
+/// Kernel memory budget of the eviction test: about 340,000 rows, room for the executable's,
+/// libc's and ld.so's tables and two of the three padded libraries' (about 150,000 rows each).
+const EVICTION_BUDGET: &str = "6815744";
+/// Rounds of `burn` per phase: about 3 s of CPU here.
+const EVICTION_ROUNDS: &str = "15000";
+
+/// Memory budget and eviction: one process dlopen()s three libraries whose tables are large
+/// (burnlib.c, 150,000 rows each) under a budget that holds two of them, then burns in each in
+/// turn and in the first again. The sampler must evict (counted in `unwindTablesEvicted`, no
+/// table refused) and every stack of the libraries must stay right: the frames from `main` to
+/// the leaf are the chain `main -> run_phase -> burn -> libN_outer -> libN_inner` or a part of
+/// it in order (a frame-pointer walk may skip a frame in a prologue), never another frame, and
+/// at least 95% are the whole chain. An evicted table's frames fall back to frame pointers (the
+/// libraries keep them); rows reused by another table while the old entry still pointed at
+/// them would give wrong frames (checked: keeping the evicted entry fails this test).
+#[test]
+fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    let libs: Vec<String> = (1..=3)
+        .map(|n| {
+            let define = format!("-DLIB={n}");
+            let out = format!("libburn{n}.so");
+            let path = compile_workload(
+                dir.path(),
+                "burnlib",
+                &out,
+                &["-shared", "-fPIC", "-fno-toplevel-reorder", &define],
+            );
+            path.to_string_lossy().into_owned()
+        })
+        .collect();
+    let phases = compile_workload(dir.path(), "phases", "phases", &["-ldl"]);
+    let mut command = std::process::Command::new(&phases);
+    command
+        .arg(EVICTION_ROUNDS)
+        .args(&libs)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut workload = ChildGuard::spawn("phases", &mut command);
+    let pid = workload.pid().to_string();
+    let out_dir = dir.path().join("out");
+    let socket = dir.path().join("relay.sock");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut relay = spawn_relay_run(
+        "relay --unwind dwarf",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "10m",
+        ],
+    );
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler --unwind dwarf (small budget)",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--pid",
+            &pid,
+            "--frequency",
+            "499",
+            "--unwind-memory-bytes",
+            EVICTION_BUDGET,
+            "--log-format",
+            "json",
+        ],
+    );
+    relay
+        .log
+        .expect(0, TIMEOUT, "the sampler connected", is_connected);
+    // When the workload starts burning (all three libraries are mapped already).
+    {
+        use std::io::Write as _;
+        let stdin = workload.child_mut().stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("starting the workload");
+    }
+    let status = workload
+        .wait_timeout(Duration::from_secs(180))
+        .expect("phases did not finish in 180 s");
+    assert!(status.success(), "phases exited with {status}");
+    // Two more batches: the last samples reached the relay.
+    let seen = relay.log.len();
+    let (at, _) = relay.log.expect(seen, TIMEOUT, "a batch", is_batch);
+    relay
+        .log
+        .expect(at + 1, TIMEOUT, "a second batch", is_batch);
+    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
+    relay
+        .child
+        .wait_timeout(TIMEOUT)
+        .expect("the relay stopped");
+    let folded = fs::read_to_string(out_dir.join("stacks.folded"))
+        .unwrap_or_else(|err| panic!("no stacks.folded ({err}):\n{}", relay.log.text()));
+
+    // Then tables were evicted, none refused ...
+    let batches = relay.log.matching(is_batch);
+    let last = |key: &str| {
+        batches
+            .iter()
+            .filter_map(|(_, line)| field_u64(line, key))
+            .max()
+            .unwrap_or(0)
+    };
+    let (evicted, refused, loaded) = (
+        last("unwind_tables_evicted"),
+        last("unwind_tables_refused"),
+        last("unwind_tables_loaded"),
+    );
+    let sizes = sampler_log
+        .matching(|l| message(l).starts_with("unwind maps sized"))
+        .first()
+        .map(|(_, l)| l.to_string());
+    eprintln!("tables loaded {loaded}, evicted {evicted}, refused {refused}; sizes {sizes:?}");
+    // ... and every library stack is the chain or an ordered part of it.
+    let (mut total, mut whole, mut wrong) = (0u64, 0u64, Vec::new());
+    let mut per_lib = [0u64; 3];
+    for stack in parse_folded(&folded) {
+        let Some(lib) = (1..=3).find(|n| {
+            stack
+                .frames
+                .iter()
+                .any(|f| f.starts_with(&format!("lib{n}_")))
+        }) else {
+            continue;
+        };
+        total += stack.count;
+        per_lib[lib - 1] += stack.count;
+        let chain = [
+            "main".to_owned(),
+            "run_phase".to_owned(),
+            "burn".to_owned(),
+            format!("lib{lib}_outer"),
+            format!("lib{lib}_inner"),
+        ];
+        let user: Vec<String> = stack.user_frames().map(str::to_owned).collect();
+        let tail = user.iter().position(|f| f == "main").map(|m| &user[m..]);
+        let in_order = tail.is_some_and(|tail| {
+            let mut rest = chain.iter();
+            tail.iter().all(|f| rest.any(|c| c == f))
+        });
+        if !in_order {
+            wrong.push((stack.frames.join(";"), stack.count));
+        } else if tail.is_some_and(|t| chain.starts_with(t) && t.len() >= 4) {
+            whole += stack.count;
+        }
+    }
+    let share = whole as f64 / total.max(1) as f64;
+    eprintln!(
+        "library stacks: {total} ({per_lib:?} per library), whole chains {:.1}%, wrong {wrong:?}",
+        share * 100.0
+    );
+    assert!(
+        per_lib.iter().all(|n| *n >= 100),
+        "a library was hardly sampled: {per_lib:?}"
+    );
+    assert!(wrong.is_empty(), "wrong library stacks: {wrong:?}");
+    assert!(share >= 0.95, "only {:.1}% whole chains", share * 100.0);
+    assert!(evicted >= 1, "no table evicted:\n{}", sampler_log.text());
+    assert_eq!(refused, 0, "a table was refused:\n{}", sampler_log.text());
+}
