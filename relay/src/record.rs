@@ -60,6 +60,8 @@ pub struct RecordConfig {
     pub labels: LabelConfig,
     /// `--unwind`, also passed to the sampler.
     pub unwind: UnwindMode,
+    /// `--state-dir`: where compiled unwind tables are cached (none by default).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -126,7 +128,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let mut policy = Recording::new(config.duration, control);
     let ended = Driver::new(sinks, config.file_limits, None)
         .with_labels(labels)
-        .with_unwind(config.unwind)?
+        .with_unwind(config.unwind, config.state_dir.as_deref())?
         .run(&events, &mut policy)?;
     if policy.tty {
         eprintln!();

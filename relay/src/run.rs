@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub labels: LabelConfig,
     /// `--unwind`: with `dwarf`, unwind tables are compiled and sent to each sampler.
     pub unwind: UnwindMode,
+    /// `--state-dir`; `None`: the default ([`crate::unwind::sender::default_state_dir`]).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -80,9 +82,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         ));
     }
     sinks.extend(exporters::start(config.exporters)?);
+    let state_dir = match (config.unwind, config.state_dir) {
+        (UnwindMode::Dwarf, None) => crate::unwind::sender::default_state_dir(),
+        (_, dir) => dir,
+    };
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(config.labels.stage())
-        .with_unwind(config.unwind)?;
+        .with_unwind(config.unwind, state_dir.as_deref())?;
     let ended = driver.run(&events, &mut Service)?;
     ended
         .sinks

@@ -1024,3 +1024,194 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
     assert!(evicted >= 1, "no table evicted:\n{}", sampler_log.text());
     assert_eq!(refused, 0, "a table was refused:\n{}", sampler_log.text());
 }
+
+/// What one `run --unwind dwarf --state-dir` saw: the workload's stacks of its second window,
+/// and the unwind worker's running totals (cache hits, compiled, cache files rewritten).
+struct CachedRun {
+    folded: String,
+    hits: u64,
+    compiled: u64,
+    rewritten: u64,
+}
+
+/// Profiles `pid` for two 4-s windows with a relay caching tables in `state_dir`.
+fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &str) -> CachedRun {
+    let out_dir = dir.join(format!("out-{name}"));
+    let socket = dir.join(format!("{name}.sock"));
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut relay = spawn_relay_run(
+        &format!("relay {name}"),
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "4s",
+            "--state-dir",
+            state_dir,
+        ],
+    );
+    let pid = pid.to_string();
+    let (_sampler, sampler_log) = spawn_sampler(
+        &format!("sampler {name}"),
+        &socket,
+        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
+    );
+    // The first window that began after the tables were sent: the second file written after
+    // the worker's totals line.
+    relay.log.expect(0, TIMEOUT, "the unwind totals", |l| {
+        message(l).starts_with("unwind tables sent")
+    });
+    let path = out_dir.join("stacks.folded");
+    let modified = || fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let mut seen = modified();
+    for _ in 0..2 {
+        wait_until(TIMEOUT, || {
+            let now = modified();
+            let changed = now.is_some() && now != seen;
+            if changed {
+                seen = now;
+            }
+            changed
+        })
+        .unwrap_or_else(|| panic!("no new window:\n{}", sampler_log.text()));
+    }
+    // The sink writes then renames: the file read is whole.
+    let folded = fs::read_to_string(&path).expect("stacks.folded");
+    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
+    relay
+        .child
+        .wait_timeout(TIMEOUT)
+        .expect("the relay stopped");
+    let totals = relay
+        .log
+        .matching(|l| message(l).starts_with("unwind tables sent"));
+    let (_, last) = totals
+        .last()
+        .unwrap_or_else(|| panic!("no unwind totals logged:\n{}", relay.log.text()));
+    let field = |key: &str| field_u64(last, key).unwrap_or_else(|| panic!("no {key}: {last}"));
+    CachedRun {
+        folded,
+        hits: field("cache_hits"),
+        compiled: field("compiled"),
+        rewritten: field("cache_files_rewritten"),
+    }
+}
+
+/// The workload's user-frame chains that hold at least 2% of its samples, and the share of its
+/// samples whose chain is whole (`_start` ... `main` -> ... -> leaf).
+fn chains(folded: &str, process: &str) -> (std::collections::BTreeSet<String>, f64) {
+    let stacks: Vec<FoldedStack> = parse_folded(folded)
+        .into_iter()
+        .filter(|s| s.process.starts_with(process))
+        .collect();
+    let total = total_count(&stacks);
+    let mut whole = 0;
+    let mut set = std::collections::BTreeSet::new();
+    for stack in &stacks {
+        let user: Vec<&str> = stack.user_frames().collect();
+        let main = user.iter().position(|f| *f == "main");
+        let leaf = FUNCS.iter().position(|f| user.last() == Some(f));
+        if let (Some(m), Some(leaf)) = (main, leaf) {
+            if user[m..] == CHAIN[..leaf + 2] && user.first() == Some(&"_start") {
+                whole += stack.count;
+            }
+        }
+        if stack.count * 50 >= total {
+            set.insert(user.join(";"));
+        }
+    }
+    (set, whole as f64 / total.max(1) as f64)
+}
+
+/// The on-disk table cache: a first relay run with a fresh `--state-dir` compiles the tables
+/// and stores them; a second run takes every one from the cache (hits = the first run's
+/// compiled, nothing compiled) and gives the same stacks (the same chains over 2% of samples,
+/// at least 95% whole in both); a third run after every cache file was corrupted (one byte
+/// flipped: a table byte in one, the stored input digest in the others) finds each one
+/// unusable, counts it rewritten and compiles it again.
+#[test]
+fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewritten() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(
+        dir.path(),
+        "groundtruth",
+        "gt-cache",
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path");
+
+    // Given a first run that compiled and stored the tables.
+    let first = run_with_state_dir(dir.path(), "first", workload.pid(), state_arg);
+    let cache_dir = state.join("unwind-cache");
+    let files: Vec<std::path::PathBuf> = fs::read_dir(&cache_dir)
+        .expect("the cache directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "unw"))
+        .collect();
+    eprintln!(
+        "first run: compiled {}, hits {}, {} cache files",
+        first.compiled,
+        first.hits,
+        files.len()
+    );
+    assert!(first.compiled >= 2, "the executable and libc at least");
+    assert_eq!(first.hits, 0, "a fresh state directory hit");
+    assert_eq!(files.len() as u64, first.compiled, "every table stored");
+
+    // When a second run starts, Then it compiles nothing and gives the same stacks.
+    let second = run_with_state_dir(dir.path(), "second", workload.pid(), state_arg);
+    eprintln!(
+        "second run: compiled {}, hits {}",
+        second.compiled, second.hits
+    );
+    assert_eq!(
+        (second.hits, second.compiled, second.rewritten),
+        (first.compiled, 0, 0),
+        "(hits, compiled, rewritten) of the second run"
+    );
+    let (chains_first, whole_first) = chains(&first.folded, "gt-cache");
+    let (chains_second, whole_second) = chains(&second.folded, "gt-cache");
+    eprintln!(
+        "whole stacks: {:.1}% then {:.1}%; chains {chains_first:?}",
+        whole_first * 100.0,
+        whole_second * 100.0
+    );
+    assert!(whole_first >= 0.95 && whole_second >= 0.95);
+    assert_eq!(
+        chains_first, chains_second,
+        "the cached tables changed the stacks"
+    );
+
+    // When every cache file is corrupted, Then the third run detects each one and rewrites it.
+    for (i, file) in files.iter().enumerate() {
+        let mut bytes = fs::read(file).expect("a cache file");
+        // The first file's table bytes; the others' digest of the input they were compiled
+        // from (bytes 8..40, after the magic): a file compiled from other input.
+        let at = if i == 0 { bytes.len() - 1 } else { 8 };
+        bytes[at] ^= 0x55;
+        fs::write(file, bytes).expect("corrupting a cache file");
+    }
+    let third = run_with_state_dir(dir.path(), "third", workload.pid(), state_arg);
+    eprintln!(
+        "third run: compiled {}, hits {}, rewritten {}",
+        third.compiled, third.hits, third.rewritten
+    );
+    assert_eq!(
+        (third.hits, third.compiled, third.rewritten),
+        (0, first.compiled, first.compiled),
+        "(hits, compiled, rewritten) after corrupting every cache file"
+    );
+    let (_, whole_third) = chains(&third.folded, "gt-cache");
+    assert!(whole_third >= 0.95, "{:.1}% whole", whole_third * 100.0);
+}

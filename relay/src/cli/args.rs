@@ -116,6 +116,12 @@ pub(super) struct RunArgs {
     /// it before use; start the sampler with the same --unwind).
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
+    /// Where compiled unwind tables are cached (in `unwind-cache/`, at most 256 MiB, verified by
+    /// SHA-256 against each binary before use), so a restart does not recompile them. Default:
+    /// `$STATE_DIRECTORY` (systemd's StateDirectory=), else /var/lib/ember-relay if writable,
+    /// else no cache.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -168,6 +174,10 @@ pub(super) struct RecordArgs {
     /// it before use; start the sampler with the same --unwind).
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
+    /// Cache compiled unwind tables in this directory (in `unwind-cache/`, at most 256 MiB,
+    /// verified by SHA-256 before use). Default: no cache.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -191,6 +201,7 @@ impl RunArgs {
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
+            state_dir: self.state_dir,
         })
     }
 }
@@ -217,6 +228,7 @@ impl RecordArgs {
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
+            state_dir: self.state_dir,
         })
     }
 }
