@@ -403,11 +403,13 @@ impl Sampler {
                     self.tables.drop_table(file_id, &mut self.loaded.unwind);
                 }
                 Err(err) => {
-                    self.tables.refused += 1;
-                    tracing::warn!(%err, "refused a message from the relay");
+                    tracing::debug!(%err, "undecodable message from the relay");
+                    self.tables
+                        .refuse("a message from the relay did not decode");
                 }
             }
         }
+        self.tables.log_refusals();
     }
 
     /// Tells the unwinder (`--unwind dwarf`) where changed processes map their files and

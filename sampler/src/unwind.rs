@@ -20,7 +20,10 @@
 //! sampler hold at most one table in memory and fill the fixed-size maps; wrong tables can only
 //! give wrong stacks.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use ember_protocol::UnwindTableChunk;
 use ember_sampler_ebpf::{UnwindRow, UnwindTableInfo};
@@ -37,6 +40,64 @@ pub trait TableMaps {
     fn last_sampled(&self, file_id: u64) -> Option<u32>;
     /// The current tick (`ember_sampler_ebpf::tick` of CLOCK_MONOTONIC).
     fn now_tick(&self) -> u32;
+}
+
+/// Refusals logged one by one before the rest are summarized.
+const WARN_FIRST: u64 = 5;
+/// At most one summary line of further refusals per this period.
+const WARN_PERIOD: Duration = Duration::from_secs(10);
+
+/// Rate limit of the refusal warnings (a hostile or broken relay can cause thousands a
+/// second): the first [`WARN_FIRST`] are logged one by one, then at most one summary line per
+/// [`WARN_PERIOD`] with how many were refused since the last line. Every refusal is counted in
+/// `Losses.unwindTablesRefused` either way.
+#[derive(Debug)]
+pub struct RefusalLog {
+    each: u64,
+    unlogged: u64,
+    last_reason: &'static str,
+    last_summary: Instant,
+}
+
+/// What to log for one refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RefusalLine {
+    /// This refusal, on its own line.
+    Each,
+    /// Nothing now: counted for the next summary.
+    Later,
+}
+
+impl RefusalLog {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            each: 0,
+            unlogged: 0,
+            last_reason: "",
+            last_summary: now,
+        }
+    }
+
+    /// Notes one refusal.
+    pub fn note(&mut self, reason: &'static str) -> RefusalLine {
+        if self.each < WARN_FIRST {
+            self.each += 1;
+            return RefusalLine::Each;
+        }
+        self.unlogged += 1;
+        self.last_reason = reason;
+        RefusalLine::Later
+    }
+
+    /// The refusals not logged yet and the last one's reason, once per [`WARN_PERIOD`] when
+    /// there are any.
+    pub fn summary(&mut self, now: Instant) -> Option<(u64, &'static str)> {
+        if self.unlogged == 0 || now.duration_since(self.last_summary) < WARN_PERIOD {
+            return None;
+        }
+        self.last_summary = now;
+        Some((std::mem::take(&mut self.unlogged), self.last_reason))
+    }
 }
 
 /// Largest encoded table accepted (about 2.8 million rows).
@@ -78,6 +139,7 @@ pub struct Tables {
     pub evicted: u64,
     /// Tables (or stray chunks) refused, since start.
     pub refused: u64,
+    warnings: RefusalLog,
 }
 
 impl Tables {
@@ -93,6 +155,7 @@ impl Tables {
             accepted: 0,
             evicted: 0,
             refused: 0,
+            warnings: RefusalLog::new(Instant::now()),
         }
     }
 
@@ -288,13 +351,35 @@ impl Tables {
         }
     }
 
-    fn refuse(&mut self, reason: &'static str) {
+    /// Counts one refusal; logs it while few, else leaves it to [`Self::log_refusals`].
+    pub fn refuse(&mut self, reason: &'static str) {
         self.refused += 1;
-        tracing::warn!(
-            reason,
-            refused = self.refused,
-            "refused an unwind table from the relay"
-        );
+        if self.warnings.note(reason) == RefusalLine::Each {
+            tracing::warn!(
+                reason,
+                refused = self.refused,
+                "refused an unwind table from the relay"
+            );
+            if self.refused == WARN_FIRST {
+                tracing::warn!(
+                    "further refusals are logged as one summary line per 10 s (all are counted \
+                     in unwind_tables_refused)"
+                );
+            }
+        }
+        self.log_refusals();
+    }
+
+    /// Logs the summary of refusals not logged yet, at most once per 10 s (call it often).
+    pub fn log_refusals(&mut self) {
+        if let Some((count, last_reason)) = self.warnings.summary(Instant::now()) {
+            tracing::warn!(
+                count,
+                last_reason,
+                refused = self.refused,
+                "refused unwind tables from the relay since the last summary"
+            );
+        }
     }
 }
 
@@ -635,6 +720,28 @@ mod tests {
         }
         assert_eq!(two.evicted, 1);
         assert!(!maps.infos.contains_key(&7) && maps.infos.contains_key(&10));
+    }
+
+    #[test]
+    fn refusal_warnings_are_five_then_one_summary_per_ten_seconds() {
+        // Given a burst of 100 refusals within a second.
+        let start = Instant::now();
+        let mut log = RefusalLog::new(start);
+        let lines: Vec<RefusalLine> = (0..100).map(|_| log.note("rows not sorted")).collect();
+        // Then the first 5 are logged each, the other 95 wait for a summary.
+        assert!(lines[..5].iter().all(|l| *l == RefusalLine::Each));
+        assert!(lines[5..].iter().all(|l| *l == RefusalLine::Later));
+        assert_eq!(log.summary(start + Duration::from_secs(1)), None);
+        // When 10 s passed, Then one summary with the 95, and none again for 10 s.
+        let later = start + Duration::from_secs(10);
+        assert_eq!(log.summary(later), Some((95, "rows not sorted")));
+        log.note("unknown kind");
+        assert_eq!(log.summary(later + Duration::from_secs(9)), None);
+        assert_eq!(
+            log.summary(later + Duration::from_secs(10)),
+            Some((1, "unknown kind"))
+        );
+        assert_eq!(log.summary(later + Duration::from_secs(30)), None);
     }
 
     #[test]

@@ -299,6 +299,7 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
     let workload = spawn_workload(&workloads().spinner, 120);
     let hz = FLOOD_HZ.to_string();
     let c = connect_sampler(workload.pid(), &["--frequency", &hz]);
+    let connected_at = Instant::now();
     let file_id = held_file(&c.conn, &c.log);
     let deadline = Instant::now() + TIMEOUT;
     // Given a sampler that already sent one batch (its memory is set up).
@@ -414,6 +415,18 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
         sent_bytes as f64 / f64::from(1 << 20),
         batches.len(),
         first.sequence
+    );
+    // Thousands of refusals, but the log is not flooded: the first 5 one by one, a notice, then
+    // at most one summary per 10 s since the connection.
+    let refusal_lines = c
+        .log
+        .matching(|l| level(l) == "WARN" && message(l).contains("refus"))
+        .len() as u64;
+    let summaries = connected_at.elapsed().as_secs() / 10 + 1;
+    eprintln!("refusal warnings logged: {refusal_lines} (at most 6 + {summaries})");
+    assert!(
+        refusal_lines <= 6 + summaries,
+        "{refusal_lines} refusal warnings logged"
     );
     // The sampler reads at most 16 datagrams per wake-up, so the relay, not the sampler, waits:
     // most of the flood it is blocked on a full socket.
