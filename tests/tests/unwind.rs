@@ -1049,23 +1049,42 @@ struct CachedRun {
 
 /// Profiles `pid` for two 4-s windows with a relay caching tables in `state_dir`.
 fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &str) -> CachedRun {
+    let (folded, log) = profile_dwarf(dir, name, pid, &["--state-dir", state_dir]);
+    let totals = log.matching(|l| message(l).starts_with("unwind tables sent"));
+    let (_, last) = totals
+        .last()
+        .unwrap_or_else(|| panic!("no unwind totals logged:\n{}", log.text()));
+    let field = |key: &str| field_u64(last, key).unwrap_or_else(|| panic!("no {key}: {last}"));
+    CachedRun {
+        folded,
+        hits: field("cache_hits"),
+        compiled: field("compiled"),
+        rewritten: field("cache_files_rewritten"),
+    }
+}
+
+/// Profiles `pid` with `run --unwind dwarf` (4-s windows) and `ember-sampler --unwind dwarf`
+/// until a whole window began after the relay sent its tables; that window's stacks.folded and
+/// the relay's log (the relay stopped).
+fn profile_dwarf(
+    dir: &std::path::Path,
+    name: &str,
+    pid: u32,
+    relay_extra: &[&str],
+) -> (String, LogReader) {
     let out_dir = dir.join(format!("out-{name}"));
     let socket = dir.join(format!("{name}.sock"));
     let out_arg = out_dir.to_str().expect("utf-8 path");
-    let mut relay = spawn_relay_run(
-        &format!("relay {name}"),
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--output-dir",
-            out_arg,
-            "--window",
-            "4s",
-            "--state-dir",
-            state_dir,
-        ],
-    );
+    let mut args = vec![
+        "--unwind",
+        "dwarf",
+        "--output-dir",
+        out_arg,
+        "--window",
+        "4s",
+    ];
+    args.extend_from_slice(relay_extra);
+    let mut relay = spawn_relay_run(&format!("relay {name}"), &socket, &args);
     let pid = pid.to_string();
     let (_sampler, sampler_log) = spawn_sampler(
         &format!("sampler {name}"),
@@ -1098,19 +1117,116 @@ fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &s
         .child
         .wait_timeout(TIMEOUT)
         .expect("the relay stopped");
-    let totals = relay
-        .log
-        .matching(|l| message(l).starts_with("unwind tables sent"));
-    let (_, last) = totals
-        .last()
-        .unwrap_or_else(|| panic!("no unwind totals logged:\n{}", relay.log.text()));
-    let field = |key: &str| field_u64(last, key).unwrap_or_else(|| panic!("no {key}: {last}"));
-    CachedRun {
-        folded,
-        hits: field("cache_hits"),
-        compiled: field("compiled"),
-        rewritten: field("cache_files_rewritten"),
+    (folded, relay.log)
+}
+
+/// Samples of `process` whose leaf is `leaf`, and how many of them carry `chain` (root
+/// first, ending at `leaf`) from its first frame on after `main`; `any` in `chain` matches
+/// one frame of any name.
+fn chain_share(folded: &str, process: &str, chain: &[&str]) -> (u64, u64, Vec<(String, u64)>) {
+    let leaf = chain.last().copied();
+    let (mut total, mut matching, mut other) = (0, 0, Vec::new());
+    for stack in parse_folded(folded) {
+        if !stack.process.starts_with(process) {
+            continue;
+        }
+        let user: Vec<&str> = stack.user_frames().collect();
+        if user.last().copied() != leaf {
+            continue;
+        }
+        total += stack.count;
+        let tail = user.iter().position(|f| *f == "main").map(|m| &user[m..]);
+        let ok = tail.is_some_and(|t| {
+            t.len() == chain.len() && t.iter().zip(chain).all(|(f, c)| *c == "any" || f == c)
+        });
+        if ok {
+            matching += stack.count;
+        } else {
+            other.push((user.join(";"), stack.count));
+        }
     }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    other.truncate(5);
+    (total, matching, other)
+}
+
+/// Builds `source` with `flags`, runs it for 120 s and profiles it with `--unwind dwarf`; then
+/// asserts that at least `min_share` of its samples whose leaf ends `chain` carry the whole
+/// `chain` from `main`, over at least 300 such samples.
+fn assert_dwarf_chain(source: &str, flags: &[&str], chain: &[&str], min_share: f64) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(dir.path(), source, source, flags);
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), source, workload.pid(), &[]);
+    drop(workload);
+    let (total, matching, other) = chain_share(&folded, source, chain);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "{source}: {matching} of {total} leaf samples carry {chain:?} ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(
+        total >= 300,
+        "only {total} samples end in {chain:?}:\n{folded}"
+    );
+    assert!(
+        share >= min_share,
+        "{source}: only {:.1}% carry {chain:?}; most common others {other:?}",
+        share * 100.0
+    );
+}
+
+/// A frameless leaf (GCC's -momit-leaf-frame-pointer beside -fno-omit-frame-pointer, -O2)
+/// keeps its caller: >= 95% of the leaf's samples are main -> caller_work -> leaf_work (a
+/// frame-pointer walk skips caller_work: with `--unwind fp` this fails).
+#[test]
+fn a_frameless_leaf_keeps_its_caller() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "frameless",
+        &["-O2", "-momit-leaf-frame-pointer"],
+        &["main", "caller_work", "leaf_work"],
+        0.95,
+    );
+}
+
+/// A non-PIE executable (-no-pie, no frame pointers) unwinds as well as the PIE one of
+/// `dwarf_unwinding_gives_whole_stacks_without_frame_pointers`: >= 95% of the samples in
+/// inner_work carry main -> outer_work -> middle_work -> inner_work.
+#[test]
+fn a_non_pie_executable_unwinds_whole() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "groundtruth",
+        &["-O2", "-fomit-frame-pointer", "-no-pie"],
+        &CHAIN,
+        0.95,
+    );
+}
+
+/// A signal handler burning CPU (SIGPROF from an ITIMER_PROF timer; no frame pointers anywhere)
+/// unwinds through the kernel's signal trampoline to the interrupted code: >= 90% of the
+/// samples in handler_burn are main -> interrupted_loop -> (the trampoline, __restore_rt in
+/// libc) -> on_prof -> handler_burn.
+#[test]
+fn a_signal_handler_unwinds_through_the_trampoline_to_the_interrupted_code() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "sigprof",
+        &["-O2", "-fomit-frame-pointer"],
+        &["main", "interrupted_loop", "any", "on_prof", "handler_burn"],
+        0.90,
+    );
 }
 
 /// The workload's user-frame chains that hold at least 2% of its samples, and the share of its
