@@ -1072,6 +1072,18 @@ fn profile_dwarf(
     pid: u32,
     relay_extra: &[&str],
 ) -> (String, LogReader) {
+    profile_dwarf_after(dir, name, pid, relay_extra, 1)
+}
+
+/// [`profile_dwarf`] that waits for `bursts` lines of the unwind worker's totals (one per burst
+/// of tables, e.g. 2 when a process execs a new image) before it waits for the windows.
+fn profile_dwarf_after(
+    dir: &std::path::Path,
+    name: &str,
+    pid: u32,
+    relay_extra: &[&str],
+    bursts: usize,
+) -> (String, LogReader) {
     let out_dir = dir.join(format!("out-{name}"));
     let socket = dir.join(format!("{name}.sock"));
     let out_arg = out_dir.to_str().expect("utf-8 path");
@@ -1093,9 +1105,13 @@ fn profile_dwarf(
     );
     // The first window that began after the tables were sent: the second file written after
     // the worker's totals line.
-    relay.log.expect(0, TIMEOUT, "the unwind totals", |l| {
-        message(l).starts_with("unwind tables sent")
-    });
+    let mut from = 0;
+    for _ in 0..bursts {
+        let (at, _) = relay.log.expect(from, TIMEOUT, "the unwind totals", |l| {
+            message(l).starts_with("unwind tables sent")
+        });
+        from = at + 1;
+    }
     let path = out_dir.join("stacks.folded");
     let modified = || fs::metadata(&path).and_then(|m| m.modified()).ok();
     let mut seen = modified();
@@ -1343,4 +1359,114 @@ fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewr
     );
     let (_, whole_third) = chains(&third.folded, "gt-cache");
     assert!(whole_third >= 0.95, "{:.1}% whole", whole_third * 100.0);
+}
+
+/// A binary replaced on disk while it runs (another program renamed over its path, as package
+/// upgrades do) unwinds with the table of the file it has mapped, not of the path's new file:
+/// at least 95% of the running groundtruth's inner_work samples carry the whole chain. A table
+/// built from the path (now sigprof) would give wrong frames.
+#[test]
+fn a_binary_replaced_on_disk_unwinds_with_the_mapped_files_table() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let flags = ["-O2", "-fomit-frame-pointer"];
+    let binary = compile_workload(dir.path(), "groundtruth", "gt-replaced", &flags);
+    let workload = spawn_workload(&binary, 120);
+    let other = compile_workload(dir.path(), "sigprof", "other-build", &flags);
+    fs::rename(&other, &binary).expect("replacing the running binary");
+    let (folded, _log) = profile_dwarf(dir.path(), "replaced", workload.pid(), &[]);
+    drop(workload);
+    let (total, matching, other) = chain_share(&folded, "gt-replaced", &CHAIN);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "replaced binary: {matching} of {total} inner_work samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(
+        total >= 300,
+        "only {total} samples in inner_work:\n{folded}"
+    );
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+}
+
+/// Exec in an existing pid: a process burns 3 s in one image, then execs another (execer.c);
+/// once the new image's table was sent (the worker's second burst), >= 95% of the new image's
+/// two_inner samples carry main -> two_outer -> two_inner.
+#[test]
+fn exec_in_an_existing_pid_uses_the_new_images_table() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let flags = |role: &'static str| ["-O2", "-fomit-frame-pointer", role];
+    let first = compile_workload(dir.path(), "execer", "execer-one", &flags("-DROLE=1"));
+    let second = compile_workload(dir.path(), "execer", "execer-two", &flags("-DROLE=2"));
+    let mut command = std::process::Command::new(&first);
+    command.arg("3").arg(&second).arg("120");
+    let workload = ChildGuard::spawn("execer", &mut command);
+    let (folded, _log) = profile_dwarf_after(dir.path(), "exec", workload.pid(), &[], 2);
+    drop(workload);
+    let (total, matching, other) =
+        chain_share(&folded, "execer-two", &["main", "two_outer", "two_inner"]);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "after exec: {matching} of {total} two_inner samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(total >= 300, "only {total} samples in two_inner:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+}
+
+/// Mixed stacks: an executable without frame pointers calls into a library with them, which
+/// calls back into the executable: >= 95% of exe_leaf's samples carry main -> exe_outer ->
+/// lib_entry -> lib_mid -> exe_callback -> exe_leaf (tables for both files, switching at each
+/// boundary).
+#[test]
+fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let lib = compile_workload(dir.path(), "mixlib", "libmix.so", &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    let lib_arg = lib.to_str().expect("utf-8 path");
+    let binary = compile_workload(
+        dir.path(),
+        "mixed",
+        "mixed",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-Wl,--no-as-needed",
+            lib_arg,
+            &rpath,
+        ],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), "mixed", workload.pid(), &[]);
+    drop(workload);
+    let chain = [
+        "main",
+        "exe_outer",
+        "lib_entry",
+        "lib_mid",
+        "exe_callback",
+        "exe_leaf",
+    ];
+    let (total, matching, other) = chain_share(&folded, "mixed", &chain);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "mixed: {matching} of {total} exe_leaf samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(total >= 300, "only {total} samples in exe_leaf:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
 }
