@@ -1470,3 +1470,69 @@ fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
     assert!(total >= 300, "only {total} samples in exe_leaf:\n{folded}");
     assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
 }
+
+/// A PLT stub unwinds: a no-FP executable calls a one-instruction library function through the
+/// PLT in a tight loop, so a fifth or more of its samples are in the stub itself. At least 95%
+/// of all its samples are main -> plt_loop, then the stub or plt_target as the leaf (or nothing:
+/// plt_loop itself), and the stub's samples (a leaf in the executable other than plt_loop) are
+/// at least 10% of them (else the test would not exercise the PLT rows).
+#[test]
+fn a_plt_stub_unwinds_to_its_caller() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let lib = compile_workload(dir.path(), "pltlib", "libplt.so", &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    let lib_arg = lib.to_str().expect("utf-8 path");
+    let binary = compile_workload(
+        dir.path(),
+        "plt",
+        "plt",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-Wl,--no-as-needed",
+            lib_arg,
+            &rpath,
+        ],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), "plt", workload.pid(), &[]);
+    drop(workload);
+    let (mut total, mut whole, mut in_stub) = (0u64, 0u64, 0u64);
+    let mut other = Vec::new();
+    for stack in parse_folded(&folded) {
+        if stack.process != "plt" {
+            continue;
+        }
+        total += stack.count;
+        let user: Vec<&str> = stack.user_frames().collect();
+        let tail = user.iter().position(|f| *f == "main").map(|m| &user[m..]);
+        match tail {
+            Some(["main", "plt_loop"] | ["main", "plt_loop", "plt_target"]) => {
+                whole += stack.count;
+            }
+            Some(["main", "plt_loop", _stub]) => {
+                whole += stack.count;
+                in_stub += stack.count;
+            }
+            _ => other.push((user.join(";"), stack.count)),
+        }
+    }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let share = whole as f64 / total.max(1) as f64;
+    eprintln!(
+        "plt: {whole} of {total} whole ({:.1}%), {in_stub} in the stub; others {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+    assert!(total >= 300, "only {total} samples:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+    assert!(
+        in_stub * 10 >= total,
+        "only {in_stub} of {total} samples in the PLT stub: the test did not exercise it"
+    );
+}
