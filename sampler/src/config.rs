@@ -46,7 +46,7 @@ impl Default for SamplerConfig {
             backlog_max_bytes: 64 << 20,
             relay_user: None,
             user: "nobody".to_owned(),
-            unwind: Unwind::Dwarf,
+            unwind: Unwind::Fp,
             unwind_memory_bytes: 64 << 20,
         }
     }

@@ -111,11 +111,10 @@ pub(super) struct RunArgs {
         value_delimiter = ','
     )]
     sampler_uid: Vec<u32>,
-    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
-    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
-    /// with the same --unwind.
-    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
+    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
+    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
+    /// it before use; start the sampler with the same --unwind).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
     /// Where compiled unwind tables are cached (in `unwind-cache/`, at most 256 MiB, verified by
     /// SHA-256 against each binary before use), so a restart does not recompile them. Default:
@@ -170,11 +169,10 @@ pub(super) struct RecordArgs {
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
-    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
-    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
-    /// with the same --unwind.
-    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
+    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
+    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
+    /// it before use; start the sampler with the same --unwind).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     unwind: UnwindMode,
     /// Cache compiled unwind tables in this directory (in `unwind-cache/`, at most 256 MiB,
     /// verified by SHA-256 before use). Default: no cache.
