@@ -147,6 +147,21 @@ struct Losses {
   unwindStopped @14 :UInt64;    # DWARF-walked user stacks cut at a row the unwinder cannot follow
   unwindCut @15 :UInt64;        # DWARF-walked user stacks cut at the 64-frame cap
   unwindMapFull @16 :UInt64;    # samples whose walked stack found the stack map full (frame-pointer stack kept)
+  unwindOutermost @17 :UInt64;  # stacks that ended at a stop row of code 1: the outermost frame (_start, thread start), the normal end
+  unwindStopCfaRegister @18 :UInt64;  # stacks cut at a stop row of code 2: CFA from a register other than rsp/rbp
+  unwindStopCfaExpression @19 :UInt64;  # code 3: CFA a DWARF expression other than PLT/signal
+  unwindStopOffsetRange @20 :UInt64;  # code 4: an offset over the row's field
+  unwindStopReturnAddressRule @21 :UInt64;  # code 5: return address not at CFA - 8
+  unwindStopRbpRule @22 :UInt64;  # code 6: rbp restored by a rule without a row kind
+  unwindStopMalformed @23 :UInt64;  # code 7: malformed CFI
+  unwindStopBudget @24 :UInt64;  # code 8: FDE over the compiler's budget
+  unwindReadFailed @25 :UInt64;  # stacks ended by a failed read of user memory
+  unwindZeroEnd @26 :UInt64;  # stacks ended at rbp 0 or a return address 0 (end of a frame-pointer chain)
+  unwindFpNoMapping @27 :UInt64;  # frames unwound by frame pointers: pc in no known file mapping
+  unwindFpNoTable @28 :UInt64;  # frames unwound by frame pointers: their file has no table loaded (absent, refused, evicted)
+  unwindFpGap @29 :UInt64;  # frames unwound by frame pointers: a gap row or outside the table
+  unwindNoProcess @30 :UInt64;  # user-mode samples of processes whose mappings the unwinder does not know yet (frame-pointer stack kept)
+  unwindTablesEvicted @31 :UInt64;  # loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes
 }
 
 # The samples of one interval. A large interval is split into several parts with the same

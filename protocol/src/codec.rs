@@ -455,6 +455,21 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_unwind_stopped(l.unwind_stopped);
     lb.set_unwind_cut(l.unwind_cut);
     lb.set_unwind_map_full(l.unwind_map_full);
+    lb.set_unwind_outermost(l.unwind_outermost);
+    lb.set_unwind_stop_cfa_register(l.unwind_stop_cfa_register);
+    lb.set_unwind_stop_cfa_expression(l.unwind_stop_cfa_expression);
+    lb.set_unwind_stop_offset_range(l.unwind_stop_offset_range);
+    lb.set_unwind_stop_return_address_rule(l.unwind_stop_return_address_rule);
+    lb.set_unwind_stop_rbp_rule(l.unwind_stop_rbp_rule);
+    lb.set_unwind_stop_malformed(l.unwind_stop_malformed);
+    lb.set_unwind_stop_budget(l.unwind_stop_budget);
+    lb.set_unwind_read_failed(l.unwind_read_failed);
+    lb.set_unwind_zero_end(l.unwind_zero_end);
+    lb.set_unwind_fp_no_mapping(l.unwind_fp_no_mapping);
+    lb.set_unwind_fp_no_table(l.unwind_fp_no_table);
+    lb.set_unwind_fp_gap(l.unwind_fp_gap);
+    lb.set_unwind_no_process(l.unwind_no_process);
+    lb.set_unwind_tables_evicted(l.unwind_tables_evicted);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -524,6 +539,21 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             unwind_stopped: l.get_unwind_stopped(),
             unwind_cut: l.get_unwind_cut(),
             unwind_map_full: l.get_unwind_map_full(),
+            unwind_outermost: l.get_unwind_outermost(),
+            unwind_stop_cfa_register: l.get_unwind_stop_cfa_register(),
+            unwind_stop_cfa_expression: l.get_unwind_stop_cfa_expression(),
+            unwind_stop_offset_range: l.get_unwind_stop_offset_range(),
+            unwind_stop_return_address_rule: l.get_unwind_stop_return_address_rule(),
+            unwind_stop_rbp_rule: l.get_unwind_stop_rbp_rule(),
+            unwind_stop_malformed: l.get_unwind_stop_malformed(),
+            unwind_stop_budget: l.get_unwind_stop_budget(),
+            unwind_read_failed: l.get_unwind_read_failed(),
+            unwind_zero_end: l.get_unwind_zero_end(),
+            unwind_fp_no_mapping: l.get_unwind_fp_no_mapping(),
+            unwind_fp_no_table: l.get_unwind_fp_no_table(),
+            unwind_fp_gap: l.get_unwind_fp_gap(),
+            unwind_no_process: l.get_unwind_no_process(),
+            unwind_tables_evicted: l.get_unwind_tables_evicted(),
         }),
         ignore: IgnoreStats {
             ignored_samples: r.get_ignored_samples(),
@@ -574,6 +604,9 @@ mod tests {
                 files_unopened: 5,
                 unwind_tables_refused: 6,
                 unwind_cut: 7,
+                unwind_stop_rbp_rule: 8,
+                unwind_tables_evicted: 9,
+                unwind_fp_gap: 10,
                 ..Losses::default()
             }),
             ignore: IgnoreStats {

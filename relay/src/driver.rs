@@ -11,6 +11,7 @@
 //! period, so stop requests are seen promptly.
 
 use std::{
+    path::Path,
     sync::{
         mpsc::{self, Receiver, RecvTimeoutError, SyncSender},
         Arc,
@@ -127,10 +128,15 @@ impl Driver {
     }
 
     /// With [`UnwindMode::Dwarf`], starts the worker that compiles each passed binary's unwind
-    /// table and sends it to its sampler.
-    pub(crate) fn with_unwind(mut self, mode: UnwindMode) -> anyhow::Result<Self> {
+    /// table (or takes it from the cache under `state_dir`) and sends it to its sampler.
+    pub(crate) fn with_unwind(
+        mut self,
+        mode: UnwindMode,
+        state_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         if mode == UnwindMode::Dwarf {
-            let sender = TableSender::spawn().context("starting the unwind-table worker")?;
+            let cache = state_dir.and_then(crate::unwind::sender::open_cache);
+            let sender = TableSender::spawn(cache).context("starting the unwind-table worker")?;
             self.pipeline.send_unwind_tables(sender);
         }
         Ok(self)

@@ -347,6 +347,21 @@ impl Pipeline {
             ignore_refused = batch.ignore.refused,
             ignored_processes = batch.ignore.processes,
             ignore_sent = self.ignore.sent,
+            unwind_tables_evicted = batch.losses.unwind_tables_evicted,
+            unwind_outermost = batch.losses.unwind_outermost,
+            unwind_stop_cfa_register = batch.losses.unwind_stop_cfa_register,
+            unwind_stop_cfa_expression = batch.losses.unwind_stop_cfa_expression,
+            unwind_stop_offset_range = batch.losses.unwind_stop_offset_range,
+            unwind_stop_return_address_rule = batch.losses.unwind_stop_return_address_rule,
+            unwind_stop_rbp_rule = batch.losses.unwind_stop_rbp_rule,
+            unwind_stop_malformed = batch.losses.unwind_stop_malformed,
+            unwind_stop_budget = batch.losses.unwind_stop_budget,
+            unwind_read_failed = batch.losses.unwind_read_failed,
+            unwind_zero_end = batch.losses.unwind_zero_end,
+            unwind_fp_no_mapping = batch.losses.unwind_fp_no_mapping,
+            unwind_fp_no_table = batch.losses.unwind_fp_no_table,
+            unwind_fp_gap = batch.losses.unwind_fp_gap,
+            unwind_no_process = batch.losses.unwind_no_process,
             "batch received"
         );
         self.cache.evict_idle(RESOLVER_IDLE);

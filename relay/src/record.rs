@@ -66,6 +66,8 @@ pub struct RecordConfig {
     pub command_line: bool,
     /// `--metrics-address` (off unless asked for).
     pub metrics: MetricsSettings,
+    /// `--state-dir`: where compiled unwind tables are cached (none by default).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -135,7 +137,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let mut policy = Recording::new(config.duration, control);
     let ended = Driver::new(sinks, config.file_limits, None)
         .with_labels(labels)
-        .with_unwind(config.unwind)?
+        .with_unwind(config.unwind, config.state_dir.as_deref())?
         .with_metrics(metrics)
         .run(&events, &mut policy)?;
     if policy.tty {
@@ -368,6 +370,47 @@ fn wait_child(child: &mut std::process::Child) -> String {
     }
 }
 
+/// With `--unwind dwarf`: how the walked user stacks ended, per reason (totals since the
+/// sampler started), and the tables the sampler loaded, refused and evicted.
+fn print_unwind_summary(losses: &Losses) {
+    let ends = [
+        ("outermost", losses.unwind_outermost),
+        ("zero_end", losses.unwind_zero_end),
+        ("cut_at_frame_cap", losses.unwind_cut),
+        ("read_failed", losses.unwind_read_failed),
+        ("cfa_register", losses.unwind_stop_cfa_register),
+        ("cfa_expression", losses.unwind_stop_cfa_expression),
+        ("offset_range", losses.unwind_stop_offset_range),
+        (
+            "return_address_rule",
+            losses.unwind_stop_return_address_rule,
+        ),
+        ("rbp_rule", losses.unwind_stop_rbp_rule),
+        ("malformed", losses.unwind_stop_malformed),
+        ("budget", losses.unwind_stop_budget),
+    ];
+    if ends.iter().all(|(_, n)| *n == 0) && losses.unwind_tables_loaded == 0 {
+        return;
+    }
+    let listed: Vec<String> = ends
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    println!("unwinding: stacks ended by {}", listed.join(", "));
+    println!(
+        "unwinding: frames by frame pointers: {} no mapping, {} no table, {} gap; \
+         {} samples of processes not known yet; tables {} loaded, {} refused, {} evicted",
+        losses.unwind_fp_no_mapping,
+        losses.unwind_fp_no_table,
+        losses.unwind_fp_gap,
+        losses.unwind_no_process,
+        losses.unwind_tables_loaded,
+        losses.unwind_tables_refused,
+        losses.unwind_tables_evicted,
+    );
+}
+
 fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses) {
     let total = profile.total_samples();
     println!(
@@ -381,6 +424,7 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses) {
             losses.user_stack_lost, losses.kernel_stack_lost, losses.counts_full
         );
     }
+    print_unwind_summary(losses);
     println!("wrote:");
     for path in paths {
         println!("  {}", path.display());

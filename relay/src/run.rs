@@ -38,6 +38,8 @@ pub struct RunConfig {
     pub unwind: UnwindMode,
     /// `--metrics-address`: where /metrics, /healthz and /readyz are served.
     pub metrics: MetricsSettings,
+    /// `--state-dir`; `None`: the default ([`crate::unwind::sender::default_state_dir`]).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How long `run` tries to deliver what is queued when it is stopped.
@@ -101,10 +103,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
             labels = labels.with_kubernetes(pods);
         }
     }
+    let state_dir = match (config.unwind, config.state_dir) {
+        (UnwindMode::Dwarf, None) => crate::unwind::sender::default_state_dir(),
+        (_, dir) => dir,
+    };
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(labels)
         .with_reload(reloader)
-        .with_unwind(config.unwind)?
+        .with_unwind(config.unwind, state_dir.as_deref())?
         .with_metrics(metrics);
     let ended = driver.run(&events, &mut Service)?;
     ended

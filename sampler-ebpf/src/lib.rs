@@ -78,12 +78,22 @@ pub struct UnwindTableInfo {
     pub first_row: u32,
     /// Number of rows.
     pub rows: u32,
-    pub _pad: u32,
+    /// When the unwinder last used this table, in [`tick`] units: written by the program, read
+    /// by the sampler to evict the least recently sampled table first.
+    pub last_sampled: u32,
+}
+
+/// The clock of [`UnwindTableInfo::last_sampled`]: CLOCK_MONOTONIC (`bpf_ktime_get_ns`)
+/// nanoseconds shifted right by this, about 1.07 s per tick, wrapping after 146 years.
+pub const TICK_SHIFT: u32 = 30;
+
+/// The tick of a CLOCK_MONOTONIC time in nanoseconds.
+pub fn tick(monotonic_ns: u64) -> u32 {
+    (monotonic_ns >> TICK_SHIFT) as u32
 }
 
 #[cfg(feature = "user")]
-// SAFETY: `repr(C)`, integers only, explicit padding field (2 * 8 + 4 * 4 bytes), any bit
-// pattern valid.
+// SAFETY: `repr(C)`, integers only, no padding (2 * 8 + 4 * 4 bytes), any bit pattern valid.
 unsafe impl aya::Pod for UnwindTableInfo {}
 
 /// Deepest user stack the DWARF unwinder walks.
@@ -187,9 +197,32 @@ pub mod counter {
     /// DWARF unwinder: stacks whose store in `USTACKS` failed (map full): the sample falls
     /// back to the frame-pointer stack.
     pub const UNWIND_FULL: u32 = 8;
+    /// DWARF unwinder: stacks that ended on a stop row with code `c` (1..=8, the relay's
+    /// `StopReason` codes, 1 = outermost frame) are counted in slot `UNWIND_STOP_CODE + c - 1`.
+    pub const UNWIND_STOP_CODE: u32 = 9;
+    /// Number of stop codes (slots from [`UNWIND_STOP_CODE`]).
+    pub const UNWIND_STOP_CODES: u32 = 8;
+    /// DWARF unwinder: stacks that ended because a read of user memory failed (the return
+    /// address, a saved rbp or a signal frame's registers).
+    pub const UNWIND_READ_FAILED: u32 = 17;
+    /// DWARF unwinder: stacks that ended at rbp 0 or a return address 0 (the end of a
+    /// frame-pointer chain, or a table's caller of 0).
+    pub const UNWIND_ZERO_END: u32 = 18;
+    /// DWARF unwinder: frames unwound by frame pointers because their pc was in no known
+    /// executable file mapping (JIT code, anonymous memory, the vDSO, over the mapping cap).
+    pub const UNWIND_FP_NO_MAPPING: u32 = 19;
+    /// DWARF unwinder: frames unwound by frame pointers because their file has no table loaded
+    /// (not arrived yet, refused, or evicted).
+    pub const UNWIND_FP_NO_TABLE: u32 = 20;
+    /// DWARF unwinder: frames unwound by frame pointers because their table has a gap there
+    /// (no CFI covers the address), or the pc is outside the table's range.
+    pub const UNWIND_FP_GAP: u32 = 21;
+    /// DWARF unwinder: user-mode samples of processes whose mappings the unwinder does not
+    /// know yet: the frame-pointer stack is kept.
+    pub const UNWIND_NO_PROCESS: u32 = 22;
     /// Samples of a process in `IGNORED` (the relay's process filter, pushed down): dropped
     /// before any stack walk.
-    pub const IGNORED: u32 = 9;
+    pub const IGNORED: u32 = 23;
     /// Number of slots.
-    pub const LEN: u32 = 10;
+    pub const LEN: u32 = 24;
 }

@@ -9,14 +9,17 @@
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_loop, bpf_probe_read_user},
+        helpers::{
+            bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_loop,
+            bpf_probe_read_user,
+        },
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
     use ember_sampler_ebpf::{
-        counter, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack, COMM_LEN,
-        ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_IGNORED, MAX_PROC_MAPPINGS,
+        counter, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
+        COMM_LEN, ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_IGNORED, MAX_PROC_MAPPINGS,
     };
 
     /// Set by the loader; 0 samples every process.
@@ -80,10 +83,24 @@ mod program {
         Dwarf,
         /// Unwound one frame by frame pointer (no table, or a gap row).
         FramePointer,
-        /// A stop row other than the outermost frame's: CFI the unwinder cannot follow.
-        Stop,
-        /// Nothing more to read (rbp 0, a memory read failed).
-        End,
+        /// A stop row with this code (1..=8 as the sampler checked; 1 = the outermost frame).
+        Stop(u32),
+        /// A read of user memory failed.
+        ReadFailed,
+        /// rbp 0: the end of a frame-pointer chain.
+        ZeroEnd,
+    }
+
+    /// What a pc's lookup found.
+    enum Lookup {
+        /// The row covering the pc.
+        Row(UnwindRow),
+        /// The pc is in no known file mapping of the process.
+        NoMapping,
+        /// The pc's file has no table loaded.
+        NoTable,
+        /// The table does not cover the pc.
+        Outside,
     }
 
     #[inline(always)]
@@ -93,10 +110,31 @@ mod program {
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
     }
 
-    /// The row covering `pc` in its mapping's table, if the process's mapping and the file's
-    /// table are loaded and cover it.
+    /// The row covering `pc` in its mapping's table, or why there is none.
     #[inline(always)]
-    fn find_row(procs: &ProcMappings, pc: u64) -> Option<UnwindRow> {
+    fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
+        let Some(mapping) = find_mapping(procs, pc) else {
+            return Lookup::NoMapping;
+        };
+        let Some(info) = UNWIND_TABLES.get_ptr_mut(&mapping.file_id) else {
+            return Lookup::NoTable;
+        };
+        // SAFETY: a live value of the map for this program run. The sampler replaces or
+        // deletes whole entries; a racing write of the tick can only age one table by a tick.
+        let info = unsafe { &mut *info };
+        // The least recently sampled table is evicted first (sampler/src/unwind.rs).
+        if info.last_sampled != tick {
+            info.last_sampled = tick;
+        }
+        match find_in_table(info, mapping, pc) {
+            Some(row) => Lookup::Row(row),
+            None => Lookup::Outside,
+        }
+    }
+
+    /// The file mapping of the process that holds `pc`.
+    #[inline(always)]
+    fn find_mapping(procs: &ProcMappings, pc: u64) -> Option<&MappingEntry> {
         let count = (procs.count as usize).min(MAX_PROC_MAPPINGS);
         let (mut lo, mut hi) = (0usize, count);
         for _ in 0..MAPPING_STEPS {
@@ -114,8 +152,12 @@ mod program {
         if pc >= mapping.end {
             return None;
         }
-        // SAFETY: a lookup in a map only the sampler writes; the value is read at once.
-        let info: &UnwindTableInfo = unsafe { UNWIND_TABLES.get(&mapping.file_id) }?;
+        Some(mapping)
+    }
+
+    /// The row of `info`'s table covering `pc` (mapped by `mapping`), if the table covers it.
+    #[inline(always)]
+    fn find_in_table(info: &UnwindTableInfo, mapping: &MappingEntry, pc: u64) -> Option<UnwindRow> {
         let addr = pc
             .wrapping_sub(mapping.start)
             .wrapping_add(mapping.file_offset)
@@ -145,10 +187,10 @@ mod program {
     #[inline(always)]
     fn frame_pointer_step(r: &mut Regs) -> Step {
         if r.bp == 0 {
-            return Step::End;
+            return Step::ZeroEnd;
         }
         let (Some(next_bp), Some(ret)) = (read_user(r.bp), read_user(r.bp.wrapping_add(8))) else {
-            return Step::End;
+            return Step::ReadFailed;
         };
         r.sp = r.bp.wrapping_add(16);
         r.bp = next_bp;
@@ -175,24 +217,25 @@ mod program {
                     read_user(sp.wrapping_add(a).wrapping_add(8)),
                     read_user(sp.wrapping_add(b)),
                 ) else {
-                    return Step::End;
+                    return Step::ReadFailed;
                 };
                 r.sp = new_sp;
                 r.pc = pc;
                 r.bp = bp;
                 return Step::Dwarf;
             }
-            // Stop code 1 is the outermost frame: the normal end of a stack, not counted.
-            5 if row.a == 1 => return Step::End,
-            5 => return Step::Stop,
-            _ => return frame_pointer_step(r),
+            5 => return Step::Stop(row.a as u32),
+            _ => {
+                bump(counter::UNWIND_FP_GAP);
+                return frame_pointer_step(r);
+            }
         };
         let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
-            return Step::End;
+            return Step::ReadFailed;
         };
         if row.kind != 3 && row.flags & 1 != 0 {
             let Some(bp) = read_user(cfa.wrapping_add(b)) else {
-                return Step::End;
+                return Step::ReadFailed;
             };
             r.bp = bp;
         }
@@ -207,6 +250,9 @@ mod program {
         tgid: u32,
         /// 1 once the walk reached its end (anything but the frame cap).
         ended: u32,
+        /// This sample's tick (`ember_sampler_ebpf::tick`), stamped on the tables used.
+        tick: u32,
+        _pad: u32,
         pc: u64,
         sp: u64,
         bp: u64,
@@ -223,6 +269,7 @@ mod program {
             unsafe { PROC_MAPPINGS.get(&walk.tgid) },
             SCRATCH.get_ptr_mut(0),
         ) else {
+            bump(counter::UNWIND_NO_PROCESS);
             walk.ended = 1;
             return 1;
         };
@@ -241,21 +288,47 @@ mod program {
         };
         // A caller's pc is a return address: look up the call instruction before it.
         let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
-        let step = match find_row(procs, lookup) {
-            Some(row) => apply(row, &mut r),
-            None => frame_pointer_step(&mut r),
+        let step = match find_row(procs, lookup, walk.tick) {
+            Lookup::Row(row) => apply(row, &mut r),
+            Lookup::NoMapping => {
+                bump(counter::UNWIND_FP_NO_MAPPING);
+                frame_pointer_step(&mut r)
+            }
+            Lookup::NoTable => {
+                bump(counter::UNWIND_FP_NO_TABLE);
+                frame_pointer_step(&mut r)
+            }
+            Lookup::Outside => {
+                bump(counter::UNWIND_FP_GAP);
+                frame_pointer_step(&mut r)
+            }
         };
         (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
+        // Each walked stack ends under exactly one reason (or the frame cap, counted by the
+        // caller).
         match step {
             Step::Dwarf => stack.dwarf_frames += 1,
             Step::FramePointer => {}
-            Step::Stop => {
-                bump(counter::UNWIND_STOP);
+            Step::Stop(code) => {
+                if (1..=counter::UNWIND_STOP_CODES).contains(&code) {
+                    bump(counter::UNWIND_STOP_CODE + code - 1);
+                }
+                if code != 1 {
+                    bump(counter::UNWIND_STOP);
+                }
                 walk.ended = 1;
             }
-            Step::End => walk.ended = 1,
+            Step::ReadFailed => {
+                bump(counter::UNWIND_READ_FAILED);
+                walk.ended = 1;
+            }
+            Step::ZeroEnd => {
+                bump(counter::UNWIND_ZERO_END);
+                walk.ended = 1;
+            }
         }
-        if walk.pc == 0 {
+        if walk.ended == 0 && walk.pc == 0 {
+            bump(counter::UNWIND_ZERO_END);
             walk.ended = 1;
         }
         // The verifier wants a return value it can see is 0 or 1.
@@ -279,6 +352,7 @@ mod program {
         }
         // SAFETY: a lookup in a map only the sampler writes.
         if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
+            bump(counter::UNWIND_NO_PROCESS);
             return 0;
         }
         let Some(stack) = SCRATCH.get_ptr_mut(0) else {
@@ -288,9 +362,13 @@ mod program {
         let stack = unsafe { &mut *stack };
         stack.len = 0;
         stack.dwarf_frames = 0;
+        // SAFETY: a helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
         let mut walk = Walk {
             tgid,
             ended: 0,
+            tick: ember_sampler_ebpf::tick(now),
+            _pad: 0,
             pc: regs.rip,
             sp: regs.rsp,
             bp: regs.rbp,

@@ -20,7 +20,7 @@ pub struct SamplerConfig {
     pub user: String,
     /// How user stacks are walked.
     pub unwind: Unwind,
-    /// Most bytes of unwind-table rows held (`--unwind dwarf`).
+    /// Kernel memory for all the DWARF unwinder's maps (`--unwind dwarf`).
     pub unwind_memory_bytes: usize,
     /// `--command-line`: forward each process's command line (off: it can hold secrets).
     pub command_line: bool,

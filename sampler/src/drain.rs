@@ -101,6 +101,8 @@ impl Drainer {
                 .map(|values| values.iter().sum())
                 .unwrap_or(0)
         };
+        // Stop code c (1..=8) is counted in slot UNWIND_STOP_CODE + c - 1.
+        let stop = |code: u32| read(counter::UNWIND_STOP_CODE + code - 1);
         Losses {
             samples: read(counter::SAMPLES),
             idle: read(counter::IDLE),
@@ -111,6 +113,20 @@ impl Drainer {
             unwind_stopped: read(counter::UNWIND_STOP),
             unwind_cut: read(counter::UNWIND_CUT),
             unwind_map_full: read(counter::UNWIND_FULL),
+            unwind_outermost: stop(1),
+            unwind_stop_cfa_register: stop(2),
+            unwind_stop_cfa_expression: stop(3),
+            unwind_stop_offset_range: stop(4),
+            unwind_stop_return_address_rule: stop(5),
+            unwind_stop_rbp_rule: stop(6),
+            unwind_stop_malformed: stop(7),
+            unwind_stop_budget: stop(8),
+            unwind_read_failed: read(counter::UNWIND_READ_FAILED),
+            unwind_zero_end: read(counter::UNWIND_ZERO_END),
+            unwind_fp_no_mapping: read(counter::UNWIND_FP_NO_MAPPING),
+            unwind_fp_no_table: read(counter::UNWIND_FP_NO_TABLE),
+            unwind_fp_gap: read(counter::UNWIND_FP_GAP),
+            unwind_no_process: read(counter::UNWIND_NO_PROCESS),
             ..Losses::default()
         }
     }

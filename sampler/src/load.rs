@@ -25,8 +25,70 @@ use crate::{
 
 /// Most unwind tables loaded at once (`--unwind dwarf`).
 const MAX_UNWIND_TABLES: u32 = 16384;
-/// Most processes whose mappings the unwinder knows (`--unwind dwarf`): 2 KiB each, 8 MiB in all.
+/// Most processes whose mappings the unwinder knows (`--unwind dwarf`).
 const MAX_UNWIND_PROCESSES: u32 = 4096;
+/// The kernel's per-entry overhead of a preallocated hash map (`struct htab_elem`, rounded up).
+const HASH_ENTRY_OVERHEAD: u64 = 48;
+
+/// Entries of the DWARF unwinder's maps, all sized from one byte budget
+/// (`--unwind-memory-bytes`): 1/16 for each generation's walked stacks (at most
+/// `--stack-map-size`), 1/16 for process mappings, 1/64 for table entries, the rest rows.
+/// Array values are rounded up to 8 bytes by the kernel (a 12-byte row costs 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnwindSizes {
+    pub rows: u32,
+    pub tables: u32,
+    pub processes: u32,
+    /// Per generation.
+    pub walked_stacks: u32,
+}
+
+impl UnwindSizes {
+    /// Bytes of one entry of each map, as the kernel allocates them.
+    const ROW: u64 = size_of::<UnwindRow>().next_multiple_of(8) as u64;
+    const TABLE: u64 = HASH_ENTRY_OVERHEAD + 8 + size_of::<UnwindTableInfo>() as u64;
+    const PROCESS: u64 = HASH_ENTRY_OVERHEAD + 8 + size_of::<ProcMappings>() as u64;
+    const STACK: u64 = HASH_ENTRY_OVERHEAD + 8 + size_of::<UserStack>() as u64;
+
+    /// The sizes for a budget of `bytes`; small budgets get small minimums (which may exceed
+    /// them by a few hundred KiB).
+    pub fn from_budget(bytes: u64, stack_map_size: u32) -> Self {
+        let part = |share: u64, each: u64, min: u64, max: u64| -> u32 {
+            let n = (bytes / share / each).clamp(min, max.max(min));
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
+        let walked_stacks = part(16, Self::STACK, 64, u64::from(stack_map_size));
+        let processes = part(16, Self::PROCESS, 16, u64::from(MAX_UNWIND_PROCESSES));
+        let tables = part(64, Self::TABLE, 16, u64::from(MAX_UNWIND_TABLES));
+        let others = 2 * u64::from(walked_stacks) * Self::STACK
+            + u64::from(processes) * Self::PROCESS
+            + u64::from(tables) * Self::TABLE;
+        let rows =
+            u32::try_from((bytes.saturating_sub(others) / Self::ROW).max(1)).unwrap_or(u32::MAX);
+        Self {
+            rows,
+            tables,
+            processes,
+            walked_stacks,
+        }
+    }
+
+    /// Kernel memory of the four maps (rows, tables, processes, two generations of stacks).
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.rows) * Self::ROW
+            + u64::from(self.tables) * Self::TABLE
+            + u64::from(self.processes) * Self::PROCESS
+            + 2 * u64::from(self.walked_stacks) * Self::STACK
+    }
+
+    /// One entry each: `--unwind fp` allocates nothing for the unwinder.
+    const NONE: Self = Self {
+        rows: 1,
+        tables: 1,
+        processes: 1,
+        walked_stacks: 1,
+    };
+}
 
 /// The loaded program and the maps the drain loop uses. Dropping it detaches everything.
 pub struct Loaded {
@@ -49,8 +111,8 @@ pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
     tables: HashMap<MapData, u64, UnwindTableInfo>,
     procs: HashMap<MapData, u32, ProcMappings>,
-    /// Rows the row array holds.
-    pub capacity_rows: u32,
+    /// Entries of each map.
+    pub sizes: UnwindSizes,
     /// Process mappings the map refused (full) or left out (over [`MAX_PROC_MAPPINGS`]).
     pub mappings_lost: u64,
     /// Processes whose mappings were written, since start.
@@ -110,36 +172,62 @@ impl TableMaps for UnwindMaps {
         // Absent is fine: the table was never fully written.
         let _ = self.tables.remove(&file_id);
     }
+
+    fn last_sampled(&self, file_id: u64) -> Option<u32> {
+        self.tables
+            .get(&file_id, 0)
+            .ok()
+            .map(|info| info.last_sampled)
+    }
+
+    fn now_tick(&self) -> u32 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec into the valid, owned `ts` (vDSO, no
+        // syscall). CLOCK_MONOTONIC is bpf_ktime_get_ns's clock; it cannot fail.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0);
+        ember_sampler_ebpf::tick(now)
+    }
 }
 
-/// Sizes the maps from the flags; returns the rows of the unwind row array. Kernel memory for
-/// the DWARF unwinder (rows, tables, process mappings, walked stacks) is allocated at load, so
-/// with `--unwind fp` each of its maps gets one entry.
-fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> u32 {
+/// Sizes the maps from the flags; returns the unwinder's sizes. Kernel memory for the DWARF
+/// unwinder (rows, tables, process mappings, walked stacks) is allocated at load, so with
+/// `--unwind fp` each of its maps gets one entry.
+fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> UnwindSizes {
     for name in maps::COUNTS {
         loader.map_max_entries(name, config.counts_map_size);
     }
     for name in maps::STACKS {
         loader.map_max_entries(name, config.stack_map_size);
     }
-    let (rows, tables, processes, stacks) = match config.unwind {
-        Unwind::Fp => (1, 1, 1, 1),
-        Unwind::Dwarf => (
-            u32::try_from(config.unwind_memory_bytes / size_of::<UnwindRow>())
-                .unwrap_or(u32::MAX)
-                .max(1),
-            MAX_UNWIND_TABLES,
-            MAX_UNWIND_PROCESSES,
-            config.stack_map_size,
-        ),
+    let sizes = match config.unwind {
+        Unwind::Fp => UnwindSizes::NONE,
+        Unwind::Dwarf => {
+            let budget = u64::try_from(config.unwind_memory_bytes).unwrap_or(u64::MAX);
+            let sizes = UnwindSizes::from_budget(budget, config.stack_map_size);
+            tracing::info!(
+                budget_bytes = budget,
+                kernel_bytes = sizes.bytes(),
+                rows = sizes.rows,
+                tables = sizes.tables,
+                processes = sizes.processes,
+                walked_stacks_per_generation = sizes.walked_stacks,
+                "unwind maps sized from --unwind-memory-bytes"
+            );
+            sizes
+        }
     };
     for name in maps::USTACKS {
-        loader.map_max_entries(name, stacks);
+        loader.map_max_entries(name, sizes.walked_stacks);
     }
-    loader.map_max_entries(maps::UNWIND_ROWS, rows);
-    loader.map_max_entries(maps::UNWIND_TABLES, tables);
-    loader.map_max_entries(maps::PROC_MAPPINGS, processes);
-    rows
+    loader.map_max_entries(maps::UNWIND_ROWS, sizes.rows);
+    loader.map_max_entries(maps::UNWIND_TABLES, sizes.tables);
+    loader.map_max_entries(maps::PROC_MAPPINGS, sizes.processes);
+    sizes
 }
 
 /// The eBPF object built by build.rs.
@@ -150,7 +238,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
     let dwarf = u32::from(config.unwind == Unwind::Dwarf);
     loader.override_global(DWARF_GLOBAL, &dwarf, true);
-    let rows = size_maps(&mut loader, config);
+    let sizes = size_maps(&mut loader, config);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \
          and a kernel with BPF stack-trace maps (Linux >= 5.8)",
@@ -198,7 +286,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
         tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
         procs: HashMap::try_from(take(maps::PROC_MAPPINGS)?)?,
-        capacity_rows: rows,
+        sizes,
         mappings_lost: 0,
         processes_written: 0,
     };
@@ -213,4 +301,30 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         unwind,
         cpus: cpus.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unwinder_maps_fit_the_budget() {
+        // Given the default budget, Then all four maps fit it and the rows get most of it.
+        let budget = 64 << 20;
+        let sizes = UnwindSizes::from_budget(budget, 16384);
+        assert!(
+            sizes.bytes() <= budget,
+            "{sizes:?}: {} bytes",
+            sizes.bytes()
+        );
+        assert!(
+            sizes.bytes() > budget - (1 << 20),
+            "budget left unused: {sizes:?}"
+        );
+        assert!(u64::from(sizes.rows) * 16 > budget * 3 / 4, "{sizes:?}");
+        assert_eq!(sizes.processes, 1985);
+        // A tiny budget still gets a working minimum.
+        let tiny = UnwindSizes::from_budget(4096, 16384);
+        assert_eq!((tiny.rows, tiny.tables, tiny.walked_stacks), (1, 16, 64));
+    }
 }

@@ -89,7 +89,10 @@ struct Cli {
     /// compiles from .eh_frame; the sampler checks each one and refuses bad ones, counted).
     #[arg(long, value_enum, default_value_t = SamplerConfig::default().unwind)]
     unwind: Unwind,
-    /// Most bytes of unwind-table rows the sampler holds; tables beyond it are refused, counted.
+    /// Kernel memory for all of the DWARF unwinder's maps (rows, tables, process mappings,
+    /// walked stacks), sized from it at start (the sizes are logged). When the rows are full,
+    /// the least recently sampled binary's table is evicted (counted); its frames fall back to
+    /// frame pointers.
     #[arg(long, default_value_t = SamplerConfig::default().unwind_memory_bytes)]
     unwind_memory_bytes: usize,
     /// Forward each process's command line (/proc/PID/cmdline, at most 4 KiB, cuts counted) to
@@ -178,7 +181,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
         target_pid: config.target_pid,
     };
-    let unwind_rows = loaded.unwind.capacity_rows;
+    let unwind_sizes = loaded.unwind.sizes;
     let sampler = Sampler {
         inherited: inherited.is_some(),
         link: Link::new(target, inherited, config.backlog_max_bytes, relay),
@@ -186,7 +189,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         hello: state(SamplerMessage::Hello(hello), kallsyms.into_iter().collect()),
         loaded,
         drainer: Drainer::new(),
-        tables: unwind::Tables::new(unwind_rows),
+        tables: unwind::Tables::new(unwind_sizes.rows, unwind_sizes.tables),
         ignored: ignore::Ignored::default(),
         probe: ignore::ProcProbe {
             boot_time_unix_ns: boot_time,
@@ -426,11 +429,13 @@ impl Sampler {
                 }
                 Ok(RelayMessage::IgnoreProcesses(message)) => self.ignore_processes(&message),
                 Err(err) => {
-                    self.tables.refused += 1;
-                    tracing::warn!(%err, "refused a message from the relay");
+                    tracing::debug!(%err, "undecodable message from the relay");
+                    self.tables
+                        .refuse("a message from the relay did not decode");
                 }
             }
         }
+        self.tables.log_refusals();
     }
 
     /// Takes the entries of an `ignoreProcesses` that check out (see `ignore.rs`).
@@ -478,6 +483,7 @@ impl Sampler {
         losses.facts_truncated = self.tracker.truncated;
         losses.files_unopened = self.tracker.files.unopened;
         losses.unwind_tables_loaded = self.tables.accepted;
+        losses.unwind_tables_evicted = self.tables.evicted;
         losses.unwind_tables_refused = self.tables.refused + self.link.inbox_refused;
         losses
     }
@@ -508,6 +514,9 @@ impl Sampler {
             ignore_accepted = self.ignored.accepted,
             ignore_refused = self.ignored.refused,
             ignore_released = self.ignored.released,
+            unwind_tables_evicted = losses.unwind_tables_evicted,
+            unwind_read_failed = losses.unwind_read_failed,
+            unwind_fp_no_table = losses.unwind_fp_no_table,
             "sampler status"
         );
     }

@@ -10,12 +10,20 @@
 //! adjacent rows alike, every field a row's kind does not use zero, stop codes 1..=8.
 //!
 //! Bounds: one table assembles at a time (the relay sends them one after another), at most
-//! [`MAX_TABLE_BYTES`] in the sampler's memory; accepted tables live only in the row array,
-//! sized at load from `--unwind-memory-bytes` (a table that finds no free range is refused). A
-//! hostile relay can therefore make the sampler hold at most one table in memory and fill the
-//! fixed-size maps; wrong tables can only give wrong stacks.
+//! [`MAX_TABLE_BYTES`] in the sampler's memory; accepted tables live only in the row array and
+//! the table map, sized at load from `--unwind-memory-bytes`. When a new table finds no free
+//! range (or the table map is full), the least recently sampled tables are evicted until it
+//! fits (counted): the program stamps a tick on each table it uses
+//! (`UnwindTableInfo::last_sampled`). An evicted table's entry is deleted before its rows are
+//! reused, so its file's frames fall back to frame pointers, never to another table's rows.
+//! A table larger than the whole row array is refused. A hostile relay can therefore make the
+//! sampler hold at most one table in memory and fill the fixed-size maps; wrong tables can only
+//! give wrong stacks.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use ember_protocol::UnwindTableChunk;
 use ember_sampler_ebpf::{UnwindRow, UnwindTableInfo};
@@ -28,6 +36,68 @@ pub trait TableMaps {
     fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String>;
     /// Hides the table of `file_id` (before its rows are reused).
     fn remove_info(&mut self, file_id: u64);
+    /// The tick the program last used the table of `file_id` at (`None`: not in the map).
+    fn last_sampled(&self, file_id: u64) -> Option<u32>;
+    /// The current tick (`ember_sampler_ebpf::tick` of CLOCK_MONOTONIC).
+    fn now_tick(&self) -> u32;
+}
+
+/// Refusals logged one by one before the rest are summarized.
+const WARN_FIRST: u64 = 5;
+/// At most one summary line of further refusals per this period.
+const WARN_PERIOD: Duration = Duration::from_secs(10);
+
+/// Rate limit of the refusal warnings (a hostile or broken relay can cause thousands a
+/// second): the first [`WARN_FIRST`] are logged one by one, then at most one summary line per
+/// [`WARN_PERIOD`] with how many were refused since the last line. Every refusal is counted in
+/// `Losses.unwindTablesRefused` either way.
+#[derive(Debug)]
+pub struct RefusalLog {
+    each: u64,
+    unlogged: u64,
+    last_reason: &'static str,
+    last_summary: Instant,
+}
+
+/// What to log for one refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RefusalLine {
+    /// This refusal, on its own line.
+    Each,
+    /// Nothing now: counted for the next summary.
+    Later,
+}
+
+impl RefusalLog {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            each: 0,
+            unlogged: 0,
+            last_reason: "",
+            last_summary: now,
+        }
+    }
+
+    /// Notes one refusal.
+    pub fn note(&mut self, reason: &'static str) -> RefusalLine {
+        if self.each < WARN_FIRST {
+            self.each += 1;
+            return RefusalLine::Each;
+        }
+        self.unlogged += 1;
+        self.last_reason = reason;
+        RefusalLine::Later
+    }
+
+    /// The refusals not logged yet and the last one's reason, once per [`WARN_PERIOD`] when
+    /// there are any.
+    pub fn summary(&mut self, now: Instant) -> Option<(u64, &'static str)> {
+        if self.unlogged == 0 || now.duration_since(self.last_summary) < WARN_PERIOD {
+            return None;
+        }
+        self.last_summary = now;
+        Some((std::mem::take(&mut self.unlogged), self.last_reason))
+    }
 }
 
 /// Largest encoded table accepted (about 2.8 million rows).
@@ -60,22 +130,32 @@ pub struct Tables {
     /// Free ranges (first row, rows) of the row array, sorted, never adjacent.
     free: Vec<(u32, u32)>,
     loaded_rows: u64,
+    capacity_rows: u32,
+    /// Most tables the table map holds.
+    capacity_tables: usize,
     /// Tables checked and kept, since start.
     pub accepted: u64,
+    /// Tables evicted to make room for newer ones, since start.
+    pub evicted: u64,
     /// Tables (or stray chunks) refused, since start.
     pub refused: u64,
+    warnings: RefusalLog,
 }
 
 impl Tables {
-    /// Tables over a row array of `capacity_rows` rows.
-    pub fn new(capacity_rows: u32) -> Self {
+    /// Tables over a row array of `capacity_rows` rows and a table map of `capacity_tables`.
+    pub fn new(capacity_rows: u32, capacity_tables: u32) -> Self {
         Self {
             pending: None,
             loaded: HashMap::new(),
             free: vec![(0, capacity_rows)],
             loaded_rows: 0,
+            capacity_rows,
+            capacity_tables: capacity_tables as usize,
             accepted: 0,
+            evicted: 0,
             refused: 0,
+            warnings: RefusalLog::new(Instant::now()),
         }
     }
 
@@ -156,8 +236,8 @@ impl Tables {
         self.drop_table(done.file_id, maps);
         // At most MAX_TABLE_BYTES / 12 rows: fits u32.
         let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
-        let Some(first) = self.allocate(count) else {
-            self.refuse("no room left in the row array (--unwind-memory-bytes)");
+        let Some(first) = self.make_room(count, maps) else {
+            self.refuse("table larger than the whole row array (--unwind-memory-bytes)");
             return None;
         };
         let info = UnwindTableInfo {
@@ -166,7 +246,8 @@ impl Tables {
             len: table.len,
             first_row: first,
             rows: count,
-            _pad: 0,
+            // New: as recent as any table sampled now, so it is not the next one evicted.
+            last_sampled: maps.now_tick(),
         };
         let written = maps
             .write_rows(first, &table.rows)
@@ -215,6 +296,35 @@ impl Tables {
         }
     }
 
+    /// A free range of `count` rows (and a free table entry), evicting the least recently
+    /// sampled tables until there is one; `None` when `count` is over the whole array.
+    fn make_room(&mut self, count: u32, maps: &mut dyn TableMaps) -> Option<u32> {
+        if count > self.capacity_rows || self.capacity_tables == 0 {
+            return None;
+        }
+        loop {
+            if self.loaded.len() < self.capacity_tables {
+                if let Some(first) = self.allocate(count) {
+                    return Some(first);
+                }
+            }
+            // Ties (same tick) go to the lower file id: any order is correct.
+            let oldest = self
+                .loaded
+                .keys()
+                .map(|&id| (maps.last_sampled(id).unwrap_or(0), id))
+                .min()?;
+            self.drop_table(oldest.1, maps);
+            self.evicted += 1;
+            tracing::debug!(
+                file_id = oldest.1,
+                last_sampled_tick = oldest.0,
+                evicted = self.evicted,
+                "unwind table evicted (least recently sampled)"
+            );
+        }
+    }
+
     /// First fit: the first free range that holds `count` rows.
     fn allocate(&mut self, count: u32) -> Option<u32> {
         let slot = self.free.iter().position(|&(_, len)| len >= count)?;
@@ -241,13 +351,35 @@ impl Tables {
         }
     }
 
-    fn refuse(&mut self, reason: &'static str) {
+    /// Counts one refusal; logs it while few, else leaves it to [`Self::log_refusals`].
+    pub fn refuse(&mut self, reason: &'static str) {
         self.refused += 1;
-        tracing::warn!(
-            reason,
-            refused = self.refused,
-            "refused an unwind table from the relay"
-        );
+        if self.warnings.note(reason) == RefusalLine::Each {
+            tracing::warn!(
+                reason,
+                refused = self.refused,
+                "refused an unwind table from the relay"
+            );
+            if self.refused == WARN_FIRST {
+                tracing::warn!(
+                    "further refusals are logged as one summary line per 10 s (all are counted \
+                     in unwind_tables_refused)"
+                );
+            }
+        }
+        self.log_refusals();
+    }
+
+    /// Logs the summary of refusals not logged yet, at most once per 10 s (call it often).
+    pub fn log_refusals(&mut self) {
+        if let Some((count, last_reason)) = self.warnings.summary(Instant::now()) {
+            tracing::warn!(
+                count,
+                last_reason,
+                refused = self.refused,
+                "refused unwind tables from the relay since the last summary"
+            );
+        }
     }
 }
 
@@ -355,6 +487,7 @@ mod tests {
         rows: HashMap<u32, UnwindRow>,
         infos: HashMap<u64, UnwindTableInfo>,
         fail: bool,
+        tick: u32,
     }
 
     impl TableMaps for FakeMaps {
@@ -373,6 +506,12 @@ mod tests {
         }
         fn remove_info(&mut self, file_id: u64) {
             self.infos.remove(&file_id);
+        }
+        fn last_sampled(&self, file_id: u64) -> Option<u32> {
+            self.infos.get(&file_id).map(|i| i.last_sampled)
+        }
+        fn now_tick(&self) -> u32 {
+            self.tick
         }
     }
 
@@ -443,7 +582,7 @@ mod tests {
         let parts = chunks(7, &good, 30);
         assert_eq!(parts.len(), 3);
         let mut maps = FakeMaps::default();
-        let mut tables = Tables::new(1000);
+        let mut tables = Tables::new(1000, 100);
         let mut parts = parts.into_iter();
         for c in parts.by_ref().take(2) {
             assert_eq!(tables.chunk(c, |_| true, &mut maps), None);
@@ -464,7 +603,7 @@ mod tests {
         // its info are in the maps.
         let good = table(0x1000, 64, &good_rows());
         let mut maps = FakeMaps::default();
-        let mut tables = Tables::new(1000);
+        let mut tables = Tables::new(1000, 100);
         let known = |id: u64| id == 7 || id == 8;
         let mut done = None;
         for c in chunks(7, &good, 30) {
@@ -525,14 +664,14 @@ mod tests {
         let known = |_| true;
         // Given room for 5 rows, When a 6-row table arrives, Then it is refused.
         let mut maps = FakeMaps::default();
-        let mut small = Tables::new(5);
+        let mut small = Tables::new(5, 100);
         for c in chunks(7, &good, 1000) {
             assert_eq!(small.chunk(c, known, &mut maps), None);
         }
         assert_eq!(small.refused, 1);
         assert!(maps.infos.is_empty());
         // Given a map write that fails, Then the table is refused, invisible, its rows free.
-        let mut tables = Tables::new(6);
+        let mut tables = Tables::new(6, 100);
         maps.fail = true;
         for c in chunks(7, &good, 1000) {
             assert_eq!(tables.chunk(c, known, &mut maps), None);
@@ -546,8 +685,68 @@ mod tests {
     }
 
     #[test]
+    fn a_full_row_array_evicts_the_least_recently_sampled_table_first() {
+        // Given room for 12 rows and two 6-row tables, 7 loaded at tick 1 and 8 at tick 2.
+        let good = table(0x1000, 64, &good_rows());
+        let known = |_| true;
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(12, 100);
+        for (id, tick) in [(7, 1), (8, 2)] {
+            maps.tick = tick;
+            for c in chunks(id, &good, 1000) {
+                tables.chunk(c, known, &mut maps);
+            }
+        }
+        // When the program samples 7 again (tick 3) and a third table arrives at tick 4.
+        maps.infos.get_mut(&7).expect("7 loaded").last_sampled = 3;
+        maps.tick = 4;
+        for c in chunks(9, &good, 1000) {
+            assert_eq!(tables.chunk(c, known, &mut maps), Some(9));
+        }
+        // Then 8 (sampled least recently) is evicted, hidden before its rows went to 9.
+        assert_eq!((tables.accepted, tables.evicted, tables.refused), (3, 1, 0));
+        assert!(!maps.infos.contains_key(&8));
+        assert_eq!(maps.infos[&9].first_row, 6);
+        assert_eq!(maps.infos[&9].last_sampled, 4);
+        assert_eq!(maps.infos[&7].first_row, 0);
+        // A full table map evicts too: room for 2 entries, a third table evicts 7 (tick 3).
+        let mut two = Tables::new(1000, 2);
+        let mut maps = FakeMaps::default();
+        for (id, tick) in [(7, 3), (9, 4), (10, 5)] {
+            maps.tick = tick;
+            for c in chunks(id, &good, 1000) {
+                two.chunk(c, known, &mut maps);
+            }
+        }
+        assert_eq!(two.evicted, 1);
+        assert!(!maps.infos.contains_key(&7) && maps.infos.contains_key(&10));
+    }
+
+    #[test]
+    fn refusal_warnings_are_five_then_one_summary_per_ten_seconds() {
+        // Given a burst of 100 refusals within a second.
+        let start = Instant::now();
+        let mut log = RefusalLog::new(start);
+        let lines: Vec<RefusalLine> = (0..100).map(|_| log.note("rows not sorted")).collect();
+        // Then the first 5 are logged each, the other 95 wait for a summary.
+        assert!(lines[..5].iter().all(|l| *l == RefusalLine::Each));
+        assert!(lines[5..].iter().all(|l| *l == RefusalLine::Later));
+        assert_eq!(log.summary(start + Duration::from_secs(1)), None);
+        // When 10 s passed, Then one summary with the 95, and none again for 10 s.
+        let later = start + Duration::from_secs(10);
+        assert_eq!(log.summary(later), Some((95, "rows not sorted")));
+        log.note("unknown kind");
+        assert_eq!(log.summary(later + Duration::from_secs(9)), None);
+        assert_eq!(
+            log.summary(later + Duration::from_secs(10)),
+            Some((1, "unknown kind"))
+        );
+        assert_eq!(log.summary(later + Duration::from_secs(30)), None);
+    }
+
+    #[test]
     fn freed_ranges_merge_with_their_neighbours() {
-        let mut tables = Tables::new(30);
+        let mut tables = Tables::new(30, 100);
         let (a, b, c) = (
             tables.allocate(10),
             tables.allocate(10),

@@ -62,6 +62,54 @@ const LOSSES: [(&str, &str); 17] = [
     ("unwind_stopped", "ember_sampler_unwind_stopped_total"),
     ("unwind_cut", "ember_sampler_unwind_cut_total"),
     ("unwind_map_full", "ember_sampler_unwind_map_full_total"),
+    ("unwind_outermost", "ember_sampler_unwind_outermost_total"),
+    (
+        "unwind_stop_cfa_register",
+        "ember_sampler_unwind_stop_cfa_register_total",
+    ),
+    (
+        "unwind_stop_cfa_expression",
+        "ember_sampler_unwind_stop_cfa_expression_total",
+    ),
+    (
+        "unwind_stop_offset_range",
+        "ember_sampler_unwind_stop_offset_range_total",
+    ),
+    (
+        "unwind_stop_return_address_rule",
+        "ember_sampler_unwind_stop_return_address_rule_total",
+    ),
+    (
+        "unwind_stop_rbp_rule",
+        "ember_sampler_unwind_stop_rbp_rule_total",
+    ),
+    (
+        "unwind_stop_malformed",
+        "ember_sampler_unwind_stop_malformed_total",
+    ),
+    (
+        "unwind_stop_budget",
+        "ember_sampler_unwind_stop_budget_total",
+    ),
+    (
+        "unwind_read_failed",
+        "ember_sampler_unwind_read_failed_total",
+    ),
+    ("unwind_zero_end", "ember_sampler_unwind_zero_end_total"),
+    (
+        "unwind_fp_no_mapping",
+        "ember_sampler_unwind_fp_no_mapping_total",
+    ),
+    (
+        "unwind_fp_no_table",
+        "ember_sampler_unwind_fp_no_table_total",
+    ),
+    ("unwind_fp_gap", "ember_sampler_unwind_fp_gap_total"),
+    ("unwind_no_process", "ember_sampler_unwind_no_process_total"),
+    (
+        "unwind_tables_evicted",
+        "ember_sampler_unwind_tables_evicted_total",
+    ),
 ];
 
 /// `GET path` over HTTP/1.1; returns the status code and the body.

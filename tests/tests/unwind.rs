@@ -299,6 +299,7 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
     let workload = spawn_workload(&workloads().spinner, 120);
     let hz = FLOOD_HZ.to_string();
     let c = connect_sampler(workload.pid(), &["--frequency", &hz]);
+    let connected_at = Instant::now();
     let file_id = held_file(&c.conn, &c.log);
     let deadline = Instant::now() + TIMEOUT;
     // Given a sampler that already sent one batch (its memory is set up).
@@ -414,6 +415,18 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
         sent_bytes as f64 / f64::from(1 << 20),
         batches.len(),
         first.sequence
+    );
+    // Thousands of refusals, but the log is not flooded: the first 5 one by one, a notice, then
+    // at most one summary per 10 s since the connection.
+    let refusal_lines = c
+        .log
+        .matching(|l| level(l) == "WARN" && message(l).contains("refus"))
+        .len() as u64;
+    let summaries = connected_at.elapsed().as_secs() / 10 + 1;
+    eprintln!("refusal warnings logged: {refusal_lines} (at most 6 + {summaries})");
+    assert!(
+        refusal_lines <= 6 + summaries,
+        "{refusal_lines} refusal warnings logged"
     );
     // The sampler reads at most 16 datagrams per wake-up, so the relay, not the sampler, waits:
     // most of the flood it is blocked on a full socket.
@@ -730,5 +743,796 @@ fn dwarf_unwinding_reaches_start_in_debians_python3() {
         "only {:.1}% of python3's samples reach _start; most common others: {:?}",
         share * 100.0,
         &other[..other.len().min(5)]
+    );
+}
+
+/// Stop reason counted by the stop-row test (6 = `StopReason::RbpRule`).
+const STOP_CODE: u32 = 6;
+
+/// A table over every address of a file (base 0, 4 GiB - 1) whose one row is a stop row of
+/// `code`: any frame found in that file ends the walk with that reason.
+fn stop_table(code: u32) -> Vec<u8> {
+    let mut out = 0u64.to_le_bytes().to_vec();
+    out.extend_from_slice(&u32::MAX.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes()); // pc
+    out.extend_from_slice(&(code as i32).to_le_bytes()); // a: the stop code
+    out.extend_from_slice(&0i16.to_le_bytes()); // b
+    out.extend([5, 0]); // kind 5: stop
+    out
+}
+
+/// Stop reasons are counted one by one: a test relay gives the spinner's executable a table
+/// whose only row says "stop, reason 6". Every walked stack that reaches a spinner frame ends
+/// there, so (1) the sampler's count under reason 6 equals exactly the samples whose user stack's
+/// outermost frame is in the spinner's executable mapping, summed over every batch until the
+/// spinner exited and the totals settled, (2) no other stop reason is counted, and (3) the old
+/// total `unwindStopped` agrees.
+#[test]
+fn a_stop_row_counts_exactly_its_samples_under_its_reason() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let spinner_pid = workload.pid();
+    let Connected {
+        sampler: _sampler,
+        log,
+        listener: _listener,
+        conn,
+        _dir,
+    } = connect_sampler(spinner_pid, &["--frequency", "499"]);
+    let deadline = Instant::now() + TIMEOUT;
+    let exe = workloads().spinner.to_string_lossy().into_owned();
+    // Given the spinner's executable (its file id, its mappings) ...
+    let (mut file_id, mut mappings) = (None, Vec::new());
+    let mut batches = Vec::new();
+    while file_id.is_none() || mappings.is_empty() {
+        match next(&conn, deadline) {
+            Some(SamplerMessage::Files(files)) => {
+                if let Some(f) = files.iter().find(|f| f.path == exe && f.fd >= 0) {
+                    file_id = Some(f.file_id);
+                }
+            }
+            Some(SamplerMessage::Process(p)) if p.pid == spinner_pid => {
+                mappings.extend(p.mappings.into_iter().filter(|m| m.path == exe));
+            }
+            Some(SamplerMessage::Batch(b)) => batches.push(b),
+            Some(_) => {}
+            None => panic!("no spinner file or mappings:\n{}", log.text()),
+        }
+    }
+    // ... When the relay sends a stop-6 table for it and the spinner runs for 3 more batches
+    // after it loaded, then exits.
+    send_table(&conn, file_id.expect("file id"), stop_table(STOP_CODE));
+    let mut after_load = 0;
+    while after_load < 3 {
+        let batch = next_batch(&conn, &log, deadline);
+        if batch.losses.unwind_tables_loaded == 1 {
+            after_load += 1;
+        }
+        batches.push(batch);
+    }
+    let (status, _) = workload.terminate_and_read_stdout(Duration::from_secs(10));
+    assert!(status.success(), "spinner exited with {status}");
+    // Two whole batches after the exit: nothing of the spinner is in flight any more.
+    let mut empty = 0;
+    while empty < 2 {
+        let batch = next_batch(&conn, &log, deadline);
+        if batch.sample_count() == 0 {
+            empty += 1;
+        }
+        batches.push(batch);
+    }
+
+    // Then the samples ending in the spinner are exactly the ones counted under reason 6.
+    let in_spinner = |pc: u64| mappings.iter().any(|m| m.start <= pc && pc < m.end);
+    let mut ending_there = 0u64;
+    for batch in &batches {
+        for row in batch.rows.iter().filter(|r| r.pid == spinner_pid) {
+            if let ember_protocol::StackRef::Index(i) = row.user_stack {
+                let frames = &batch.user_stacks[i as usize];
+                if frames.last().is_some_and(|pc| in_spinner(*pc)) {
+                    ending_there += row.count;
+                }
+            }
+        }
+    }
+    let losses = &batches.last().expect("batches").losses;
+    let counted = losses.unwind_stops_with_code(STOP_CODE).expect("code 6");
+    let others: Vec<u64> = (1..=8)
+        .filter(|c| *c != STOP_CODE)
+        .filter_map(|c| losses.unwind_stops_with_code(c))
+        .collect();
+    eprintln!(
+        "stacks ending in the spinner: {ending_there}; counted under reason {STOP_CODE}: \
+         {counted}; other codes {others:?}; samples {}",
+        losses.samples
+    );
+    assert!(
+        counted >= 100,
+        "only {counted} stacks stopped: the table was not used"
+    );
+    assert_eq!(
+        counted, ending_there,
+        "samples counted under reason {STOP_CODE} != samples whose stack ends in the spinner"
+    );
+    assert!(
+        others.iter().all(|n| *n == 0),
+        "other stop reasons counted: {others:?}"
+    );
+    assert_eq!(
+        losses.unwind_stopped, counted,
+        "the total of non-outermost stops"
+    );
+}
+
+/// Kernel memory budget of the eviction test: about 340,000 rows, room for the executable's,
+/// libc's and ld.so's tables and two of the three padded libraries' (about 150,000 rows each).
+const EVICTION_BUDGET: &str = "6815744";
+/// Rounds of `burn` per phase: about 3 s of CPU here.
+const EVICTION_ROUNDS: &str = "15000";
+
+/// Memory budget and eviction: one process dlopen()s three libraries whose tables are large
+/// (burnlib.c, 150,000 rows each) under a budget that holds two of them, then burns in each in
+/// turn and in the first again. The sampler must evict (counted in `unwindTablesEvicted`, no
+/// table refused) and every stack of the libraries must stay right: the frames from `main` to
+/// the leaf are the chain `main -> run_phase -> burn -> libN_outer -> libN_inner` or a part of
+/// it in order (a frame-pointer walk may skip a frame in a prologue), never another frame, and
+/// at least 95% are the whole chain. An evicted table's frames fall back to frame pointers (the
+/// libraries keep them); rows reused by another table while the old entry still pointed at
+/// them would give wrong frames (checked: keeping the evicted entry fails this test).
+#[test]
+fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    let libs: Vec<String> = (1..=3)
+        .map(|n| {
+            let define = format!("-DLIB={n}");
+            let out = format!("libburn{n}.so");
+            let path = compile_workload(
+                dir.path(),
+                "burnlib",
+                &out,
+                &["-shared", "-fPIC", "-fno-toplevel-reorder", &define],
+            );
+            path.to_string_lossy().into_owned()
+        })
+        .collect();
+    let phases = compile_workload(dir.path(), "phases", "phases", &["-ldl"]);
+    let mut command = std::process::Command::new(&phases);
+    command
+        .arg(EVICTION_ROUNDS)
+        .args(&libs)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut workload = ChildGuard::spawn("phases", &mut command);
+    let pid = workload.pid().to_string();
+    let out_dir = dir.path().join("out");
+    let socket = dir.path().join("relay.sock");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut relay = spawn_relay_run(
+        "relay --unwind dwarf",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "10m",
+        ],
+    );
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler --unwind dwarf (small budget)",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--pid",
+            &pid,
+            "--frequency",
+            "499",
+            "--unwind-memory-bytes",
+            EVICTION_BUDGET,
+            "--log-format",
+            "json",
+        ],
+    );
+    relay
+        .log
+        .expect(0, TIMEOUT, "the sampler connected", is_connected);
+    // When the workload starts burning (all three libraries are mapped already).
+    {
+        use std::io::Write as _;
+        let stdin = workload.child_mut().stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("starting the workload");
+    }
+    let status = workload
+        .wait_timeout(Duration::from_secs(180))
+        .expect("phases did not finish in 180 s");
+    assert!(status.success(), "phases exited with {status}");
+    // Two more batches: the last samples reached the relay.
+    let seen = relay.log.len();
+    let (at, _) = relay.log.expect(seen, TIMEOUT, "a batch", is_batch);
+    relay
+        .log
+        .expect(at + 1, TIMEOUT, "a second batch", is_batch);
+    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
+    relay
+        .child
+        .wait_timeout(TIMEOUT)
+        .expect("the relay stopped");
+    let folded = fs::read_to_string(out_dir.join("stacks.folded"))
+        .unwrap_or_else(|err| panic!("no stacks.folded ({err}):\n{}", relay.log.text()));
+
+    // Then tables were evicted, none refused ...
+    let batches = relay.log.matching(is_batch);
+    let last = |key: &str| {
+        batches
+            .iter()
+            .filter_map(|(_, line)| field_u64(line, key))
+            .max()
+            .unwrap_or(0)
+    };
+    let (evicted, refused, loaded) = (
+        last("unwind_tables_evicted"),
+        last("unwind_tables_refused"),
+        last("unwind_tables_loaded"),
+    );
+    let sizes = sampler_log
+        .matching(|l| message(l).starts_with("unwind maps sized"))
+        .first()
+        .map(|(_, l)| l.to_string());
+    eprintln!("tables loaded {loaded}, evicted {evicted}, refused {refused}; sizes {sizes:?}");
+    // ... and every library stack is the chain or an ordered part of it.
+    let (mut total, mut whole, mut wrong) = (0u64, 0u64, Vec::new());
+    let mut per_lib = [0u64; 3];
+    for stack in parse_folded(&folded) {
+        let Some(lib) = (1..=3).find(|n| {
+            stack
+                .frames
+                .iter()
+                .any(|f| f.starts_with(&format!("lib{n}_")))
+        }) else {
+            continue;
+        };
+        total += stack.count;
+        per_lib[lib - 1] += stack.count;
+        let chain = [
+            "main".to_owned(),
+            "run_phase".to_owned(),
+            "burn".to_owned(),
+            format!("lib{lib}_outer"),
+            format!("lib{lib}_inner"),
+        ];
+        let user: Vec<String> = stack.user_frames().map(str::to_owned).collect();
+        let tail = user.iter().position(|f| f == "main").map(|m| &user[m..]);
+        let in_order = tail.is_some_and(|tail| {
+            let mut rest = chain.iter();
+            tail.iter().all(|f| rest.any(|c| c == f))
+        });
+        if !in_order {
+            wrong.push((stack.frames.join(";"), stack.count));
+        } else if tail.is_some_and(|t| chain.starts_with(t) && t.len() >= 4) {
+            whole += stack.count;
+        }
+    }
+    let share = whole as f64 / total.max(1) as f64;
+    eprintln!(
+        "library stacks: {total} ({per_lib:?} per library), whole chains {:.1}%, wrong {wrong:?}",
+        share * 100.0
+    );
+    assert!(
+        per_lib.iter().all(|n| *n >= 100),
+        "a library was hardly sampled: {per_lib:?}"
+    );
+    assert!(wrong.is_empty(), "wrong library stacks: {wrong:?}");
+    assert!(share >= 0.95, "only {:.1}% whole chains", share * 100.0);
+    assert!(evicted >= 1, "no table evicted:\n{}", sampler_log.text());
+    assert_eq!(refused, 0, "a table was refused:\n{}", sampler_log.text());
+}
+
+/// What one `run --unwind dwarf --state-dir` saw: the workload's stacks of its second window,
+/// and the unwind worker's running totals (cache hits, compiled, cache files rewritten).
+struct CachedRun {
+    folded: String,
+    hits: u64,
+    compiled: u64,
+    rewritten: u64,
+}
+
+/// Profiles `pid` for two 4-s windows with a relay caching tables in `state_dir`.
+fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &str) -> CachedRun {
+    let (folded, log) = profile_dwarf(dir, name, pid, &["--state-dir", state_dir]);
+    let totals = log.matching(|l| message(l).starts_with("unwind tables sent"));
+    let (_, last) = totals
+        .last()
+        .unwrap_or_else(|| panic!("no unwind totals logged:\n{}", log.text()));
+    let field = |key: &str| field_u64(last, key).unwrap_or_else(|| panic!("no {key}: {last}"));
+    CachedRun {
+        folded,
+        hits: field("cache_hits"),
+        compiled: field("compiled"),
+        rewritten: field("cache_files_rewritten"),
+    }
+}
+
+/// Profiles `pid` with `run --unwind dwarf` (4-s windows) and `ember-sampler --unwind dwarf`
+/// until a whole window began after the relay sent its tables; that window's stacks.folded and
+/// the relay's log (the relay stopped).
+fn profile_dwarf(
+    dir: &std::path::Path,
+    name: &str,
+    pid: u32,
+    relay_extra: &[&str],
+) -> (String, LogReader) {
+    profile_dwarf_after(dir, name, pid, relay_extra, 1)
+}
+
+/// [`profile_dwarf`] that waits for `bursts` lines of the unwind worker's totals (one per burst
+/// of tables, e.g. 2 when a process execs a new image) before it waits for the windows.
+fn profile_dwarf_after(
+    dir: &std::path::Path,
+    name: &str,
+    pid: u32,
+    relay_extra: &[&str],
+    bursts: usize,
+) -> (String, LogReader) {
+    let out_dir = dir.join(format!("out-{name}"));
+    let socket = dir.join(format!("{name}.sock"));
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "--unwind",
+        "dwarf",
+        "--output-dir",
+        out_arg,
+        "--window",
+        "4s",
+    ];
+    args.extend_from_slice(relay_extra);
+    let mut relay = spawn_relay_run(&format!("relay {name}"), &socket, &args);
+    let pid = pid.to_string();
+    let (_sampler, sampler_log) = spawn_sampler(
+        &format!("sampler {name}"),
+        &socket,
+        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
+    );
+    // The first window that began after the tables were sent: the second file written after
+    // the worker's totals line.
+    let mut from = 0;
+    for _ in 0..bursts {
+        let (at, _) = relay.log.expect(from, TIMEOUT, "the unwind totals", |l| {
+            message(l).starts_with("unwind tables sent")
+        });
+        from = at + 1;
+    }
+    let path = out_dir.join("stacks.folded");
+    let modified = || fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let mut seen = modified();
+    for _ in 0..2 {
+        wait_until(TIMEOUT, || {
+            let now = modified();
+            let changed = now.is_some() && now != seen;
+            if changed {
+                seen = now;
+            }
+            changed
+        })
+        .unwrap_or_else(|| panic!("no new window:\n{}", sampler_log.text()));
+    }
+    // The sink writes then renames: the file read is whole.
+    let folded = fs::read_to_string(&path).expect("stacks.folded");
+    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
+    relay
+        .child
+        .wait_timeout(TIMEOUT)
+        .expect("the relay stopped");
+    (folded, relay.log)
+}
+
+/// Samples of `process` whose leaf is `leaf`, and how many of them carry `chain` (root
+/// first, ending at `leaf`) from its first frame on after `main`; `any` in `chain` matches
+/// one frame of any name.
+fn chain_share(folded: &str, process: &str, chain: &[&str]) -> (u64, u64, Vec<(String, u64)>) {
+    let leaf = chain.last().copied();
+    let (mut total, mut matching, mut other) = (0, 0, Vec::new());
+    for stack in parse_folded(folded) {
+        if !stack.process.starts_with(process) {
+            continue;
+        }
+        let user: Vec<&str> = stack.user_frames().collect();
+        if user.last().copied() != leaf {
+            continue;
+        }
+        total += stack.count;
+        let tail = user.iter().position(|f| *f == "main").map(|m| &user[m..]);
+        let ok = tail.is_some_and(|t| {
+            t.len() == chain.len() && t.iter().zip(chain).all(|(f, c)| *c == "any" || f == c)
+        });
+        if ok {
+            matching += stack.count;
+        } else {
+            other.push((user.join(";"), stack.count));
+        }
+    }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    other.truncate(5);
+    (total, matching, other)
+}
+
+/// Builds `source` with `flags`, runs it for 120 s and profiles it with `--unwind dwarf`; then
+/// asserts that at least `min_share` of its samples whose leaf ends `chain` carry the whole
+/// `chain` from `main`, over at least 300 such samples.
+fn assert_dwarf_chain(source: &str, flags: &[&str], chain: &[&str], min_share: f64) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(dir.path(), source, source, flags);
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), source, workload.pid(), &[]);
+    drop(workload);
+    let (total, matching, other) = chain_share(&folded, source, chain);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "{source}: {matching} of {total} leaf samples carry {chain:?} ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(
+        total >= 300,
+        "only {total} samples end in {chain:?}:\n{folded}"
+    );
+    assert!(
+        share >= min_share,
+        "{source}: only {:.1}% carry {chain:?}; most common others {other:?}",
+        share * 100.0
+    );
+}
+
+/// A frameless leaf (GCC's -momit-leaf-frame-pointer beside -fno-omit-frame-pointer, -O2)
+/// keeps its caller: >= 95% of the leaf's samples are main -> caller_work -> leaf_work (a
+/// frame-pointer walk skips caller_work: with `--unwind fp` this fails).
+#[test]
+fn a_frameless_leaf_keeps_its_caller() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "frameless",
+        &["-O2", "-momit-leaf-frame-pointer"],
+        &["main", "caller_work", "leaf_work"],
+        0.95,
+    );
+}
+
+/// A non-PIE executable (-no-pie, no frame pointers) unwinds as well as the PIE one of
+/// `dwarf_unwinding_gives_whole_stacks_without_frame_pointers`: >= 95% of the samples in
+/// inner_work carry main -> outer_work -> middle_work -> inner_work.
+#[test]
+fn a_non_pie_executable_unwinds_whole() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "groundtruth",
+        &["-O2", "-fomit-frame-pointer", "-no-pie"],
+        &CHAIN,
+        0.95,
+    );
+}
+
+/// A signal handler burning CPU (SIGPROF from an ITIMER_PROF timer; no frame pointers anywhere)
+/// unwinds through the kernel's signal trampoline to the interrupted code: >= 90% of the
+/// samples in handler_burn are main -> interrupted_loop -> (the trampoline, __restore_rt in
+/// libc) -> on_prof -> handler_burn.
+#[test]
+fn a_signal_handler_unwinds_through_the_trampoline_to_the_interrupted_code() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    assert_dwarf_chain(
+        "sigprof",
+        &["-O2", "-fomit-frame-pointer"],
+        &["main", "interrupted_loop", "any", "on_prof", "handler_burn"],
+        0.90,
+    );
+}
+
+/// The workload's user-frame chains that hold at least 2% of its samples, and the share of its
+/// samples whose chain is whole (`_start` ... `main` -> ... -> leaf).
+fn chains(folded: &str, process: &str) -> (std::collections::BTreeSet<String>, f64) {
+    let stacks: Vec<FoldedStack> = parse_folded(folded)
+        .into_iter()
+        .filter(|s| s.process.starts_with(process))
+        .collect();
+    let total = total_count(&stacks);
+    let mut whole = 0;
+    let mut set = std::collections::BTreeSet::new();
+    for stack in &stacks {
+        let user: Vec<&str> = stack.user_frames().collect();
+        let main = user.iter().position(|f| *f == "main");
+        let leaf = FUNCS.iter().position(|f| user.last() == Some(f));
+        if let (Some(m), Some(leaf)) = (main, leaf) {
+            if user[m..] == CHAIN[..leaf + 2] && user.first() == Some(&"_start") {
+                whole += stack.count;
+            }
+        }
+        if stack.count * 50 >= total {
+            set.insert(user.join(";"));
+        }
+    }
+    (set, whole as f64 / total.max(1) as f64)
+}
+
+/// The on-disk table cache: a first relay run with a fresh `--state-dir` compiles the tables
+/// and stores them; a second run takes every one from the cache (hits = the first run's
+/// compiled, nothing compiled) and gives the same stacks (the same chains over 2% of samples,
+/// at least 95% whole in both); a third run after every cache file was corrupted (one byte
+/// flipped: a table byte in one, the stored input digest in the others) finds each one
+/// unusable, counts it rewritten and compiles it again.
+#[test]
+fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewritten() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(
+        dir.path(),
+        "groundtruth",
+        "gt-cache",
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path");
+
+    // Given a first run that compiled and stored the tables.
+    let first = run_with_state_dir(dir.path(), "first", workload.pid(), state_arg);
+    let cache_dir = state.join("unwind-cache");
+    let files: Vec<std::path::PathBuf> = fs::read_dir(&cache_dir)
+        .expect("the cache directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "unw"))
+        .collect();
+    eprintln!(
+        "first run: compiled {}, hits {}, {} cache files",
+        first.compiled,
+        first.hits,
+        files.len()
+    );
+    assert!(first.compiled >= 2, "the executable and libc at least");
+    assert_eq!(first.hits, 0, "a fresh state directory hit");
+    assert_eq!(files.len() as u64, first.compiled, "every table stored");
+
+    // When a second run starts, Then it compiles nothing and gives the same stacks.
+    let second = run_with_state_dir(dir.path(), "second", workload.pid(), state_arg);
+    eprintln!(
+        "second run: compiled {}, hits {}",
+        second.compiled, second.hits
+    );
+    assert_eq!(
+        (second.hits, second.compiled, second.rewritten),
+        (first.compiled, 0, 0),
+        "(hits, compiled, rewritten) of the second run"
+    );
+    let (chains_first, whole_first) = chains(&first.folded, "gt-cache");
+    let (chains_second, whole_second) = chains(&second.folded, "gt-cache");
+    eprintln!(
+        "whole stacks: {:.1}% then {:.1}%; chains {chains_first:?}",
+        whole_first * 100.0,
+        whole_second * 100.0
+    );
+    assert!(whole_first >= 0.95 && whole_second >= 0.95);
+    assert_eq!(
+        chains_first, chains_second,
+        "the cached tables changed the stacks"
+    );
+
+    // When every cache file is corrupted, Then the third run detects each one and rewrites it.
+    for (i, file) in files.iter().enumerate() {
+        let mut bytes = fs::read(file).expect("a cache file");
+        // The first file's table bytes; the others' digest of the input they were compiled
+        // from (bytes 8..40, after the magic): a file compiled from other input.
+        let at = if i == 0 { bytes.len() - 1 } else { 8 };
+        bytes[at] ^= 0x55;
+        fs::write(file, bytes).expect("corrupting a cache file");
+    }
+    let third = run_with_state_dir(dir.path(), "third", workload.pid(), state_arg);
+    eprintln!(
+        "third run: compiled {}, hits {}, rewritten {}",
+        third.compiled, third.hits, third.rewritten
+    );
+    assert_eq!(
+        (third.hits, third.compiled, third.rewritten),
+        (0, first.compiled, first.compiled),
+        "(hits, compiled, rewritten) after corrupting every cache file"
+    );
+    let (_, whole_third) = chains(&third.folded, "gt-cache");
+    assert!(whole_third >= 0.95, "{:.1}% whole", whole_third * 100.0);
+}
+
+/// A binary replaced on disk while it runs (another program renamed over its path, as package
+/// upgrades do) unwinds with the table of the file it has mapped, not of the path's new file:
+/// at least 95% of the running groundtruth's inner_work samples carry the whole chain. A table
+/// built from the path (now sigprof) would give wrong frames.
+#[test]
+fn a_binary_replaced_on_disk_unwinds_with_the_mapped_files_table() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let flags = ["-O2", "-fomit-frame-pointer"];
+    let binary = compile_workload(dir.path(), "groundtruth", "gt-replaced", &flags);
+    let workload = spawn_workload(&binary, 120);
+    let other = compile_workload(dir.path(), "sigprof", "other-build", &flags);
+    fs::rename(&other, &binary).expect("replacing the running binary");
+    let (folded, _log) = profile_dwarf(dir.path(), "replaced", workload.pid(), &[]);
+    drop(workload);
+    let (total, matching, other) = chain_share(&folded, "gt-replaced", &CHAIN);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "replaced binary: {matching} of {total} inner_work samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(
+        total >= 300,
+        "only {total} samples in inner_work:\n{folded}"
+    );
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+}
+
+/// Exec in an existing pid: a process burns 3 s in one image, then execs another (execer.c);
+/// once the new image's table was sent (the worker's second burst), >= 95% of the new image's
+/// two_inner samples carry main -> two_outer -> two_inner.
+#[test]
+fn exec_in_an_existing_pid_uses_the_new_images_table() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let flags = |role: &'static str| ["-O2", "-fomit-frame-pointer", role];
+    let first = compile_workload(dir.path(), "execer", "execer-one", &flags("-DROLE=1"));
+    let second = compile_workload(dir.path(), "execer", "execer-two", &flags("-DROLE=2"));
+    let mut command = std::process::Command::new(&first);
+    command.arg("3").arg(&second).arg("120");
+    let workload = ChildGuard::spawn("execer", &mut command);
+    let (folded, _log) = profile_dwarf_after(dir.path(), "exec", workload.pid(), &[], 2);
+    drop(workload);
+    let (total, matching, other) =
+        chain_share(&folded, "execer-two", &["main", "two_outer", "two_inner"]);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "after exec: {matching} of {total} two_inner samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(total >= 300, "only {total} samples in two_inner:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+}
+
+/// Mixed stacks: an executable without frame pointers calls into a library with them, which
+/// calls back into the executable: >= 95% of exe_leaf's samples carry main -> exe_outer ->
+/// lib_entry -> lib_mid -> exe_callback -> exe_leaf (tables for both files, switching at each
+/// boundary).
+#[test]
+fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let lib = compile_workload(dir.path(), "mixlib", "libmix.so", &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    let lib_arg = lib.to_str().expect("utf-8 path");
+    let binary = compile_workload(
+        dir.path(),
+        "mixed",
+        "mixed",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-Wl,--no-as-needed",
+            lib_arg,
+            &rpath,
+        ],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), "mixed", workload.pid(), &[]);
+    drop(workload);
+    let chain = [
+        "main",
+        "exe_outer",
+        "lib_entry",
+        "lib_mid",
+        "exe_callback",
+        "exe_leaf",
+    ];
+    let (total, matching, other) = chain_share(&folded, "mixed", &chain);
+    let share = matching as f64 / total.max(1) as f64;
+    eprintln!(
+        "mixed: {matching} of {total} exe_leaf samples whole ({:.1}%); others {other:?}",
+        share * 100.0
+    );
+    assert!(total >= 300, "only {total} samples in exe_leaf:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+}
+
+/// A PLT stub unwinds: a no-FP executable calls a one-instruction library function through the
+/// PLT in a tight loop, so a fifth or more of its samples are in the stub itself. At least 95%
+/// of all its samples are main -> plt_loop, then the stub or plt_target as the leaf (or nothing:
+/// plt_loop itself), and the stub's samples (a leaf in the executable other than plt_loop) are
+/// at least 10% of them (else the test would not exercise the PLT rows).
+#[test]
+fn a_plt_stub_unwinds_to_its_caller() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let lib = compile_workload(dir.path(), "pltlib", "libplt.so", &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    let lib_arg = lib.to_str().expect("utf-8 path");
+    let binary = compile_workload(
+        dir.path(),
+        "plt",
+        "plt",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-Wl,--no-as-needed",
+            lib_arg,
+            &rpath,
+        ],
+    );
+    let workload = spawn_workload(&binary, 120);
+    let (folded, _log) = profile_dwarf(dir.path(), "plt", workload.pid(), &[]);
+    drop(workload);
+    let (mut total, mut whole, mut in_stub) = (0u64, 0u64, 0u64);
+    let mut other = Vec::new();
+    for stack in parse_folded(&folded) {
+        if stack.process != "plt" {
+            continue;
+        }
+        total += stack.count;
+        let user: Vec<&str> = stack.user_frames().collect();
+        let tail = user.iter().position(|f| *f == "main").map(|m| &user[m..]);
+        match tail {
+            Some(["main", "plt_loop"] | ["main", "plt_loop", "plt_target"]) => {
+                whole += stack.count;
+            }
+            Some(["main", "plt_loop", _stub]) => {
+                whole += stack.count;
+                in_stub += stack.count;
+            }
+            _ => other.push((user.join(";"), stack.count)),
+        }
+    }
+    other.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let share = whole as f64 / total.max(1) as f64;
+    eprintln!(
+        "plt: {whole} of {total} whole ({:.1}%), {in_stub} in the stub; others {:?}",
+        share * 100.0,
+        &other[..other.len().min(5)]
+    );
+    assert!(total >= 300, "only {total} samples:\n{folded}");
+    assert!(share >= 0.95, "only {:.1}% whole: {other:?}", share * 100.0);
+    assert!(
+        in_stub * 10 >= total,
+        "only {in_stub} of {total} samples in the PLT stub: the test did not exercise it"
     );
 }

@@ -136,6 +136,12 @@ pub(super) struct RunArgs {
     /// 0.0.0.0:17471 so the kubelet's probes reach it. Config file: `metrics.address`.
     #[arg(long, value_name = "HOST:PORT|off")]
     metrics_address: Option<MetricsAddress>,
+    /// Where compiled unwind tables are cached (in `unwind-cache/`, at most 256 MiB, verified by
+    /// SHA-256 against each binary before use), so a restart does not recompile them. Default:
+    /// `$STATE_DIRECTORY` (systemd's StateDirectory=), else /var/lib/ember-relay if writable,
+    /// else no cache.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -199,6 +205,10 @@ pub(super) struct RecordArgs {
     /// turns it on too).
     #[arg(long, value_name = "HOST:PORT|off")]
     metrics_address: Option<MetricsAddress>,
+    /// Cache compiled unwind tables in this directory (in `unwind-cache/`, at most 256 MiB,
+    /// verified by SHA-256 before use). Default: no cache.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(flatten)]
     export: ExportArgs,
     #[command(flatten)]
@@ -226,6 +236,7 @@ impl RunArgs {
             metrics: self
                 .export
                 .metrics(self.metrics_address, MetricsAddress::run_default())?,
+            state_dir: self.state_dir,
         })
     }
 }
@@ -256,6 +267,7 @@ impl RecordArgs {
             metrics: self
                 .export
                 .metrics(self.metrics_address, MetricsAddress::Off)?,
+            state_dir: self.state_dir,
         })
     }
 }

@@ -149,6 +149,81 @@ const SAMPLER: &[SamplerSeries] = &[
         "Samples whose walked stack found the stack map full (frame-pointer stack kept).",
         |l| l.unwind_map_full,
     ),
+    (
+        "unwind_outermost",
+        "Stacks that ended at a stop row of code 1: the outermost frame (_start, thread start), the normal end.",
+        |l| l.unwind_outermost,
+    ),
+    (
+        "unwind_stop_cfa_register",
+        "Stacks cut at a stop row of code 2: CFA from a register other than rsp/rbp.",
+        |l| l.unwind_stop_cfa_register,
+    ),
+    (
+        "unwind_stop_cfa_expression",
+        "Code 3: CFA a DWARF expression other than PLT/signal.",
+        |l| l.unwind_stop_cfa_expression,
+    ),
+    (
+        "unwind_stop_offset_range",
+        "Code 4: an offset over the row's field.",
+        |l| l.unwind_stop_offset_range,
+    ),
+    (
+        "unwind_stop_return_address_rule",
+        "Code 5: return address not at CFA - 8.",
+        |l| l.unwind_stop_return_address_rule,
+    ),
+    (
+        "unwind_stop_rbp_rule",
+        "Code 6: rbp restored by a rule without a row kind.",
+        |l| l.unwind_stop_rbp_rule,
+    ),
+    (
+        "unwind_stop_malformed",
+        "Code 7: malformed CFI.",
+        |l| l.unwind_stop_malformed,
+    ),
+    (
+        "unwind_stop_budget",
+        "Code 8: FDE over the compiler's budget.",
+        |l| l.unwind_stop_budget,
+    ),
+    (
+        "unwind_read_failed",
+        "Stacks ended by a failed read of user memory.",
+        |l| l.unwind_read_failed,
+    ),
+    (
+        "unwind_zero_end",
+        "Stacks ended at rbp 0 or a return address 0 (end of a frame-pointer chain).",
+        |l| l.unwind_zero_end,
+    ),
+    (
+        "unwind_fp_no_mapping",
+        "Frames unwound by frame pointers: pc in no known file mapping.",
+        |l| l.unwind_fp_no_mapping,
+    ),
+    (
+        "unwind_fp_no_table",
+        "Frames unwound by frame pointers: their file has no table loaded (absent, refused, evicted).",
+        |l| l.unwind_fp_no_table,
+    ),
+    (
+        "unwind_fp_gap",
+        "Frames unwound by frame pointers: a gap row or outside the table.",
+        |l| l.unwind_fp_gap,
+    ),
+    (
+        "unwind_no_process",
+        "User-mode samples of processes whose mappings the unwinder does not know yet (frame-pointer stack kept).",
+        |l| l.unwind_no_process,
+    ),
+    (
+        "unwind_tables_evicted",
+        "Loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes.",
+        |l| l.unwind_tables_evicted,
+    ),
 ];
 
 /// One counter or gauge of an OTLP exporter: name without `ember_relay_export_` and `_total`.
@@ -495,7 +570,7 @@ mod tests {
     /// Losses with every field a different value: field i holds 1000 + i.
     fn distinct_losses() -> Losses {
         let mut losses = Losses::default();
-        let fields: [&mut u64; 17] = [
+        let fields: [&mut u64; 32] = [
             &mut losses.samples,
             &mut losses.idle,
             &mut losses.filtered,
@@ -513,6 +588,21 @@ mod tests {
             &mut losses.unwind_stopped,
             &mut losses.unwind_cut,
             &mut losses.unwind_map_full,
+            &mut losses.unwind_outermost,
+            &mut losses.unwind_stop_cfa_register,
+            &mut losses.unwind_stop_cfa_expression,
+            &mut losses.unwind_stop_offset_range,
+            &mut losses.unwind_stop_return_address_rule,
+            &mut losses.unwind_stop_rbp_rule,
+            &mut losses.unwind_stop_malformed,
+            &mut losses.unwind_stop_budget,
+            &mut losses.unwind_read_failed,
+            &mut losses.unwind_zero_end,
+            &mut losses.unwind_fp_no_mapping,
+            &mut losses.unwind_fp_no_table,
+            &mut losses.unwind_fp_gap,
+            &mut losses.unwind_no_process,
+            &mut losses.unwind_tables_evicted,
         ];
         for (i, field) in fields.into_iter().enumerate() {
             *field = 1000 + i as u64;

@@ -65,6 +65,8 @@ pub struct Cached {
     pub table: UnwindTable,
     pub key: String,
     pub outcome: Outcome,
+    /// `p_vaddr - p_offset` of the file's executable segment, read from the file now.
+    pub vaddr_minus_offset: i64,
 }
 
 /// The cache directory and its size bound.
@@ -105,6 +107,7 @@ impl Cache {
                     table,
                     key,
                     outcome: Outcome::Hit,
+                    vaddr_minus_offset: input.vaddr_minus_offset,
                 })
             }
             None => path.exists(),
@@ -121,6 +124,7 @@ impl Cache {
         Ok(Cached {
             table: compiled.table.clone(),
             key,
+            vaddr_minus_offset: compiled.vaddr_minus_offset,
             outcome: Outcome::Compiled {
                 compiled: Box::new(compiled),
                 stored,

@@ -7,6 +7,12 @@
 //! jobs from a bounded queue: when it falls behind, further files are skipped (counted), never
 //! queued without bound. It sends blocking: a sampler that reads slowly slows only this thread.
 //! Each job holds its own duplicate of the connection and of the file, dropped when sent.
+//!
+//! With a state directory, tables come from the on-disk [`Cache`] (verified against the file's
+//! CFI by SHA-256, see `cache.rs`) and new ones are stored there, so a restarted relay does not
+//! recompile. After each burst of work the worker logs one line with its running totals: tables
+//! from the cache, compiled, cache files found unusable (corrupt or from other input: ignored
+//! and rewritten) and cache writes that failed.
 
 use std::{
     fs::File,
@@ -22,7 +28,10 @@ use ember_protocol::{
     encode_relay_message, transport, RelayMessage, UnwindTableChunk, MAX_UNWIND_CHUNK_BYTES,
 };
 
-use super::{compile, Limits};
+use super::{
+    cache::{Cache, Outcome},
+    compile, Limits, UnwindTable,
+};
 
 /// How user stacks are walked; `dwarf` makes the relay compile and send unwind tables.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -44,6 +53,57 @@ impl UnwindMode {
     }
 }
 
+/// Most bytes of cached tables kept under the state directory (oldest used removed first).
+pub(crate) const CACHE_MAX_BYTES: u64 = 256 << 20;
+/// The cache's folder under the state directory.
+const CACHE_DIR: &str = "unwind-cache";
+
+/// The table cache under `state_dir`, or `None` (logged) when it cannot be used.
+pub(crate) fn open_cache(state_dir: &std::path::Path) -> Option<Cache> {
+    let dir = state_dir.join(CACHE_DIR);
+    match Cache::open(&dir, CACHE_MAX_BYTES, Limits::default()) {
+        Ok(cache) => {
+            tracing::info!(
+                dir = %dir.display(),
+                max_bytes = CACHE_MAX_BYTES,
+                "unwind tables cached on disk"
+            );
+            Some(cache)
+        }
+        Err(err) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                %err,
+                "cannot use the unwind-table cache; tables are compiled on every connection \
+                 (fix the directory's ownership or pass another --state-dir)"
+            );
+            None
+        }
+    }
+}
+
+/// The state directory of `run` when `--state-dir` is not given: `$STATE_DIRECTORY` (set by
+/// systemd's `StateDirectory=`; the first of a colon-separated list), else
+/// `/var/lib/ember-relay` if this user may write there, else none (one INFO line says so).
+pub(crate) fn default_state_dir() -> Option<std::path::PathBuf> {
+    if let Some(dir) = std::env::var_os("STATE_DIRECTORY") {
+        let first = dir.to_string_lossy().split(':').next().map(str::to_owned);
+        if let Some(first) = first.filter(|d| !d.is_empty()) {
+            return Some(first.into());
+        }
+    }
+    let fallback = std::path::Path::new("/var/lib/ember-relay");
+    let writable = nix::unistd::access(fallback, nix::unistd::AccessFlags::W_OK).is_ok();
+    if writable {
+        return Some(fallback.to_path_buf());
+    }
+    tracing::info!(
+        "no state directory ($STATE_DIRECTORY unset, /var/lib/ember-relay not writable): \
+         unwind tables are not cached on disk; pass --state-dir to cache them"
+    );
+    None
+}
+
 /// Files waiting for the worker; more are skipped (counted).
 const QUEUE: usize = 256;
 
@@ -63,12 +123,12 @@ pub(crate) struct TableSender {
 }
 
 impl TableSender {
-    /// Starts the worker thread.
-    pub(crate) fn spawn() -> std::io::Result<Self> {
+    /// Starts the worker thread; with `cache`, tables are looked up and stored there.
+    pub(crate) fn spawn(cache: Option<Cache>) -> std::io::Result<Self> {
         let (jobs, queue) = mpsc::sync_channel(QUEUE);
         thread::Builder::new()
             .name("unwind".into())
-            .spawn(move || worker(&queue))?;
+            .spawn(move || worker(&queue, cache.as_ref()))?;
         Ok(Self { jobs, skipped: 0 })
     }
 
@@ -84,35 +144,118 @@ impl TableSender {
     }
 }
 
-fn worker(queue: &Receiver<Job>) {
+/// The worker's running totals, logged after each burst of work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CacheStats {
+    pub hits: u64,
+    pub compiled: u64,
+    /// Cache files found corrupt or compiled from other input: ignored, then rewritten.
+    pub rewritten: u64,
+    pub store_errors: u64,
+}
+
+fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
     let limits = Limits::default();
-    while let Ok(job) = queue.recv() {
-        let compiled = match compile(&job.file, &limits) {
-            Ok(compiled) => compiled,
+    let mut stats = CacheStats::default();
+    let mut logged = stats;
+    loop {
+        let job = match queue.try_recv() {
+            Ok(job) => job,
+            Err(mpsc::TryRecvError::Empty) => {
+                if stats != logged {
+                    logged = stats;
+                    tracing::info!(
+                        cache = cache.is_some(),
+                        cache_hits = stats.hits,
+                        compiled = stats.compiled,
+                        cache_files_rewritten = stats.rewritten,
+                        cache_store_errors = stats.store_errors,
+                        "unwind tables sent (running totals)"
+                    );
+                }
+                match queue.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            }
+            Err(mpsc::TryRecvError::Disconnected) => return,
+        };
+        let Some((table, vaddr_minus_offset)) = table_for(&job, cache, &limits, &mut stats) else {
+            continue;
+        };
+        send_table(&job, &table, vaddr_minus_offset);
+    }
+}
+
+/// The table of the job's file: from the cache, else compiled (and stored when there is one).
+fn table_for(
+    job: &Job,
+    cache: Option<&Cache>,
+    limits: &Limits,
+    stats: &mut CacheStats,
+) -> Option<(UnwindTable, i64)> {
+    let Some(cache) = cache else {
+        return match compile(&job.file, limits) {
+            Ok(compiled) => {
+                stats.compiled += 1;
+                Some((compiled.table, compiled.vaddr_minus_offset))
+            }
             Err(err) => {
                 tracing::debug!(file_id = job.file_id, %err, "no unwind table");
-                continue;
+                None
             }
         };
-        let bytes = compiled.table.encode();
-        let messages = chunks(job.file_id, &bytes, compiled.vaddr_minus_offset);
-        let parts = messages.len();
-        for message in messages {
-            let datagram = encode_relay_message(&message);
-            if let Err(err) = transport::send(job.control.as_fd(), &datagram, &[], false) {
-                tracing::debug!(file_id = job.file_id, %err, "sending an unwind table failed");
-                break;
+    };
+    let cached = match cache.get_or_compile(&job.file) {
+        Ok(cached) => cached,
+        Err(err) => {
+            tracing::debug!(file_id = job.file_id, %err, "no unwind table");
+            return None;
+        }
+    };
+    match &cached.outcome {
+        Outcome::Hit => stats.hits += 1,
+        Outcome::Compiled {
+            stored,
+            replaced_bad,
+            ..
+        } => {
+            stats.compiled += 1;
+            stats.rewritten += u64::from(*replaced_bad);
+            if let Err(err) = stored {
+                stats.store_errors += 1;
+                tracing::debug!(key = %cached.key, %err, "unwind table not cached");
             }
         }
-        tracing::debug!(
-            file_id = job.file_id,
-            rows = compiled.table.rows().len(),
-            bytes = bytes.len(),
-            chunks = parts,
-            elapsed = ?compiled.stats.elapsed,
-            "unwind table sent"
-        );
     }
+    tracing::debug!(
+        file_id = job.file_id,
+        key = %cached.key,
+        hit = matches!(cached.outcome, Outcome::Hit),
+        "unwind table from the cache directory"
+    );
+    Some((cached.table, cached.vaddr_minus_offset))
+}
+
+/// Sends one table in chunks on the job's connection.
+fn send_table(job: &Job, table: &UnwindTable, vaddr_minus_offset: i64) {
+    let bytes = table.encode();
+    let messages = chunks(job.file_id, &bytes, vaddr_minus_offset);
+    let parts = messages.len();
+    for message in messages {
+        let datagram = encode_relay_message(&message);
+        if let Err(err) = transport::send(job.control.as_fd(), &datagram, &[], false) {
+            tracing::debug!(file_id = job.file_id, %err, "sending an unwind table failed");
+            break;
+        }
+    }
+    tracing::debug!(
+        file_id = job.file_id,
+        rows = table.rows().len(),
+        bytes = bytes.len(),
+        chunks = parts,
+        "unwind table sent"
+    );
 }
 
 /// An encoded table cut into chunk messages, in order.
@@ -173,7 +316,7 @@ mod tests {
             .expect("compiles")
             .table
             .encode();
-        let mut sender = TableSender::spawn().expect("worker");
+        let mut sender = TableSender::spawn(None).expect("worker");
         sender.offer(Job {
             control: Arc::new(ours),
             file_id: 5,
