@@ -29,7 +29,7 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Each loss field of the relay's `batch received` log line and the `ember_sampler_` counter
 /// serving the same field of the sampler's `Losses`.
-const LOSSES: [(&str, &str); 17] = [
+const LOSSES: [(&str, &str); 32] = [
     ("sampler_samples", "ember_sampler_samples_total"),
     ("idle_samples", "ember_sampler_idle_samples_total"),
     ("filtered_samples", "ember_sampler_filtered_samples_total"),
