@@ -6,6 +6,9 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
+mod events;
+
+#[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
@@ -372,6 +375,7 @@ mod program {
             bump(counter::IGNORED);
             return;
         }
+        crate::events::note(tgid);
         let generation = CONTROL.get(0).copied().unwrap_or(0);
         let (counts, stacks, ustacks) = if generation == 0 {
             (&COUNTS_0, &STACKS_0, &USTACKS_0)

@@ -10,6 +10,7 @@ mod ignore;
 mod limits;
 mod link;
 mod load;
+mod procevents;
 mod procfs;
 mod tracker;
 mod unwind;
@@ -321,10 +322,12 @@ impl Sampler {
         let now = Instant::now();
         let peer_closed = if !stopping && now < next_tick {
             let wait = (next_tick - now).min(Duration::from_millis(100));
-            self.link.wait(wait) == Event::Closed
+            let events = Some(self.loaded.events.fd());
+            self.link.wait_also(wait, events) == Event::Closed
         } else {
             false
         };
+        self.describe_new_processes();
         // An inherited connection is never reconnected: when it closes or breaks, stop.
         let finishing = stopping || (self.inherited && (peer_closed || self.link.ended()));
         (finishing || Instant::now() >= next_tick).then_some(finishing)
@@ -396,6 +399,20 @@ impl Sampler {
             "interval drained"
         );
         Ok(losses)
+    }
+
+    /// Reads the facts of the processes the program reported since the last call (their first
+    /// samples), at once, and queues them ahead of the batch that will hold those samples.
+    fn describe_new_processes(&mut self) {
+        for event in self.loaded.events.take() {
+            let (messages, read) = self.tracker.describe_now(event.tgid, self.sequence);
+            if read {
+                self.loaded.events.facts_read(event.ktime_ns);
+            }
+            for message in messages {
+                self.link.enqueue(message);
+            }
+        }
     }
 
     /// Acts on what the relay sent: unwind-table chunks (kept only with `--unwind dwarf`) and
@@ -482,7 +499,11 @@ impl Sampler {
         losses
     }
 
-    fn log_status(&self, losses: &Losses) {
+    fn log_status(&mut self, losses: &Losses) {
+        let (events_sent, events_dropped, execs) = self.loaded.events.counters();
+        // Since the last status line: how long after a process's first sample its facts were
+        // read (issue 11).
+        let latency = self.loaded.events.take_latencies();
         tracing::info!(
             samples = self.sent_samples,
             processes = self.tracker.len(),
@@ -508,6 +529,13 @@ impl Sampler {
             ignore_accepted = self.ignored.accepted,
             ignore_refused = self.ignored.refused,
             ignore_released = self.ignored.released,
+            process_events = events_sent,
+            process_events_dropped = events_dropped,
+            process_execs = execs,
+            facts_read = latency.count,
+            facts_latency_p50_ms = latency.p50_ns as f64 / 1e6,
+            facts_latency_p99_ms = latency.p99_ns as f64 / 1e6,
+            facts_latency_max_ms = latency.max_ns as f64 / 1e6,
             "sampler status"
         );
     }

@@ -135,6 +135,16 @@ impl Tracker {
         out
     }
 
+    /// Reads the facts of a process the program just sampled for the first time (or first since
+    /// its exec), at once: a short-lived process is gone by the next drain. Returns the messages
+    /// to send (before the batch that holds its samples) and whether its facts could be read.
+    pub fn describe_now(&mut self, pid: u32, sequence: u64) -> (Vec<Outgoing>, bool) {
+        let errors = self.errors;
+        let out = self.refresh(pid, sequence);
+        self.reread.remove(&pid);
+        (out, self.errors == errors)
+    }
+
     fn refresh(&mut self, pid: u32, sequence: u64) -> Vec<Outgoing> {
         let mut fresh = Vec::new();
         match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {

@@ -1,0 +1,85 @@
+//! Process events (issue 11): the first sample of a process the program has not reported yet
+//! goes to the sampler at once on a ring buffer, so it reads the process's facts while the
+//! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
+//! processes right (an exec'd image and a reused pid are reported again).
+//!
+//! Kept apart from the sampling and unwinding code: the perf_event program calls [`note`] once.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
+};
+use ember_sampler_ebpf::{
+    event_counter, process_event, ProcessEvent, MAX_KNOWN_TGIDS, PROCESS_EVENTS_BYTES,
+};
+
+#[map]
+static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
+#[map]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+#[map]
+static PROCESS_EVENT_COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(event_counter::LEN, 0);
+
+#[inline(always)]
+fn bump(slot: u32) {
+    if let Some(ptr) = PROCESS_EVENT_COUNTERS.get_ptr_mut(slot) {
+        // SAFETY: a per-CPU slot, touched only by this CPU; programs do not nest on one CPU for
+        // these program types (and a lost increment would only skew a debug counter).
+        unsafe { *ptr += 1 };
+    }
+}
+
+/// Reports `tgid` on the ring buffer unless it was already reported (since its last exec).
+#[inline(always)]
+pub fn note(tgid: u32) {
+    if KNOWN_TGIDS.get_ptr(&tgid).is_some() {
+        return;
+    }
+    // Another CPU may insert it first (a second thread of the process): only one reports.
+    if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
+        return;
+    }
+    match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ProcessEvent {
+                tgid,
+                kind: process_event::FIRST_SAMPLE,
+                // SAFETY: a helper without arguments.
+                ktime_ns: unsafe { bpf_ktime_get_ns() },
+            });
+            entry.submit(0);
+            bump(event_counter::SENT);
+        }
+        None => bump(event_counter::DROPPED),
+    }
+}
+
+/// The current task's (tgid, pid).
+#[inline(always)]
+fn current() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+#[tracepoint]
+pub fn ember_process_exec(_ctx: TracePointContext) -> u32 {
+    // Runs in the task that exec'd: its next sample is of the new image.
+    let (tgid, _) = current();
+    let _ = KNOWN_TGIDS.remove(&tgid);
+    bump(event_counter::EXECS);
+    0
+}
+
+#[tracepoint]
+pub fn ember_process_exit(_ctx: TracePointContext) -> u32 {
+    // Runs in the exiting task; only the group leader's exit frees the process's entry.
+    let (tgid, pid) = current();
+    if tgid == pid {
+        let _ = KNOWN_TGIDS.remove(&tgid);
+    }
+    0
+}
