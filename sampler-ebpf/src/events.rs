@@ -3,23 +3,33 @@
 //! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
 //! processes right (an exec'd image and a reused pid are reported again).
 //!
-//! Kept apart from the sampling and unwinding code: the perf_event program calls [`note`] once.
+//! A pid reused within one generation (the leader of one process exited, another process got its
+//! pid before the sampler drained) is told apart: the newer process's samples carry
+//! [`REUSED_TGID_BIT`] in their key's tgid.
+//!
+//! Kept apart from the sampling and unwinding code: the perf_event program calls [`note`] at
+//! its entry and [`reuse_tag`] where it builds the key.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::RawTracePointContext,
 };
 use ember_sampler_ebpf::{
     event_counter, process_event, ProcessEvent, MAX_KNOWN_TGIDS, PROCESS_EVENTS_BYTES,
+    REUSED_TGID_BIT,
 };
 
 #[map]
 static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+/// Group leaders that exited, with the generation (+ 1) current at their exit: a process that
+/// reuses the pid in that same generation has its samples tagged apart ([`reuse_tag`]).
+#[map]
+static EXITED_AT: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
 #[map]
 static PROCESS_EVENT_COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(event_counter::LEN, 0);
@@ -58,6 +68,18 @@ pub fn note(tgid: u32) {
     }
 }
 
+/// [`REUSED_TGID_BIT`] when the group leader of another process with this pid exited in the
+/// generation the sample goes to: its samples and this process's would share a key otherwise.
+/// The sampler files tagged rows under the newer process's facts.
+#[inline(always)]
+pub fn reuse_tag(tgid: u32, generation: u32) -> u32 {
+    // SAFETY: a lookup whose value is copied at once.
+    match unsafe { EXITED_AT.get(&tgid) } {
+        Some(&at) if at == generation.wrapping_add(1) => REUSED_TGID_BIT,
+        _ => 0,
+    }
+}
+
 /// The current task's (tgid, pid).
 #[inline(always)]
 fn current() -> (u32, u32) {
@@ -65,8 +87,9 @@ fn current() -> (u32, u32) {
     ((pid_tgid >> 32) as u32, pid_tgid as u32)
 }
 
-#[tracepoint]
-pub fn ember_process_exec(_ctx: TracePointContext) -> u32 {
+// Raw tracepoints: attached by name, without tracefs (often not mounted in containers).
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn ember_process_exec(_ctx: RawTracePointContext) -> i32 {
     // Runs in the task that exec'd: its next sample is of the new image.
     let (tgid, _) = current();
     let _ = KNOWN_TGIDS.remove(&tgid);
@@ -74,12 +97,14 @@ pub fn ember_process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn ember_process_exit(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn ember_process_exit(_ctx: RawTracePointContext) -> i32 {
     // Runs in the exiting task; only the group leader's exit frees the process's entry.
     let (tgid, pid) = current();
     if tgid == pid {
         let _ = KNOWN_TGIDS.remove(&tgid);
+        let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0);
+        let _ = EXITED_AT.insert(&tgid, &generation.wrapping_add(1), 0);
     }
     0
 }

@@ -160,6 +160,10 @@ pub mod process_event {
     pub const FIRST_SAMPLE: u32 = 1;
 }
 
+/// Set in a `SampleKey`'s tgid (pids stay below 2^22) for the samples of a process whose pid
+/// another process's group leader left in the same generation: the newer of the two.
+pub const REUSED_TGID_BIT: u32 = 1 << 31;
+
 /// Entries of `KNOWN_TGIDS` (an LRU: an evicted process is reported again at its next sample).
 pub const MAX_KNOWN_TGIDS: u32 = 16384;
 /// Bytes of the `PROCESS_EVENTS` ring buffer: 16-byte events with an 8-byte header each, 8,192
@@ -202,6 +206,8 @@ pub mod maps {
     pub const KNOWN_TGIDS: &str = "KNOWN_TGIDS";
     /// Ring buffer of [`super::ProcessEvent`].
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+    /// `LruHashMap<u32 tgid, u32 generation + 1>`: when group leaders exited.
+    pub const EXITED_AT: &str = "EXITED_AT";
     /// `PerCpuArray<u64>`: [`super::event_counter`] slots.
     pub const PROCESS_EVENT_COUNTERS: &str = "PROCESS_EVENT_COUNTERS";
 }

@@ -43,7 +43,7 @@ mod program {
     static STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
     /// `CONTROL[0]` is the generation (0 or 1) the program writes to.
     #[map]
-    static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+    pub(crate) static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
     /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
@@ -400,7 +400,7 @@ mod program {
         let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         let key = SampleKey {
-            tgid,
+            tgid: tgid | crate::events::reuse_tag(tgid, generation),
             tid,
             user_stack_id,
             kernel_stack_id,

@@ -38,6 +38,11 @@ impl Drainer {
         Self { generation: 0 }
     }
 
+    /// The generation the last [`Drainer::drain`] read.
+    pub fn drained_generation(&self) -> u32 {
+        1 - self.generation
+    }
+
     /// Flips generations and returns everything recorded in the old one.
     pub fn drain(&mut self, loaded: &mut Loaded) -> Result<Drained, MapError> {
         let old = self.generation;
@@ -222,6 +227,27 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
         part.parts = total;
     }
     parts
+}
+
+/// [`build_batches`] of two halves of one drain, sent in this order with messages between
+/// them: numbered as the parts of one interval.
+pub fn build_batches_in_two(
+    first: &Drained,
+    second: &Drained,
+    header: &BatchHeader,
+    max_bytes: usize,
+) -> (Vec<Batch>, Vec<Batch>) {
+    let mut a = build_batches(first, header, max_bytes);
+    if second.rows.is_empty() {
+        return (a, Vec::new());
+    }
+    let mut b = build_batches(second, header, max_bytes);
+    let total = (a.len() + b.len()) as u32;
+    for (i, part) in a.iter_mut().chain(b.iter_mut()).enumerate() {
+        part.part = i as u32;
+        part.parts = total;
+    }
+    (a, b)
 }
 
 fn new_part(header: &BatchHeader) -> Batch {

@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, TracePoint,
+        PerfEvent, RawTracePoint,
     },
     util::online_cpus,
     Ebpf, EbpfLoader,
@@ -210,6 +210,7 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     let events = ProcessEvents::new(
         RingBuf::try_from(take(maps::PROCESS_EVENTS)?)?,
         PerCpuArray::try_from(take(maps::PROCESS_EVENT_COUNTERS)?)?,
+        HashMap::try_from(take(maps::EXITED_AT)?)?,
     );
     Ok(Loaded {
         _ebpf: ebpf,
@@ -225,8 +226,8 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     })
 }
 
-/// Attaches the exec and exit tracepoints that keep the program's set of reported processes
-/// right. Without them (no tracefs, an old kernel) sampling goes on: an exec'd process is then
+/// Attaches the exec and exit tracepoints (raw: by name, no tracefs needed) that keep the
+/// program's set of reported processes right. Without them (no tracefs, an old kernel) sampling goes on: an exec'd process is then
 /// described at its next drain, as before, and a failure is logged.
 fn attach_process_tracepoints(ebpf: &mut Ebpf) {
     for (name, event) in [
@@ -234,12 +235,12 @@ fn attach_process_tracepoints(ebpf: &mut Ebpf) {
         (programs::EXIT, "sched_process_exit"),
     ] {
         let attached = (|| -> anyhow::Result<()> {
-            let program: &mut TracePoint = ebpf
+            let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program `{name}` missing from the eBPF object"))?
                 .try_into()?;
             program.load()?;
-            program.attach("sched", event)?;
+            program.attach(event)?;
             Ok(())
         })();
         if let Err(err) = attached {

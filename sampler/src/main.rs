@@ -36,7 +36,7 @@ use ember_protocol::{
 
 use crate::{
     config::{SamplerConfig, Unwind},
-    drain::{build_batches, BatchHeader, Drainer},
+    drain::{build_batches_in_two, BatchHeader, Drainer},
     limits::MAX_BATCH_BYTES,
     link::{BatchMark, Event, Link, Outgoing, Target},
     tracker::{state, Tracker},
@@ -195,6 +195,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
+        reused: std::collections::HashSet::new(),
+        deferred: Vec::new(),
         config,
     };
     sampler.drain_loop()
@@ -269,6 +271,10 @@ struct Sampler {
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
+    /// Pids whose facts now describe another process than at the last drain (pid reuse), and
+    /// the messages with those facts, held until the older process's rows are queued.
+    reused: std::collections::HashSet<u32>,
+    deferred: Vec<Outgoing>,
 }
 
 impl Sampler {
@@ -346,6 +352,14 @@ impl Sampler {
             .drain(&mut self.loaded)
             .context("draining the eBPF maps")?;
         let interval_end = now_unix_ns();
+        // Processes first sampled up to the flip, so each row finds its process's facts.
+        self.describe_new_processes();
+        let generation = self.drainer.drained_generation();
+        let events = &self.loaded.events;
+        let (drained, newer) = procevents::split_reused(drained, &self.reused, |pid| {
+            events.exited_in(pid, generation)
+        });
+        self.reused.clear();
         for message in self.tracker.observe(&drained, sequence) {
             self.link.enqueue(message);
         }
@@ -358,19 +372,13 @@ impl Sampler {
             losses,
             ignore: self.ignored.stats(Drainer::ignored_samples(&self.loaded)),
         };
-        let batches = build_batches(&drained, &header, MAX_BATCH_BYTES);
-        let samples: u64 = batches.iter().map(|b| b.sample_count()).sum();
-        for batch in batches {
-            let mark = BatchMark {
-                sequence,
-                samples: batch.sample_count(),
-            };
-            self.link.enqueue(Outgoing {
-                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
-                fds: Vec::new(),
-                batch: Some(mark),
-            });
+        // A reused pid: the older process's rows, then the newer one's facts, then its rows.
+        let (older, newer) = build_batches_in_two(&drained, &newer, &header, MAX_BATCH_BYTES);
+        let samples = self.enqueue_batches(sequence, older);
+        for message in std::mem::take(&mut self.deferred) {
+            self.link.enqueue(message);
         }
+        let samples = samples + self.enqueue_batches(sequence, newer);
         self.tracker.notice_exits(sequence);
         self.sequence += 1;
         self.interval_start = interval_end;
@@ -401,16 +409,41 @@ impl Sampler {
         Ok(losses)
     }
 
+    /// Queues the parts of interval `sequence`; returns their samples.
+    fn enqueue_batches(&mut self, sequence: u64, batches: Vec<ember_protocol::Batch>) -> u64 {
+        let mut samples = 0;
+        for batch in batches {
+            let mark = BatchMark {
+                sequence,
+                samples: batch.sample_count(),
+            };
+            samples += mark.samples;
+            self.link.enqueue(Outgoing {
+                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
+                fds: Vec::new(),
+                batch: Some(mark),
+            });
+        }
+        samples
+    }
+
     /// Reads the facts of the processes the program reported since the last call (their first
     /// samples), at once, and queues them ahead of the batch that will hold those samples.
     fn describe_new_processes(&mut self) {
         for event in self.loaded.events.take() {
-            let (messages, read) = self.tracker.describe_now(event.tgid, self.sequence);
-            if read {
+            let described = self.tracker.describe_now(event.tgid, self.sequence);
+            if described.read {
                 self.loaded.events.facts_read(event.ktime_ns);
             }
-            for message in messages {
-                self.link.enqueue(message);
+            if described.reused || self.reused.contains(&event.tgid) {
+                // The pid's older process may have samples not yet in a batch: these facts go
+                // after them (`interval`).
+                self.reused.insert(event.tgid);
+                self.deferred.extend(described.messages);
+            } else {
+                for message in described.messages {
+                    self.link.enqueue(message);
+                }
             }
         }
     }

@@ -9,8 +9,12 @@
 
 use std::os::fd::{AsFd as _, BorrowedFd};
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
-use ember_sampler_ebpf::{event_counter, ProcessEvent};
+use std::collections::HashSet;
+
+use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use ember_sampler_ebpf::{event_counter, ProcessEvent, REUSED_TGID_BIT};
+
+use crate::drain::Drained;
 
 /// Most events taken per call, so a flood cannot starve the rest of the loop (the rest stays in
 /// the ring buffer for the next call).
@@ -21,6 +25,8 @@ const MAX_LATENCIES: usize = 4096;
 pub struct ProcessEvents {
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
+    /// Group leaders' exits, by pid: the generation (+ 1) current then.
+    exited_at: HashMap<MapData, u32, u32>,
     /// Nanoseconds from a process's first sample to its facts being read, since the last
     /// [`ProcessEvents::take_latencies`].
     latencies: Vec<u64>,
@@ -39,10 +45,15 @@ pub struct Latencies {
 }
 
 impl ProcessEvents {
-    pub fn new(ring: RingBuf<MapData>, counters: PerCpuArray<MapData, u64>) -> Self {
+    pub fn new(
+        ring: RingBuf<MapData>,
+        counters: PerCpuArray<MapData, u64>,
+        exited_at: HashMap<MapData, u32, u32>,
+    ) -> Self {
         Self {
             ring,
             counters,
+            exited_at,
             latencies: Vec::new(),
             next_slot: 0,
             malformed: 0,
@@ -103,6 +114,52 @@ impl ProcessEvents {
     }
 }
 
+impl ProcessEvents {
+    /// Whether the group leader of a process with `pid` exited while the program wrote to
+    /// `generation`.
+    pub fn exited_in(&self, pid: u32, generation: u32) -> bool {
+        self.exited_at
+            .get(&pid, 0)
+            .is_ok_and(|at| at == generation.wrapping_add(1))
+    }
+}
+
+/// Splits one drained generation at a reused pid: the rows of the process that had the pid
+/// before (`before`, symbolized with its facts) and those of the process that has it now
+/// (`after`, symbolized with its facts, which the sampler sends between the two). The program
+/// tags the newer process's rows when the older one's leader exited in this very generation
+/// (`exited_here`); otherwise every row of a `reused` pid is the newer process's. Untags every
+/// row. Both halves carry the stacks.
+pub fn split_reused(
+    mut drained: Drained,
+    reused: &HashSet<u32>,
+    exited_here: impl Fn(u32) -> bool,
+) -> (Drained, Drained) {
+    let tagged = drained
+        .rows
+        .iter()
+        .any(|(key, _)| key.tgid & REUSED_TGID_BIT != 0);
+    if !tagged && reused.is_empty() {
+        return (drained, Drained::default());
+    }
+    let mut after = Drained {
+        stacks: drained.stacks.clone(),
+        ..Drained::default()
+    };
+    let rows = std::mem::take(&mut drained.rows);
+    for (mut key, count) in rows {
+        let newer = key.tgid & REUSED_TGID_BIT != 0
+            || (reused.contains(&key.tgid) && !exited_here(key.tgid));
+        key.tgid &= !REUSED_TGID_BIT;
+        if newer {
+            after.rows.push((key, count));
+        } else {
+            drained.rows.push((key, count));
+        }
+    }
+    (drained, after)
+}
+
 fn parse(bytes: &[u8]) -> Option<ProcessEvent> {
     if bytes.len() != size_of::<ProcessEvent>() {
         return None;
@@ -151,7 +208,44 @@ fn monotonic_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use ember_sampler_ebpf::SampleKey;
+
     use super::*;
+
+    fn row(tgid: u32) -> (SampleKey, u64) {
+        let key = SampleKey {
+            tgid,
+            tid: tgid & !REUSED_TGID_BIT,
+            user_stack_id: 1,
+            kernel_stack_id: -14,
+            comm: [0; 16],
+            user_stack_hash: 0,
+        };
+        (key, 1)
+    }
+
+    fn pids(drained: &Drained) -> Vec<u32> {
+        drained.rows.iter().map(|(k, _)| k.tgid).collect()
+    }
+
+    #[test]
+    fn a_reused_pid_splits_its_rows_between_the_two_processes() {
+        let drained = || Drained {
+            rows: vec![row(7), row(7 | REUSED_TGID_BIT), row(8)],
+            ..Drained::default()
+        };
+        let reused = HashSet::from([7]);
+        // Given the older process of pid 7 exited in this generation: its rows stay before, the
+        // tagged ones (the newer process's) go after, untagged
+        let (before, after) = split_reused(drained(), &reused, |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+        // Given it exited in an earlier generation: every row of pid 7 is the newer process's
+        let (before, after) = split_reused(drained(), &reused, |_| false);
+        assert_eq!((pids(&before), pids(&after)), (vec![8], vec![7, 7]));
+        // Given no reuse the sampler knows of: tagged rows still go after, untagged
+        let (before, after) = split_reused(drained(), &HashSet::new(), |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+    }
 
     #[test]
     fn an_event_is_parsed_from_its_bytes_and_other_sizes_are_refused() {
