@@ -26,10 +26,11 @@ use ember_sampler_ebpf::{
 static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
 #[map]
 static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
-/// Group leaders that exited, with the generation (+ 1) current at their exit: a process that
-/// reuses the pid in that same generation has its samples tagged apart ([`reuse_tag`]).
+/// Group leaders that exited: `ktime * 2 + generation` at their exit. A process that reuses the
+/// pid in that same generation has its samples tagged apart ([`reuse_tag`]); the sampler reads
+/// the time to tell which process untagged rows belong to.
 #[map]
-static EXITED_AT: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
+static EXITED_AT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
 #[map]
 static PROCESS_EVENT_COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(event_counter::LEN, 0);
@@ -75,7 +76,7 @@ pub fn note(tgid: u32) {
 pub fn reuse_tag(tgid: u32, generation: u32) -> u32 {
     // SAFETY: a lookup whose value is copied at once.
     match unsafe { EXITED_AT.get(&tgid) } {
-        Some(&at) if at == generation.wrapping_add(1) => REUSED_TGID_BIT,
+        Some(&at) if at & 1 == u64::from(generation & 1) => REUSED_TGID_BIT,
         _ => 0,
     }
 }
@@ -104,7 +105,9 @@ pub fn ember_process_exit(_ctx: RawTracePointContext) -> i32 {
     if tgid == pid {
         let _ = KNOWN_TGIDS.remove(&tgid);
         let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0);
-        let _ = EXITED_AT.insert(&tgid, &generation.wrapping_add(1), 0);
+        // SAFETY: a helper without arguments.
+        let at = unsafe { bpf_ktime_get_ns() }.wrapping_mul(2) | u64::from(generation & 1);
+        let _ = EXITED_AT.insert(&tgid, &at, 0);
     }
     0
 }

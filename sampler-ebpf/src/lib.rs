@@ -206,7 +206,7 @@ pub mod maps {
     pub const KNOWN_TGIDS: &str = "KNOWN_TGIDS";
     /// Ring buffer of [`super::ProcessEvent`].
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
-    /// `LruHashMap<u32 tgid, u32 generation + 1>`: when group leaders exited.
+    /// `LruHashMap<u32 tgid, u64 ktime * 2 + generation>`: when group leaders exited.
     pub const EXITED_AT: &str = "EXITED_AT";
     /// `PerCpuArray<u64>`: [`super::event_counter`] slots.
     pub const PROCESS_EVENT_COUNTERS: &str = "PROCESS_EVENT_COUNTERS";

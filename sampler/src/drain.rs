@@ -31,16 +31,21 @@ pub struct Drained {
 
 pub struct Drainer {
     generation: u32,
+    /// CLOCK_MONOTONIC when each generation became the one the program writes to.
+    started_ns: [u64; 2],
 }
 
 impl Drainer {
     pub fn new() -> Self {
-        Self { generation: 0 }
+        Self {
+            generation: 0,
+            started_ns: [crate::procevents::monotonic_ns(), 0],
+        }
     }
 
-    /// The generation the last [`Drainer::drain`] read.
-    pub fn drained_generation(&self) -> u32 {
-        1 - self.generation
+    /// When the generation the last [`Drainer::drain`] read began (CLOCK_MONOTONIC).
+    pub fn drained_since_ns(&self) -> u64 {
+        self.started_ns[(1 - self.generation) as usize]
     }
 
     /// Flips generations and returns everything recorded in the old one.
@@ -49,6 +54,7 @@ impl Drainer {
         let new = 1 - old;
         loaded.control.set(0, new, 0)?;
         self.generation = new;
+        self.started_ns[new as usize] = crate::procevents::monotonic_ns();
         thread::sleep(FLIP_GRACE);
 
         let mut drained = Drained::default();

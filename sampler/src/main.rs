@@ -354,11 +354,17 @@ impl Sampler {
         let interval_end = now_unix_ns();
         // Processes first sampled up to the flip, so each row finds its process's facts.
         self.describe_new_processes();
-        let generation = self.drainer.drained_generation();
+        let since = self.drainer.drained_since_ns();
         let events = &self.loaded.events;
-        let (drained, newer) = procevents::split_reused(drained, &self.reused, |pid| {
-            events.exited_in(pid, generation)
-        });
+        let (drained, newer) =
+            procevents::split_reused(drained, &self.reused, |pid| events.exited_since(pid, since));
+        tracing::debug!(
+            reused = ?self.reused,
+            older_rows = drained.rows.len(),
+            newer_rows = newer.rows.len(),
+            newer_pids = ?newer.rows.iter().map(|(k, _)| k.tgid).collect::<std::collections::BTreeSet<_>>(),
+            "drain split at reused pids"
+        );
         self.reused.clear();
         for message in self.tracker.observe(&drained, sequence) {
             self.link.enqueue(message);
@@ -432,6 +438,14 @@ impl Sampler {
     fn describe_new_processes(&mut self) {
         for event in self.loaded.events.take() {
             let described = self.tracker.describe_now(event.tgid, self.sequence);
+            tracing::debug!(
+                pid = event.tgid,
+                read = described.read,
+                reused = described.reused,
+                deferred = described.reused || self.reused.contains(&event.tgid),
+                messages = described.messages.len(),
+                "process described at its first sample"
+            );
             if described.read {
                 self.loaded.events.facts_read(event.ktime_ns);
             }

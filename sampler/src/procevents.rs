@@ -25,8 +25,8 @@ const MAX_LATENCIES: usize = 4096;
 pub struct ProcessEvents {
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
-    /// Group leaders' exits, by pid: the generation (+ 1) current then.
-    exited_at: HashMap<MapData, u32, u32>,
+    /// Group leaders' exits, by pid: `ktime * 2 + generation` then.
+    exited_at: HashMap<MapData, u32, u64>,
     /// Nanoseconds from a process's first sample to its facts being read, since the last
     /// [`ProcessEvents::take_latencies`].
     latencies: Vec<u64>,
@@ -48,7 +48,7 @@ impl ProcessEvents {
     pub fn new(
         ring: RingBuf<MapData>,
         counters: PerCpuArray<MapData, u64>,
-        exited_at: HashMap<MapData, u32, u32>,
+        exited_at: HashMap<MapData, u32, u64>,
     ) -> Self {
         Self {
             ring,
@@ -115,20 +115,21 @@ impl ProcessEvents {
 }
 
 impl ProcessEvents {
-    /// Whether the group leader of a process with `pid` exited while the program wrote to
-    /// `generation`.
-    pub fn exited_in(&self, pid: u32, generation: u32) -> bool {
+    /// Whether the group leader of a process with `pid` exited at or after `since_ns`
+    /// (CLOCK_MONOTONIC): then it may have rows in the generation that began then.
+    pub fn exited_since(&self, pid: u32, since_ns: u64) -> bool {
         self.exited_at
             .get(&pid, 0)
-            .is_ok_and(|at| at == generation.wrapping_add(1))
+            .is_ok_and(|at| at / 2 >= since_ns)
     }
 }
 
 /// Splits one drained generation at a reused pid: the rows of the process that had the pid
 /// before (`before`, symbolized with its facts) and those of the process that has it now
 /// (`after`, symbolized with its facts, which the sampler sends between the two). The program
-/// tags the newer process's rows when the older one's leader exited in this very generation
-/// (`exited_here`); otherwise every row of a `reused` pid is the newer process's. Untags every
+/// tags the newer process's rows when the older one's leader exited in this very generation;
+/// untagged rows of a `reused` pid are the older process's when it exited after this
+/// generation began (`exited_here`), else the newer one's. Untags every
 /// row. Both halves carry the stacks.
 pub fn split_reused(
     mut drained: Drained,
@@ -192,7 +193,7 @@ fn percentiles(values: &mut [u64]) -> Latencies {
 }
 
 /// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -152,6 +152,15 @@ impl Tracker {
     pub fn describe_now(&mut self, pid: u32, sequence: u64) -> Described {
         let errors = self.errors;
         let before = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
+        if before.is_some() && procfs::is_exiting(pid) {
+            // Sampled after its exit began (the exit tracepoint reset its entry): its address
+            // space is gone, and empty facts must not replace the ones its samples need.
+            return Described {
+                messages: Vec::new(),
+                read: false,
+                reused: false,
+            };
+        }
         let messages = self.refresh(pid, sequence);
         self.reread.remove(&pid);
         let read = self.errors == errors;

@@ -147,3 +147,124 @@ fn short_lived_processes_are_symbolized() {
          burn_leaf named: their facts were not read while they ran"
     );
 }
+
+/// Two programs, `slreuse_a` and `slreuse_b`, built from the workload with their burn functions
+/// renamed (`reuse_a_*`, `reuse_b_*`): same layout, so facts joined to the wrong process would
+/// name the other one's functions.
+fn reuse_programs() -> &'static (PathBuf, PathBuf) {
+    static PROGRAMS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let dir = target_dir().join("ember-test-workloads");
+        std::fs::create_dir_all(&dir).expect("creating the workload dir");
+        let build = |x: &str| {
+            compile_workload(
+                &dir,
+                "shortlived",
+                &format!("slreuse_{x}"),
+                &[
+                    &format!("-Dburn_leaf=reuse_{x}_leaf"),
+                    &format!("-Dburn_outer=reuse_{x}_outer"),
+                ],
+            )
+        };
+        (build("a"), build("b"))
+    })
+}
+
+#[test]
+fn a_reused_pid_never_joins_one_process_samples_to_another_facts() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    programs();
+    reuse_programs();
+    let record = spawn_record(&[
+        "--duration",
+        "12s",
+        "--frequency",
+        &FREQUENCY.to_string(),
+        "--log-format",
+        "json",
+    ]);
+    record
+        .log()
+        .expect(0, FIRST_BATCH_TIMEOUT, "sampler connected", is_connected);
+    // 40 rounds of: A runs 60 ms of CPU under pid P and exits, then B runs under P (forced).
+    let (launcher, _) = programs();
+    let (a, b) = reuse_programs();
+    let output = Command::new(launcher)
+        .args(["reuse", "40", "60"])
+        .arg(a)
+        .arg(b)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running the launcher");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the launcher failed: {text}");
+    let summary: Value = serde_json::from_str(text.trim()).expect("the launcher's JSON line");
+    let mut record = record;
+    assert!(
+        record.child.try_wait().is_none(),
+        "the record ended before the launcher did: raise --duration"
+    );
+    let recorded = record.finish(RECORD_TIMEOUT);
+
+    let stacks = recorded.folded();
+    let mut per_process: std::collections::BTreeMap<&str, u64> = Default::default();
+    for stack in &stacks {
+        *per_process.entry(stack.process.as_str()).or_default() += stack.count;
+    }
+    per_process.retain(|_, n| *n >= 20);
+    eprintln!("samples per process (20 or more): {per_process:?}");
+    let count =
+        |process: &str, function: &str| {
+            total_count(stacks.iter().filter(|s| {
+                s.process == process && s.frames.iter().any(|f| f.starts_with(function))
+            }))
+        };
+    let (a_in_a, b_in_a) = (
+        count("slreuse_a", "reuse_a_"),
+        count("slreuse_a", "reuse_b_"),
+    );
+    let (b_in_b, a_in_b) = (
+        count("slreuse_b", "reuse_b_"),
+        count("slreuse_b", "reuse_a_"),
+    );
+    let a_elsewhere = total_count(stacks.iter().filter(|s| {
+        s.process != "slreuse_a" && s.frames.iter().any(|f| f.starts_with("reuse_a_"))
+    }));
+    let ns = |key: &str| Duration::from_nanos(summary[key].as_u64().expect("a number"));
+    let expected_a = ns("cpu_a_ns").as_secs_f64() * f64::from(FREQUENCY);
+    let expected_b = ns("cpu_b_ns").as_secs_f64() * f64::from(FREQUENCY);
+    eprintln!(
+        "{text}: A's functions {a_in_a} samples in A (expected {expected_a:.0}), {a_in_b} in B, \
+         {a_elsewhere} in any other process; B's {b_in_b} in B (expected {expected_b:.0}), \
+         {b_in_a} in A"
+    );
+    let reused = summary["reused"].as_u64().expect("reused");
+    assert!(reused >= 30, "only {reused} of 40 rounds got the pid again");
+    assert_eq!(
+        (b_in_a, a_in_b, a_elsewhere),
+        (0, 0, 0),
+        "samples filed under the other process of a reused pid"
+    );
+    // Each process's samples are filed under its own facts (its name): as many as its CPU time
+    // earned, none of the other's, and named with its own functions.
+    for (name, process, named, expected) in [
+        ("A", "slreuse_a", a_in_a, expected_a),
+        ("B", "slreuse_b", b_in_b, expected_b),
+    ] {
+        assert!(
+            named as f64 >= 0.9 * expected,
+            "{name}: {named} samples in its own functions, its CPU time earned {expected:.0}"
+        );
+        let filed = per_process.get(process).copied().unwrap_or(0);
+        assert!(
+            (0.9 * expected..=1.1 * expected).contains(&(filed as f64)),
+            "{name}: {filed} samples filed under {process}, its CPU time earned {expected:.0}: \
+             rows of one process of a reused pid were filed under the other's facts"
+        );
+    }
+}

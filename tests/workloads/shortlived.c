@@ -6,6 +6,11 @@
  *                                          how many ran and the CPU time their rusage reports
  *   CHILD burn MS                          burns MS ms of its own CPU time in
  *                                          main -> burn_outer -> burn_leaf, then exits
+ *   shortlived reuse ROUNDS MS A B         (root) ROUNDS times: runs A (burn MS), reaps it,
+ *                                          then runs B under the very pid A had (forced through
+ *                                          /proc/sys/kernel/ns_last_pid, retried while other
+ *                                          processes take it); prints the rounds that got the
+ *                                          pid and the CPU time of A and of B
  *
  * Child i burns 50 + (13 i mod 31) ms, so each lives about 50-80 ms when it has a CPU.
  *
@@ -105,7 +110,64 @@ static int launch(double seconds, double rate, const char *child) {
     return t.failed != 0;
 }
 
+/* Runs `path burn ms` in a child (under `want` when nonzero: else the child exits at once,
+ * status 3) and reaps it; returns its pid, its CPU time in *cpu_ns, or -1. */
+static pid_t run_child(const char *path, const char *ms, pid_t want, uint64_t *cpu_ns) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (want != 0 && getpid() != want)
+            _exit(3);
+        execl(path, path, "burn", ms, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    int status;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) != pid)
+        return -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return want != 0 && pid != want ? 0 : -1;
+    *cpu_ns += rusage_ns(&ru);
+    return pid;
+}
+
+static int reuse(long rounds, const char *ms, const char *a, const char *b) {
+    uint64_t cpu_a = 0, cpu_b = 0;
+    long reused = 0, tries = 0;
+    for (long r = 0; r < rounds; r++) {
+        uint64_t this_a = 0;
+        pid_t pid = run_child(a, ms, 0, &this_a);
+        if (pid <= 0)
+            return 1;
+        for (int attempt = 0; attempt < 200; attempt++) {
+            FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+            if (!f)
+                return 1;
+            fprintf(f, "%d", pid - 1);
+            if (fclose(f) != 0)
+                return 1;
+            tries++;
+            uint64_t this_b = 0;
+            pid_t got = run_child(b, ms, pid, &this_b);
+            if (got < 0)
+                return 1;
+            if (got == pid) {
+                cpu_a += this_a;
+                cpu_b += this_b;
+                reused++;
+                break;
+            }
+        }
+    }
+    printf("{\"rounds\":%ld,\"reused\":%ld,\"tries\":%ld,\"cpu_a_ns\":%llu,\"cpu_b_ns\":%llu}\n",
+           rounds, reused, tries, (unsigned long long)cpu_a, (unsigned long long)cpu_b);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 6 && strcmp(argv[1], "reuse") == 0)
+        return reuse(atol(argv[2]), argv[3], argv[4], argv[5]);
     if (argc == 3 && strcmp(argv[1], "burn") == 0)
         return burn(atol(argv[2]));
     if (argc == 5 && strcmp(argv[1], "launch") == 0)
