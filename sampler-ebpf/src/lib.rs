@@ -146,6 +146,53 @@ unsafe impl aya::Pod for MappingEntry {}
 // SAFETY: as above: u32 + explicit u32 pad + an array of `MappingEntry`.
 unsafe impl aya::Pod for ProcMappings {}
 
+/// What the program tells the sampler at once, on the `PROCESS_EVENTS` ring buffer (issue 11):
+/// a process it had not sampled before (or not since its last exec) was just sampled, so its
+/// facts can be read while it still runs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// Process id (the kernel's tgid).
+    pub tgid: u32,
+    /// One of [`process_event`].
+    pub kind: u32,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the sample that revealed it.
+    pub ktime_ns: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 8 bytes), any bit pattern valid.
+unsafe impl aya::Pod for ProcessEvent {}
+
+/// Kinds of [`ProcessEvent`].
+pub mod process_event {
+    /// The first sample of a process not in `KNOWN_TGIDS` (new, exec'd, or evicted by the LRU).
+    pub const FIRST_SAMPLE: u32 = 1;
+}
+
+/// Set in a `SampleKey`'s tgid (pids stay below 2^22) for the samples of a process whose pid
+/// another process's group leader left in the same generation: the newer of the two.
+pub const REUSED_TGID_BIT: u32 = 1 << 31;
+
+/// Entries of `KNOWN_TGIDS` (an LRU: an evicted process is reported again at its next sample).
+pub const MAX_KNOWN_TGIDS: u32 = 16384;
+/// Bytes of the `PROCESS_EVENTS` ring buffer: 16-byte events with an 8-byte header each, 8,192
+/// of them between two reads of the sampler.
+pub const PROCESS_EVENTS_BYTES: u32 = 256 * 1024;
+
+/// Slots of the per-CPU `PROCESS_EVENT_COUNTERS` array.
+pub mod event_counter {
+    /// Events written to the ring buffer.
+    pub const SENT: u32 = 0;
+    /// Events dropped because the ring buffer was full (the process's facts are then read at
+    /// the next drain, as before).
+    pub const DROPPED: u32 = 1;
+    /// `sched_process_exec` seen: the process's entry in `KNOWN_TGIDS` was reset.
+    pub const EXECS: u32 = 2;
+    /// Number of slots.
+    pub const LEN: u32 = 3;
+}
+
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
 /// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
@@ -165,6 +212,23 @@ pub mod maps {
     /// `HashMap<u32 tgid, u8>`: processes not sampled (the relay's process filter, verified by
     /// the sampler), at most [`super::MAX_IGNORED`].
     pub const IGNORED: &str = "IGNORED";
+    /// `LruHashMap<u32 tgid, u8>`: processes already reported on `PROCESS_EVENTS`.
+    pub const KNOWN_TGIDS: &str = "KNOWN_TGIDS";
+    /// Ring buffer of [`super::ProcessEvent`].
+    pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+    /// `LruHashMap<u32 tgid, u64 ktime * 2 + generation>`: when group leaders exited.
+    pub const EXITED_AT: &str = "EXITED_AT";
+    /// `PerCpuArray<u64>`: [`super::event_counter`] slots.
+    pub const PROCESS_EVENT_COUNTERS: &str = "PROCESS_EVENT_COUNTERS";
+}
+
+/// Names of the tracepoint programs that keep `KNOWN_TGIDS` right.
+pub mod programs {
+    /// On `sched/sched_process_exec`: the image changed, report the process again.
+    pub const EXEC: &str = "ember_process_exec";
+    /// On `sched/sched_process_exit`: a group leader ended, its entry is freed (a process that
+    /// reuses the pid is reported as new).
+    pub const EXIT: &str = "ember_process_exit";
 }
 
 /// Most processes the sampler ignores at once (the `IGNORED` map's size).

@@ -6,6 +6,9 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
+mod events;
+
+#[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
@@ -43,7 +46,7 @@ mod program {
     static STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
     /// `CONTROL[0]` is the generation (0 or 1) the program writes to.
     #[map]
-    static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+    pub(crate) static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
     /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
@@ -450,6 +453,7 @@ mod program {
             bump(counter::IGNORED);
             return;
         }
+        crate::events::note(tgid);
         let generation = CONTROL.get(0).copied().unwrap_or(0);
         let (counts, stacks, ustacks) = if generation == 0 {
             (&COUNTS_0, &STACKS_0, &USTACKS_0)
@@ -474,7 +478,7 @@ mod program {
         let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         let key = SampleKey {
-            tgid,
+            tgid: tgid | crate::events::reuse_tag(tgid, generation),
             tid,
             user_stack_id,
             kernel_stack_id,

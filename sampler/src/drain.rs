@@ -31,11 +31,21 @@ pub struct Drained {
 
 pub struct Drainer {
     generation: u32,
+    /// CLOCK_MONOTONIC when each generation became the one the program writes to.
+    started_ns: [u64; 2],
 }
 
 impl Drainer {
     pub fn new() -> Self {
-        Self { generation: 0 }
+        Self {
+            generation: 0,
+            started_ns: [crate::procevents::monotonic_ns(), 0],
+        }
+    }
+
+    /// When the generation the last [`Drainer::drain`] read began (CLOCK_MONOTONIC).
+    pub fn drained_since_ns(&self) -> u64 {
+        self.started_ns[(1 - self.generation) as usize]
     }
 
     /// Flips generations and returns everything recorded in the old one.
@@ -44,6 +54,7 @@ impl Drainer {
         let new = 1 - old;
         loaded.control.set(0, new, 0)?;
         self.generation = new;
+        self.started_ns[new as usize] = crate::procevents::monotonic_ns();
         thread::sleep(FLIP_GRACE);
 
         let mut drained = Drained::default();
@@ -238,6 +249,27 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
         part.parts = total;
     }
     parts
+}
+
+/// [`build_batches`] of two halves of one drain, sent in this order with messages between
+/// them: numbered as the parts of one interval.
+pub fn build_batches_in_two(
+    first: &Drained,
+    second: &Drained,
+    header: &BatchHeader,
+    max_bytes: usize,
+) -> (Vec<Batch>, Vec<Batch>) {
+    let mut a = build_batches(first, header, max_bytes);
+    if second.rows.is_empty() {
+        return (a, Vec::new());
+    }
+    let mut b = build_batches(second, header, max_bytes);
+    let total = (a.len() + b.len()) as u32;
+    for (i, part) in a.iter_mut().chain(b.iter_mut()).enumerate() {
+        part.part = i as u32;
+        part.parts = total;
+    }
+    (a, b)
 }
 
 fn new_part(header: &BatchHeader) -> Batch {

@@ -311,8 +311,23 @@ impl Link {
 
     /// Waits up to `timeout` for the connection to close or become writable; reports a close.
     pub fn wait(&mut self, timeout: Duration) -> Event {
+        self.wait_also(timeout, None)
+    }
+
+    /// [`Link::wait`] that also returns (`Nothing`) as soon as `also` is readable (the process
+    /// events' ring buffer).
+    pub fn wait_also(&mut self, timeout: Duration, also: Option<BorrowedFd<'_>>) -> Event {
+        let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         let Some(conn) = self.conn.as_ref() else {
-            std::thread::sleep(timeout);
+            match also {
+                Some(fd) => {
+                    let _ = poll(
+                        &mut [PollFd::new(fd, PollFlags::POLLIN)],
+                        PollTimeout::from(millis),
+                    );
+                }
+                None => std::thread::sleep(timeout),
+            }
             return Event::Nothing;
         };
         // A full inbox is left on the socket until the drain loop takes it: backpressure.
@@ -323,8 +338,8 @@ impl Link {
         if !self.queue.is_empty() {
             flags |= PollFlags::POLLOUT;
         }
-        let mut fds = [PollFd::new(conn.as_fd(), flags)];
-        let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = vec![PollFd::new(conn.as_fd(), flags)];
+        fds.extend(also.map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
         match poll(&mut fds, PollTimeout::from(millis)) {
             Ok(0) | Err(Errno::EINTR) => Event::Nothing,
             Ok(_) => {

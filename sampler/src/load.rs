@@ -4,22 +4,23 @@
 
 use anyhow::{anyhow, Context as _};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent,
+        PerfEvent, RawTracePoint,
     },
     util::online_cpus,
     Ebpf, EbpfLoader,
 };
 use ember_protocol::Mapping;
 use ember_sampler_ebpf::{
-    maps, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
+    maps, programs, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
     DWARF_GLOBAL, MAX_PROC_MAPPINGS, TARGET_TGID_GLOBAL,
 };
 
 use crate::{
     config::{SamplerConfig, Unwind},
+    procevents::ProcessEvents,
     unwind::TableMaps,
 };
 
@@ -103,6 +104,8 @@ pub struct Loaded {
     /// Processes the program does not sample (see `ignore.rs`).
     pub ignored: HashMap<MapData, u32, u8>,
     pub unwind: UnwindMaps,
+    /// First samples of processes, as they happen (`procevents.rs`).
+    pub events: ProcessEvents,
     pub cpus: usize,
 }
 
@@ -263,6 +266,8 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
             .with_context(|| format!("attaching the CPU-clock perf event on CPU {cpu}"))?;
     }
 
+    attach_process_tracepoints(&mut ebpf);
+
     let mut take = |name: &str| {
         ebpf.take_map(name)
             .ok_or_else(|| anyhow!("map `{name}` missing from the eBPF object"))
@@ -290,6 +295,11 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         mappings_lost: 0,
         processes_written: 0,
     };
+    let events = ProcessEvents::new(
+        RingBuf::try_from(take(maps::PROCESS_EVENTS)?)?,
+        PerCpuArray::try_from(take(maps::PROCESS_EVENT_COUNTERS)?)?,
+        HashMap::try_from(take(maps::EXITED_AT)?)?,
+    );
     Ok(Loaded {
         _ebpf: ebpf,
         counts,
@@ -299,8 +309,38 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         counters,
         ignored,
         unwind,
+        events,
         cpus: cpus.len(),
     })
+}
+
+/// Attaches the exec and exit tracepoints (raw: by name, no tracefs needed) that keep the
+/// program's set of reported processes right. Without them (no tracefs, an old kernel) sampling goes on: an exec'd process is then
+/// described at its next drain, as before, and a failure is logged.
+fn attach_process_tracepoints(ebpf: &mut Ebpf) {
+    for (name, event) in [
+        (programs::EXEC, "sched_process_exec"),
+        (programs::EXIT, "sched_process_exit"),
+    ] {
+        let attached = (|| -> anyhow::Result<()> {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| anyhow!("program `{name}` missing from the eBPF object"))?
+                .try_into()?;
+            program.load()?;
+            program.attach(event)?;
+            Ok(())
+        })();
+        if let Err(err) = attached {
+            tracing::warn!(
+                program = name,
+                tracepoint = event,
+                error = %format!("{err:#}"),
+                "cannot attach a process tracepoint; exec'd and reused processes are described \
+                 at their next drain instead of at once"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod ignore;
 mod limits;
 mod link;
 mod load;
+mod procevents;
 mod procfs;
 mod tracker;
 mod unwind;
@@ -35,7 +36,7 @@ use ember_protocol::{
 
 use crate::{
     config::{SamplerConfig, Unwind},
-    drain::{build_batches, BatchHeader, Drainer},
+    drain::{build_batches_in_two, BatchHeader, Drainer},
     limits::MAX_BATCH_BYTES,
     link::{BatchMark, Event, Link, Outgoing, Target},
     tracker::{state, Tracker},
@@ -197,6 +198,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
+        reused: std::collections::HashSet::new(),
+        deferred: Vec::new(),
         config,
     };
     sampler.drain_loop()
@@ -271,6 +274,10 @@ struct Sampler {
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
+    /// Pids whose facts now describe another process than at the last drain (pid reuse), and
+    /// the messages with those facts, held until the older process's rows are queued.
+    reused: std::collections::HashSet<u32>,
+    deferred: Vec<Outgoing>,
 }
 
 impl Sampler {
@@ -324,10 +331,12 @@ impl Sampler {
         let now = Instant::now();
         let peer_closed = if !stopping && now < next_tick {
             let wait = (next_tick - now).min(Duration::from_millis(100));
-            self.link.wait(wait) == Event::Closed
+            let events = Some(self.loaded.events.fd());
+            self.link.wait_also(wait, events) == Event::Closed
         } else {
             false
         };
+        self.describe_new_processes();
         // An inherited connection is never reconnected: when it closes or breaks, stop.
         let finishing = stopping || (self.inherited && (peer_closed || self.link.ended()));
         (finishing || Instant::now() >= next_tick).then_some(finishing)
@@ -346,6 +355,20 @@ impl Sampler {
             .drain(&mut self.loaded)
             .context("draining the eBPF maps")?;
         let interval_end = now_unix_ns();
+        // Processes first sampled up to the flip, so each row finds its process's facts.
+        self.describe_new_processes();
+        let since = self.drainer.drained_since_ns();
+        let events = &self.loaded.events;
+        let (drained, newer) =
+            procevents::split_reused(drained, &self.reused, |pid| events.exited_since(pid, since));
+        tracing::debug!(
+            reused = ?self.reused,
+            older_rows = drained.rows.len(),
+            newer_rows = newer.rows.len(),
+            newer_pids = ?newer.rows.iter().map(|(k, _)| k.tgid).collect::<std::collections::BTreeSet<_>>(),
+            "drain split at reused pids"
+        );
+        self.reused.clear();
         for message in self.tracker.observe(&drained, sequence) {
             self.link.enqueue(message);
         }
@@ -358,19 +381,13 @@ impl Sampler {
             losses,
             ignore: self.ignored.stats(Drainer::ignored_samples(&self.loaded)),
         };
-        let batches = build_batches(&drained, &header, MAX_BATCH_BYTES);
-        let samples: u64 = batches.iter().map(|b| b.sample_count()).sum();
-        for batch in batches {
-            let mark = BatchMark {
-                sequence,
-                samples: batch.sample_count(),
-            };
-            self.link.enqueue(Outgoing {
-                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
-                fds: Vec::new(),
-                batch: Some(mark),
-            });
+        // A reused pid: the older process's rows, then the newer one's facts, then its rows.
+        let (older, newer) = build_batches_in_two(&drained, &newer, &header, MAX_BATCH_BYTES);
+        let samples = self.enqueue_batches(sequence, older);
+        for message in std::mem::take(&mut self.deferred) {
+            self.link.enqueue(message);
         }
+        let samples = samples + self.enqueue_batches(sequence, newer);
         self.tracker.notice_exits(sequence);
         self.sequence += 1;
         self.interval_start = interval_end;
@@ -399,6 +416,53 @@ impl Sampler {
             "interval drained"
         );
         Ok(losses)
+    }
+
+    /// Queues the parts of interval `sequence`; returns their samples.
+    fn enqueue_batches(&mut self, sequence: u64, batches: Vec<ember_protocol::Batch>) -> u64 {
+        let mut samples = 0;
+        for batch in batches {
+            let mark = BatchMark {
+                sequence,
+                samples: batch.sample_count(),
+            };
+            samples += mark.samples;
+            self.link.enqueue(Outgoing {
+                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
+                fds: Vec::new(),
+                batch: Some(mark),
+            });
+        }
+        samples
+    }
+
+    /// Reads the facts of the processes the program reported since the last call (their first
+    /// samples), at once, and queues them ahead of the batch that will hold those samples.
+    fn describe_new_processes(&mut self) {
+        for event in self.loaded.events.take() {
+            let described = self.tracker.describe_now(event.tgid, self.sequence);
+            tracing::debug!(
+                pid = event.tgid,
+                read = described.read,
+                reused = described.reused,
+                deferred = described.reused || self.reused.contains(&event.tgid),
+                messages = described.messages.len(),
+                "process described at its first sample"
+            );
+            if described.read {
+                self.loaded.events.facts_read(event.ktime_ns);
+            }
+            if described.reused || self.reused.contains(&event.tgid) {
+                // The pid's older process may have samples not yet in a batch: these facts go
+                // after them (`interval`).
+                self.reused.insert(event.tgid);
+                self.deferred.extend(described.messages);
+            } else {
+                for message in described.messages {
+                    self.link.enqueue(message);
+                }
+            }
+        }
     }
 
     /// Acts on what the relay sent: unwind-table chunks (kept only with `--unwind dwarf`) and
@@ -488,7 +552,11 @@ impl Sampler {
         losses
     }
 
-    fn log_status(&self, losses: &Losses) {
+    fn log_status(&mut self, losses: &Losses) {
+        let (events_sent, events_dropped, execs) = self.loaded.events.counters();
+        // Since the last status line: how long after a process's first sample its facts were
+        // read (issue 11).
+        let latency = self.loaded.events.take_latencies();
         tracing::info!(
             samples = self.sent_samples,
             processes = self.tracker.len(),
@@ -517,6 +585,13 @@ impl Sampler {
             unwind_tables_evicted = losses.unwind_tables_evicted,
             unwind_read_failed = losses.unwind_read_failed,
             unwind_fp_no_table = losses.unwind_fp_no_table,
+            process_events = events_sent,
+            process_events_dropped = events_dropped,
+            process_execs = execs,
+            facts_read = latency.count,
+            facts_latency_p50_ms = latency.p50_ns as f64 / 1e6,
+            facts_latency_p99_ms = latency.p99_ns as f64 / 1e6,
+            facts_latency_max_ms = latency.max_ns as f64 / 1e6,
             "sampler status"
         );
     }

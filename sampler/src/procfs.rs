@@ -353,6 +353,23 @@ pub fn cap_path(mut path: String) -> String {
     path
 }
 
+/// Whether `pid` is exiting or a zombie: its /proc/PID/stat state is `Z` or `X`, or its
+/// address space is already gone (an empty maps file). Unreadable counts as exiting.
+pub fn is_exiting(pid: u32) -> bool {
+    let Ok(stat) = read_small(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    if matches!(state, Some('Z' | 'X') | None) {
+        return true;
+    }
+    File::open(format!("/proc/{pid}/maps"))
+        .and_then(|mut f| f.read(&mut [0u8; 1]))
+        .map_or(true, |n| n == 0)
+}
+
 /// The facts of a process and whether caps cut them.
 pub struct ReadProcess {
     pub info: ProcessInfo,

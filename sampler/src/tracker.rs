@@ -34,6 +34,15 @@ struct Tracked {
     refreshed: Instant,
 }
 
+/// What [`Tracker::describe_now`] did.
+pub struct Described {
+    pub messages: Vec<Outgoing>,
+    /// The facts could be read (the process still ran).
+    pub read: bool,
+    /// They replace those of another process that had the pid.
+    pub reused: bool,
+}
+
 /// Least time between two re-reads of one process's mappings: frame-pointer walks through code
 /// built without frame pointers yield junk addresses that no re-read will cover.
 const REFRESH_MIN_GAP: Duration = Duration::from_secs(10);
@@ -133,6 +142,34 @@ impl Tracker {
             }
         }
         out
+    }
+
+    /// Reads the facts of a process the program just sampled for the first time (or first since
+    /// its exec), at once: a short-lived process is gone by the next drain. Returns the messages
+    /// to send (before the batch that holds its samples) and whether its facts could be read.
+    /// `reused` when these facts replace another process's (another start time): its samples
+    /// not yet in a batch must be sent before them.
+    pub fn describe_now(&mut self, pid: u32, sequence: u64) -> Described {
+        let errors = self.errors;
+        let before = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
+        if before.is_some() && procfs::is_exiting(pid) {
+            // Sampled after its exit began (the exit tracepoint reset its entry): its address
+            // space is gone, and empty facts must not replace the ones its samples need.
+            return Described {
+                messages: Vec::new(),
+                read: false,
+                reused: false,
+            };
+        }
+        let messages = self.refresh(pid, sequence);
+        self.reread.remove(&pid);
+        let read = self.errors == errors;
+        let now = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
+        Described {
+            messages,
+            read,
+            reused: read && before.is_some() && before != now,
+        }
     }
 
     fn refresh(&mut self, pid: u32, sequence: u64) -> Vec<Outgoing> {

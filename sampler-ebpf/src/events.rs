@@ -1,0 +1,113 @@
+//! Process events (issue 11): the first sample of a process the program has not reported yet
+//! goes to the sampler at once on a ring buffer, so it reads the process's facts while the
+//! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
+//! processes right (an exec'd image and a reused pid are reported again).
+//!
+//! A pid reused within one generation (the leader of one process exited, another process got its
+//! pid before the sampler drained) is told apart: the newer process's samples carry
+//! [`REUSED_TGID_BIT`] in their key's tgid.
+//!
+//! Kept apart from the sampling and unwinding code: the perf_event program calls [`note`] at
+//! its entry and [`reuse_tag`] where it builds the key.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, raw_tracepoint},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::RawTracePointContext,
+};
+use ember_sampler_ebpf::{
+    event_counter, process_event, ProcessEvent, MAX_KNOWN_TGIDS, PROCESS_EVENTS_BYTES,
+    REUSED_TGID_BIT,
+};
+
+#[map]
+static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
+#[map]
+static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENTS_BYTES, 0);
+/// Group leaders that exited: `ktime * 2 + generation` at their exit. A process that reuses the
+/// pid in that same generation has its samples tagged apart ([`reuse_tag`]); the sampler reads
+/// the time to tell which process untagged rows belong to.
+#[map]
+static EXITED_AT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
+#[map]
+static PROCESS_EVENT_COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(event_counter::LEN, 0);
+
+#[inline(always)]
+fn bump(slot: u32) {
+    if let Some(ptr) = PROCESS_EVENT_COUNTERS.get_ptr_mut(slot) {
+        // SAFETY: a per-CPU slot, touched only by this CPU; programs do not nest on one CPU for
+        // these program types (and a lost increment would only skew a debug counter).
+        unsafe { *ptr += 1 };
+    }
+}
+
+/// Reports `tgid` on the ring buffer unless it was already reported (since its last exec).
+#[inline(always)]
+pub fn note(tgid: u32) {
+    if KNOWN_TGIDS.get_ptr(&tgid).is_some() {
+        return;
+    }
+    // Another CPU may insert it first (a second thread of the process): only one reports.
+    if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
+        return;
+    }
+    match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ProcessEvent {
+                tgid,
+                kind: process_event::FIRST_SAMPLE,
+                // SAFETY: a helper without arguments.
+                ktime_ns: unsafe { bpf_ktime_get_ns() },
+            });
+            entry.submit(0);
+            bump(event_counter::SENT);
+        }
+        None => bump(event_counter::DROPPED),
+    }
+}
+
+/// [`REUSED_TGID_BIT`] when the group leader of another process with this pid exited in the
+/// generation the sample goes to: its samples and this process's would share a key otherwise.
+/// The sampler files tagged rows under the newer process's facts.
+#[inline(always)]
+pub fn reuse_tag(tgid: u32, generation: u32) -> u32 {
+    // SAFETY: a lookup whose value is copied at once.
+    match unsafe { EXITED_AT.get(&tgid) } {
+        Some(&at) if at & 1 == u64::from(generation & 1) => REUSED_TGID_BIT,
+        _ => 0,
+    }
+}
+
+/// The current task's (tgid, pid).
+#[inline(always)]
+fn current() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+// Raw tracepoints: attached by name, without tracefs (often not mounted in containers).
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn ember_process_exec(_ctx: RawTracePointContext) -> i32 {
+    // Runs in the task that exec'd: its next sample is of the new image.
+    let (tgid, _) = current();
+    let _ = KNOWN_TGIDS.remove(&tgid);
+    bump(event_counter::EXECS);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn ember_process_exit(_ctx: RawTracePointContext) -> i32 {
+    // Runs in the exiting task; only the group leader's exit frees the process's entry.
+    let (tgid, pid) = current();
+    if tgid == pid {
+        let _ = KNOWN_TGIDS.remove(&tgid);
+        let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0);
+        // SAFETY: a helper without arguments.
+        let at = unsafe { bpf_ktime_get_ns() }.wrapping_mul(2) | u64::from(generation & 1);
+        let _ = EXITED_AT.insert(&tgid, &at, 0);
+    }
+    0
+}

@@ -1,0 +1,278 @@
+//! Reads the program's process events (issue 11): the first sample of each process arrives on
+//! a ring buffer at once, so the drain loop reads the process's facts (and opens its mapped
+//! binaries) while it still runs, instead of at the next drain when a short-lived process is
+//! long gone. Also measures how long after that first sample the facts were read.
+//!
+//! The ring buffer is memory-mapped when the program is loaded: reading it needs no system call
+//! besides the `ppoll` the drain loop already makes (its descriptor is polled with the relay
+//! socket's).
+
+use std::os::fd::{AsFd as _, BorrowedFd};
+
+use std::collections::HashSet;
+
+use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use ember_sampler_ebpf::{event_counter, ProcessEvent, REUSED_TGID_BIT};
+
+use crate::drain::Drained;
+
+/// Most events taken per call, so a flood cannot starve the rest of the loop (the rest stays in
+/// the ring buffer for the next call).
+const MAX_EVENTS_PER_CALL: usize = 1024;
+/// Latencies kept between two status lines (the oldest are overwritten beyond).
+const MAX_LATENCIES: usize = 4096;
+
+pub struct ProcessEvents {
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    /// Group leaders' exits, by pid: `ktime * 2 + generation` then.
+    exited_at: HashMap<MapData, u32, u64>,
+    /// Nanoseconds from a process's first sample to its facts being read, since the last
+    /// [`ProcessEvents::take_latencies`].
+    latencies: Vec<u64>,
+    next_slot: usize,
+    /// Events with a size other than a [`ProcessEvent`]'s (never, with our program).
+    pub malformed: u64,
+}
+
+/// Facts-read latency percentiles of one window.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Latencies {
+    pub count: usize,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+impl ProcessEvents {
+    pub fn new(
+        ring: RingBuf<MapData>,
+        counters: PerCpuArray<MapData, u64>,
+        exited_at: HashMap<MapData, u32, u64>,
+    ) -> Self {
+        Self {
+            ring,
+            counters,
+            exited_at,
+            latencies: Vec::new(),
+            next_slot: 0,
+            malformed: 0,
+        }
+    }
+
+    /// The ring buffer's descriptor: readable when events wait.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.ring.as_fd()
+    }
+
+    /// The events waiting, oldest first (at most [`MAX_EVENTS_PER_CALL`]).
+    pub fn take(&mut self) -> Vec<ProcessEvent> {
+        let mut out = Vec::new();
+        while out.len() < MAX_EVENTS_PER_CALL {
+            let Some(item) = self.ring.next() else {
+                break;
+            };
+            match parse(&item) {
+                Some(event) => out.push(event),
+                None => self.malformed += 1,
+            }
+        }
+        out
+    }
+
+    /// Records that the facts of a process first sampled at `first_sample_ktime_ns`
+    /// (CLOCK_MONOTONIC) were read now.
+    pub fn facts_read(&mut self, first_sample_ktime_ns: u64) {
+        let latency = monotonic_ns().saturating_sub(first_sample_ktime_ns);
+        if self.latencies.len() < MAX_LATENCIES {
+            self.latencies.push(latency);
+        } else {
+            self.latencies[self.next_slot] = latency;
+            self.next_slot = (self.next_slot + 1) % MAX_LATENCIES;
+        }
+    }
+
+    /// Percentiles of the latencies recorded since the last call, then starts a new window.
+    pub fn take_latencies(&mut self) -> Latencies {
+        let mut window = std::mem::take(&mut self.latencies);
+        self.next_slot = 0;
+        percentiles(&mut window)
+    }
+
+    /// (events sent, events dropped on a full ring buffer, execs seen), totals since load.
+    pub fn counters(&self) -> (u64, u64, u64) {
+        let read = |slot: u32| -> u64 {
+            self.counters
+                .get(&slot, 0)
+                .map_or(0, |values| values.iter().sum())
+        };
+        (
+            read(event_counter::SENT),
+            read(event_counter::DROPPED),
+            read(event_counter::EXECS),
+        )
+    }
+}
+
+impl ProcessEvents {
+    /// Whether the group leader of a process with `pid` exited at or after `since_ns`
+    /// (CLOCK_MONOTONIC): then it may have rows in the generation that began then.
+    pub fn exited_since(&self, pid: u32, since_ns: u64) -> bool {
+        self.exited_at
+            .get(&pid, 0)
+            .is_ok_and(|at| at / 2 >= since_ns)
+    }
+}
+
+/// Splits one drained generation at a reused pid: the rows of the process that had the pid
+/// before (`before`, symbolized with its facts) and those of the process that has it now
+/// (`after`, symbolized with its facts, which the sampler sends between the two). The program
+/// tags the newer process's rows when the older one's leader exited in this very generation;
+/// untagged rows of a `reused` pid are the older process's when it exited after this
+/// generation began (`exited_here`), else the newer one's. Untags every
+/// row. Both halves carry the stacks.
+pub fn split_reused(
+    mut drained: Drained,
+    reused: &HashSet<u32>,
+    exited_here: impl Fn(u32) -> bool,
+) -> (Drained, Drained) {
+    let tagged = drained
+        .rows
+        .iter()
+        .any(|(key, _)| key.tgid & REUSED_TGID_BIT != 0);
+    if !tagged && reused.is_empty() {
+        return (drained, Drained::default());
+    }
+    let mut after = Drained {
+        stacks: drained.stacks.clone(),
+        ..Drained::default()
+    };
+    let rows = std::mem::take(&mut drained.rows);
+    for (mut key, count) in rows {
+        let newer = key.tgid & REUSED_TGID_BIT != 0
+            || (reused.contains(&key.tgid) && !exited_here(key.tgid));
+        key.tgid &= !REUSED_TGID_BIT;
+        if newer {
+            after.rows.push((key, count));
+        } else {
+            drained.rows.push((key, count));
+        }
+    }
+    (drained, after)
+}
+
+fn parse(bytes: &[u8]) -> Option<ProcessEvent> {
+    if bytes.len() != size_of::<ProcessEvent>() {
+        return None;
+    }
+    let word = |at: usize, len: usize| -> Option<u64> {
+        let mut buf = [0u8; 8];
+        buf[..len].copy_from_slice(bytes.get(at..at + len)?);
+        Some(u64::from_ne_bytes(buf))
+    };
+    Some(ProcessEvent {
+        tgid: u32::try_from(word(0, 4)?).ok()?,
+        kind: u32::try_from(word(4, 4)?).ok()?,
+        ktime_ns: word(8, 8)?,
+    })
+}
+
+/// Nearest-rank percentiles.
+fn percentiles(values: &mut [u64]) -> Latencies {
+    if values.is_empty() {
+        return Latencies::default();
+    }
+    values.sort_unstable();
+    let rank = |p: usize| values[(values.len() * p).div_ceil(100).clamp(1, values.len()) - 1];
+    Latencies {
+        count: values.len(),
+        p50_ns: rank(50),
+        p99_ns: rank(99),
+        max_ns: values[values.len() - 1],
+    }
+}
+
+/// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to the pointer, which is valid for the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use ember_sampler_ebpf::SampleKey;
+
+    use super::*;
+
+    fn row(tgid: u32) -> (SampleKey, u64) {
+        let key = SampleKey {
+            tgid,
+            tid: tgid & !REUSED_TGID_BIT,
+            user_stack_id: 1,
+            kernel_stack_id: -14,
+            comm: [0; 16],
+            user_stack_hash: 0,
+        };
+        (key, 1)
+    }
+
+    fn pids(drained: &Drained) -> Vec<u32> {
+        drained.rows.iter().map(|(k, _)| k.tgid).collect()
+    }
+
+    #[test]
+    fn a_reused_pid_splits_its_rows_between_the_two_processes() {
+        let drained = || Drained {
+            rows: vec![row(7), row(7 | REUSED_TGID_BIT), row(8)],
+            ..Drained::default()
+        };
+        let reused = HashSet::from([7]);
+        // Given the older process of pid 7 exited in this generation: its rows stay before, the
+        // tagged ones (the newer process's) go after, untagged
+        let (before, after) = split_reused(drained(), &reused, |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+        // Given it exited in an earlier generation: every row of pid 7 is the newer process's
+        let (before, after) = split_reused(drained(), &reused, |_| false);
+        assert_eq!((pids(&before), pids(&after)), (vec![8], vec![7, 7]));
+        // Given no reuse the sampler knows of: tagged rows still go after, untagged
+        let (before, after) = split_reused(drained(), &HashSet::new(), |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+    }
+
+    #[test]
+    fn an_event_is_parsed_from_its_bytes_and_other_sizes_are_refused() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&42u32.to_ne_bytes());
+        bytes.extend_from_slice(&1u32.to_ne_bytes());
+        bytes.extend_from_slice(&7_000u64.to_ne_bytes());
+        assert_eq!(
+            parse(&bytes),
+            Some(ProcessEvent {
+                tgid: 42,
+                kind: 1,
+                ktime_ns: 7_000
+            })
+        );
+        assert_eq!(parse(&bytes[..12]), None);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut values: Vec<u64> = (1..=200).rev().collect();
+        let l = percentiles(&mut values);
+        assert_eq!(
+            (l.count, l.p50_ns, l.p99_ns, l.max_ns),
+            (200, 100, 198, 200)
+        );
+        assert_eq!(percentiles(&mut []), Latencies::default());
+    }
+}
