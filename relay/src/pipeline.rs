@@ -5,7 +5,6 @@
 
 use std::{
     collections::HashMap,
-    fs::File,
     os::fd::OwnedFd,
     sync::Arc,
     time::{Duration, Instant},
@@ -252,11 +251,12 @@ impl Pipeline {
         match message {
             SamplerMessage::Hello(_) => Handled::Nothing,
             SamplerMessage::Files(files) => {
+                let ids: Vec<u64> = files.iter().map(|f| f.file_id).collect();
+                session.add_files(files, fds);
                 if let (Some(sender), Some(control)) = (&mut self.unwind, self.controls.get(&conn))
                 {
-                    offer_tables(sender, control, &files, &fds);
+                    offer_tables(sender, control, session, &ids);
                 }
-                session.add_files(files, fds);
                 Handled::Nothing
             }
             SamplerMessage::Process(info) => {
@@ -421,31 +421,29 @@ impl Pipeline {
     }
 }
 
-/// Hand-built source events around a real binary (this test executable, passed by descriptor as
-/// the sampler would), for the pipeline's and the driver's tests.
-/// Hands every passed file of one `files` message to the unwind worker (each job with its own
-/// duplicates of the connection and the file).
+/// Hands every passed file of one `files` message to the unwind worker: each job holds the
+/// connection and a `Weak` handle on the session's descriptor, so it never keeps a file open
+/// that the session closes before the worker reaches it.
 fn offer_tables(
     sender: &mut TableSender,
     control: &Arc<OwnedFd>,
-    files: &[ember_protocol::FileInfo],
-    fds: &[Option<OwnedFd>],
+    session: &Session,
+    file_ids: &[u64],
 ) {
-    for info in files {
-        let fd = usize::try_from(info.fd)
-            .ok()
-            .and_then(|i| fds.get(i)?.as_ref());
-        let Some(Ok(dup)) = fd.map(OwnedFd::try_clone) else {
+    for &file_id in file_ids {
+        let Some(file) = session.file_handle(file_id) else {
             continue;
         };
         sender.offer(Job {
             control: Arc::clone(control),
-            file_id: info.file_id,
-            file: File::from(dup),
+            file_id,
+            file,
         });
     }
 }
 
+/// Hand-built source events around a real binary (this test executable, passed by descriptor as
+/// the sampler would), for the pipeline's and the driver's tests.
 #[cfg(test)]
 pub(crate) mod fixtures {
     use std::{fs::File, io::Write as _, os::fd::OwnedFd};

@@ -18,7 +18,7 @@ use std::{
     cell::Cell,
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
-    sync::Arc,
+    sync::{Arc, Weak},
 };
 
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
@@ -30,7 +30,8 @@ use crate::{
 };
 
 struct PassedFile {
-    fd: Option<OwnedFd>,
+    /// Shared with queued unwind-table jobs only as a `Weak`: closing it here closes it.
+    fd: Option<Arc<OwnedFd>>,
     /// The relay's own `fstat` identity of `fd` (`None` without a usable descriptor).
     key: Option<FileKey>,
     /// What the file claims, for display only: never used to pick a resolver.
@@ -177,7 +178,7 @@ impl Session {
             self.files.insert(
                 info.file_id,
                 PassedFile {
-                    fd,
+                    fd: fd.map(Arc::new),
                     key,
                     build_id,
                     last_used: Cell::new(self.tick),
@@ -219,6 +220,15 @@ impl Session {
             );
         }
         self.stats.files_evicted += excess as u64;
+    }
+
+    /// A handle on a passed file's descriptor that does not keep it open: once the session
+    /// closes the file (sampler's `filesClosed`, sweep or eviction), upgrading it fails.
+    pub(crate) fn file_handle(&self, file_id: u64) -> Option<Weak<OwnedFd>> {
+        self.files
+            .get(&file_id)
+            .and_then(|f| f.fd.as_ref())
+            .map(Arc::downgrade)
     }
 
     /// Closes the files the sampler closed. Ids the session does not hold are ignored.

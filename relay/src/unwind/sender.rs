@@ -6,7 +6,10 @@
 //! The worker runs off the driver's thread (compiling libc takes tens of milliseconds) and takes
 //! jobs from a bounded queue: when it falls behind, further files are skipped (counted), never
 //! queued without bound. It sends blocking: a sampler that reads slowly slows only this thread.
-//! Each job holds its own duplicate of the connection and of the file, dropped when sent.
+//! Each job holds the connection and only a `Weak` handle on the session's descriptor of the
+//! file: a queued job never keeps open a file the session has closed (up to [`QUEUE`] jobs wait,
+//! and each used to hold a duplicate). A job whose file is gone when the worker reaches it is
+//! skipped and counted (`files_gone`); the descriptor is held only while its table is built.
 //!
 //! With a state directory, tables come from the on-disk [`Cache`] (verified against the file's
 //! CFI by SHA-256, see `cache.rs`) and new ones are stored there, so a restarted relay does not
@@ -19,7 +22,7 @@ use std::{
     os::fd::{AsFd, OwnedFd},
     sync::{
         mpsc::{self, Receiver, SyncSender, TrySendError},
-        Arc,
+        Arc, Weak,
     },
     thread,
 };
@@ -37,9 +40,10 @@ use super::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum UnwindMode {
     /// Frame pointers only: no tables are compiled or sent.
-    #[default]
     Fp,
-    /// Compile each passed binary's .eh_frame into a table and send it to the sampler.
+    /// Compile each passed binary's .eh_frame into a table and send it to the sampler (the
+    /// default).
+    #[default]
     Dwarf,
 }
 
@@ -112,7 +116,8 @@ pub(crate) struct Job {
     /// The sampler's connection (a duplicate of the source's descriptor).
     pub control: Arc<OwnedFd>,
     pub file_id: u64,
-    pub file: File,
+    /// The session's descriptor of the file; dead once the session closed it.
+    pub file: Weak<OwnedFd>,
 }
 
 /// The driver's handle on the worker.
@@ -152,6 +157,8 @@ pub(crate) struct CacheStats {
     /// Cache files found corrupt or compiled from other input: ignored, then rewritten.
     pub rewritten: u64,
     pub store_errors: u64,
+    /// Queued files the session had closed before the worker reached them: skipped.
+    pub files_gone: u64,
 }
 
 fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
@@ -170,6 +177,7 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
                         compiled = stats.compiled,
                         cache_files_rewritten = stats.rewritten,
                         cache_store_errors = stats.store_errors,
+                        files_gone = stats.files_gone,
                         "unwind tables sent (running totals)"
                     );
                 }
@@ -180,36 +188,63 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
             }
             Err(mpsc::TryRecvError::Disconnected) => return,
         };
-        let Some((table, vaddr_minus_offset)) = table_for(&job, cache, &limits, &mut stats) else {
+        let Some(file) = open_job_file(&job, &mut stats) else {
+            continue;
+        };
+        let built = table_for(job.file_id, &file, cache, &limits, &mut stats);
+        drop(file);
+        let Some((table, vaddr_minus_offset)) = built else {
             continue;
         };
         send_table(&job, &table, vaddr_minus_offset);
     }
 }
 
+/// The job's file, duplicated from the session's descriptor while that is still open; `None`
+/// (counted in `files_gone`) once the session closed it.
+fn open_job_file(job: &Job, stats: &mut CacheStats) -> Option<File> {
+    let dup = job.file.upgrade().map(|fd| fd.try_clone());
+    match dup {
+        Some(Ok(fd)) => Some(File::from(fd)),
+        Some(Err(err)) => {
+            tracing::debug!(file_id = job.file_id, %err, "cannot duplicate a passed file");
+            None
+        }
+        None => {
+            stats.files_gone += 1;
+            tracing::debug!(
+                file_id = job.file_id,
+                "file closed before its table was built"
+            );
+            None
+        }
+    }
+}
+
 /// The table of the job's file: from the cache, else compiled (and stored when there is one).
 fn table_for(
-    job: &Job,
+    file_id: u64,
+    file: &File,
     cache: Option<&Cache>,
     limits: &Limits,
     stats: &mut CacheStats,
 ) -> Option<(UnwindTable, i64)> {
     let Some(cache) = cache else {
-        return match compile(&job.file, limits) {
+        return match compile(file, limits) {
             Ok(compiled) => {
                 stats.compiled += 1;
                 Some((compiled.table, compiled.vaddr_minus_offset))
             }
             Err(err) => {
-                tracing::debug!(file_id = job.file_id, %err, "no unwind table");
+                tracing::debug!(file_id, %err, "no unwind table");
                 None
             }
         };
     };
-    let cached = match cache.get_or_compile(&job.file) {
+    let cached = match cache.get_or_compile(file) {
         Ok(cached) => cached,
         Err(err) => {
-            tracing::debug!(file_id = job.file_id, %err, "no unwind table");
+            tracing::debug!(file_id, %err, "no unwind table");
             return None;
         }
     };
@@ -229,7 +264,7 @@ fn table_for(
         }
     }
     tracing::debug!(
-        file_id = job.file_id,
+        file_id,
         key = %cached.key,
         hit = matches!(cached.outcome, Outcome::Hit),
         "unwind table from the cache directory"
@@ -316,11 +351,24 @@ mod tests {
             .expect("compiles")
             .table
             .encode();
+        let control = Arc::new(ours);
+        let session_fd = Arc::new(OwnedFd::from(exe));
+        let closed = Arc::new(OwnedFd::from(
+            File::open("/proc/self/exe").expect("own exe"),
+        ));
+        let closed_handle = Arc::downgrade(&closed);
+        drop(closed);
         let mut sender = TableSender::spawn(None).expect("worker");
+        // A job whose file the session closed while it waited comes first: it is skipped.
         sender.offer(Job {
-            control: Arc::new(ours),
+            control: Arc::clone(&control),
+            file_id: 4,
+            file: closed_handle,
+        });
+        sender.offer(Job {
+            control,
             file_id: 5,
-            file: exe,
+            file: Arc::downgrade(&session_fd),
         });
         let mut joined = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
@@ -338,11 +386,52 @@ mod tests {
             let RelayMessage::UnwindTableChunk(chunk) = message else {
                 panic!("not a chunk");
             };
+            assert_eq!(chunk.file_id, 5, "a table was sent for a closed file");
             joined.extend_from_slice(&chunk.data);
             if chunk.chunk + 1 == chunk.chunks {
                 break;
             }
         }
         assert_eq!(joined, expected);
+    }
+
+    #[test]
+    fn a_queued_job_does_not_keep_a_closed_file_open() {
+        // Given a job queued for a file, When the session closes that file before the worker
+        // reaches it, Then the descriptor is closed at once (the job holds no duplicate) and
+        // the worker skips the job and counts it.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("queued-binary");
+        std::fs::write(&path, b"\x7fELF").expect("write a file");
+        let fd = Arc::new(OwnedFd::from(File::open(&path).expect("open it")));
+        let (control, _peer) = transport::pair().expect("socketpair");
+        let job = Job {
+            control: Arc::new(control),
+            file_id: 9,
+            file: Arc::downgrade(&fd),
+        };
+        let mut stats = CacheStats::default();
+        assert!(
+            open_job_file(&job, &mut stats).is_some(),
+            "open file usable"
+        );
+        assert_eq!(descriptors_of(&path), 1);
+        drop(fd);
+        assert_eq!(
+            descriptors_of(&path),
+            0,
+            "the queued job kept the file open"
+        );
+        assert!(open_job_file(&job, &mut stats).is_none());
+        assert_eq!(stats.files_gone, 1);
+    }
+
+    /// How many of this process's descriptors refer to `path`.
+    fn descriptors_of(path: &std::path::Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target == path)
+            .count()
     }
 }
