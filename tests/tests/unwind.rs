@@ -1075,14 +1075,15 @@ fn profile_dwarf(
     profile_dwarf_after(dir, name, pid, relay_extra, 1)
 }
 
-/// [`profile_dwarf`] that waits for `bursts` lines of the unwind worker's totals (one per burst
-/// of tables, e.g. 2 when a process execs a new image) before it waits for the windows.
+/// [`profile_dwarf`] that waits for the unwind worker's running totals to reach `tables` tables
+/// sent (compiled or from the cache; e.g. the first image's 3 files plus the exec'd image's
+/// one), however the worker split them into bursts, before it waits for the windows.
 fn profile_dwarf_after(
     dir: &std::path::Path,
     name: &str,
     pid: u32,
     relay_extra: &[&str],
-    bursts: usize,
+    tables: u64,
 ) -> (String, LogReader) {
     let out_dir = dir.join(format!("out-{name}"));
     let socket = dir.join(format!("{name}.sock"));
@@ -1105,13 +1106,11 @@ fn profile_dwarf_after(
     );
     // The first window that began after the tables were sent: the second file written after
     // the worker's totals line.
-    let mut from = 0;
-    for _ in 0..bursts {
-        let (at, _) = relay.log.expect(from, TIMEOUT, "the unwind totals", |l| {
-            message(l).starts_with("unwind tables sent")
-        });
-        from = at + 1;
-    }
+    relay.log.expect(0, TIMEOUT, "the unwind totals", |l| {
+        message(l).starts_with("unwind tables sent")
+            && field_u64(l, "compiled").unwrap_or(0) + field_u64(l, "cache_hits").unwrap_or(0)
+                >= tables
+    });
     let path = out_dir.join("stacks.folded");
     let modified = || fs::metadata(&path).and_then(|m| m.modified()).ok();
     let mut seen = modified();
@@ -1410,7 +1409,8 @@ fn exec_in_an_existing_pid_uses_the_new_images_table() {
     let mut command = std::process::Command::new(&first);
     command.arg("3").arg(&second).arg("120");
     let workload = ChildGuard::spawn("execer", &mut command);
-    let (folded, _log) = profile_dwarf_after(dir.path(), "exec", workload.pid(), &[], 2);
+    // The first image's 3 files (itself, libc, ld.so), then the exec'd image's own table.
+    let (folded, _log) = profile_dwarf_after(dir.path(), "exec", workload.pid(), &[], 4);
     drop(workload);
     let (total, matching, other) =
         chain_share(&folded, "execer-two", &["main", "two_outer", "two_inner"]);
