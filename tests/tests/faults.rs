@@ -769,3 +769,223 @@ fn otlp_413_and_400_are_counted_as_permanent_and_never_retried() {
         dev,
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// e. The output directory removed, then its disk full
+
+/// A tmpfs mounted for the test, unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Self {
+        fs::create_dir_all(path).unwrap();
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(path)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mount -t tmpfs on {}", path.display());
+        Self(path.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Appends to `path` until the file system says ENOSPC.
+fn fill(path: &Path) {
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let chunk = vec![0xa5u8; 4096];
+    loop {
+        match file.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(err) => panic!("filling {}: {err}", path.display()),
+        }
+    }
+}
+
+const OUTPUTS: [&str; 3] = ["stacks.folded", "profile.pb.gz", "flamegraph.svg"];
+
+fn is_window(v: &Value) -> bool {
+    message(v) == "window complete; starting a new one"
+}
+
+fn is_write_error(v: &Value) -> bool {
+    message(v).starts_with("could not write the window's output files")
+}
+
+/// Waits for the next closed window after `from` that has samples; returns its index and count.
+fn next_window(relay: &RunningRelay, from: usize) -> (usize, u64) {
+    let (i, v) = relay.log.expect(
+        from,
+        Duration::from_secs(60),
+        "a closed window with samples",
+        |v| is_window(v) && field_u64(v, "samples").is_some_and(|n| n > 0),
+    );
+    (i, field_u64(&v, "samples").unwrap())
+}
+
+fn folded_total(out: &Path) -> Option<u64> {
+    let text = fs::read_to_string(out.join("stacks.folded")).ok()?;
+    Some(total_count(&parse_folded(&text)))
+}
+
+/// `run --output-dir` on a small tmpfs, with OTLP export, while the workload runs: the output
+/// directory is deleted (the relay makes it and its files again at the next window, with a
+/// warning), then the file system is filled (each window that cannot be written is logged with
+/// the fix and counted, with its samples, on /metrics, while OTLP delivers every interval), then
+/// space is freed (the next window is written again). OTLP delivers or counts every sample.
+#[test]
+fn output_dir_removed_or_full_is_counted_and_written_again() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let mnt = dir.path().join("mnt");
+    let tmpfs = Tmpfs::mount(&mnt, "256k");
+    let out = mnt.join("out");
+    let receiver = Receiver::grpc(None);
+    let config = otlp_config(dir.path(), &receiver.url(), "grpc", "");
+    let relay = spawn_relay_run(
+        "relay",
+        &socket,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--window",
+            "2s",
+        ],
+    );
+    let address = metrics_address(&relay);
+    let workload = spawn_workload(&workloads().spinner, 600);
+    let pid = workload.pid().to_string();
+    let (mut sampler, _sampler_log) = spawn_sampler(
+        "sampler",
+        &socket,
+        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
+    );
+
+    // Written as usual.
+    let (w1, n1) = next_window(&relay, 0);
+    assert_eq!(
+        folded_total(&out),
+        Some(n1),
+        "the first window's stacks.folded"
+    );
+
+    // Deleted with its directory: made again at the next window.
+    fs::remove_dir_all(&out).unwrap();
+    let (w2, n2) = next_window(&relay, w1 + 1);
+    assert!(
+        relay
+            .log
+            .matching(|v| message(v).starts_with("the output files were deleted"))
+            .iter()
+            .any(|(i, _)| *i > w1 && *i < w2),
+        "no warning that the deleted files were made again"
+    );
+    assert_eq!(
+        folded_total(&out),
+        Some(n2),
+        "stacks.folded after its directory was deleted"
+    );
+
+    // Full: the filler takes every block, including those of our outputs (truncated).
+    let filler = mnt.join("filler");
+    fill(&filler);
+    for name in OUTPUTS {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(out.join(name))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    }
+    fill(&filler);
+    let received_before = received_samples(&receiver);
+    let full = relay.log.len();
+    let (e1, failed) = relay.log.expect(
+        full,
+        Duration::from_secs(60),
+        "the write error of a window on a full disk",
+        is_write_error,
+    );
+    let (w3, _) = relay
+        .log
+        .expect(e1, LOG_TIMEOUT, "the window closed", is_window);
+    eprintln!("write error: {failed}");
+    let error_text = field_text(&failed, "error").unwrap_or_default();
+    assert!(
+        error_text.contains("No space left on device"),
+        "the error does not name the cause: {failed}"
+    );
+    assert_eq!(field_text(&failed, "dir").as_deref(), out.to_str());
+    let text = http_get(&address, "/metrics").1;
+    let failed_windows = metric_value(&text, "ember_relay_output_windows_failed_total");
+    let unwritten = metric_value(&text, "ember_relay_output_samples_unwritten_total");
+    let errors = relay.log.matching(is_write_error);
+    let logged_unwritten: u64 = errors
+        .iter()
+        .filter_map(|(_, v)| field_u64(v, "samples"))
+        .sum();
+    eprintln!("failed windows {failed_windows:?}, unwritten samples {unwritten:?}");
+    assert_eq!(failed_windows, Some(errors.len() as f64));
+    assert_eq!(unwritten, Some(logged_unwritten as f64));
+    assert!(logged_unwritten > 0);
+    // OTLP went on meanwhile.
+    wait_until(LOG_TIMEOUT, || {
+        received_samples(&receiver) > received_before
+    })
+    .expect("OTLP delivered while the output disk was full");
+    assert!(is_alive(&relay), "the relay exited");
+
+    // Space again: the next window is written.
+    fs::remove_file(&filler).unwrap();
+    let (w4, n4) = next_window(&relay, w3 + 1);
+    assert!(
+        !relay
+            .log
+            .matching(is_write_error)
+            .iter()
+            .any(|(i, _)| *i > w3 && *i < w4),
+        "the window after space was freed failed too"
+    );
+    assert_eq!(
+        folded_total(&out),
+        Some(n4),
+        "stacks.folded once space was freed"
+    );
+
+    drop(workload);
+    stop_sampler(&mut sampler, &relay, 0);
+    let logged = logged_samples(&relay.log);
+    let e = settled(&address);
+    assert_eq!(e.symbolized, logged);
+    assert_eq!(received_samples(&receiver), e.sent);
+    drop(relay);
+    drop(tmpfs);
+}
