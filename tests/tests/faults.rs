@@ -989,3 +989,297 @@ fn output_dir_removed_or_full_is_counted_and_written_again() {
     drop(relay);
     drop(tmpfs);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile client: pointer-heavy messages and a flood of descriptors
+
+/// One capnp pointer word.
+fn struct_ptr(offset: i32, data: u16, ptrs: u16) -> u64 {
+    (u64::from((offset as u32) << 2)) | (u64::from(data) << 32) | (u64::from(ptrs) << 48)
+}
+
+fn list_ptr(offset: i32, element_size: u8, count: u32) -> u64 {
+    1 | (u64::from((offset as u32) << 2))
+        | (u64::from(element_size) << 32)
+        | (u64::from(count) << 35)
+}
+
+/// A single-segment capnp message of `words`, framed as the transport sends it.
+fn framed(words: &[u64]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(8 + words.len() * 8);
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    bytes.extend_from_slice(&u32::try_from(words.len()).unwrap().to_le_bytes());
+    for word in words {
+        bytes.extend_from_slice(&word.to_le_bytes());
+    }
+    bytes
+}
+
+/// A `Batch` whose `userStacks` are `stacks` Stack structs whose `frames` all point at one
+/// shared list of `frames` UInt64s: (stacks + frames) words on the wire, stacks x frames words
+/// for a reader that follows every pointer (a pointer amplification bomb).
+fn shared_frames_batch(stacks: u32, frames: u32) -> Vec<u8> {
+    // 0: root -> SamplerMessage {data 1, ptrs 1}; 1: discriminant 3 (batch); 2: -> Batch at 3.
+    let mut w = vec![struct_ptr(0, 1, 1), 3, struct_ptr(0, 7, 4)];
+    // 3..10: Batch data (sequence 1, part 0 of 1, frequency 99); 10..14: its four pointers.
+    w.extend_from_slice(&[1, 1 << 32, 0, 0, 99, 0, 0]);
+    let tag_at = 14usize;
+    w.push(list_ptr((tag_at - 11) as i32, 7, stacks)); // userStacks at 10 -> tag at 14
+    w.extend_from_slice(&[0, 0, 0]);
+    w.push(struct_ptr(i32::try_from(stacks).unwrap(), 0, 1)); // the tag: `stacks` elements
+    let shared_at = tag_at + 1 + stacks as usize;
+    for i in 0..stacks as usize {
+        let at = tag_at + 1 + i;
+        w.push(list_ptr((shared_at - at - 1) as i32, 5, frames));
+    }
+    w.extend((0..u64::from(frames)).map(|f| 0x40_0000 + f));
+    framed(&w)
+}
+
+/// A message claiming `segments` segments of one word each (capnp readers cap the count).
+fn many_segments(segments: u32) -> Vec<u8> {
+    let mut bytes = (segments - 1).to_le_bytes().to_vec();
+    for _ in 0..segments {
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+    }
+    if !bytes.len().is_multiple_of(8) {
+        bytes.extend_from_slice(&[0; 4]);
+    }
+    bytes.extend(std::iter::repeat_n(0u8, 8 * segments as usize));
+    bytes
+}
+
+fn hostile_hello() -> Vec<u8> {
+    ember_protocol::encode_sampler_message(&ember_protocol::SamplerMessage::Hello(
+        ember_protocol::Hello {
+            protocol_version: ember_protocol::PROTOCOL_VERSION,
+            sampler_version: "hostile".to_owned(),
+            hostname: "hostile".to_owned(),
+            frequency_hz: 99,
+            kallsyms_fd: ember_protocol::NO_FD,
+            target_pid: 0,
+        },
+    ))
+}
+
+/// Connects to the relay as this (root) process and says Hello; returns once the relay took it.
+fn hostile_connection(relay: &RunningRelay, socket: &Path) -> std::os::fd::OwnedFd {
+    let mark = relay.log.len();
+    let sock = ember_protocol::transport::connect(socket).expect("connecting");
+    ember_protocol::transport::send(
+        std::os::fd::AsFd::as_fd(&sock),
+        &hostile_hello(),
+        &[],
+        false,
+    )
+    .expect("sending Hello");
+    relay
+        .log
+        .expect(mark, LOG_TIMEOUT, "\"sampler hello\"", |v| {
+            message(v) == "sampler hello"
+        });
+    sock
+}
+
+/// The relay's open descriptors and resident KiB now.
+fn footprint(pid: u32) -> (usize, u64) {
+    (
+        attack_fd_count(pid),
+        ember_tests::attack::status_kib(pid, "VmRSS").unwrap_or(0),
+    )
+}
+
+/// Connects, says Hello and sends 400 datagrams of `bytes(round)` each carrying `fds` (or
+/// until the relay closes the connection); returns the descriptors sent, the relay's peak
+/// descriptor count meanwhile, and the send error that ended it.
+fn flood(
+    relay: &RunningRelay,
+    socket: &Path,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    bytes: impl Fn(u64) -> Vec<u8>,
+) -> (usize, usize, Option<nix::errno::Errno>) {
+    let pid = relay.child.pid();
+    let sock = hostile_connection(relay, socket);
+    let (mut sent, mut peak) = (0, attack_fd_count(pid));
+    for round in 0..400u64 {
+        let message = bytes(round);
+        if let Err(err) =
+            ember_protocol::transport::send(std::os::fd::AsFd::as_fd(&sock), &message, fds, false)
+        {
+            return (sent, peak, Some(err));
+        }
+        sent += fds.len();
+        peak = peak.max(attack_fd_count(pid));
+    }
+    (sent, peak, None)
+}
+
+fn nofile_soft_limit(pid: u32) -> usize {
+    fs::read_to_string(format!("/proc/{pid}/limits"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or(1024)
+}
+
+fn attack_fd_count(pid: u32) -> usize {
+    ember_tests::attack::fd_count(pid).unwrap_or(0)
+}
+
+/// A client the relay accepts (`--sampler-uid 0`) sends pointer-heavy and many-segment messages
+/// and then floods it with descriptors (datagrams each carrying the protocol's maximum of
+/// SCM_RIGHTS descriptors, first unreferenced, then named by Files messages), while a real
+/// sampler profiles a workload through the same relay. Each bad message closes its connection
+/// with an ERROR line naming the reason; the flood neither exhausts the relay's descriptors nor
+/// stops the real sampler's batches; afterwards the relay's descriptor count and RSS are back
+/// within a small bound of their values before the attack.
+///
+/// Deeply nested messages: the schema has no recursive type, so no reader follows pointers
+/// deeper than the schema (and the codec's nesting limit is 16); the bombs here are pointer
+/// amplification (many pointers at one shared list) and a segment-count bomb instead.
+#[test]
+fn hostile_client_pointer_bombs_and_fd_flood() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let relay = spawn_relay_run(
+        "relay",
+        &socket,
+        &[
+            "--sampler-uid",
+            "0",
+            "--sampler-uid",
+            "65534",
+            "--metrics-address",
+            "off",
+        ],
+    );
+    let workload = spawn_workload(&workloads().spinner, 600);
+    let pid = workload.pid().to_string();
+    let (_sampler, _sampler_log) = spawn_sampler(
+        "sampler",
+        &socket,
+        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
+    );
+    wait_until(FIRST_BATCH_TIMEOUT, || {
+        relay.log.matching(is_batch).len() >= 3
+    })
+    .expect("3 batches from the real sampler");
+    let relay_pid = relay.child.pid();
+    let before = footprint(relay_pid);
+
+    // Pointer bombs: each closes its connection with an error.
+    let bombs: [(&str, Vec<u8>); 2] = [
+        (
+            "shared-frames amplification",
+            shared_frames_batch(10_000, 10_000),
+        ),
+        ("600 segments", many_segments(600)),
+    ];
+    for (what, bytes) in &bombs {
+        let sock = hostile_connection(&relay, &socket);
+        let mark = relay.log.len();
+        // (A SEQPACKET datagram must fit the socket's send buffer, ~208 KiB by default.)
+        ember_protocol::transport::send(std::os::fd::AsFd::as_fd(&sock), bytes, &[], false)
+            .unwrap_or_else(|err| panic!("sending the {what} message: {err}"));
+        let (_, error) = relay.log.expect(
+            mark,
+            LOG_TIMEOUT,
+            &format!("the closing error for the {what} message"),
+            is_closing_error,
+        );
+        eprintln!("{what} ({} bytes): {error}", bytes.len());
+    }
+
+    // The descriptor flood: datagrams each carrying the protocol's maximum of descriptors.
+    let null = fs::File::open("/dev/null").unwrap();
+    let copies: Vec<std::os::fd::OwnedFd> = (0..ember_protocol::transport::MAX_FDS_PER_MESSAGE)
+        .map(|_| std::os::fd::OwnedFd::from(null.try_clone().unwrap()))
+        .collect();
+    let borrowed: Vec<std::os::fd::BorrowedFd<'_>> =
+        copies.iter().map(std::os::fd::AsFd::as_fd).collect();
+    let flood_start = relay.log.len();
+    // Unreferenced (a message naming none of them): the first one closes the connection.
+    let unreferenced = ember_protocol::encode_sampler_message(
+        &ember_protocol::SamplerMessage::FilesClosed(Vec::new()),
+    );
+    let (sent, peak1, ended) = flood(&relay, &socket, &borrowed, |_| unreferenced.clone());
+    let (_, error) = relay.log.expect(
+        flood_start,
+        LOG_TIMEOUT,
+        "the closing error for unreferenced descriptors",
+        is_closing_error,
+    );
+    eprintln!("unreferenced flood: {sent} sent ({ended:?} ended it), fd peak {peak1}: {error}");
+    assert!(
+        field_text(&error, "error").is_some_and(|e| e.contains("names only 0 of them")),
+        "the closing error does not name the unreferenced descriptors: {error}"
+    );
+    // Each named by a Files message (the shape a sampler sends): kept within the relay's
+    // per-connection cap, the rest closed.
+    let named = |round: u64| {
+        let files = (0..borrowed.len() as u64)
+            .map(|i| ember_protocol::FileInfo {
+                file_id: round * 1000 + i,
+                device: 1,
+                inode: round * 1000 + i,
+                path: format!("/hostile/{round}/{i}"),
+                fd: i32::try_from(i).unwrap(),
+                open_error: String::new(),
+            })
+            .collect();
+        ember_protocol::encode_sampler_message(&ember_protocol::SamplerMessage::Files(files))
+    };
+    let (sent, peak2, ended) = flood(&relay, &socket, &borrowed, named);
+    let flood_end = relay.log.len();
+    let soft_limit = nofile_soft_limit(relay_pid);
+    eprintln!(
+        "named flood: {sent} descriptors sent ({ended:?} ended it), relay fds peak {peak2} \
+         (before {}, soft limit {soft_limit})",
+        before.0
+    );
+    // The relay's own bound: the per-connection cap of open files (--max-open-files, 8192 by
+    // default), the intake queue between the connection threads and the pipeline (64 messages,
+    // each up to 250 descriptors) and the datagram being read. Measured: about 17.3 k of a
+    // 20 k RLIMIT_NOFILE, so the kernel may have to drop some (MSG_CTRUNC, counted as absent
+    // files) before the queue drains.
+    let bound = before.0 + 8192 + 64 * 250 + 250;
+    assert!(
+        peak1.max(peak2) <= bound.min(soft_limit),
+        "the flood took the relay to {} descriptors, over its bound {bound} or its limit \
+         {soft_limit}",
+        peak1.max(peak2)
+    );
+    assert!(
+        peak1 < before.0 + 2 * borrowed.len(),
+        "unreferenced descriptors piled up in the relay ({peak1}) before it closed the connection"
+    );
+    // The real sampler is still served after all that.
+    relay.log.expect(
+        flood_end,
+        FIRST_BATCH_TIMEOUT,
+        "a batch after the flood",
+        is_batch,
+    );
+    assert!(is_alive(&relay), "the relay exited");
+
+    // Back to normal: descriptors within a few of before, RSS within 32 MiB (the allocator may
+    // keep some of the freed receive buffers).
+    let mut after = footprint(relay_pid);
+    let settled = wait_until(Duration::from_secs(30), || {
+        after = footprint(relay_pid);
+        after.0 <= before.0 + 8 && after.1 <= before.1 + 32 * 1024
+    });
+    eprintln!(
+        "relay (fds, RSS KiB): before {before:?}, after {after:?}, fd peaks {peak1} and {peak2}"
+    );
+    assert!(
+        settled.is_some(),
+        "the relay did not return to its footprint: before {before:?}, after {after:?}"
+    );
+    drop(workload);
+}
