@@ -170,7 +170,7 @@ fi
 kill -TERM "$churn_pid" 2>/dev/null || true
 wait "$churn_pid" 2>/dev/null || true
 echo "churn: $(cat "$tmp/churn.out" 2>/dev/null || true)"
-windows=$({ grep -F '"message":"window complete' "$tmp/relay.err" || true; } | grep -o '"samples":[0-9]*' | cut -d: -f2 | tr '\n' ' ')
+windows=$({ grep -F '"message":"window complete' "$tmp/relay.err" || true; } | grep -o '"samples":[0-9]*' | cut -d: -f2 | tr '\n' ' ' || true)
 echo "closed windows' samples: ${windows:-none}"
 echo "sampler counters at the last batch: $({ grep -F '"message":"batch received"' "$tmp/relay.err" || true; } | tail -n1 |
   grep -o '"\(user_stack_lost\|counts_full\|backlog_dropped_samples\|proc_errors\|facts_dropped\|files_unopened\)":[0-9]*' | tr '\n' ' ')"
