@@ -805,3 +805,64 @@ pub fn status_field<'a>(status: &'a [(String, String)], key: &str) -> Option<&'a
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
+
+// ---------------------------------------------------------------------------------------------
+// The relay's /metrics, scraped over plain HTTP/1.1 (tests/faults.rs; metrics.rs parses the
+// exposition with Prometheus' own client, these only read single series)
+
+/// `GET path` from `address` (HOST:PORT); returns the status code and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    use std::io::Write as _;
+    let mut stream = std::net::TcpStream::connect(address)
+        .unwrap_or_else(|err| panic!("connect {address}: {err}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .unwrap_or_else(|err| panic!("GET {path}: {err}"));
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("GET {path}: no HTTP head in {answer:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
+    (status, body.to_owned())
+}
+
+/// The address a relay started with `--metrics-address 127.0.0.1:0` bound (from its log).
+pub fn metrics_address(relay: &RunningRelay) -> String {
+    let (_, serving) = relay
+        .log
+        .expect(0, Duration::from_secs(30), "the metrics address", |v| {
+            message(v).starts_with("serving metrics")
+        });
+    field_text(&serving, "address").expect("the bound metrics address")
+}
+
+/// The value of one series of a Prometheus text exposition, named exactly as it is written
+/// (`name` or `name{label="value"}`); None when absent.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok()).flatten()
+        })
+}
+
+/// The sum of `samples` over the relay's `batch received` lines so far.
+pub fn logged_samples(log: &LogReader) -> u64 {
+    log.matching(is_batch)
+        .iter()
+        .filter_map(|(_, v)| field_u64(v, "samples"))
+        .sum()
+}

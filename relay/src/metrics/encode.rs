@@ -8,7 +8,7 @@
 //! Each series is one line of a table: a field added to `Losses` is one added line in
 //! [`SAMPLER`] (a test fails until it is there).
 
-use std::{fmt, time::Instant};
+use std::{fmt, sync::atomic::AtomicU64, time::Instant};
 
 use ember_protocol::{Losses, PROTOCOL_VERSION};
 use prometheus_client::{
@@ -23,7 +23,10 @@ use super::{
     Metrics, Published, RelayStats, LATENCY_BUCKETS,
 };
 use crate::{
-    sink::otlp::stats::{DropReason, Snapshot},
+    sink::{
+        files,
+        otlp::stats::{DropReason, Snapshot},
+    },
     source::Refusal,
 };
 
@@ -57,6 +60,20 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_resolvers_opened", "Symbol resolvers opened: symbolizer cache misses.", Kind::Counter, |s| s.resolvers_opened),
     ("symbolizer_resolvers_evicted", "Symbol resolvers closed because unused or over the cache's bounds.", Kind::Counter, |s| s.resolvers_evicted),
     ("symbolizer_copied_bytes", "Bytes of binaries copied into memory because the relay may not reopen them.", Kind::Counter, |s| s.copied_bytes),
+];
+
+/// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.
+const OUTPUT: [(&str, &str, &AtomicU64); 2] = [
+    (
+        "ember_relay_output_windows_failed",
+        "Windows whose output files (--output-dir) could not be written; the error log names the fix.",
+        &files::WINDOWS_FAILED,
+    ),
+    (
+        "ember_relay_output_samples_unwritten",
+        "Samples of the windows whose output files could not be written (still sent to the other sinks).",
+        &files::SAMPLES_UNWRITTEN,
+    ),
 ];
 
 /// One counter of the sampler's `Losses` (totals since the sampler started): name without
@@ -369,6 +386,10 @@ impl Collector for Scrape {
                 *kind,
                 value(relay),
             )?;
+        }
+        for (name, help, value) in OUTPUT {
+            let value = value.load(std::sync::atomic::Ordering::Relaxed);
+            series(&mut encoder, name, help, Kind::Counter, value)?;
         }
         let mut refused = encoder.encode_descriptor(
             "ember_relay_sampler_connections_refused",

@@ -71,6 +71,13 @@ pub enum ConnectionError {
     DuplicateHello,
     #[error("message refers to fd index {index} but carried {count} descriptors")]
     FdIndex { index: i32, count: usize },
+    /// A sampler passes only the descriptors its message names: others would only cost the
+    /// relay descriptors (a flood of them could exhaust its RLIMIT_NOFILE).
+    #[error(
+        "datagram carried {count} descriptors but its message names only {named} of them; \
+         ember-sampler never sends others"
+    )]
+    UnreferencedFds { count: usize, named: usize },
 }
 
 impl ConnectionError {
@@ -82,7 +89,7 @@ impl ConnectionError {
             Self::Decode(_) => Refusal::Malformed,
             Self::NoHello(_) | Self::DuplicateHello => Refusal::Handshake,
             Self::Version { .. } => Refusal::Version,
-            Self::FdIndex { .. } => Refusal::FdIndex,
+            Self::FdIndex { .. } | Self::UnreferencedFds { .. } => Refusal::FdIndex,
         }
     }
 }
@@ -316,10 +323,14 @@ fn check_fd_indices(
     fds_truncated: bool,
 ) -> Result<u64, ConnectionError> {
     let mut missing = 0u64;
+    let mut named = vec![false; count];
     let mut check = |index: i32| {
         let beyond = usize::try_from(index).is_ok_and(|i| i >= count);
         if index < -1 || (beyond && !fds_truncated) {
             return Err(ConnectionError::FdIndex { index, count });
+        }
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| named.get_mut(i)) {
+            *slot = true;
         }
         missing += u64::from(beyond);
         Ok(())
@@ -328,6 +339,10 @@ fn check_fd_indices(
         SamplerMessage::Hello(hello) => check(hello.kallsyms_fd)?,
         SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd))?,
         _ => {}
+    }
+    let named = named.iter().filter(|n| **n).count();
+    if named < count {
+        return Err(ConnectionError::UnreferencedFds { count, named });
     }
     Ok(missing)
 }
@@ -468,5 +483,28 @@ mod tests {
         // And an index below -1 is an error either way
         assert!(check_fd_indices(&files(&[-2]), 2, true).is_err());
         assert_eq!(check_fd_indices(&files(&[0, 1]), 2, false).ok(), Some(0));
+    }
+
+    #[test]
+    fn descriptors_the_message_does_not_name_close_the_connection() {
+        // Given datagrams carrying more descriptors than their message names
+        let none = SamplerMessage::FilesClosed(Vec::new());
+        assert!(matches!(
+            check_fd_indices(&none, 250, false),
+            Err(ConnectionError::UnreferencedFds {
+                count: 250,
+                named: 0
+            })
+        ));
+        assert!(matches!(
+            check_fd_indices(&files(&[0, 0, 2]), 3, false),
+            Err(ConnectionError::UnreferencedFds { count: 3, named: 2 })
+        ));
+        // Then one naming each of them is fine, and so is none with no descriptors
+        assert_eq!(
+            check_fd_indices(&files(&[1, 0, -1]), 2, false).ok(),
+            Some(0)
+        );
+        assert_eq!(check_fd_indices(&none, 0, false).ok(), Some(0));
     }
 }

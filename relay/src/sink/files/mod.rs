@@ -6,7 +6,11 @@
 //! window, and after exit the last one (an empty last window does not replace a closed one). The files are created when the sink is (as root for
 //! `record`, see [`writer`] for the invariants) and rewritten through their descriptors.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+    time::Duration,
+};
 
 use super::{Sink, SinkReport};
 use crate::model::Profile;
@@ -29,8 +33,17 @@ pub(crate) mod writer;
 
 use writer::OutputSet;
 
+/// Windows whose files could not be written (relay-wide: one files sink per relay), served on
+/// /metrics as `ember_relay_output_windows_failed_total`.
+pub(crate) static WINDOWS_FAILED: AtomicU64 = AtomicU64::new(0);
+/// Samples of those windows: in the other sinks, not in the files
+/// (`ember_relay_output_samples_unwritten_total`).
+pub(crate) static SAMPLES_UNWRITTEN: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) struct FilesSink {
     files: OutputSet,
+    /// Where the files are, to make them again if they are deleted.
+    dir: PathBuf,
     /// A closed window was written: an empty last window at exit does not replace it.
     wrote_window: bool,
 }
@@ -41,6 +54,7 @@ impl FilesSink {
     pub(crate) fn create(dir: &Path) -> anyhow::Result<Self> {
         Ok(Self {
             files: OutputSet::create(dir)?,
+            dir: dir.to_path_buf(),
             wrote_window: false,
         })
     }
@@ -57,16 +71,53 @@ impl FilesSink {
         let files = OutputSet::create_owned(dir, None).expect("output files");
         Self {
             files,
+            dir: dir.to_path_buf(),
             wrote_window: false,
         }
     }
 }
 
+impl FilesSink {
+    /// When an output file was deleted (nothing could read what is written to it), creates the
+    /// directory and the files again where they were.
+    fn recreate_if_deleted(&mut self) -> anyhow::Result<()> {
+        if self.files.linked() {
+            return Ok(());
+        }
+        let mut files = OutputSet::create(&self.dir)?;
+        files.folded_root = self.files.folded_root;
+        self.files = files;
+        tracing::warn!(
+            dir = %self.dir.display(),
+            "the output files were deleted (with their directory?); created them again"
+        );
+        Ok(())
+    }
+}
+
 impl Sink for FilesSink {
+    /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
+    /// again first; a window that cannot be written is logged with the fix and counted, and the
+    /// next window tries again.
     fn window(&mut self, profile: &Profile) {
-        match self.files.write(profile) {
+        let written = self
+            .recreate_if_deleted()
+            .and_then(|()| self.files.write(profile).map_err(anyhow::Error::from));
+        match written {
             Ok(()) => self.wrote_window = true,
-            Err(err) => tracing::error!("{:#}", anyhow::Error::from(err)),
+            Err(err) => {
+                WINDOWS_FAILED.fetch_add(1, Relaxed);
+                SAMPLES_UNWRITTEN.fetch_add(profile.total_samples(), Relaxed);
+                tracing::error!(
+                    dir = %self.dir.display(),
+                    samples = profile.total_samples(),
+                    error = format!("{err:#}"),
+                    "could not write the window's output files; fix it by making the output \
+                     directory writable with free space (or by choosing another --output-dir); \
+                     the window's samples went to the other sinks only, and the next window \
+                     is tried again"
+                );
+            }
         }
     }
 

@@ -19,7 +19,10 @@ use std::{
     ffi::OsStr,
     fs::{self, File},
     io::{self, Seek as _, Write as _},
-    os::{fd::OwnedFd, unix::ffi::OsStrExt as _},
+    os::{
+        fd::OwnedFd,
+        unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -125,6 +128,14 @@ impl OutputSet {
             paths: vec![flamegraph_path, pprof_path, folded_path],
             folded_root: FoldedRoot::default(),
         })
+    }
+
+    /// Whether every output file is still linked in a directory: false once one was deleted,
+    /// e.g. with its directory (writes would then go to a file nobody can open).
+    pub fn linked(&self) -> bool {
+        [&self.folded, &self.pprof, &self.flamegraph]
+            .iter()
+            .all(|file| file.metadata().is_ok_and(|m| m.nlink() > 0))
     }
 
     /// Writes `profile` to all three files through their descriptors, replacing what they held.

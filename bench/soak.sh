@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# bench/soak.sh: ember under process churn for a long time; does its memory level off?
+# Run `bench/soak.sh --help` for what it does.
+set -euo pipefail
+export LC_ALL=C
+
+usage() {
+  cat <<'USAGE'
+Usage: sudo bench/soak.sh [options]
+
+Runs `ember-relay run` (as nobody, exporting OTLP/HTTP to bench/otlp_sink.py and writing
+--output-dir with a 1-minute window) and a system-wide `ember-sampler` while bench/churn.c starts
+RATE short-lived processes per second, each burning MS ms of CPU through random call chains of
+256 generated functions (so distinct stacks keep accumulating). Every minute it prints the relay's
+and the sampler's RSS (VmRSS) and open descriptors (/proc/PID/fd), the samples the relay received
+in that minute and the distinct stacks of the last closed window (lines of stacks.folded); at the
+end first/last/max of each. A benchmark, not a test: it exits non-zero only when the relay or the
+sampler died (or did not start).
+
+Options:
+  -d, --minutes N       how long                                   [MINUTES, default 30]
+  -r, --rate N          processes started per second               [RATE, default 100]
+  -m, --ms N            CPU ms each process burns                  [MS, default 5]
+  -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 999]
+  -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
+                        target/release if both are there, else target/debug]
+  -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
+  -h, --help
+USAGE
+}
+
+MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    -d | --minutes) MINUTES=$2; shift 2 ;;
+    -r | --rate) RATE=$2; shift 2 ;;
+    -m | --ms) MS=$2; shift 2 ;;
+    -F | --frequency) FREQ=$2; shift 2 ;;
+    -b | --bin) BIN_DIR=$2; shift 2 ;;
+    -k | --keep) KEEP=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "soak: $*" >&2; exit 1; }
+log() { echo "soak: $*" >&2; }
+[ "$(id -u)" = 0 ] || die "run as root (the sampler loads eBPF): sudo $0"
+bench_dir=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$bench_dir")
+if [ -z "$BIN_DIR" ]; then
+  BIN_DIR=$root/target/release
+  [ -x "$BIN_DIR/ember-relay" ] && [ -x "$BIN_DIR/ember-sampler" ] || BIN_DIR=$root/target/debug
+fi
+relay=$BIN_DIR/ember-relay sampler=$BIN_DIR/ember-sampler
+[ -x "$relay" ] && [ -x "$sampler" ] || die "no ember-relay/ember-sampler in $BIN_DIR: cargo build first"
+
+tmp=$(mktemp -d /tmp/ember-soak.XXXXXX)
+chmod 755 "$tmp"
+pids=()
+cleanup() {
+  local pid
+  # Only what this script started, by pid, in reverse order.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    pid=${pids[$i]}
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  sleep 1
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$KEEP" = 1 ]; then log "kept $tmp"; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+
+cc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls \
+  -o "$tmp/churn" "$bench_dir/churn.c" || die "building bench/churn.c"
+chmod 755 "$tmp/churn"
+
+nobody_uid=$(id -u nobody) nobody_gid=$(id -g nobody)
+mkdir -p "$tmp/sock" "$tmp/out"
+chmod 1777 "$tmp/sock"
+chown "$nobody_uid:$nobody_gid" "$tmp/out"
+sock=$tmp/sock/ember.sock
+
+python3 "$bench_dir/otlp_sink.py" "$tmp/otlp.port" >"$tmp/otlp.out" 2>"$tmp/otlp.err" &
+pids+=($!)
+for ((i = 0; i < 100; i++)); do [ -s "$tmp/otlp.port" ] && break; sleep 0.05; done
+[ -s "$tmp/otlp.port" ] || die "the OTLP sink did not start: $(cat "$tmp/otlp.err")"
+
+setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
+  "$relay" --log-format json run --socket "$sock" --metrics-address off \
+  --output-dir "$tmp/out" --window 1m \
+  --otlp-endpoint "http://127.0.0.1:$(cat "$tmp/otlp.port")" --otlp-protocol http \
+  >"$tmp/relay.out" 2>"$tmp/relay.err" &
+relay_pid=$!
+pids+=("$relay_pid")
+for ((i = 0; i < 200; i++)); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || die "the relay did not listen: $(tail -n3 "$tmp/relay.err")"
+
+"$sampler" --log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval 1s \
+  --relay-uid "$nobody_uid" >"$tmp/sampler.out" 2>"$tmp/sampler.err" &
+sampler_pid=$!
+pids+=("$sampler_pid")
+for ((i = 0; i < 600; i++)); do
+  grep -qF '"message":"batch received"' "$tmp/relay.err" && break
+  kill -0 "$sampler_pid" 2>/dev/null || die "the sampler exited: $(tail -n3 "$tmp/sampler.err")"
+  sleep 0.1
+done
+grep -qF '"message":"batch received"' "$tmp/relay.err" || die "no batch within 60 s"
+
+"$tmp/churn" spawn "$RATE" "$((MINUTES * 60))" "$MS" >"$tmp/churn.out" 2>"$tmp/churn.err" &
+churn_pid=$!
+pids+=("$churn_pid")
+log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms) for $MINUTES min; binaries $BIN_DIR; dir $tmp"
+
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
+samples_so_far() {
+  grep -F '"message":"batch received"' "$tmp/relay.err" |
+    grep -o '"samples":[0-9]*' | awk -F: '{s += $2} END {print s + 0}'
+}
+alive() { kill -0 "$1" 2>/dev/null; }
+
+declare -a relay_rss relay_fds sampler_rss sampler_fds
+printf '%-6s %12s %10s %14s %12s %14s %16s\n' minute relay_rss_MiB relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks
+crashed=
+prev_samples=$(samples_so_far)
+for ((minute = 1; minute <= MINUTES; minute++)); do
+  for ((s = 0; s < 60; s++)); do
+    alive "$relay_pid" || crashed+="relay "
+    alive "$sampler_pid" || crashed+="sampler "
+    [ -z "$crashed" ] || break 2
+    sleep 1
+  done
+  rr=$(rss_kib "$relay_pid") rf=$(fds "$relay_pid") sr=$(rss_kib "$sampler_pid") sf=$(fds "$sampler_pid")
+  relay_rss+=("$rr") relay_fds+=("$rf") sampler_rss+=("$sr") sampler_fds+=("$sf")
+  now_samples=$(samples_so_far)
+  distinct=$(wc -l <"$tmp/out/stacks.folded" 2>/dev/null || echo 0)
+  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s\n' "$minute" "$(echo "$rr / 1024" | bc -l)" "$rf" \
+    "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" "$distinct"
+  prev_samples=$now_samples
+done
+
+summary() {
+  local name=$1 unit=$2
+  shift 2
+  [ $# -gt 0 ] || { echo "$name: no readings"; return; }
+  local max=$1 v
+  for v in "$@"; do [ "$v" -gt "$max" ] && max=$v; done
+  if [ "$unit" = MiB ]; then
+    printf '%s: first %.1f MiB, last %.1f MiB, max %.1f MiB\n' "$name" \
+      "$(echo "$1 / 1024" | bc -l)" "$(echo "${!#} / 1024" | bc -l)" "$(echo "$max / 1024" | bc -l)"
+  else
+    printf '%s: first %s, last %s, max %s\n' "$name" "$1" "${!#}" "$max"
+  fi
+}
+echo
+summary "relay RSS" MiB "${relay_rss[@]}"
+summary "relay open fds" n "${relay_fds[@]}"
+summary "sampler RSS" MiB "${sampler_rss[@]}"
+summary "sampler open fds" n "${sampler_fds[@]}"
+errors=$(cat "$tmp/relay.err" "$tmp/sampler.err" | { grep -cE '"level":"(ERROR|WARN)"' || true; })
+echo "relay samples received: $(samples_so_far); WARN/ERROR log lines: $errors"
+if [ -n "$crashed" ]; then
+  echo "CRASH: ${crashed}exited during the soak; log tails:" >&2
+  tail -n5 "$tmp/relay.err" "$tmp/sampler.err" >&2
+  KEEP=1
+  exit 1
+fi
+kill -TERM "$churn_pid" 2>/dev/null || true
+wait "$churn_pid" 2>/dev/null || true
+echo "churn: $(cat "$tmp/churn.out" 2>/dev/null || true)"
+windows=$({ grep -F '"message":"window complete' "$tmp/relay.err" || true; } | grep -o '"samples":[0-9]*' | cut -d: -f2 | tr '\n' ' ' || true)
+echo "closed windows' samples: ${windows:-none}"
+echo "sampler counters at the last batch: $({ grep -F '"message":"batch received"' "$tmp/relay.err" || true; } | tail -n1 |
+  grep -o '"\(user_stack_lost\|counts_full\|backlog_dropped_samples\|proc_errors\|facts_dropped\|files_unopened\)":[0-9]*' | tr '\n' ' ')"
