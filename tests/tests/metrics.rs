@@ -13,8 +13,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::TcpStream,
+    io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
@@ -111,29 +110,6 @@ const LOSSES: [(&str, &str); 32] = [
         "ember_sampler_unwind_tables_evicted_total",
     ),
 ];
-
-/// `GET path` over HTTP/1.1; returns the status code and the body.
-fn http_get(address: &str, path: &str) -> (u16, String) {
-    let mut stream =
-        TcpStream::connect(address).unwrap_or_else(|err| panic!("connect {address}: {err}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .unwrap_or_else(|err| panic!("GET {path}: {err}"));
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: no HTTP head in {answer:?}"));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("GET {path}: no status in {head:?}"));
-    (status, body.to_owned())
-}
 
 /// The Python of scripts/setup.sh's tools venv, which holds `prometheus_client`.
 fn python_with_prometheus_client() -> Option<PathBuf> {
