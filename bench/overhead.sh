@@ -16,6 +16,9 @@ other, each for DURATION seconds at FREQ Hz on every CPU, with the same workload
   ember          ember-relay run (as user nobody) + ember-sampler --socket ... (as root)
   ember-before   the same with the binaries of --before DIR (an A/B of two ember builds)
   perf           perf record -F FREQ -a -g -o TMP/perf.data -- sleep DURATION
+  perf-dwarf     perf record -F FREQ -a --call-graph dwarf -o TMP/perf-dwarf.data -- sleep DURATION
+                 (copies 8 KiB of stack per sample: about 80 MiB/s of perf.data at 4999 Hz on 2 CPUs,
+                 so keep DURATION short with it)
   bpftrace       bpftrace -e 'profile:hz:FREQ { @[kstack, ustack, comm] = count(); }'
                  (with BPFTRACE_MAP_KEYS_MAX=65536 unless set: the default 4096 keys overflow
                  within a minute on a busy machine and then new stacks' samples are dropped)
@@ -35,6 +38,23 @@ For each profiler process it reports
                 bpftrace: sum of the map's counts). Expect about FREQ x CPUs when CPUs are busy.
   workload      the workload's throughput (rounds/s) during that phase, and its change against
                 the baseline phase. On a shared machine this is noisy; treat small changes as 0.
+  us/sample     the profiler's own cost per sample in microseconds: (cpu_s/s + bpf_s/s) / samples/s.
+                perf's in-kernel work is not measurable per process, so its figure is user space and
+                its own syscalls only; see wl_us/sample
+  wl_us/sample  what each sample cost the workload, in CPU microseconds: the drop of the workload's
+                rounds per CPU s against the baseline phase, times the CPUs it got, per sample. This
+                catches in-kernel costs charged to the sampled tasks (interrupts, BPF, perf's stack
+                copies); it is noisy at low frequencies (use -F 4999 to measure it)
+  post_cpu_s    CPU s of the post-processing a profile needs before anyone can read it: `perf script
+                --no-inline` for perf (ember symbolizes live, inside its cpu_s/s)
+  allin_us/sample  everything per sample over the whole phase: the process's CPU s from exec to
+                exit, its BPF run time and the post-processing, divided by the samples
+  full_stack%   of the workload's samples (stacks holding one of burn.c's functions), the share that
+                reaches the thread's entry function `worker`, i.e. the whole chain from the thread
+                entry to the leaf. ember: from stacks.folded of the relay's --output-dir (switched on
+                for this); perf: from `perf script`, whose run time is printed as post-processing.
+                bpftrace: not computed (-)
+  map_MiB       memory of the profiler's BPF maps (sum of memlock in /proc/PID/fdinfo of its maps)
 
 Options (each also settable through the environment variable in brackets):
   -d, --duration SECONDS    sampling time per profiler             [DURATION, default 60]
@@ -44,8 +64,18 @@ Options (each also settable through the environment variable in brackets):
   -p, --profilers LIST      comma-separated subset of ember,ember-before,perf,bpftrace, in order
                                                                    [PROFILERS, default all]
   -t, --threads N           workload threads                       [THREADS, default nproc]
-      --relay-output        also pass --output-dir to ember-relay (writes pprof, folded stacks
-                            and flamegraph when its window closes) [RELAY_OUTPUT=1]
+      --nofp                build the workload without frame pointers (gcc -O2
+                            -fomit-frame-pointer): the case where only DWARF unwinding
+                            recovers whole stacks                    [NOFP=1]
+      --unwind MODE         pass --unwind MODE (fp or dwarf) to ember-sampler and ember-relay
+                            (default: the binaries' own default)    [UNWIND]
+  -c, --churn RATE          also start RATE short-lived processes per second (bench/churn.c,
+                            each burning --churn-ms of CPU) throughout the run, baseline
+                            included: the cost of process start-up tracking [CHURN, default 0]
+      --churn-ms MS         CPU milliseconds each churn process burns [CHURN_MS, default 5]
+      --relay-output        accepted for compatibility: ember-relay always gets --output-dir now
+                            (full_stack% is computed from its stacks.folded, written when the
+                            relay stops)
       --relay-otlp          also export over OTLP/HTTP from ember-relay, to a local sink that
                             accepts every request (bench/otlp_sink.py) [RELAY_OTLP=1]
   -w, --window DURATION     ember-relay run --window               [WINDOW, default 10m]
@@ -72,6 +102,10 @@ BASELINE=${BASELINE:-10}
 INTERVAL=${INTERVAL:-5s}
 PROFILERS=${PROFILERS:-ember,perf,bpftrace}
 THREADS=${THREADS:-$(nproc)}
+NOFP=${NOFP:-0}
+UNWIND=${UNWIND:-}
+CHURN=${CHURN:-0}
+CHURN_MS=${CHURN_MS:-5}
 RELAY_OUTPUT=${RELAY_OUTPUT:-0}
 RELAY_OTLP=${RELAY_OTLP:-0}
 WINDOW=${WINDOW:-10m}
@@ -101,6 +135,10 @@ while [ $# -gt 0 ]; do
     -i | --interval) INTERVAL=${2:?"$arg needs a value"}; shift 2 ;;
     -p | --profilers) PROFILERS=${2:?"$arg needs a value"}; shift 2 ;;
     -t | --threads) THREADS=${2:?"$arg needs a value"}; shift 2 ;;
+    --nofp) NOFP=1; shift ;;
+    --unwind) UNWIND=${2:?"$arg needs a value"}; shift 2 ;;
+    -c | --churn) CHURN=${2:?"$arg needs a value"}; shift 2 ;;
+    --churn-ms) CHURN_MS=${2:?"$arg needs a value"}; shift 2 ;;
     --relay-output) RELAY_OUTPUT=1; shift ;;
     --relay-otlp) RELAY_OTLP=1; shift ;;
     -w | --window) WINDOW=${2:?"$arg needs a value"}; shift 2 ;;
@@ -116,16 +154,19 @@ done
 [[ $FREQ =~ ^[1-9][0-9]*$ ]] && [ "$FREQ" -le 10000 ] || die "FREQ must be 1-10000 Hz, got '$FREQ'"
 [[ $BASELINE =~ ^[0-9]+$ ]] || die "BASELINE must be a whole number of seconds, got '$BASELINE'"
 [[ $THREADS =~ ^[1-9][0-9]*$ ]] && [ "$THREADS" -le 256 ] || die "THREADS must be 1-256, got '$THREADS'"
+[[ $CHURN =~ ^[0-9]+$ ]] && [ "$CHURN" -le 1000 ] || die "CHURN must be 0-1000 processes per second, got '$CHURN'"
+[[ $CHURN_MS =~ ^[1-9][0-9]*$ ]] || die "CHURN_MS must be a whole number of milliseconds >= 1, got '$CHURN_MS'"
+[ -z "$UNWIND" ] || [ "$UNWIND" = fp ] || [ "$UNWIND" = dwarf ] || die "--unwind must be fp or dwarf, got '$UNWIND'"
 [[ $INTERVAL =~ ^[0-9.]+(ms|s|m)?$ ]] || die "INTERVAL must look like 5s, 500ms or 1m, got '$INTERVAL'"
 IFS=, read -r -a PROFILER_LIST <<<"$PROFILERS"
 for p in "${PROFILER_LIST[@]}"; do
-  case $p in ember | perf | bpftrace) ;;
+  case $p in ember | perf | perf-dwarf | bpftrace) ;;
     ember-before)
       [ -n "$BEFORE_DIR" ] || die "profiler ember-before needs --before DIR (the other build's binaries)"
       [ -x "$BEFORE_DIR/ember-sampler" ] && [ -x "$BEFORE_DIR/ember-relay" ] ||
         die "--before $BEFORE_DIR must hold executable ember-sampler and ember-relay"
       ;;
-    *) die "unknown profiler '$p' in --profilers (use ember,ember-before,perf,bpftrace)" ;;
+    *) die "unknown profiler '$p' in --profilers (use ember,ember-before,perf,perf-dwarf,bpftrace)" ;;
   esac
 done
 [[ $WINDOW =~ ^[0-9.]+(ms|s|m|h)?$ ]] || die "WINDOW must look like 10m, 30s or 1h, got '$WINDOW'"
@@ -156,6 +197,7 @@ ncpu=$(nproc)
 WRAPPERS=()   # /usr/bin/time processes (children of this shell)
 TARGETS=()    # the measured processes (their descendants)
 WORKLOAD_PID=
+CHURN_PID=
 tmp=
 BPF_STATS_ON=0
 BPF_STATS_RESTORE=0
@@ -197,6 +239,10 @@ cleanup() {
   for pid in "${WRAPPERS[@]}"; do
     alive "$pid" && kill -TERM "$pid" 2>/dev/null
   done
+  if [ -n "$CHURN_PID" ] && alive "$CHURN_PID"; then
+    kill -TERM "$CHURN_PID" 2>/dev/null
+    wait_gone 5 "$CHURN_PID" || kill -KILL "$CHURN_PID" 2>/dev/null
+  fi
   if [ -n "$WORKLOAD_PID" ] && alive "$WORKLOAD_PID"; then
     kill -TERM "$WORKLOAD_PID" 2>/dev/null
     wait_gone 5 "$WORKLOAD_PID" || kill -KILL "$WORKLOAD_PID" 2>/dev/null
@@ -302,7 +348,7 @@ json_last() { # json_last FILE MESSAGE FIELD: FIELD of the last line of MESSAGE 
 # the process exits), keeping the last reading. Results go to the W_* arrays, keyed by LABEL.
 
 declare -A W_CPU W_SECS W_HWM W_GONE W_BPF_NS W_BPF_CNT T_ALL T_WALL T_RSS SAMPLES SAMPLE_SECS NOTE PHASE_RATE
-declare -A OTHERS PHASE_EFF PHASE_SHARE W_RSS
+declare -A OTHERS PHASE_EFF PHASE_SHARE W_RSS MAP_KIB FULL POST_CPU
 declare -A START_TICKS LAST_TICKS LAST_T START_T BPF_FDS START_BPF LAST_BPF
 
 other_profilers() { # profilers running on the machine that this script did not start: "comm(pid) ..."
@@ -319,6 +365,38 @@ bpf_prog_fds() { # file descriptor numbers of PID that are BPF programs
     [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-prog ] && echo "${fd##*/}"
   done
   return 0
+}
+
+bpf_map_kib() { # bpf_map_kib PID: KiB of memory of PID's BPF maps (sum of fdinfo memlock)
+  local fd sum=0 v
+  for fd in /proc/"$1"/fd/*; do
+    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-map ] || continue
+    v=$(awk '$1 == "memlock:" { print $2 }' "/proc/$1/fdinfo/${fd##*/}" 2>/dev/null) || v=
+    sum=$((sum + ${v:-0}))
+  done
+  echo $((sum / 1024))
+}
+
+# The workload's own functions (bench/burn.c): a sample whose stack holds one of them is the
+# workload's; it is whole when it also holds the thread entry `worker`.
+BURN_FUNCS='^(leaf_mix|leaf_hash|leaf_sum|depth_walk|chain_[a-h]|burn_round|worker)$'
+
+full_stack_folded() { # full_stack_folded FILE: "<whole> <workload samples>" of a stacks.folded
+  [ -s "$1" ] || { echo "0 0"; return; }
+  awk -v re="$BURN_FUNCS" '{
+      n = $NF + 0; line = $0; sub(/ [0-9]+$/, "", line)
+      k = split(line, f, ";"); mine = 0; whole = 0
+      for (i = 1; i <= k; i++) { g = f[i]; sub(/ .*/, "", g); if (g ~ re) mine = 1; if (g == "worker") whole = 1 }
+      if (mine) { all += n; if (whole) ok += n }
+    } END { printf "%d %d\n", ok, all }' "$1"
+}
+
+full_stack_perf() { # full_stack_perf: "<whole> <workload samples>" of `perf script -F comm,ip,sym` on stdin
+  awk -v re="$BURN_FUNCS" '
+    function flush() { if (mine) { all++; if (whole) ok++ } mine = 0; whole = 0 }
+    /^[^ \t]/ || /^ +[^ 0-9a-f]/ { flush(); next }
+    NF >= 2 { g = $2; sub(/\+0x[0-9a-f]+$/, "", g); if (g ~ re) mine = 1; if (g == "worker") whole = 1 }
+    END { flush(); printf "%d %d\n", ok, all }'
 }
 
 bpf_stats() { # bpf_stats PID FD...: "<run_time_ns> <run_cnt>" summed over those BPF programs
@@ -458,11 +536,10 @@ run_ember_build() {
   chmod 1777 "$sockdir"
   sock=$sockdir/ember.sock
   local relay_args=(--log-format json run --socket "$sock" --window "$WINDOW")
-  if [ "$RELAY_OUTPUT" = 1 ]; then
-    mkdir -p "$tmp/$key-out"
-    chown "$nobody_uid:$nobody_gid" "$tmp/$key-out"
-    relay_args+=(--output-dir "$tmp/$key-out")
-  fi
+  mkdir -p "$tmp/$key-out"
+  chown "$nobody_uid:$nobody_gid" "$tmp/$key-out"
+  relay_args+=(--output-dir "$tmp/$key-out")
+  [ -z "$UNWIND" ] || relay_args+=(--unwind "$UNWIND")
   if [ "$RELAY_OTLP" = 1 ]; then
     python3 "$bench_dir/otlp_sink.py" "$tmp/$key-otlp.port" >"$tmp/$key-otlp.out" 2>"$tmp/$key-otlp.err" &
     sink_pid=$!
@@ -478,6 +555,7 @@ run_ember_build() {
   relay_pid=$LAUNCHED_PID
   wait_ready "$rl" "$tmp/$rl.err" '"message":"listening for ember-sampler"' 20 "$relay_pid"
   local sampler_args=(--log-format json --socket "$sock" --frequency "$FREQ" --reporter-interval "$INTERVAL")
+  [ -z "$UNWIND" ] || sampler_args+=(--unwind "$UNWIND")
   # Newer samplers drop CAP_DAC_OVERRIDE after attaching and reach the relay's 0660 socket through
   # the relay user's group, which they join (and check the relay's uid) with --relay-uid.
   if "$sampler" --help 2>/dev/null | grep -q -- '--relay-uid'; then
@@ -491,6 +569,7 @@ run_ember_build() {
   sleep "$SETTLE"
   window "$key" "$STEADY" "$sl:$sampler_pid" "$rl:$relay_pid"
   t_stop=$EPOCHREALTIME
+  MAP_KIB[$sl]=$(bpf_map_kib "$sampler_pid")
   local label
   for label in "$sl" "$rl"; do
     [ "${W_GONE[$label]}" = 0 ] ||
@@ -514,6 +593,7 @@ run_ember_build() {
     NOTE[$key]+="OTLP sink: $(tail -n1 "$tmp/$key-otlp.out" 2>/dev/null || echo 'no report'); "
   fi
 
+  FULL[$key]=$(full_stack_folded "$tmp/$key-out/stacks.folded")
   local relay_log=$tmp/$rl.err sampler_log=$tmp/$sl.err
   local received sent stopping_samples batches errors
   received=$(json_sum "$relay_log" "batch received" samples)
@@ -541,15 +621,21 @@ run_ember_build() {
 run_ember() { run_ember_build ember "$sampler_bin" "$relay_bin"; }
 run_ember_before() { run_ember_build ember-before "$BEFORE_DIR/ember-sampler" "$BEFORE_DIR/ember-relay"; }
 
-run_perf() {
+run_perf() { run_perf_mode perf -g; }
+run_perf_dwarf() { run_perf_mode perf-dwarf --call-graph dwarf; }
+
+# run_perf_mode KEY CALLGRAPH...: one perf record phase, labelled KEY, with those call-graph flags.
+run_perf_mode() {
+  local key=$1
+  shift
   local perf_bin perf_pid t_ready
   perf_bin=$(command -v perf || true)
   if [ -z "$perf_bin" ]; then
-    NOTE[perf]="MISSING: perf is not installed (scripts/setup.sh installs linux-perf)"
+    NOTE[$key]="MISSING: perf is not installed (scripts/setup.sh installs linux-perf)"
     return
   fi
-  log "perf: perf record -F $FREQ -a -g (${DURATION}s)"
-  launch perf 1 "$perf_bin" record -F "$FREQ" -a -g -o "$tmp/perf.data" -- sleep "$DURATION"
+  log "$key: perf record -F $FREQ -a $* (${DURATION}s)"
+  launch "$key" 1 "$perf_bin" record -F "$FREQ" -a "$@" -o "$tmp/$key.data" -- sleep "$DURATION"
   perf_pid=$LAUNCHED_PID
   # perf forks the workload first and execs it once its events are set up: it samples while
   # `sleep` runs, then stops by itself. The window starts at that exec and follows perf to its end.
@@ -559,30 +645,39 @@ run_perf() {
       [ "$(cat "/proc/$child/comm" 2>/dev/null)" = sleep ] && ready=1
     done
     [ $ready -eq 1 ] && break
-    alive "$perf_pid" || die "perf exited during start-up: $(tail -n5 "$tmp/perf.err")"
+    alive "$perf_pid" || die "perf exited during start-up: $(tail -n5 "$tmp/$key.err")"
     [ $SECONDS -lt $deadline ] || die "perf did not start its workload within 60s"
     sleep 0.05
   done
   sleep "$SETTLE"
-  window perf "$((DURATION + 120))" "perf:$perf_pid"
+  window "$key" "$((DURATION + 120))" "$key:$perf_pid"
   if alive "$perf_pid"; then
-    NOTE[perf]+="PROBLEM: still running 120s after its sleep should have ended; "
-    stop_and_wait perf INT 60 "$perf_pid"
+    NOTE[$key]+="PROBLEM: still running 120s after its sleep should have ended; "
+    stop_and_wait "$key" INT 60 "$perf_pid"
   fi
   wait_wrapper
-  read_time perf perf
+  read_time "$key" "$key"
   local stats samples lost
-  stats=$("$perf_bin" report -i "$tmp/perf.data" --stats 2>/dev/null || true)
+  stats=$("$perf_bin" report -i "$tmp/$key.data" --stats 2>/dev/null || true)
   samples=$(awk '/SAMPLE events:/ { print $3; exit }' <<<"$stats")
   lost=$(awk '/LOST events:/ { print $3; exit }' <<<"$stats")
   if [ -z "$samples" ]; then # fall back to perf record's own summary line
-    samples=$(grep -o '([0-9]* samples)' "$tmp/perf.err" | tr -dc '0-9' || true)
+    samples=$(grep -o '([0-9]* samples)' "$tmp/$key.err" | tr -dc '0-9' || true)
   fi
-  SAMPLES[perf]=${samples:-?}
-  SAMPLE_SECS[perf]=$DURATION
+  SAMPLES[$key]=${samples:-?}
+  SAMPLE_SECS[$key]=$DURATION
   local captured
-  captured=$(grep -o 'Captured and wrote.*' "$tmp/perf.err" | sed -n 1p || true)
-  NOTE[perf]+="perf.data $(du -h "$tmp/perf.data" 2>/dev/null | cut -f1 || true); SAMPLE events ${samples:-?}; LOST events ${lost:-0}; $captured; "
+  captured=$(grep -o 'Captured and wrote.*' "$tmp/$key.err" | sed -n 1p || true)
+  # Full stacks and the post-processing cost: perf symbolizes (and, with dwarf, unwinds) only here.
+  /usr/bin/time -o "$tmp/$key-script.time" -f '%U %S' "$perf_bin" script --no-inline -i "$tmp/$key.data" -F comm,ip,sym \
+    2>"$tmp/$key-script.err" | full_stack_perf >"$tmp/$key-full" || true
+  FULL[$key]=$(cat "$tmp/$key-full" 2>/dev/null || echo "0 0")
+  POST_CPU[$key]=$(awk 'END { printf "%.3f", $1 + $2 }' "$tmp/$key-script.time" 2>/dev/null || echo -)
+  local what=symbolizing
+  [ "$key" != perf-dwarf ] || what="unwinding and symbolizing"
+  NOTE[$key]+="perf script ($what): ${POST_CPU[$key]} CPU s; "
+  NOTE[$key]+="$key.data $(du -h "$tmp/$key.data" 2>/dev/null | cut -f1 || true); SAMPLE events ${samples:-?}; LOST events ${lost:-0}; $captured; "
+  [ "$KEEP" = 1 ] || rm -f "$tmp/$key.data"
 }
 
 run_bpftrace() {
@@ -613,6 +708,7 @@ run_bpftrace() {
   sleep "$SETTLE"
   window bpftrace "$STEADY" "bpftrace:$bt_pid"
   t_stop=$EPOCHREALTIME
+  MAP_KIB[bpftrace]=$(bpf_map_kib "$bt_pid")
   [ "${W_GONE[bpftrace]}" = 0 ] ||
     NOTE[bpftrace]+="PROBLEM: exited on its own during the window: $(tail -n3 "$tmp/bpftrace.err" | tr '\n' ' ' || true); "
   stop_and_wait bpftrace INT 180 "$bt_pid"
@@ -657,9 +753,21 @@ if [ "$BPF_STATS" = 1 ]; then
   fi
 fi
 
-log "building the workload (bench/burn.c)"
-gcc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls -pthread \
-  -o "$tmp/burn" "$bench_dir/burn.c"
+if [ "$NOFP" = 1 ]; then
+  log "building the workload (bench/burn.c) without frame pointers"
+  gcc -O2 -g -fomit-frame-pointer -fno-inline -fno-optimize-sibling-calls -pthread \
+    -o "$tmp/burn" "$bench_dir/burn.c"
+else
+  log "building the workload (bench/burn.c)"
+  gcc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls -pthread \
+    -o "$tmp/burn" "$bench_dir/burn.c"
+fi
+chmod 755 "$tmp/burn"
+if [ "$CHURN" -gt 0 ]; then
+  gcc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls \
+    -o "$tmp/churn" "$bench_dir/churn.c" || die "building bench/churn.c"
+  chmod 755 "$tmp/churn"
+fi
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 log "starting the workload: $THREADS busy thread(s) on $ncpu CPU(s); load average before: $load_before"
@@ -667,6 +775,13 @@ log "starting the workload: $THREADS busy thread(s) on $ncpu CPU(s); load averag
 WORKLOAD_PID=$!
 sleep 2 # let it reach steady state
 alive "$WORKLOAD_PID" || die "workload exited: $(cat "$tmp/burn.err")"
+if [ "$CHURN" -gt 0 ]; then
+  # Runs through every phase; stopped by the cleanup (a generous upper bound on the run's length).
+  log "starting $CHURN short-lived processes per second ($CHURN_MS ms each)"
+  "$tmp/churn" spawn "$CHURN" "$((BASELINE + ${#PROFILER_LIST[@]} * (DURATION + 400)))" "$CHURN_MS" \
+    >"$tmp/churn.out" 2>"$tmp/churn.err" &
+  CHURN_PID=$!
+fi
 
 if [ "$BASELINE" -gt 0 ]; then
   log "baseline: workload alone for ${BASELINE}s"
@@ -717,7 +832,7 @@ row_for() {
   if [ -n "${W_BPF_NS[$label]:-}" ] && [ -n "$cpu" ]; then
     bpf=$(calc '%.4f' "${W_BPF_NS[$label]} / 1e9 / ${W_SECS[$label]}")
     [ "$BPF_STATS_ON" = 1 ] || bpf=off
-  elif [ "$label" = perf ]; then
+  elif [ "$label" = perf ] || [ "$label" = perf-dwarf ]; then
     bpf=n/a
   fi
   [ -n "$phase" ] && w=$(rate_col "$phase") && we=$(rate_col "$phase" eff)
@@ -727,7 +842,7 @@ row_for() {
 echo
 echo "== profiler overhead, $(date '+%F %T %Z') =="
 echo "machine:    $(hostname), $ncpu CPU(s) ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r)"
-echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (expect ~$((FREQ * ncpu)) samples/s on busy CPUs), BASELINE=${BASELINE}s, ember --reporter-interval $INTERVAL$([ "$RELAY_OUTPUT" = 1 ] && echo ', relay --output-dir on')$([ "$RELAY_OTLP" = 1 ] && echo ', relay OTLP/HTTP export on'), relay --window $WINDOW$([ -n "$BEFORE_DIR" ] && echo ", ember-before = $BEFORE_DIR")"
+echo "parameters: DURATION=${DURATION}s per profiler, FREQ=${FREQ} Hz per CPU (expect ~$((FREQ * ncpu)) samples/s on busy CPUs), BASELINE=${BASELINE}s, ember --reporter-interval $INTERVAL, relay --output-dir on$([ "$RELAY_OTLP" = 1 ] && echo ', relay OTLP/HTTP export on'), relay --window $WINDOW$([ -n "$BEFORE_DIR" ] && echo ", ember-before = $BEFORE_DIR")"
 echo "workload:   bench/burn.c, $THREADS busy thread(s), running throughout; load average before $load_before, after $load_after"
 echo "versions:   $("$relay_bin" --version 2>/dev/null || echo 'ember-relay ?'), $(perf --version 2>/dev/null || echo 'perf missing'), $(bpftrace --version 2>/dev/null || echo 'bpftrace missing')"
 echo
@@ -748,11 +863,11 @@ for p in "${PROFILER_LIST[@]}"; do
       fi
       row_for "$p-total" "$p (total)" "$p" 1 "$p"
       ;;
-    perf)
-      if [ -n "${NOTE[perf]:-}" ] && [[ ${NOTE[perf]} == MISSING* ]]; then
-        row "perf record" - - - - - - - "${NOTE[perf]}"
+    perf | perf-dwarf)
+      if [ -n "${NOTE[$p]:-}" ] && [[ ${NOTE[$p]} == MISSING* ]]; then
+        row "$p record" - - - - - - - "${NOTE[$p]}"
       else
-        row_for perf "perf record" perf 1 perf
+        row_for "$p" "$p record" "$p" 1 "$p"
       fi
       ;;
     bpftrace)
@@ -764,6 +879,45 @@ for p in "${PROFILER_LIST[@]}"; do
       ;;
   esac
 done
+echo
+# Second table: what a sample costs, and how whole the workload's stacks are.
+cost_row() { # cost_row PHASE LABEL...: the phase's figures over the labelled processes
+  local phase=$1 label cpu=0 bpf=0 secs="" hwm=0 maps="" sps="" us=- wl=- full=- post=- all_cpu=0 allin=-
+  shift
+  for label in "$@"; do
+    all_cpu=$(calc '%.6f' "$all_cpu + ${T_ALL[$label]:-0} + ${W_BPF_NS[$label]:-0} / 1e9")
+    [ -n "${W_SECS[$label]:-}" ] && [ "${W_SECS[$label]}" != 0.000 ] || continue
+    secs=${W_SECS[$label]}
+    cpu=$(calc '%.6f' "$cpu + ${W_CPU[$label]} / $secs")
+    [ -z "${W_BPF_NS[$label]:-}" ] || bpf=$(calc '%.6f' "$bpf + ${W_BPF_NS[$label]} / 1e9 / $secs")
+    hwm=$((hwm + ${T_RSS[$label]:-0}))
+    [ -z "${MAP_KIB[$label]:-}" ] || maps=$(calc '%.1f' "${MAP_KIB[$label]} / 1024")
+  done
+  if [[ ${SAMPLES[$phase]:-} =~ ^[0-9]+$ ]] && [ "${SAMPLES[$phase]}" -gt 0 ] && [ -n "${SAMPLE_SECS[$phase]:-}" ]; then
+    sps=$(calc '%.1f' "${SAMPLES[$phase]} / ${SAMPLE_SECS[$phase]}")
+    [ -z "$secs" ] || us=$(calc '%.2f' "($cpu + $bpf) * 1e6 / $sps")
+    local post_s=${POST_CPU[$phase]:-0}
+    [[ $post_s =~ ^[0-9.]+$ ]] || post_s=0
+    allin=$(calc '%.2f' "($all_cpu + $post_s) * 1e6 / ${SAMPLES[$phase]}")
+    local e=${PHASE_EFF[$phase]:-} b=${PHASE_EFF[baseline]:-} sh=${PHASE_SHARE[$phase]:-}
+    if [[ $e =~ ^[0-9]+$ ]] && [[ $b =~ ^[0-9]+$ ]] && [ "$b" -gt 0 ] && [[ $sh =~ ^[0-9.]+$ ]]; then
+      wl=$(calc '%.2f' "(1 - $e / $b) * $sh * 1e6 / $sps")
+    fi
+  fi
+  local ok all
+  read -r ok all <<<"${FULL[$phase]:-}"
+  if [[ ${all:-} =~ ^[0-9]+$ ]] && [ "$all" -gt 0 ]; then full="$(calc '%.1f' "$ok * 100 / $all") ($ok/$all)"; fi
+  post=${POST_CPU[$phase]:--}
+  printf '%-20s %9s %10s %13s %11s %14s %22s %8s %12s\n' "$phase" "${sps:--}" "$us" "$wl" "$post" "$allin" "$full" "${maps:--}" "$(mib "$hwm")"
+}
+printf '%-20s %9s %10s %13s %11s %14s %22s %8s %12s\n' profiler samples/s us/sample wl_us/sample post_cpu_s allin_us/sample full_stack% map_MiB peak_rss_MiB
+for p in "${PROFILER_LIST[@]}"; do
+  case $p in
+    ember | ember-before) cost_row "$p" "$p-sampler" "$p-relay" ;;
+    *) [[ ${NOTE[$p]:-} == MISSING* ]] || cost_row "$p" "$p" ;;
+  esac
+done
+echo "workload:   $([ "$NOFP" = 1 ] && echo 'built WITHOUT frame pointers (-O2 -fomit-frame-pointer)' || echo 'built with frame pointers')$([ -n "$UNWIND" ] && echo ", ember --unwind $UNWIND")$([ "$CHURN" -gt 0 ] && echo ", plus $CHURN short-lived processes/s (bench/churn.c, $CHURN_MS ms each)")"
 echo
 echo "cpu_s/s      the process's CPU s (user+sys) per wall s while sampling, steady state (/proc/PID/stat)"
 echo "bpf_s/s      its BPF programs' run time per wall s (fdinfo run_time_ns, kernel.bpf_stats_enabled); this"
@@ -777,7 +931,7 @@ echo "wl rounds/cpu_s  workload rounds per CPU s it got: insensitive to other lo
 echo "             profilers make the kernel do in the workload's context (interrupts, unwinding, BPF)"
 echo
 echo "notes:"
-for key in ember-before ember-before-sampler ember-before-relay ember ember-sampler ember-relay perf bpftrace; do
+for key in ember-before ember-before-sampler ember-before-relay ember ember-sampler ember-relay perf perf-dwarf bpftrace; do
   [ -n "${NOTE[$key]:-}" ] && echo "  $key: ${NOTE[$key]%; }"
 done
 for key in ember-before-sampler ember-sampler bpftrace; do
@@ -801,8 +955,8 @@ for key in baseline "${PROFILER_LIST[@]}"; do
     echo "  interference: during the $key phase other profilers were running: $(tr ' ' '\n' <<<"${OTHERS[$key]}" | sort -u | tr '\n' ' ')"
   fi
 done
-echo "  memory at the end of the window (MiB):$(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf bpftrace; do
+echo "  memory at the end of the window (MiB):$(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf perf-dwarf bpftrace; do
   [ -n "${W_RSS[$k]:-}" ] && printf ' %s: %s;' "$k" "${W_RSS[$k]}"; done)"
-echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
+echo "  peak VmHWM seen while sampling (KiB): $(for k in ember-before-sampler ember-before-relay ember-sampler ember-relay perf perf-dwarf bpftrace; do [ -n "${W_HWM[$k]:-}" ] && printf '%s=%s ' "$k" "${W_HWM[$k]}"; done)"
 [ "$KEEP" = 1 ] && echo "  logs and data: $tmp"
 exit 0
