@@ -1,9 +1,10 @@
 //! `ember-relay record` as a user drives it: Ctrl-C ends a recording early and every output is
-//! still written, from the samples taken until then.
+//! still written, from the samples taken until then; a mostly idle recording still covers the
+//! whole time asked for.
 
 use std::time::Duration;
 
-use ember_tests::*;
+use ember_tests::{otlp::Receiver, *};
 use nix::{sys::signal::Signal, unistd::Pid};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,5 +76,97 @@ fn ctrl_c_ends_a_recording_early_and_still_writes_every_output() {
     eprintln!(
         "{line}; spin_hot {hot} samples; pprof total {}",
         profile.total_samples()
+    );
+}
+
+/// The `over N.Ns` duration of record's summary line.
+fn summary_seconds(stdout: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("recorded "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    line.rsplit_once(" over ")
+        .and_then(|(_, s)| s.trim_end_matches('s').parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {line:?}"))
+}
+
+#[test]
+fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    const SECONDS: f64 = 10.0;
+    const INTERVAL: f64 = 1.0;
+    // Given a target that burns CPU for one second of the ten recorded, then exits: every later
+    // interval is observed without a sample.
+    let workload = spawn_workload(&workloads().spinner, 1);
+    let pid = workload.pid().to_string();
+    let receiver = Receiver::grpc(None);
+    let recorded = record(
+        &[
+            "--duration",
+            "10s",
+            "--interval",
+            "1s",
+            "--pid",
+            &pid,
+            "--otlp-endpoint",
+            &receiver.url(),
+            "--otlp-protocol",
+            "grpc",
+        ],
+        RECORD_TIMEOUT,
+    );
+    // The recording starts its clock when the sampler's first message arrives, after the
+    // sampler's first interval began, and stops within one poll (0.2 s) plus the last drain
+    // after that: the window is at least the duration (less the summary's rounding to 0.1 s) and
+    // less than one interval more.
+    let in_window = |seconds: f64| (SECONDS - 0.05..SECONDS + INTERVAL).contains(&seconds);
+    let summary = summary_seconds(&recorded.stdout);
+    assert!(
+        in_window(summary),
+        "the summary says {summary}s for a {SECONDS}s recording:\n{}",
+        recorded.stdout
+    );
+    let profile = recorded.profile();
+    let pprof_seconds = profile.duration_nanos as f64 / 1e9;
+    assert!(
+        in_window(pprof_seconds),
+        "profile.pb.gz says duration_nanos {} for a {SECONDS}s recording",
+        profile.duration_nanos
+    );
+    assert!(
+        (pprof_seconds - summary).abs() < 0.051,
+        "the summary ({summary}s) and pprof ({pprof_seconds}s) disagree"
+    );
+    // OTLP carries each interval that had samples, each as long as the interval it covers and
+    // inside the recording's window.
+    let window = (
+        profile.time_nanos as u64,
+        (profile.time_nanos + profile.duration_nanos) as u64,
+    );
+    let exported: Vec<otlp::Decoded> = receiver
+        .received()
+        .iter()
+        .map(|r| otlp::decode("1.10", &r.body).expect("an OTLP v1.10 request"))
+        .collect();
+    assert!(!exported.is_empty(), "nothing reached the OTLP receiver");
+    for d in &exported {
+        let (start, end) = (d.time_unix_nano, d.time_unix_nano + d.duration_nano);
+        assert!(
+            d.duration_nano > 0 && (d.duration_nano as f64) < (INTERVAL + 0.2) * 1e9,
+            "an OTLP profile lasts {} ns, not one {INTERVAL}s interval",
+            d.duration_nano
+        );
+        assert!(
+            window.0 <= start && end <= window.1,
+            "an OTLP profile ({start}..{end}) lies outside the recording ({window:?})"
+        );
+    }
+    eprintln!(
+        "summary {summary}s, pprof {pprof_seconds}s, {} OTLP profiles of {} samples",
+        exported.len(),
+        exported.iter().map(otlp::Decoded::total).sum::<i64>()
     );
 }
