@@ -22,7 +22,7 @@ use ember_protocol::{transport, Limits, Losses};
 
 use ember_common::LogFormat;
 
-use crate::cli::labels::LabelConfig;
+use crate::cli::{labels::LabelConfig, UsageError};
 use crate::{
     config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
@@ -96,8 +96,17 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let user = privileges::choose_user(config.user.as_deref())?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
-    // Created as root (in a directory the invoking user may own), written after the drop.
-    let files = FilesSink::create(&config.output)?.with_folded_root(config.labels.folded_root);
+    // Created as root (in a directory the invoking user may own), written after the drop; a
+    // directory that cannot be made is refused before the sampler starts.
+    let files = FilesSink::create(&config.output)
+        .map_err(|err| {
+            UsageError(format!(
+                "--output {}: cannot create the output files there ({err:#}); choose a \
+                 writable directory with -o DIR",
+                config.output.display()
+            ))
+        })?
+        .with_folded_root(config.labels.folded_root);
     // Reads /etc/passwd and the machine id (bounded) before the drop.
     let labels = config.labels.stage();
     let (ours, mut child) = start_sampler(&config)?;

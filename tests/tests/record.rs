@@ -1,8 +1,11 @@
 //! `ember-relay record` as a user drives it: Ctrl-C ends a recording early and every output is
 //! still written, from the samples taken until then; a mostly idle recording still covers the
-//! whole time asked for.
+//! whole time asked for; bad input is refused before anything starts.
 
-use std::time::Duration;
+// Test support: a failed expectation should panic with its message, as in a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{fs, os::unix::fs::PermissionsExt as _, process::Command, time::Duration};
 
 use ember_tests::{otlp::Receiver, *};
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -168,5 +171,87 @@ fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
         "summary {summary}s, pprof {pprof_seconds}s, {} OTLP profiles of {} samples",
         exported.len(),
         exported.iter().map(otlp::Decoded::total).sum::<i64>()
+    );
+}
+
+/// Runs `ember-relay record ARGS` with a stand-in sampler that would leave a mark if it were
+/// started; asserts the command was refused with exit status 2, that nothing was started and no
+/// output directory made (unless `out` is given by the caller), and returns its stderr.
+fn refused(args: &[&str], out: Option<&std::path::Path>) -> String {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mark = tmp.path().join("sampler-started");
+    let sampler = tmp.path().join("sampler");
+    fs::write(&sampler, format!("#!/bin/sh\ntouch {}\n", mark.display())).expect("write");
+    fs::set_permissions(&sampler, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let default_out = tmp.path().join("out");
+    let out = out.unwrap_or(&default_out);
+    let output = Command::new(relay_bin())
+        .arg("record")
+        .arg("--sampler")
+        .arg(&sampler)
+        .arg("--output")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("running ember-relay record");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "record {args:?} was not refused as a usage error:\n{stderr}"
+    );
+    assert!(!mark.exists(), "record {args:?} started the sampler");
+    if out == default_out {
+        assert!(!out.exists(), "record {args:?} made its output directory");
+    }
+    stderr
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_starts() {
+    // A pid nobody has: the kernel's pid_max is at most 4194304.
+    let stderr = refused(&["--pid", "4194305"], None);
+    assert!(
+        stderr.contains(
+            "--pid 4194305: no such process; pass the pid of a running process (`pgrep NAME` \
+             lists them), or leave --pid out to record the whole machine"
+        ),
+        "{stderr}"
+    );
+    let stderr = refused(&["--frequency", "0"], None);
+    assert!(
+        stderr.contains("0 samples per second is out of range: use 1 to 10000 (default 97)"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--frequency", "20000"], None);
+    assert!(
+        stderr.contains("20000 samples per second is out of range: use 1 to 10000"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--duration", "0"], None);
+    assert!(
+        stderr.contains("`0` is out of range (10ms to 24h)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_output_directory_that_cannot_be_made_is_refused_before_the_sampler_starts() {
+    // As root (record refuses to start otherwise, before it looks at --output).
+    if !privileged() {
+        return;
+    }
+    // Given an --output below a regular file: no user, root included, can make it
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let file = tmp.path().join("a-file");
+    fs::write(&file, "").expect("write");
+    let out = file.join("out");
+    let stderr = refused(&[], Some(&out));
+    assert!(
+        stderr.contains(&format!(
+            "--output {}: cannot create the output files there (",
+            out.display()
+        )) && stderr.contains("choose a writable directory with -o DIR"),
+        "{stderr}"
     );
 }

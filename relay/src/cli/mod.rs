@@ -10,7 +10,7 @@ mod args;
 pub(crate) mod kubernetes;
 pub(crate) mod labels;
 
-use std::process::ExitCode;
+use std::{fmt, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 pub(crate) use ember_common::{init_logging, parse_duration, LogFormat};
@@ -47,6 +47,23 @@ enum Command {
     Validate(ValidateArgs),
 }
 
+/// A command line that cannot work (a process that does not exist, an output directory that
+/// cannot be written): refused before anything starts, with exit status 2 as clap's own usage
+/// errors. The message names the flag and the fix.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Exit status of a refused command line (clap uses the same for its own usage errors).
+const USAGE_EXIT: u8 = 2;
+
 /// The relay's entry point: parses the command line, sets up logging, runs the command and
 /// logs its error, if any.
 pub fn main() -> ExitCode {
@@ -61,7 +78,11 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
-            ExitCode::FAILURE
+            if err.chain().any(|e| e.is::<UsageError>()) {
+                ExitCode::from(USAGE_EXIT)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
