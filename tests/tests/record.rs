@@ -106,7 +106,8 @@ fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
     let workload = spawn_workload(&workloads().spinner, 1);
     let pid = workload.pid().to_string();
     let receiver = Receiver::grpc(None);
-    let recorded = record(
+    // At record's default log level: its stderr (not a terminal) is checked below.
+    let recorded = spawn_record_logging(
         &[
             "--duration",
             "10s",
@@ -119,8 +120,18 @@ fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
             "--otlp-protocol",
             "grpc",
         ],
-        RECORD_TIMEOUT,
-    );
+        false,
+    )
+    .finish(RECORD_TIMEOUT);
+    // Quiet by default: no info log (of the relay or the sampler it started) and, stderr not
+    // being a terminal, no progress line; the summary is on stdout.
+    for quiet in [" INFO ", "batch received", "samples   "] {
+        assert!(
+            !recorded.stderr.contains(quiet),
+            "record's stderr has {quiet:?} without -v:\n{}",
+            recorded.stderr
+        );
+    }
     // The recording starts its clock when the sampler's first message arrives, after the
     // sampler's first interval began, and stops within one poll (0.2 s) plus the last drain
     // after that: the window is at least the duration (less the summary's rounding to 0.1 s) and

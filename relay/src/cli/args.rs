@@ -284,7 +284,11 @@ impl RecordArgs {
     /// The flags of `record`, with the exporters resolved; `log_format` is passed on to the
     /// sampler it starts. A `--pid` that is not a running process is refused here, before
     /// anything starts.
-    pub(super) fn into_config(self, log_format: LogFormat) -> anyhow::Result<record::RecordConfig> {
+    pub(super) fn into_config(
+        self,
+        log_format: LogFormat,
+        log_level: &'static str,
+    ) -> anyhow::Result<record::RecordConfig> {
         if let Some(pid) = self.pid {
             check_pid(pid, std::path::Path::new("/proc"))?;
         }
@@ -299,6 +303,7 @@ impl RecordArgs {
             interval: self.interval,
             max_message_bytes: self.max_message_bytes,
             log_format,
+            log_level,
             export_timeout: self.export_timeout,
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
