@@ -240,6 +240,17 @@ impl Pipeline {
             if self.interval.frequency_hz == 0 {
                 self.interval.frequency_hz = hello.frequency_hz;
             }
+            let others = self.samplers_of_host(&hello.hostname, conn);
+            if !others.is_empty() {
+                tracing::warn!(
+                    connection = conn,
+                    hostname = %hello.hostname,
+                    other_connections = ?others,
+                    "a second sampler of the same host connected: every sample of that host is \
+                     now counted once per sampler; run one ember-sampler per host (stop the \
+                     extra one), or give each host its own hostname if these are several hosts"
+                );
+            }
             let session = Session::new(hello, fds).with_max_open_files(self.limits.max_open_files);
             self.sessions.insert(conn, session);
             return Handled::Nothing;
@@ -408,6 +419,18 @@ impl Pipeline {
             self.sigbus_seen = repaired;
             self.cache.clear();
         }
+    }
+
+    /// The connections other than `except` whose sampler said it runs on `hostname`.
+    fn samplers_of_host(&self, hostname: &str, except: ConnectionId) -> Vec<ConnectionId> {
+        let mut conns: Vec<ConnectionId> = self
+            .sessions
+            .iter()
+            .filter(|(conn, session)| **conn != except && session.hello.hostname == hostname)
+            .map(|(conn, _)| *conn)
+            .collect();
+        conns.sort_unstable();
+        conns
     }
 
     /// Takes the samples symbolized since the last call and the time the batches covered (with
@@ -652,6 +675,17 @@ mod tests {
         // And the interval was taken: the next one starts empty, the totals stay
         assert!(pipeline.take_interval().is_empty());
         assert_eq!(pipeline.samples(), 5);
+    }
+
+    #[test]
+    fn a_second_sampler_of_the_same_host_is_noticed() {
+        // Given a started session of host fixture-host on connection CONN
+        let pipeline = started();
+        // Then another connection from that host finds it, one from another host does not
+        assert_eq!(pipeline.samplers_of_host("fixture-host", CONN + 1), [CONN]);
+        assert!(pipeline.samplers_of_host("other-host", CONN + 1).is_empty());
+        // And a session is not a duplicate of itself (a reconnect on the same connection)
+        assert!(pipeline.samplers_of_host("fixture-host", CONN).is_empty());
     }
 
     #[test]
