@@ -178,6 +178,8 @@ fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
             "an OTLP profile ({start}..{end}) lies outside the recording ({window:?})"
         );
     }
+    // `ember-relay report` on the saved profile lists what `go tool pprof -top` lists.
+    report_matches_go_pprof(&recorded.out_dir.join("profile.pb.gz"));
     eprintln!(
         "summary {summary}s, pprof {pprof_seconds}s, {} OTLP profiles of {} samples",
         exported.len(),
@@ -265,4 +267,30 @@ fn an_output_directory_that_cannot_be_made_is_refused_before_the_sampler_starts(
         )) && stderr.contains("choose a writable directory with -o DIR"),
         "{stderr}"
     );
+}
+
+/// `ember-relay report FILE` prints the same functions with the same self and total counts as
+/// `go tool pprof -top -sample_index=samples` on the same file.
+fn report_matches_go_pprof(profile: &std::path::Path) {
+    let Some(go) = go_pprof::top(profile) else {
+        return;
+    };
+    let output = Command::new(relay_bin())
+        .args(["report", "--count", "100000"])
+        .arg(profile)
+        .output()
+        .expect("running ember-relay report");
+    let ours = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "ember-relay report failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (ours_rows, go_rows) = (go_pprof::parse_top(&ours), go_pprof::parse_top(&go));
+    assert!(!go_rows.is_empty(), "no rows in go tool pprof -top:\n{go}");
+    assert_eq!(
+        ours_rows, go_rows,
+        "ember-relay report:\n{ours}\ngo tool pprof -top:\n{go}"
+    );
+    eprintln!("ember-relay report:\n{ours}");
 }

@@ -22,6 +22,20 @@ pub(super) struct ValidateArgs {
     pub(super) config: PathBuf,
 }
 
+#[derive(clap::Args, Debug)]
+pub(super) struct ReportArgs {
+    /// A pprof profile, e.g. the profile.pb.gz `record` wrote (gzipped or not).
+    #[arg(value_name = "FILE")]
+    pub(super) file: PathBuf,
+    /// How many functions to print (the ones with the most self samples first).
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub(super) count: usize,
+    /// The sample type to count, as pprof's -sample_index: `samples` (default when the profile
+    /// has it) or `cpu` (nanoseconds).
+    #[arg(long, value_name = "TYPE")]
+    pub(super) sample_index: Option<String>,
+}
+
 /// Exporter options shared by `run` and `record`. Flags override the config file, which
 /// overrides the OTEL_EXPORTER_OTLP_* environment variables.
 #[derive(clap::Args, Debug, Default)]

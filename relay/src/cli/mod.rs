@@ -15,8 +15,8 @@ use std::{fmt, process::ExitCode};
 use clap::{Parser, Subcommand};
 pub(crate) use ember_common::{init_logging_at, parse_duration, LogFormat};
 
-use self::args::{RecordArgs, RunArgs, ValidateArgs};
-use crate::{config, record, run};
+use self::args::{RecordArgs, ReportArgs, RunArgs, ValidateArgs};
+use crate::{config, record, report, run};
 
 /// ember's unprivileged relay: receives stacks from ember-sampler, symbolizes them through the
 /// file descriptors the sampler passed, and writes profiles (pprof, folded stacks, flamegraph).
@@ -63,6 +63,9 @@ enum Command {
     /// Check a config file (with the OTEL_EXPORTER_OTLP_* environment) without running: parses
     /// it, reads its TLS files and prints the exporters it configures.
     Validate(ValidateArgs),
+    /// Print the top functions of a saved profile (the profile.pb.gz of `record`, or any pprof
+    /// file) by self and total samples, as `go tool pprof -top` does, without a Go toolchain.
+    Report(ReportArgs),
 }
 
 /// A command line that cannot work (a process that does not exist, an output directory that
@@ -91,6 +94,7 @@ pub fn main() -> ExitCode {
     let result = match args.command {
         Command::Run(a) => a.into_config().and_then(run::run),
         Command::Validate(a) => validate(&a),
+        Command::Report(a) => report::report(&a.file, a.count, a.sample_index.as_deref()),
         Command::Record(a) => a
             .into_config(args.log_format, level)
             .and_then(record::record),
