@@ -13,7 +13,7 @@ mod signal;
 mod status;
 
 pub use duration::parse_duration;
-pub use logging::{init_logging, LogFormat};
+pub use logging::{init_logging, init_logging_at, log_filter_in_env, LogFormat, LOG_ENV};
 pub use privileges::{raise_nofile_limit, set_no_new_privs};
 pub use signal::{
     install_reload_handler, install_stop_handlers, stop_requested, take_reload_request,

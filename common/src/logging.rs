@@ -1,5 +1,6 @@
-//! Log set-up: `tracing` to stderr, as text or one JSON object per line, filtered by `RUST_LOG`
-//! (default `info`). Colours only when stderr is a terminal.
+//! Log set-up: `tracing` to stderr, as text or one JSON object per line, filtered by `EMBER_LOG`,
+//! else `RUST_LOG`, else a default level (`info` unless the program chooses another). Colours
+//! only when stderr is a terminal.
 
 /// `--log-format`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,10 +19,25 @@ impl LogFormat {
     }
 }
 
-/// Installs the global subscriber; call once, first thing in `main`.
+/// The environment variable that sets the log filter (over `RUST_LOG`), e.g. `EMBER_LOG=debug`.
+pub const LOG_ENV: &str = "EMBER_LOG";
+
+/// Whether `EMBER_LOG` or `RUST_LOG` sets the log filter (a default level then does not apply).
+pub fn log_filter_in_env() -> bool {
+    std::env::var_os(LOG_ENV).is_some() || std::env::var_os("RUST_LOG").is_some()
+}
+
+/// Installs the global subscriber at `info` unless the environment says otherwise; call once,
+/// first thing in `main`.
 pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    init_logging_at(format, "info");
+}
+
+/// [`init_logging`] with another default level (or filter directive), e.g. `warn`.
+pub fn init_logging_at(format: LogFormat, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

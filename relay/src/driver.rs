@@ -197,15 +197,17 @@ impl Driver {
         self.metrics.publish(&self.published);
     }
 
-    /// Hands the interval so far to the sinks and adds it to the window.
+    /// Hands the interval so far to the sinks (unless it has no samples) and adds it to the
+    /// window, whose time range grows by the interval's even when it had none.
     fn end_interval(&mut self) {
-        if let Some(interval) = self.pipeline.take_interval() {
+        let interval = self.pipeline.take_interval();
+        if !interval.is_empty() {
             self.sinks.interval(&interval);
             self.published
                 .latency
                 .observe_interval_end(interval.end_unix_ns);
-            self.window.merge(interval);
         }
+        self.window.merge(interval);
     }
 
     /// Closes the window when it is due: the sinks get it, a new empty one starts.
@@ -326,6 +328,36 @@ mod tests {
 
     fn folded(dir: &std::path::Path) -> String {
         fs::read_to_string(dir.join("stacks.folded")).expect("read stacks.folded")
+    }
+
+    #[test]
+    fn idle_intervals_widen_the_window_without_reaching_the_sinks() {
+        // Given a recording sink and a source whose last two intervals had no samples
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(sink);
+        let (tx, rx) = intake();
+        for event in session_start().into_iter().chain([
+            batch(1, 0, 1, 5),
+            batch(2, 0, 1, 0),
+            batch(3, 0, 1, 0),
+        ]) {
+            tx.send(event).expect("queue an event");
+        }
+        drop(tx);
+        // When they pass through the driver
+        let ended = Driver::new(sinks, FileLimits::default(), None)
+            .run(&rx, &mut UntilDisconnected)
+            .expect("the driver runs");
+        // Then the window covers the three observed seconds, not only the one with samples
+        assert_eq!(
+            (ended.window.start_unix_ns, ended.window.end_unix_ns),
+            (1_000_000_000, 4_000_000_000)
+        );
+        assert_eq!(ended.window.total_samples(), 5);
+        // And the sinks got only the interval with samples
+        finish(ended);
+        assert_eq!(*log.borrow(), [Call::Interval(5), Call::Finish(5)]);
     }
 
     #[test]

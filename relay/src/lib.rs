@@ -22,6 +22,7 @@ pub(crate) mod pipeline;
 pub(crate) mod privileges;
 pub(crate) mod record;
 pub(crate) mod relabel;
+pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod session;
 pub(crate) mod sink;

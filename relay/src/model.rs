@@ -203,12 +203,19 @@ impl Profile {
         }
     }
 
-    /// Adds samples, widening the time range to cover `[start, end]`.
-    pub fn add(&mut self, sample: SymbolizedSample, start_unix_ns: u64, end_unix_ns: u64) {
-        if self.start_unix_ns == 0 || (start_unix_ns != 0 && start_unix_ns < self.start_unix_ns) {
+    /// Widens the time range to cover `[start, end]`, observed time with or without samples: a
+    /// profile's range is the time it watched, so rates computed from it (samples per second,
+    /// pprof's "% of duration") are not inflated by idle intervals. Zero (unknown) is ignored.
+    pub fn observe(&mut self, start_unix_ns: u64, end_unix_ns: u64) {
+        if start_unix_ns != 0 && (self.start_unix_ns == 0 || start_unix_ns < self.start_unix_ns) {
             self.start_unix_ns = start_unix_ns;
         }
         self.end_unix_ns = self.end_unix_ns.max(end_unix_ns);
+    }
+
+    /// Adds samples, widening the time range to cover `[start, end]`.
+    pub fn add(&mut self, sample: SymbolizedSample, start_unix_ns: u64, end_unix_ns: u64) {
+        self.observe(start_unix_ns, end_unix_ns);
         // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
         let total = self
             .counts
@@ -217,7 +224,7 @@ impl Profile {
         *total = total.saturating_add(sample.count);
     }
 
-    /// Merges another profile into this one.
+    /// Merges another profile into this one, its observed time too (even without samples).
     pub fn merge(&mut self, other: Profile) {
         if self.frequency_hz == 0 {
             self.frequency_hz = other.frequency_hz;
@@ -226,6 +233,7 @@ impl Profile {
             self.hostname = other.hostname;
         }
         let (start, end) = (other.start_unix_ns, other.end_unix_ns);
+        self.observe(start, end);
         for ((thread, stack), count) in other.counts {
             self.add(
                 SymbolizedSample {

@@ -240,6 +240,17 @@ impl Pipeline {
             if self.interval.frequency_hz == 0 {
                 self.interval.frequency_hz = hello.frequency_hz;
             }
+            let others = self.samplers_of_host(&hello.hostname, conn);
+            if !others.is_empty() {
+                tracing::warn!(
+                    connection = conn,
+                    hostname = %hello.hostname,
+                    other_connections = ?others,
+                    "a second sampler of the same host connected: every sample of that host is \
+                     now counted once per sampler; run one ember-sampler per host (stop the \
+                     extra one), or give each host its own hostname if these are several hosts"
+                );
+            }
             let session = Session::new(hello, fds).with_max_open_files(self.limits.max_open_files);
             self.sessions.insert(conn, session);
             return Handled::Nothing;
@@ -298,6 +309,9 @@ impl Pipeline {
         if self.interval.frequency_hz == 0 {
             self.interval.frequency_hz = batch.frequency_hz;
         }
+        // The batch's interval was observed, samples or not: an idle second is part of the window.
+        self.interval
+            .observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         self.ignore.send(conn, self.labels.take_filtered_out());
@@ -407,17 +421,23 @@ impl Pipeline {
         }
     }
 
-    /// Takes the samples symbolized since the last call, leaving an empty profile with the same
-    /// frequency (`None` when there are none).
-    pub fn take_interval(&mut self) -> Option<Profile> {
-        if self.interval.is_empty() {
-            return None;
-        }
+    /// The connections other than `except` whose sampler said it runs on `hostname`.
+    fn samplers_of_host(&self, hostname: &str, except: ConnectionId) -> Vec<ConnectionId> {
+        let mut conns: Vec<ConnectionId> = self
+            .sessions
+            .iter()
+            .filter(|(conn, session)| **conn != except && session.hello.hostname == hostname)
+            .map(|(conn, _)| *conn)
+            .collect();
+        conns.sort_unstable();
+        conns
+    }
+
+    /// Takes the samples symbolized since the last call and the time the batches covered (with
+    /// or without samples), leaving an empty profile with the same frequency.
+    pub fn take_interval(&mut self) -> Profile {
         let frequency = self.interval.frequency_hz;
-        Some(std::mem::replace(
-            &mut self.interval,
-            Profile::new(frequency),
-        ))
+        std::mem::replace(&mut self.interval, Profile::new(frequency))
     }
 }
 
@@ -567,10 +587,15 @@ pub(crate) mod fixtures {
                 frequency_hz: FREQUENCY_HZ,
                 user_stacks: vec![vec![address]],
                 kernel_stacks: vec![vec![KERNEL_ADDRESS]],
-                rows: vec![
-                    row(StackRef::Index(0), count - 1),
-                    row(StackRef::Missing(14), 1),
-                ],
+                // No samples: an idle interval (the sampler sends one every interval).
+                rows: if count == 0 {
+                    Vec::new()
+                } else {
+                    vec![
+                        row(StackRef::Index(0), count - 1),
+                        row(StackRef::Missing(14), 1),
+                    ]
+                },
                 ..Batch::default()
             }),
             Vec::new(),
@@ -614,7 +639,7 @@ mod tests {
                 last_part: true
             }
         );
-        let profile = pipeline.take_interval().expect("an interval");
+        let profile = pipeline.take_interval();
         assert_eq!(profile.total_samples(), 5);
         assert_eq!(profile.frequency_hz, FREQUENCY_HZ);
         assert_eq!(profile.hostname.as_deref(), Some("fixture-host"));
@@ -648,8 +673,19 @@ mod tests {
         user_leaf(user_only);
         assert_eq!(profile.top_self(1), [("do_one_[k]".to_owned(), 4)]);
         // And the interval was taken: the next one starts empty, the totals stay
-        assert!(pipeline.take_interval().is_none());
+        assert!(pipeline.take_interval().is_empty());
         assert_eq!(pipeline.samples(), 5);
+    }
+
+    #[test]
+    fn a_second_sampler_of_the_same_host_is_noticed() {
+        // Given a started session of host fixture-host on connection CONN
+        let pipeline = started();
+        // Then another connection from that host finds it, one from another host does not
+        assert_eq!(pipeline.samplers_of_host("fixture-host", CONN + 1), [CONN]);
+        assert!(pipeline.samplers_of_host("other-host", CONN + 1).is_empty());
+        // And a session is not a duplicate of itself (a reconnect on the same connection)
+        assert!(pipeline.samplers_of_host("fixture-host", CONN).is_empty());
     }
 
     #[test]
@@ -673,7 +709,7 @@ mod tests {
                 }
             )
         );
-        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(7));
+        assert_eq!(pipeline.take_interval().total_samples(), 7);
     }
 
     /// A `Process` message for the fixture's pid with `name` and `OTEL_SERVICE_NAME`.
@@ -712,7 +748,7 @@ mod tests {
         pipeline.handle(process_message("fixture", Some("billing")));
         pipeline.handle(batch(1, 0, 1, 3));
         // Then every sample carries the same shared labels, with the service name and the tag
-        let profile = pipeline.take_interval().expect("an interval");
+        let profile = pipeline.take_interval();
         let samples = profile.samples();
         let resource = &samples[0].thread.resource;
         assert_eq!(resource.get("service.name"), Some("billing"));
@@ -725,7 +761,7 @@ mod tests {
         pipeline.handle(process_message("noisy", None));
         pipeline.handle(batch(2, 0, 1, 4));
         // Then its samples are not exported, and counted
-        assert!(pipeline.take_interval().is_none());
+        assert!(pipeline.take_interval().is_empty());
         let stats = pipeline.labels.stats();
         assert_eq!((stats.processes_dropped, stats.samples_dropped), (1, 4));
         // And the metrics count them as received and filtered, not symbolized
@@ -741,7 +777,7 @@ mod tests {
         // And after another exec it is labelled anew (no stale drop)
         pipeline.handle(process_message("worker", None));
         pipeline.handle(batch(3, 0, 1, 2));
-        let profile = pipeline.take_interval().expect("an interval");
+        let profile = pipeline.take_interval();
         assert_eq!(profile.total_samples(), 2);
         assert_eq!(
             profile.samples()[0].thread.resource.get("service.name"),
@@ -815,7 +851,7 @@ mod tests {
         pipeline.handle(batch(1, 0, 1, 3));
         pipeline.handle(batch(2, 0, 1, 3));
         // Then its samples are dropped here, and its sampler is asked once to ignore it
-        assert!(pipeline.take_interval().is_none());
+        assert!(pipeline.take_interval().is_empty());
         let sent = ignore_messages(&theirs);
         let expected = ember_protocol::IgnoredProcess {
             pid: PID,
@@ -833,7 +869,7 @@ mod tests {
         assert!(sent[0].forget_all && sent[0].processes.is_empty());
         // And without a filter nothing more is sent
         pipeline.handle(batch(3, 0, 1, 3));
-        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert_eq!(pipeline.take_interval().total_samples(), 3);
         assert!(ignore_messages(&theirs).is_empty());
     }
 
@@ -842,7 +878,7 @@ mod tests {
         let (ours, theirs) = ember_protocol::transport::pair().expect("socketpair");
         let mut pipeline = started_with_control(ours, None);
         pipeline.handle(batch(1, 0, 1, 3));
-        assert_eq!(pipeline.take_interval().map(|p| p.total_samples()), Some(3));
+        assert_eq!(pipeline.take_interval().total_samples(), 3);
         assert!(ignore_messages(&theirs).is_empty());
     }
 
@@ -885,7 +921,7 @@ mod tests {
         let mut pipeline = Pipeline::new();
         // When a batch arrives, then it is not symbolized
         assert_eq!(pipeline.handle(batch(1, 0, 1, 5)), Handled::Nothing);
-        assert!(pipeline.take_interval().is_none());
+        assert!(pipeline.take_interval().is_empty());
         // And a closed connection is reported as such
         assert_eq!(pipeline.handle(closed()), Handled::Closed);
     }

@@ -5,6 +5,7 @@
 //! drained or `export_timeout` has passed, saying which.
 
 use std::{
+    collections::HashSet,
     io::IsTerminal as _,
     os::{
         fd::{AsFd as _, AsRawFd as _, OwnedFd},
@@ -18,11 +19,12 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _};
-use ember_protocol::{transport, Limits, Losses};
+use ember_protocol::{transport, Limits, Losses, SamplerMessage};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use ember_common::LogFormat;
 
-use crate::cli::labels::LabelConfig;
+use crate::cli::{labels::LabelConfig, UsageError};
 use crate::{
     config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
@@ -53,6 +55,9 @@ pub struct RecordConfig {
     pub interval: Duration,
     pub max_message_bytes: usize,
     pub log_format: LogFormat,
+    /// The log level chosen for the command line (`warn`, or more with -v), handed to the
+    /// sampler as `EMBER_LOG` unless the environment already sets a filter.
+    pub log_level: &'static str,
     /// Resolved before privileges are dropped (TLS files are read then).
     pub exporters: Exporters,
     /// How long to wait for the OTLP queue to drain at the end.
@@ -96,8 +101,17 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let user = privileges::choose_user(config.user.as_deref())?;
     symbolize::sigbus::install().context("installing the SIGBUS guard")?;
     source::raise_nofile_limit();
-    // Created as root (in a directory the invoking user may own), written after the drop.
-    let files = FilesSink::create(&config.output)?.with_folded_root(config.labels.folded_root);
+    // Created as root (in a directory the invoking user may own), written after the drop; a
+    // directory that cannot be made is refused before the sampler starts.
+    let files = FilesSink::create(&config.output)
+        .map_err(|err| {
+            UsageError(format!(
+                "--output {}: cannot create the output files there ({err:#}); choose a \
+                 writable directory with -o DIR",
+                config.output.display()
+            ))
+        })?
+        .with_folded_root(config.labels.folded_root);
     // Reads /etc/passwd and the machine id (bounded) before the drop.
     let labels = config.labels.stage();
     let (ours, mut child) = start_sampler(&config)?;
@@ -140,9 +154,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         .with_unwind(config.unwind, config.state_dir.as_deref())?
         .with_metrics(metrics)
         .run(&events, &mut policy)?;
-    if policy.tty {
-        eprintln!();
-    }
+    policy.progress.finish_and_clear();
     let exit = wait_child(&mut child);
     finish(ended, policy.sampler_error, &exit, config.export_timeout)
 }
@@ -174,6 +186,9 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
     }
     if config.command_line {
         command.arg("--command-line");
+    }
+    if !ember_common::log_filter_in_env() {
+        command.env(ember_common::LOG_ENV, config.log_level);
     }
     die_with_parent(&mut command);
     let child = command.spawn().with_context(|| {
@@ -221,7 +236,13 @@ struct Recording {
     duration: Duration,
     /// Our end of the sampler socket, to shut down our sending side.
     control: OwnedFd,
+    /// One live line on a terminal (hidden when stderr is not one).
+    progress: ProgressBar,
     tty: bool,
+    /// Processes that had samples so far.
+    pids: HashSet<u32>,
+    /// Samples the sampler lost so far (stacks lost, counts map full, backlog dropped).
+    lost: u64,
     /// When the sampler's first message arrived: the recording's clock.
     started: Option<Instant>,
     stop_sent: Option<Instant>,
@@ -231,10 +252,26 @@ struct Recording {
 
 impl Recording {
     fn new(duration: Duration, control: OwnedFd) -> Self {
+        let tty = std::io::stderr().is_terminal();
+        let target = if tty {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let length = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let progress = ProgressBar::with_draw_target(Some(length), target);
+        progress.set_style(
+            ProgressStyle::with_template("{bar:20} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
         Self {
             duration,
             control,
-            tty: std::io::stderr().is_terminal(),
+            progress,
+            tty,
+            pids: HashSet::new(),
+            lost: 0,
             started: None,
             stop_sent: None,
             last_progress: Instant::now(),
@@ -242,27 +279,32 @@ impl Recording {
         }
     }
 
+    /// The live line on a terminal (indicatif limits its redraws); elsewhere an info log line
+    /// every 5 s (shown with -v).
     fn progress(&mut self, elapsed: Duration, samples: u64) {
-        let every = if self.tty {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(5)
-        };
-        if self.started.is_none()
-            || self.stop_sent.is_some()
-            || self.last_progress.elapsed() < every
-        {
+        if self.started.is_none() || self.stop_sent.is_some() {
             return;
         }
-        self.last_progress = Instant::now();
-        let secs = elapsed.as_secs_f64().min(self.duration.as_secs_f64());
+        let elapsed = elapsed.min(self.duration);
+        let secs = elapsed.as_secs_f64();
         if self.tty {
-            eprint!(
-                "\rrecording {secs:5.1}s / {:.0}s   {samples} samples   ",
+            self.progress
+                .set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+            self.progress.set_message(format!(
+                "{secs:.0}s / {:.0}s   {samples} samples   {} processes   {} lost",
                 self.duration.as_secs_f64(),
+                self.pids.len(),
+                self.lost,
+            ));
+        } else if self.last_progress.elapsed() >= Duration::from_secs(5) {
+            self.last_progress = Instant::now();
+            tracing::info!(
+                elapsed_s = secs.round(),
+                samples,
+                processes = self.pids.len(),
+                lost = self.lost,
+                "recording"
             );
-        } else {
-            tracing::info!(elapsed_s = secs.round(), samples, "recording");
         }
     }
 }
@@ -273,8 +315,21 @@ impl Policy for Recording {
     }
 
     fn saw(&mut self, event: &SourceEvent) {
-        if let SourceEvent::Closed { error, .. } = event {
-            self.sampler_error.clone_from(error);
+        match event {
+            SourceEvent::Closed { error, .. } => self.sampler_error.clone_from(error),
+            SourceEvent::Message {
+                message: SamplerMessage::Batch(batch),
+                ..
+            } => {
+                self.pids.extend(batch.rows.iter().map(|row| row.pid));
+                let l = &batch.losses;
+                self.lost = l
+                    .user_stack_lost
+                    .saturating_add(l.kernel_stack_lost)
+                    .saturating_add(l.counts_full)
+                    .saturating_add(l.backlog_dropped_samples);
+            }
+            _ => {}
         }
         if self.started.is_none() && matches!(event, SourceEvent::Message { .. }) {
             self.started = Some(Instant::now());

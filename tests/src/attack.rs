@@ -474,7 +474,7 @@ pub fn spawn_attack_record(args: &[&str], setup: RecordSetup<'_>) -> AttackRecor
         .arg(&out_dir)
         .arg("--sampler")
         .arg(sampler_bin())
-        .args(["--log-format", "json"])
+        .args(["--verbose", "--log-format", "json"])
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -52,9 +52,30 @@ impl RawSample {
 /// under `CI` or `EMBER_REQUIRE_ALL`) when `go` is not installed; panics when pprof rejects
 /// the file or prints something this parser does not understand.
 pub fn read_raw(path: &Path) -> Option<RawProfile> {
+    pprof_output(&["-raw"], path).map(|stdout| parse_raw(&stdout))
+}
+
+/// Runs `go tool pprof -top` on `path` counting samples, every function listed and none
+/// symbolized again; `None` when `go` is not installed (as [`read_raw`]).
+pub fn top(path: &Path) -> Option<String> {
+    pprof_output(
+        &[
+            "-top",
+            "-sample_index=samples",
+            "-nodecount=100000",
+            "-nodefraction=0",
+            "-symbolize=none",
+        ],
+        path,
+    )
+}
+
+/// The stdout of `go tool pprof ARGS PATH`, kept from fetching anything.
+fn pprof_output(args: &[&str], path: &Path) -> Option<String> {
     let home = tempfile::tempdir().expect("temp HOME for go");
     let output = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
+        .args(["tool", "pprof"])
+        .args(args)
         .arg(path)
         .env("HOME", home.path())
         .env("GOCACHE", home.path().join("cache"))
@@ -74,17 +95,39 @@ pub fn read_raw(path: &Path) -> Option<RawProfile> {
             );
             return None;
         }
-        Err(err) => panic!("running `go tool pprof -raw`: {err}"),
+        Err(err) => panic!("running `go tool pprof {args:?}`: {err}"),
     };
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "`go tool pprof -raw {}` failed ({}): {}\n{stdout}",
+        "`go tool pprof {args:?} {}` failed ({}): {}\n{stdout}",
         path.display(),
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    Some(parse_raw(&stdout))
+    Some(stdout)
+}
+
+/// The rows of `go tool pprof -top` (or of `ember-relay report`, which prints the same five
+/// columns): function name -> (self, total). Rows start after the header line naming `cum` (or
+/// `total`); each is five numbers then the name.
+pub fn parse_top(text: &str) -> BTreeMap<String, (i64, i64)> {
+    text.lines()
+        .skip_while(|l| {
+            !(l.contains(" cum ") || l.trim_end().ends_with("cum%") || l.contains("total%"))
+        })
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let flat: i64 = fields.next()?.parse().ok()?;
+            let _flat_percent = fields.next()?;
+            let _sum_percent = fields.next()?;
+            let cum: i64 = fields.next()?.parse().ok()?;
+            let _cum_percent = fields.next()?;
+            let name = fields.collect::<Vec<_>>().join(" ");
+            Some((name, (flat, cum)))
+        })
+        .collect()
 }
 
 /// Parses the text of `go tool pprof -raw` (the `String()` of pprof's `profile.Profile`).

@@ -596,9 +596,15 @@ pub struct Recorded {
     _tmp: tempfile::TempDir,
 }
 
-/// Starts `ember-relay record --output DIR --sampler SAMPLER ARGS...`. DIR does not exist yet;
-/// its parent is a root-owned, world-readable temp dir, as for `sudo ember-relay record -o out`.
+/// Starts `ember-relay record --verbose --output DIR --sampler SAMPLER ARGS...` (info logs, which
+/// the tests read). DIR does not exist yet; its parent is a root-owned, world-readable temp dir,
+/// as for `sudo ember-relay record -o out`.
 pub fn spawn_record(args: &[&str]) -> RecordRun {
+    spawn_record_logging(args, true)
+}
+
+/// [`spawn_record`], at record's default log level (warnings only) unless `verbose`.
+pub fn spawn_record_logging(args: &[&str], verbose: bool) -> RecordRun {
     let tmp = tempfile::Builder::new()
         .prefix("ember-e2e-")
         .tempdir()
@@ -612,10 +618,15 @@ pub fn spawn_record(args: &[&str]) -> RecordRun {
         .arg(&out_dir)
         .arg("--sampler")
         .arg(sampler_bin())
+        .args(verbose.then_some("--verbose"))
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if !verbose {
+        // The default level is what is tested: no filter from the test's environment.
+        command.env_remove("EMBER_LOG").env_remove("RUST_LOG");
+    }
     eprintln!("running {command:?}");
     let mut child = ChildGuard::spawn("ember-relay record", &mut command);
     let stdout = read_to_string_thread(child.child_mut().stdout.take().expect("piped stdout"));

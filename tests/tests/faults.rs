@@ -1283,3 +1283,47 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
     );
     drop(workload);
 }
+
+/// Two samplers of one host on one relay count every sample of that host twice: the second
+/// one's hello is warned about, naming the connection already there. (Fake samplers: this
+/// process, accepted with `--sampler-uid 0`; no eBPF is loaded.)
+#[test]
+fn a_second_sampler_of_the_same_host_is_warned_about() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let relay = spawn_relay_run(
+        "relay",
+        &socket,
+        &["--sampler-uid", "0", "--metrics-address", "off"],
+    );
+    let is_duplicate = |v: &Value| {
+        level(v) == "WARN" && message(v).starts_with("a second sampler of the same host connected")
+    };
+    // Given one sampler of host "hostile": no warning
+    let first = hostile_connection(&relay, &socket);
+    assert!(
+        relay.log.matching(is_duplicate).is_empty(),
+        "a lone sampler was warned about"
+    );
+    // When a second one of the same host says hello
+    let mark = relay.log.len();
+    let second = hostile_connection(&relay, &socket);
+    // Then the relay warns, naming the first connection
+    let (_, warning) = relay.log.expect(
+        mark,
+        LOG_TIMEOUT,
+        "the warning about a second sampler of the same host",
+        is_duplicate,
+    );
+    let others = field_text(&warning, "other_connections").unwrap_or_default();
+    assert!(
+        others.starts_with('[') && others.len() > 2,
+        "the warning names no other connection: {warning}"
+    );
+    assert_eq!(field_text(&warning, "hostname").as_deref(), Some("hostile"));
+    drop((first, second));
+}

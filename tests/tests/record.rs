@@ -1,9 +1,13 @@
 //! `ember-relay record` as a user drives it: Ctrl-C ends a recording early and every output is
-//! still written, from the samples taken until then.
+//! still written, from the samples taken until then; a mostly idle recording still covers the
+//! whole time asked for; bad input is refused before anything starts.
 
-use std::time::Duration;
+// Test support: a failed expectation should panic with its message, as in a test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use ember_tests::*;
+use std::{fs, os::unix::fs::PermissionsExt as _, process::Command, time::Duration};
+
+use ember_tests::{otlp::Receiver, *};
 use nix::{sys::signal::Signal, unistd::Pid};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -76,4 +80,217 @@ fn ctrl_c_ends_a_recording_early_and_still_writes_every_output() {
         "{line}; spin_hot {hot} samples; pprof total {}",
         profile.total_samples()
     );
+}
+
+/// The `over N.Ns` duration of record's summary line.
+fn summary_seconds(stdout: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("recorded "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    line.rsplit_once(" over ")
+        .and_then(|(_, s)| s.trim_end_matches('s').parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {line:?}"))
+}
+
+#[test]
+fn an_idle_recording_covers_the_whole_duration_in_the_summary_pprof_and_otlp() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    const SECONDS: f64 = 10.0;
+    const INTERVAL: f64 = 1.0;
+    // Given a target that burns CPU for one second of the ten recorded, then exits: every later
+    // interval is observed without a sample.
+    let workload = spawn_workload(&workloads().spinner, 1);
+    let pid = workload.pid().to_string();
+    let receiver = Receiver::grpc(None);
+    // At record's default log level: its stderr (not a terminal) is checked below.
+    let recorded = spawn_record_logging(
+        &[
+            "--duration",
+            "10s",
+            "--interval",
+            "1s",
+            "--pid",
+            &pid,
+            "--otlp-endpoint",
+            &receiver.url(),
+            "--otlp-protocol",
+            "grpc",
+        ],
+        false,
+    )
+    .finish(RECORD_TIMEOUT);
+    // Quiet by default: no info log (of the relay or the sampler it started) and, stderr not
+    // being a terminal, no progress line; the summary is on stdout.
+    for quiet in [" INFO ", "batch received", "samples   "] {
+        assert!(
+            !recorded.stderr.contains(quiet),
+            "record's stderr has {quiet:?} without -v:\n{}",
+            recorded.stderr
+        );
+    }
+    // The recording starts its clock when the sampler's first message arrives, after the
+    // sampler's first interval began, and stops within one poll (0.2 s) plus the last drain
+    // after that: the window is at least the duration (less the summary's rounding to 0.1 s) and
+    // less than one interval more.
+    let in_window = |seconds: f64| (SECONDS - 0.05..SECONDS + INTERVAL).contains(&seconds);
+    let summary = summary_seconds(&recorded.stdout);
+    assert!(
+        in_window(summary),
+        "the summary says {summary}s for a {SECONDS}s recording:\n{}",
+        recorded.stdout
+    );
+    let profile = recorded.profile();
+    let pprof_seconds = profile.duration_nanos as f64 / 1e9;
+    assert!(
+        in_window(pprof_seconds),
+        "profile.pb.gz says duration_nanos {} for a {SECONDS}s recording",
+        profile.duration_nanos
+    );
+    assert!(
+        (pprof_seconds - summary).abs() < 0.051,
+        "the summary ({summary}s) and pprof ({pprof_seconds}s) disagree"
+    );
+    // OTLP carries each interval that had samples, each as long as the interval it covers and
+    // inside the recording's window.
+    let window = (
+        profile.time_nanos as u64,
+        (profile.time_nanos + profile.duration_nanos) as u64,
+    );
+    let exported: Vec<otlp::Decoded> = receiver
+        .received()
+        .iter()
+        .map(|r| otlp::decode("1.10", &r.body).expect("an OTLP v1.10 request"))
+        .collect();
+    assert!(!exported.is_empty(), "nothing reached the OTLP receiver");
+    for d in &exported {
+        let (start, end) = (d.time_unix_nano, d.time_unix_nano + d.duration_nano);
+        assert!(
+            d.duration_nano > 0 && (d.duration_nano as f64) < (INTERVAL + 0.2) * 1e9,
+            "an OTLP profile lasts {} ns, not one {INTERVAL}s interval",
+            d.duration_nano
+        );
+        assert!(
+            window.0 <= start && end <= window.1,
+            "an OTLP profile ({start}..{end}) lies outside the recording ({window:?})"
+        );
+    }
+    // `ember-relay report` on the saved profile lists what `go tool pprof -top` lists.
+    report_matches_go_pprof(&recorded.out_dir.join("profile.pb.gz"));
+    eprintln!(
+        "summary {summary}s, pprof {pprof_seconds}s, {} OTLP profiles of {} samples",
+        exported.len(),
+        exported.iter().map(otlp::Decoded::total).sum::<i64>()
+    );
+}
+
+/// Runs `ember-relay record ARGS` with a stand-in sampler that would leave a mark if it were
+/// started; asserts the command was refused with exit status 2, that nothing was started and no
+/// output directory made (unless `out` is given by the caller), and returns its stderr.
+fn refused(args: &[&str], out: Option<&std::path::Path>) -> String {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mark = tmp.path().join("sampler-started");
+    let sampler = tmp.path().join("sampler");
+    fs::write(&sampler, format!("#!/bin/sh\ntouch {}\n", mark.display())).expect("write");
+    fs::set_permissions(&sampler, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let default_out = tmp.path().join("out");
+    let out = out.unwrap_or(&default_out);
+    let output = Command::new(relay_bin())
+        .arg("record")
+        .arg("--sampler")
+        .arg(&sampler)
+        .arg("--output")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("running ember-relay record");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "record {args:?} was not refused as a usage error:\n{stderr}"
+    );
+    assert!(!mark.exists(), "record {args:?} started the sampler");
+    if out == default_out {
+        assert!(!out.exists(), "record {args:?} made its output directory");
+    }
+    stderr
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_starts() {
+    // A pid nobody has: the kernel's pid_max is at most 4194304.
+    let stderr = refused(&["--pid", "4194305"], None);
+    assert!(
+        stderr.contains(
+            "--pid 4194305: no such process; pass the pid of a running process (`pgrep NAME` \
+             lists them), or leave --pid out to record the whole machine"
+        ),
+        "{stderr}"
+    );
+    let stderr = refused(&["--frequency", "0"], None);
+    assert!(
+        stderr.contains("0 samples per second is out of range: use 1 to 10000 (default 97)"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--frequency", "20000"], None);
+    assert!(
+        stderr.contains("20000 samples per second is out of range: use 1 to 10000"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--duration", "0"], None);
+    assert!(
+        stderr.contains("`0` is out of range (10ms to 24h)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_output_directory_that_cannot_be_made_is_refused_before_the_sampler_starts() {
+    // As root (record refuses to start otherwise, before it looks at --output).
+    if !privileged() {
+        return;
+    }
+    // Given an --output below a regular file: no user, root included, can make it
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let file = tmp.path().join("a-file");
+    fs::write(&file, "").expect("write");
+    let out = file.join("out");
+    let stderr = refused(&[], Some(&out));
+    assert!(
+        stderr.contains(&format!(
+            "--output {}: cannot create the output files there (",
+            out.display()
+        )) && stderr.contains("choose a writable directory with -o DIR"),
+        "{stderr}"
+    );
+}
+
+/// `ember-relay report FILE` prints the same functions with the same self and total counts as
+/// `go tool pprof -top -sample_index=samples` on the same file.
+fn report_matches_go_pprof(profile: &std::path::Path) {
+    let Some(go) = go_pprof::top(profile) else {
+        return;
+    };
+    let output = Command::new(relay_bin())
+        .args(["report", "--count", "100000"])
+        .arg(profile)
+        .output()
+        .expect("running ember-relay report");
+    let ours = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "ember-relay report failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (ours_rows, go_rows) = (go_pprof::parse_top(&ours), go_pprof::parse_top(&go));
+    assert!(!go_rows.is_empty(), "no rows in go tool pprof -top:\n{go}");
+    assert_eq!(
+        ours_rows, go_rows,
+        "ember-relay report:\n{ours}\ngo tool pprof -top:\n{go}"
+    );
+    eprintln!("ember-relay report:\n{ours}");
 }

@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
+use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat, UsageError};
 use crate::{
     config::{self, Exporters, OtlpFlags},
     metrics::{MetricsAddress, MetricsSettings},
@@ -20,6 +20,20 @@ pub(super) struct ValidateArgs {
     /// The relay config file (YAML).
     #[arg(long, value_name = "FILE")]
     pub(super) config: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ReportArgs {
+    /// A pprof profile, e.g. the profile.pb.gz `record` wrote (gzipped or not).
+    #[arg(value_name = "FILE")]
+    pub(super) file: PathBuf,
+    /// How many functions to print (the ones with the most self samples first).
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub(super) count: usize,
+    /// The sample type to count, as pprof's -sample_index: `samples` (default when the profile
+    /// has it) or `cpu` (nanoseconds).
+    #[arg(long, value_name = "TYPE")]
+    pub(super) sample_index: Option<String>,
 }
 
 /// Exporter options shared by `run` and `record`. Flags override the config file, which
@@ -158,11 +172,11 @@ pub(super) struct RecordArgs {
     /// Directory for flamegraph.svg, profile.pb.gz and stacks.folded.
     #[arg(long, short = 'o', default_value = "ember-out")]
     output: PathBuf,
-    /// Samples per second on each CPU.
+    /// Samples per second on each CPU, 1 to 10000.
     #[arg(long, short = 'F', visible_alias = "samples-per-second", default_value_t = 97,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = parse_frequency)]
     frequency: u32,
-    /// Record only this process.
+    /// Record only this process (its pid, not a thread's id); it must be running.
     #[arg(long, short = 'p')]
     pid: Option<u32>,
     /// Unprivileged user (name or uid) the relay becomes before it reads anything. Default: the
@@ -241,10 +255,57 @@ impl RunArgs {
     }
 }
 
+/// Highest `record --frequency`: beyond, the sampler's own cost dominates what it measures.
+const MAX_FREQUENCY_HZ: u32 = 10_000;
+
+/// `--frequency`: 1 to [`MAX_FREQUENCY_HZ`] samples per second, the fix in the message.
+fn parse_frequency(text: &str) -> Result<u32, String> {
+    let hz: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of samples per second, e.g. 97"))?;
+    if !(1..=MAX_FREQUENCY_HZ).contains(&hz) {
+        return Err(format!(
+            "{hz} samples per second is out of range: use 1 to {MAX_FREQUENCY_HZ} (default 97)"
+        ));
+    }
+    Ok(hz)
+}
+
+/// `--pid` names a running process, and not one of its threads (the sampler keeps samples by
+/// process id: a thread id would record nothing). Checked before anything starts.
+fn check_pid(pid: u32, proc_root: &std::path::Path) -> Result<(), UsageError> {
+    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status"));
+    let Ok(status) = status else {
+        return Err(UsageError(format!(
+            "--pid {pid}: no such process; pass the pid of a running process (`pgrep NAME` \
+             lists them), or leave --pid out to record the whole machine"
+        )));
+    };
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    match tgid {
+        Some(tgid) if tgid != pid => Err(UsageError(format!(
+            "--pid {pid}: a thread of process {tgid}, not a process; pass --pid {tgid}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl RecordArgs {
     /// The flags of `record`, with the exporters resolved; `log_format` is passed on to the
-    /// sampler it starts.
-    pub(super) fn into_config(self, log_format: LogFormat) -> anyhow::Result<record::RecordConfig> {
+    /// sampler it starts. A `--pid` that is not a running process is refused here, before
+    /// anything starts.
+    pub(super) fn into_config(
+        self,
+        log_format: LogFormat,
+        log_level: &'static str,
+    ) -> anyhow::Result<record::RecordConfig> {
+        if let Some(pid) = self.pid {
+            check_pid(pid, std::path::Path::new("/proc"))?;
+        }
         Ok(record::RecordConfig {
             exporters: self.export.resolve()?,
             duration: self.duration,
@@ -256,6 +317,7 @@ impl RecordArgs {
             interval: self.interval,
             max_message_bytes: self.max_message_bytes,
             log_format,
+            log_level,
             export_timeout: self.export_timeout,
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
@@ -269,5 +331,56 @@ impl RecordArgs {
                 .metrics(self.metrics_address, MetricsAddress::Off)?,
             state_dir: self.state_dir,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn a_pid_must_be_a_running_process_not_a_thread() {
+        let proc_root = Path::new("/proc");
+        // Given this test's own process: accepted
+        let me = std::process::id();
+        assert!(check_pid(me, proc_root).is_ok());
+        // Given one of its threads: refused, naming the process to pass instead
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            tid_tx
+                .send(nix::unistd::gettid().as_raw())
+                .expect("send tid");
+            // Alive until the check is done.
+            let _ = done_rx.recv();
+        });
+        let tid = u32::try_from(tid_rx.recv().expect("tid")).expect("tid fits u32");
+        let err = check_pid(tid, proc_root).expect_err("a thread id");
+        drop(done_tx);
+        thread.join().expect("thread");
+        assert_eq!(
+            err.0,
+            format!("--pid {tid}: a thread of process {me}, not a process; pass --pid {me}")
+        );
+        // Given a pid with no /proc entry: refused as no such process
+        let empty = tempfile::tempdir().expect("temp dir");
+        let err = check_pid(me, empty.path()).expect_err("no such process");
+        assert!(
+            err.0.starts_with(&format!("--pid {me}: no such process;")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn frequency_out_of_range_names_the_range() {
+        assert_eq!(parse_frequency("97"), Ok(97));
+        assert_eq!(
+            parse_frequency("0"),
+            Err("0 samples per second is out of range: use 1 to 10000 (default 97)".to_owned())
+        );
+        assert!(parse_frequency("10001").is_err());
+        assert!(parse_frequency("fast").is_err());
     }
 }

@@ -10,13 +10,13 @@ mod args;
 pub(crate) mod kubernetes;
 pub(crate) mod labels;
 
-use std::process::ExitCode;
+use std::{fmt, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-pub(crate) use ember_common::{init_logging, parse_duration, LogFormat};
+pub(crate) use ember_common::{init_logging_at, parse_duration, LogFormat};
 
-use self::args::{RecordArgs, RunArgs, ValidateArgs};
-use crate::{config, record, run};
+use self::args::{RecordArgs, ReportArgs, RunArgs, ValidateArgs};
+use crate::{config, record, report, run};
 
 /// ember's unprivileged relay: receives stacks from ember-sampler, symbolizes them through the
 /// file descriptors the sampler passed, and writes profiles (pprof, folded stacks, flamegraph).
@@ -28,6 +28,24 @@ struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
     log_format: LogFormat,
+    /// More logs: `record` logs warnings only by default, -v adds info (every batch), -vv debug;
+    /// `run` logs info by default, -v adds debug. EMBER_LOG or RUST_LOG (a tracing filter, e.g.
+    /// `EMBER_LOG=ember_relay=debug`) override both.
+    #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+impl Cli {
+    /// The log level when the environment sets none: `record` is quiet (a progress line and a
+    /// summary are its output), `run` is a service whose log is its output.
+    fn default_log_level(&self) -> &'static str {
+        let quiet = matches!(self.command, Command::Record(_));
+        match (quiet, self.verbose) {
+            (true, 0) => "warn",
+            (true, 1) | (false, 0) => "info",
+            (_, _) => "debug",
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -45,23 +63,51 @@ enum Command {
     /// Check a config file (with the OTEL_EXPORTER_OTLP_* environment) without running: parses
     /// it, reads its TLS files and prints the exporters it configures.
     Validate(ValidateArgs),
+    /// Print the top functions of a saved profile (the profile.pb.gz of `record`, or any pprof
+    /// file) by self and total samples, as `go tool pprof -top` does, without a Go toolchain.
+    Report(ReportArgs),
 }
+
+/// A command line that cannot work (a process that does not exist, an output directory that
+/// cannot be written): refused before anything starts, with exit status 2 as clap's own usage
+/// errors. The message names the flag and the fix.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Exit status of a refused command line (clap uses the same for its own usage errors).
+const USAGE_EXIT: u8 = 2;
 
 /// The relay's entry point: parses the command line, sets up logging, runs the command and
 /// logs its error, if any.
 pub fn main() -> ExitCode {
     let args = Cli::parse();
-    init_logging(args.log_format);
+    let level = args.default_log_level();
+    init_logging_at(args.log_format, level);
     let result = match args.command {
         Command::Run(a) => a.into_config().and_then(run::run),
         Command::Validate(a) => validate(&a),
-        Command::Record(a) => a.into_config(args.log_format).and_then(record::record),
+        Command::Report(a) => report::report(&a.file, a.count, a.sample_index.as_deref()),
+        Command::Record(a) => a
+            .into_config(args.log_format, level)
+            .and_then(record::record),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
-            ExitCode::FAILURE
+            if err.chain().any(|e| e.is::<UsageError>()) {
+                ExitCode::from(USAGE_EXIT)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -141,7 +187,9 @@ mod tests {
 
     #[test]
     fn record_flags_land_in_record_config() {
-        // Given record's flags and a global log format after the subcommand
+        // Given record's flags and a global log format after the subcommand (--pid: a running
+        // process, this test's)
+        let me = std::process::id().to_string();
         let cli = parse(&[
             "record",
             "-d",
@@ -151,7 +199,7 @@ mod tests {
             "-F",
             "49",
             "-p",
-            "42",
+            &me,
             "--interval",
             "2s",
             "--log-format",
@@ -162,13 +210,15 @@ mod tests {
             panic!("not record: {:?}", cli.command)
         };
         // When they become a RecordConfig
-        let config = args.into_config(log_format).expect("default exporters");
+        let config = args
+            .into_config(log_format, "warn")
+            .expect("default exporters");
         // Then every flag is where record reads it, the log format included (the sampler it
         // starts logs the same way)
         assert_eq!(config.duration, Duration::from_secs(3));
         assert_eq!(config.output, Path::new("/tmp/o"));
         assert_eq!(config.frequency_hz, 49);
-        assert_eq!(config.pid, Some(42));
+        assert_eq!(config.pid, Some(std::process::id()));
         assert_eq!(config.interval, Duration::from_secs(2));
         assert_eq!(config.log_format, LogFormat::Json);
     }
@@ -186,7 +236,7 @@ mod tests {
             let Command::Record(a) = parse(&[&["record"], args].concat()).command else {
                 panic!("not record")
             };
-            a.into_config(LogFormat::Text)
+            a.into_config(LogFormat::Text, "warn")
                 .expect("record config")
                 .metrics
         };
@@ -220,6 +270,16 @@ mod tests {
         assert!(
             Cli::try_parse_from(["ember-relay", "run", "--metrics-address", "localhost"]).is_err()
         );
+    }
+
+    #[test]
+    fn record_is_quiet_unless_asked_and_run_logs_info() {
+        let level = |args: &[&str]| parse(args).default_log_level();
+        assert_eq!(level(&["record"]), "warn");
+        assert_eq!(level(&["record", "-v"]), "info");
+        assert_eq!(level(&["-vv", "record"]), "debug");
+        assert_eq!(level(&["run"]), "info");
+        assert_eq!(level(&["run", "--verbose"]), "debug");
     }
 
     #[test]

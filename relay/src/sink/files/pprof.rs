@@ -210,6 +210,7 @@ pub fn render(profile: &Profile) -> proto::Profile {
         })
         .collect();
 
+    tables.main_mapping_first(main_executable(profile).as_deref());
     let comment = tables.string(&format!("ember: sampled at {} Hz", profile.frequency_hz));
     let default_sample_type = cpu_nanoseconds.r#type;
     proto::Profile {
@@ -256,6 +257,24 @@ fn str_label(key: i64, str: i64) -> proto::Label {
         str,
         ..proto::Label::default()
     }
+}
+
+/// The executable of the process with the most samples (the only one when one process was
+/// recorded): pprof readers take the first mapping for the main binary (`File:` of `pprof
+/// -top`).
+fn main_executable(profile: &Profile) -> Option<Arc<str>> {
+    let mut by_executable: HashMap<Arc<str>, u64> = HashMap::new();
+    for sample in profile.samples() {
+        if !sample.thread.executable_path.is_empty() {
+            *by_executable
+                .entry(Arc::clone(&sample.thread.executable_path))
+                .or_default() += sample.count;
+        }
+    }
+    by_executable
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+        .map(|(path, _)| path)
 }
 
 /// The profile's deduplicated tables, ids in order of first use (so 1-based indices).
@@ -363,6 +382,41 @@ impl Tables {
         mapping.has_line_numbers |= frame.line.is_some();
         mapping.has_inline_frames |= frame.inlined;
         mapping.id
+    }
+
+    /// Moves the main binary's mapping to the front, renumbering the mappings (ids stay their
+    /// 1-based index) and the locations that point at them: the mapping of `executable` when
+    /// one has that file name, else the first that is not the kernel's. The kernel is first
+    /// only when it is the only mapping.
+    fn main_mapping_first(&mut self, executable: Option<&str>) {
+        let filename = |m: &proto::Mapping| self.strings[m.filename as usize].as_str();
+        let main = executable
+            .and_then(|exe| self.mappings.iter().position(|m| filename(m) == exe))
+            .or_else(|| {
+                self.mappings
+                    .iter()
+                    .position(|m| filename(m) != KERNEL_MAPPING)
+            });
+        let Some(main) = main.filter(|&i| i > 0) else {
+            return;
+        };
+        let moved = self.mappings.remove(main);
+        self.mappings.insert(0, moved);
+        // Old id -> new id: the main one becomes 1, the ones before it shift by one.
+        let new_id = |old: u64| match old {
+            0 => 0,
+            old if old == main as u64 + 1 => 1,
+            old if old <= main as u64 => old + 1,
+            old => old,
+        };
+        for (index, mapping) in self.mappings.iter_mut().enumerate() {
+            mapping.id = index as u64 + 1;
+        }
+        for location in &mut self.locations {
+            location.mapping_id = new_id(location.mapping_id);
+        }
+        // Called once every location exists: nothing looks a mapping up by module any more.
+        self.mapping_ids.clear();
     }
 
     fn new_mapping(&mut self, id: u64, module: Option<&Module>, address: u64) -> proto::Mapping {
@@ -611,6 +665,81 @@ mod tests {
             .unwrap();
         assert_eq!(main.mapping_id, app.id);
         assert_eq!(main.line[0].line, 42);
+    }
+
+    #[test]
+    fn the_main_executable_is_the_first_mapping_and_never_the_kernel() {
+        // Given samples whose first frames are kernel frames, then a library's, then the
+        // executable's: the mappings are made in that order
+        let app = app_module();
+        let lib = Arc::new(Module {
+            path: "/usr/lib/libc.so.6".into(),
+            build_id: None,
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0010_0000,
+            file_offset: 0,
+        });
+        let mut profile = Profile::new(100);
+        let stack = vec![
+            kernel("ksys_write", 0xffff_ffff_8100_2000),
+            native("write", 0x7f00_0000_1000, &lib),
+            native("main", 0x40_1000, &app),
+        ];
+        profile.add(
+            SymbolizedSample {
+                thread: thread(10, 11),
+                stack: stack.into(),
+                count: 4,
+            },
+            START,
+            END,
+        );
+        // When rendered
+        let rendered = render(&profile);
+        // Then the process's executable is mapping 1, ids stay 1-based indices, and every
+        // location still points at the mapping of its own file
+        let names: Vec<&str> = rendered
+            .mapping
+            .iter()
+            .map(|m| string(&rendered, m.filename))
+            .collect();
+        assert_eq!(
+            names,
+            ["/usr/bin/app", "[kernel.kallsyms]", "/usr/lib/libc.so.6"]
+        );
+        let ids: Vec<u64> = rendered.mapping.iter().map(|m| m.id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        for location in &rendered.location {
+            let mapping = &rendered.mapping[location.mapping_id as usize - 1];
+            let expected = match location.address {
+                0x40_1000 => "/usr/bin/app",
+                0x7f00_0000_1000 => "/usr/lib/libc.so.6",
+                _ => "[kernel.kallsyms]",
+            };
+            assert_eq!(string(&rendered, mapping.filename), expected);
+        }
+        // And without a known executable, the first mapping that is not the kernel's leads
+        let mut unknown_exe = Profile::new(100);
+        let mut anonymous = thread(20, 21);
+        anonymous.executable_path = "".into();
+        unknown_exe.add(
+            SymbolizedSample {
+                thread: anonymous,
+                stack: vec![
+                    kernel("ksys_write", 0xffff_ffff_8100_2000),
+                    native("write", 0x7f00_0000_1000, &lib),
+                ]
+                .into(),
+                count: 1,
+            },
+            START,
+            END,
+        );
+        let rendered = render(&unknown_exe);
+        assert_eq!(
+            string(&rendered, rendered.mapping[0].filename),
+            "/usr/lib/libc.so.6"
+        );
     }
 
     #[test]
