@@ -43,6 +43,9 @@ pub enum Reply {
     Invalid(String),
     /// HTTP 429 with `Retry-After: secs` (gRPC: RESOURCE_EXHAUSTED).
     Throttle(u64),
+    /// gRPC UNKNOWN / HTTP 500 with this message: how Pyroscope 1.18/1.19 reject ingestion
+    /// over their limits.
+    ServerError(String),
 }
 
 /// One request as received.
@@ -141,6 +144,7 @@ async fn grpc_answer(
         Reply::Throttle(_) => Err(tonic::Status::resource_exhausted(
             "test receiver: slow down",
         )),
+        Reply::ServerError(message) => Err(tonic::Status::unknown(message)),
     }
 }
 
@@ -351,6 +355,9 @@ async fn http_handler(
         ),
         Reply::Unavailable => respond(StatusCode::SERVICE_UNAVAILABLE, b"unavailable".to_vec()),
         Reply::Invalid(message) => respond(StatusCode::BAD_REQUEST, message.into_bytes()),
+        Reply::ServerError(message) => {
+            respond(StatusCode::INTERNAL_SERVER_ERROR, message.into_bytes())
+        }
         Reply::Throttle(secs) => {
             let mut r = respond(StatusCode::TOO_MANY_REQUESTS, b"slow down".to_vec());
             r.headers_mut()

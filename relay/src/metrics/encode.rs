@@ -284,6 +284,13 @@ const EXPORT: &[ExportSeries] = &[
         |s| s.retries,
     ),
     (
+        "server_error_retries",
+        "OTLP server errors (gRPC UNKNOWN, HTTP 500) retried because retry_server_errors is on \
+         (Pyroscope 1.18/1.19 answer over-limit ingestion so); also counted in retries.",
+        Kind::Counter,
+        |s| s.server_error_retries,
+    ),
+    (
         "split_requests",
         "OTLP requests split because they exceeded the request size limit.",
         Kind::Counter,

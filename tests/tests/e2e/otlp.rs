@@ -342,6 +342,64 @@ fn otlp_unavailable_is_retried_and_delivered_once() {
     }
 }
 
+/// Pyroscope 1.18/1.19 reject ingestion over their limits with gRPC UNKNOWN / HTTP 500: with
+/// the v1.9 generation (theirs) those are retried within the budget and counted; with v1.10
+/// they stay permanent unless `retry_server_errors` asks otherwise.
+#[test]
+fn otlp_server_errors_are_retried_for_pyroscope_1_9_receivers() {
+    let _lock = ebpf_lock();
+    log_mark();
+    let limit = "pushing profiles: ingestion rate limit (50 MB) reached";
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        for (version, yaml, retried) in [
+            (ProtoVersion::V1_9, "", true),
+            (ProtoVersion::V1_10, "", false),
+            (
+                ProtoVersion::V1_10,
+                "    retry_on_failure: { initial_interval: 50ms, max_interval: 500ms, \
+                 max_elapsed_time: 60s, retry_server_errors: true }\n",
+                true,
+            ),
+        ] {
+            eprintln!("--- {protocol:?} {version:?} {yaml:?}");
+            let receiver = match protocol {
+                Protocol::Grpc => Receiver::grpc(None),
+                Protocol::Http => Receiver::http(None),
+            };
+            receiver.script([
+                Reply::ServerError(limit.into()),
+                Reply::ServerError(limit.into()),
+            ]);
+            let exporter =
+                Exporter::start(settings(&receiver.url(), protocol, version, yaml)).unwrap();
+            let profile = synthetic(1, 4, 2, "limit");
+            let total = profile.total_samples();
+            exporter.export(profile);
+            let attempts = if retried { 3 } else { 1 };
+            // Wait for the request's end: delivered or dropped.
+            let settled = wait_until(DELIVERY_TIMEOUT, || {
+                let stats = exporter.stats();
+                stats.samples_sent + all_dropped(&stats) >= total
+            });
+            assert!(settled.is_some(), "not settled: {:?}", exporter.stats());
+            let (drained, stats) = exporter.shutdown(Duration::from_secs(10));
+            eprintln!("stats: {stats:?}");
+            assert_eq!(drained, Drained::Drained);
+            assert_eq!(receiver.attempts(), attempts, "{:?}", receiver.answered());
+            if retried {
+                assert_eq!(receiver.received().len(), 1, "delivered more than once");
+                assert_eq!(stats.samples_sent, total);
+                assert_eq!((stats.retries, stats.server_error_retries), (2, 2));
+                assert_eq!(all_dropped(&stats), 0);
+            } else {
+                assert_eq!(stats.samples_sent, 0);
+                assert_eq!(stats.dropped_samples(DropReason::Permanent), total);
+                assert_eq!((stats.retries, stats.server_error_retries), (0, 0));
+            }
+        }
+    }
+}
+
 /// A permanent error drops that request (counted, logged once with the server's message) and
 /// the next one goes through; a partial success is logged and counted.
 #[test]

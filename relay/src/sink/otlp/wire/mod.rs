@@ -31,7 +31,7 @@ use crate::model::{Profile, SymbolizedSample};
 /// The OTLP profiles wire generation a receiver speaks (see the README's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
 pub enum ProtoVersion {
-    /// Pyroscope 1.18.x, OpenTelemetry Collector <= 0.147.
+    /// Pyroscope 1.18.x and 1.19.x, OpenTelemetry Collector <= 0.147.
     #[serde(rename = "1.9")]
     V1_9,
     /// Pyroscope >= 1.20, OpenTelemetry Collector >= 0.148 (v1.11 is the same on the wire).
@@ -72,8 +72,8 @@ impl std::str::FromStr for ProtoVersion {
             "1.9" | "1.9.0" => Ok(Self::V1_9),
             "1.10" | "1.10.0" | "1.11" | "1.11.0" => Ok(Self::V1_10),
             other => Err(format!(
-                "unknown OTLP profiles version `{other}`: use 1.9 (Pyroscope 1.18, Collector <= \
-                 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148)"
+                "unknown OTLP profiles version `{other}`: use 1.9 (Pyroscope 1.18/1.19, Collector \
+                 <= 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148)"
             )),
         }
     }
