@@ -29,7 +29,7 @@ use ember_relay::testing::{
 };
 use ember_tests::{
     otlp::{self, Decoded, Receiver, Reply},
-    *,
+    pyroscope, *,
 };
 use serde_json::Value;
 
@@ -846,6 +846,31 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
     }
 }
 
+/// What Pyroscope would keep of a whole-chain capture, under the rules of 1.18/1.19 and of
+/// 1.20 on ([`pyroscope`]): every sample keeps a non-empty stack and all its frames, no series
+/// is over the label limit, and the series of the one process are its thread names.
+fn check_pyroscope_view(decoded: &[Decoded], label: &str) {
+    for rules in [pyroscope::Rules::V1_18, pyroscope::Rules::V1_20] {
+        let view = pyroscope::ingest(decoded, rules);
+        pyroscope::report(&format!("{label} {rules:?}"), &view);
+        assert!(view.total > 0, "{label}: nothing ingested");
+        assert_eq!(view.empty_stack, 0, "{label} {rules:?}: empty stacks");
+        assert_eq!(view.lost_frame, 0, "{label} {rules:?}: frames lost");
+        assert_eq!(view.over_label_limit, 0, "{label} {rules:?}");
+        let thread_names: BTreeSet<&String> = decoded
+            .iter()
+            .flat_map(|d| d.samples())
+            .filter_map(|(_, s)| s.attributes.get("thread.name"))
+            .collect();
+        assert_eq!(
+            view.series.len(),
+            thread_names.len().max(1),
+            "{label} {rules:?}: series {:?}",
+            view.series.keys().collect::<Vec<_>>()
+        );
+    }
+}
+
 /// Checks the facts of a ground-truth recording from the decoded requests alone, and prints the
 /// size and CPU figures.
 fn check_ground_truth(chain: &Chain, label: &str) {
@@ -919,6 +944,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
             "the tenant header did not arrive"
         );
     }
+    check_pyroscope_view(&chain.decoded, label);
     // Nothing lost between the local files and the export.
     let folded_total = total_count(
         chain
@@ -934,8 +960,8 @@ fn check_ground_truth(chain: &Chain, label: &str) {
     assert!(total >= 2000, "{label}: only {total} samples");
     // And per stack: each exported stack carries its own count, the one stacks.folded of the
     // same run has for it (a count moved to another stack keeps the total, not this). Folded
-    // names kernel frames `name_[k]` and unnamed frames `[unknown] module+offset`; the export
-    // marks the first by frame type and sends the second without a line.
+    // names kernel frames `name_[k]` (the export marks them by frame type) and unnamed frames
+    // `[unknown] module`, as the export's line does: the names must agree.
     let mut exported: BTreeMap<Vec<String>, i64> = BTreeMap::new();
     for d in &chain.decoded {
         for (_, s) in d.samples() {
@@ -945,7 +971,6 @@ fn check_ground_truth(chain: &Chain, label: &str) {
                 .zip(&s.frame_types)
                 .rev()
                 .map(|(name, kind)| match kind.as_str() {
-                    _ if name == "[unknown]" => name.clone(),
                     "kernel" => format!("{name}{KERNEL_SUFFIX}"),
                     _ => name.clone(),
                 })
@@ -958,17 +983,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
         if stack.process != "groundtruth" {
             continue;
         }
-        let key = stack
-            .frames
-            .iter()
-            .map(|f| {
-                if is_unknown_frame(f) {
-                    "[unknown]".to_owned()
-                } else {
-                    f.clone()
-                }
-            })
-            .collect();
+        let key = stack.frames.clone();
         *folded.entry(key).or_default() += i64::try_from(stack.count).unwrap();
     }
     exported.retain(|_, count| *count != 0);

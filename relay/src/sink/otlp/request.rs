@@ -384,6 +384,8 @@ struct Builder {
     // a miss falls back to the content-keyed tables above, so dedup never depends on them.
     mapping_by_ptr: HashMap<usize, i32>,
     function_by_ptr: HashMap<(usize, usize, u32), i32>,
+    /// Mapping index -> the function naming its unnamed frames (one name per module).
+    unknown_by_mapping: HashMap<i32, i32>,
     frame_type: [Option<i32>; 3],
 }
 
@@ -410,6 +412,7 @@ impl Default for Builder {
             stacks: HashMap::from_iter([(Vec::new(), 0)]),
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
+            unknown_by_mapping: HashMap::default(),
             frame_type: [None; 3],
         }
     }
@@ -462,12 +465,31 @@ impl Builder {
         i
     }
 
+    /// The function of an unnamed frame in `mapping`: [`Frame::display_name`], no file.
+    fn unknown_function(&mut self, frame: &Frame, mapping: i32) -> i32 {
+        if let Some(&i) = self.unknown_by_mapping.get(&mapping) {
+            return i;
+        }
+        let function = Function {
+            name: self.string(&frame.display_name()),
+            system_name: 0,
+            filename: 0,
+        };
+        let i = self.intern_function(function);
+        self.unknown_by_mapping.insert(mapping, i);
+        i
+    }
+
     fn function_by_content(&mut self, frame: &Frame) -> i32 {
         let function = Function {
             name: self.string(&frame.function),
             system_name: 0,
             filename: frame.file.as_deref().map_or(0, |f| self.string(f)),
         };
+        self.intern_function(function)
+    }
+
+    fn intern_function(&mut self, function: Function) -> i32 {
         if let Some(&i) = self.functions.get(&function) {
             return i;
         }
@@ -514,8 +536,13 @@ impl Builder {
         let Some(last) = frames.last() else { return 0 };
         let mapping = last.module.as_ref().map_or(0, |m| self.mapping_of(m));
         let lines = if last.is_unknown() {
-            // No lines: receivers show the address (and may symbolize it by build id).
-            Vec::new()
+            // One line named after the module (`[unknown] libfoo.so`, as the local files name
+            // it): Pyroscope builds frames from lines only and drops a location without one.
+            // The address and mapping (with its build id) stay for receivers that symbolize.
+            vec![Line {
+                function: self.unknown_function(last, mapping),
+                line: 0,
+            }]
         } else {
             frames
                 .iter()
@@ -809,6 +836,53 @@ mod tests {
             .map(|l| d.string(d.functions[l.function as usize].name))
             .collect();
         assert_eq!(names, vec!["helper", "caller"]);
+    }
+
+    #[test]
+    fn unnamed_frames_carry_one_line_named_after_their_module() {
+        // Given two unnamed frames at two addresses of one module, and one without a module
+        let app = module("/usr/bin/app", Some("abcd"));
+        let unknown = |address| Frame {
+            function: crate::model::UNKNOWN.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            inlined: false,
+            address,
+            module: Some(Arc::clone(&app)),
+        };
+        let orphan = Frame {
+            module: None,
+            ..unknown(0x99)
+        };
+        let stack = vec![unknown(0x40_1234), unknown(0x40_5678), orphan];
+        let request = build(
+            &[sample(1, 1, "t", stack, 1)],
+            &meta(),
+            SampleAttributes::default(),
+        );
+        let d = &request.dictionary;
+        // Then every location has a line (Pyroscope drops a location without one) whose function
+        // names the module, one function for the module whatever the address, as the local
+        // files name it; the address and the mapping stay on the location
+        let stack = &d.stacks[request.resources[0].samples[0].stack as usize];
+        let names: Vec<&str> = stack
+            .iter()
+            .map(|&l| {
+                let location = &d.locations[l as usize];
+                assert_eq!(location.lines.len(), 1, "{location:?}");
+                d.string(d.functions[location.lines[0].function as usize].name)
+            })
+            .collect();
+        assert_eq!(names, ["[unknown] app", "[unknown] app", "[unknown]"]);
+        assert_eq!(d.functions.len(), 1 + 2);
+        let first = &d.locations[stack[0] as usize];
+        assert_eq!(first.address, 0x40_1234);
+        assert_eq!(
+            d.string(d.mappings[first.mapping as usize].filename),
+            "/usr/bin/app"
+        );
+        assert_eq!(unknown(0x40_1234).display_name(), names[0]);
     }
 
     #[test]
