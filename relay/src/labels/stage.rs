@@ -7,7 +7,8 @@
 //! cgroup, the allowlisted environment, static tags, `service.name` by its precedence), the
 //! Kubernetes labels of its container when the provider runs ([`kubernetes::join`]; a change of
 //! the node's pods drops the cached labels, so they are recomputed), the
-//! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], and
+//! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], the
+//! removal of `process.pid` (rules can read it; it is never a resource label), and
 //! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
 //! removed and counted). A dropped process's samples are not exported; they are counted.
 //!
@@ -334,6 +335,10 @@ fn compute(
         return None;
     };
     resource::restore_service_name(&mut labels, &before_rules);
+    // The pid is for the rules only: as a resource attribute it would start a series per
+    // process in Pyroscope >= 1.20 (which makes integers labels) and split a service's
+    // processes into resources of their own. Per sample it is opt-in (`sample_attributes`).
+    labels.remove(keys::PROCESS_PID);
     let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
     for (name, _) in pyroscope::series(&labels, &pinned).dropped {
         labels.remove(&name);

@@ -773,7 +773,6 @@ struct Chain {
     received: Vec<otlp::Received>,
     decoded: Vec<Decoded>,
     truth: Value,
-    pid: u32,
     recorded: Recorded,
     /// Wall-clock bounds of the `record` run, in ns since the epoch.
     started_ns: u64,
@@ -839,7 +838,6 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
         received,
         decoded,
         truth,
-        pid,
         recorded,
         started_ns,
         ended_ns,
@@ -848,7 +846,8 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
 
 /// What Pyroscope would keep of a whole-chain capture, under the rules of 1.18/1.19 and of
 /// 1.20 on ([`pyroscope`]): every sample keeps a non-empty stack and all its frames, no series
-/// is over the label limit, and the series of the one process are its thread names.
+/// is over the label limit, no pid is a label, and the series of the one process are its thread
+/// names.
 fn check_pyroscope_view(decoded: &[Decoded], label: &str) {
     for rules in [pyroscope::Rules::V1_18, pyroscope::Rules::V1_20] {
         let view = pyroscope::ingest(decoded, rules);
@@ -857,6 +856,10 @@ fn check_pyroscope_view(decoded: &[Decoded], label: &str) {
         assert_eq!(view.empty_stack, 0, "{label} {rules:?}: empty stacks");
         assert_eq!(view.lost_frame, 0, "{label} {rules:?}: frames lost");
         assert_eq!(view.over_label_limit, 0, "{label} {rules:?}");
+        assert!(
+            view.series.keys().all(|l| !l.contains_key("process_pid")),
+            "{label} {rules:?}: a pid became a series label"
+        );
         let thread_names: BTreeSet<&String> = decoded
             .iter()
             .flat_map(|d| d.samples())
@@ -906,7 +909,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
                 a.get("process.executable.name").map(String::as_str),
                 Some("groundtruth")
             );
-            assert_eq!(a.get("process.pid"), Some(&chain.pid.to_string()));
+            assert_eq!(a.get("process.pid"), None, "a pid on the resource: {a:?}");
             assert!(a
                 .get("process.executable.path")
                 .is_some_and(|p| p.ends_with("/groundtruth")));
@@ -1522,14 +1525,12 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
                     "process.executable.name",
                     "process.executable.path",
                     "process.owner",
-                    "process.pid",
                     "service.name",
                 ]),
                 "{what}: resource attributes"
             );
             assert_eq!(resource["service.name"], "groundtruth", "{what}");
             assert_eq!(resource["process.executable.name"], "groundtruth", "{what}");
-            assert_eq!(resource["process.pid"].as_u64(), Some(u64::from(chain.pid)));
             assert!(
                 resource["process.executable.path"]
                     .as_str()

@@ -243,7 +243,6 @@ mod tests {
         );
         for needle in [
             "service.name=\"app\"",
-            "process.pid=42",
             "count 5 thread.name=\"worker\"",
             "hot [native] app.c:12",
             "[unknown] app [native]",

@@ -120,7 +120,8 @@ pub struct RetryConfig {
 pub struct SampleAttributesConfig {
     /// `thread.name` on each sample. Default: true.
     pub thread_name: Option<bool>,
-    /// `process.pid` on each sample (it is on the resource anyway). Default: false.
+    /// `process.pid` on each sample (never on the resource). Each process is then a series of
+    /// its own in Pyroscope >= 1.20, which makes integer attributes labels. Default: false.
     pub pid: Option<bool>,
     /// `thread.id` on each sample (high cardinality). Default: false.
     pub tid: Option<bool>,
