@@ -4,7 +4,9 @@
 //!
 //! Flow: `RawBatch` (protocol) -> [`SymbolizedSample`] (symbolize) -> [`Profile`] (aggregate)
 //! -> sinks. A frame that could not be named is still a frame (`[unknown]` with its module), so
-//! no sample is ever dropped between stages.
+//! no sample is ever dropped between stages. Every output names it alike, by its module
+//! (`[unknown] libfoo.so`), one name per module and not per address, so flame graphs aggregate
+//! it; the address stays where an output has a field for it (pprof and OTLP locations).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -65,20 +67,17 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Name for text outputs: the function, or `[unknown] module+0xoffset` when unnamed.
+    /// The frame's name in every output: the function, or `[unknown] module` when unnamed
+    /// (`[unknown]` without a module). One name per module, not per address: an unnamed
+    /// library's samples add up to one flame-graph frame instead of one per instruction, and
+    /// Pyroscope, which builds frames from function names only, keeps the frame.
     pub fn display_name(&self) -> String {
         if !self.is_unknown() {
             return self.function.to_string();
         }
         match &self.module {
-            Some(module) => {
-                let offset = self
-                    .address
-                    .wrapping_sub(module.start)
-                    .wrapping_add(module.file_offset);
-                format!("[unknown] {}+{offset:#x}", module.base_name())
-            }
-            None => format!("[unknown] {:#x}", self.address),
+            Some(module) => format!("{UNKNOWN} {}", module.base_name()),
+            None => UNKNOWN.to_owned(),
         }
     }
 

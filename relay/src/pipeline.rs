@@ -400,6 +400,7 @@ impl Pipeline {
             samples_dropped = stats.samples_dropped,
             labels_over_limit = stats.labels_over_limit,
             env_attributes_discarded = stats.env_attributes_discarded,
+            services_unknown = stats.services_unknown,
             "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
         );
     }

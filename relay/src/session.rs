@@ -365,10 +365,7 @@ impl Session {
             let process = self.processes.get(&row.pid);
             let resource = match process {
                 Some(p) => labels.resource(&self.hello.hostname, &p.record),
-                None => labels.resource(
-                    &self.hello.hostname,
-                    &ProcessRecord::unknown(row.pid, &row.comm),
-                ),
+                None => labels.resource(&self.hello.hostname, &ProcessRecord::unknown(row.pid)),
             };
             let Some(resource) = resource else {
                 labels.count_dropped_samples(row.count);

@@ -18,6 +18,7 @@ mod gate;
 pub mod go_pprof;
 pub mod otlp;
 pub mod pprof;
+pub mod pyroscope;
 
 use std::{
     fs,

@@ -10,7 +10,7 @@
 //! dropped.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     io::Read as _,
     net::{SocketAddr, TcpListener as StdListener},
     sync::{Arc, Mutex, MutexGuard},
@@ -43,6 +43,9 @@ pub enum Reply {
     Invalid(String),
     /// HTTP 429 with `Retry-After: secs` (gRPC: RESOURCE_EXHAUSTED).
     Throttle(u64),
+    /// gRPC UNKNOWN / HTTP 500 with this message: how Pyroscope 1.18/1.19 reject ingestion
+    /// over their limits.
+    ServerError(String),
 }
 
 /// One request as received.
@@ -141,6 +144,7 @@ async fn grpc_answer(
         Reply::Throttle(_) => Err(tonic::Status::resource_exhausted(
             "test receiver: slow down",
         )),
+        Reply::ServerError(message) => Err(tonic::Status::unknown(message)),
     }
 }
 
@@ -351,6 +355,9 @@ async fn http_handler(
         ),
         Reply::Unavailable => respond(StatusCode::SERVICE_UNAVAILABLE, b"unavailable".to_vec()),
         Reply::Invalid(message) => respond(StatusCode::BAD_REQUEST, message.into_bytes()),
+        Reply::ServerError(message) => {
+            respond(StatusCode::INTERNAL_SERVER_ERROR, message.into_bytes())
+        }
         Reply::Throttle(secs) => {
             let mut r = respond(StatusCode::TOO_MANY_REQUESTS, b"slow down".to_vec());
             r.headers_mut()
@@ -620,12 +627,19 @@ pub struct DecodedSample {
     pub stack: Vec<String>,
     pub frame_types: Vec<String>,
     pub attributes: BTreeMap<String, String>,
+    /// Keys of `attributes` whose value is an integer.
+    pub int_attributes: BTreeSet<String>,
+    /// The function names of the stack's lines only, leaf first: a location without lines
+    /// contributes nothing (what Pyroscope builds its frames from).
+    pub line_names: Vec<String>,
 }
 
 /// A resource with its profile's samples.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodedResource {
     pub attributes: BTreeMap<String, String>,
+    /// Keys of `attributes` whose value is an integer.
+    pub int_attributes: BTreeSet<String>,
     pub samples: Vec<DecodedSample>,
 }
 
@@ -685,6 +699,22 @@ macro_rules! decode_facts {
                 Some(other) => format!("{other:?}"),
                 None => String::new(),
             }
+        };
+        let is_int = |v: &Option<_>| {
+            matches!(
+                v,
+                Some(any::AnyValue {
+                    value: Some(any::any_value::Value::IntValue(_)),
+                    ..
+                })
+            )
+        };
+        let int_attribute = |i: &i32| -> Option<String> {
+            usize::try_from(*i)
+                .ok()
+                .and_then(|i| dictionary.attribute_table.get(i))
+                .filter(|a| is_int(&a.value))
+                .map(|a| string(a.key_strindex))
         };
         let attribute = |i: &i32| -> (String, String) {
             match usize::try_from(*i)
@@ -749,6 +779,17 @@ macro_rules! decode_facts {
                         .collect()
                 })
                 .unwrap_or_default();
+            let resource_ints = rp
+                .resource
+                .as_ref()
+                .map(|r| {
+                    r.attributes
+                        .iter()
+                        .filter(|kv| is_int(&kv.value))
+                        .map(|kv| kv.key.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
             let mut samples = Vec::new();
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
@@ -764,6 +805,7 @@ macro_rules! decode_facts {
                     for s in &p.samples {
                         let mut stack = Vec::new();
                         let mut frame_types = Vec::new();
+                        let mut line_names = Vec::new();
                         let locations = usize::try_from(s.stack_index)
                             .ok()
                             .and_then(|i| dictionary.stack_table.get(i))
@@ -794,7 +836,8 @@ macro_rules! decode_facts {
                                     .and_then(|i| dictionary.function_table.get(i))
                                     .map(|f| string(f.name_strindex))
                                     .unwrap_or_else(|| "<bad function>".to_owned());
-                                stack.push(name);
+                                stack.push(name.clone());
+                                line_names.push(name);
                                 frame_types.push(kind.clone());
                             }
                         }
@@ -803,12 +846,19 @@ macro_rules! decode_facts {
                             stack,
                             frame_types,
                             attributes: s.attribute_indices.iter().map(attribute).collect(),
+                            int_attributes: s
+                                .attribute_indices
+                                .iter()
+                                .filter_map(int_attribute)
+                                .collect(),
+                            line_names,
                         });
                     }
                 }
             }
             decoded.resources.push(DecodedResource {
                 attributes,
+                int_attributes: resource_ints,
                 samples,
             });
         }

@@ -164,7 +164,9 @@ fn check_generation(version: &str, config: &std::path::Path) {
             assert_eq!(attributes["region"], "lab");
             assert_eq!(attributes["process.owner"], "root");
             assert_eq!(attributes["os.type"], "linux");
-            assert!(attributes.contains_key("host.name") && attributes.contains_key("process.pid"));
+            assert!(
+                attributes.contains_key("host.name") && !attributes.contains_key("process.pid")
+            );
             assert!(
                 !attributes
                     .keys()

@@ -50,8 +50,10 @@ pub(super) struct ExportArgs {
     /// OTLP transport: grpc or http (http/protobuf).
     #[arg(long, value_name = "PROTOCOL")]
     otlp_protocol: Option<Protocol>,
-    /// OTLP profiles wire generation the receiver speaks: 1.9 (Pyroscope 1.18, Collector <=
-    /// 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148). Default 1.10.
+    /// OTLP profiles wire generation the receiver speaks: 1.9 (Pyroscope 1.18 and 1.19,
+    /// Collector <= 0.147) or 1.10 (Pyroscope >= 1.20, Collector >= 0.148). Default 1.10.
+    /// With 1.9, server errors (gRPC UNKNOWN, HTTP 500) are retried: Pyroscope 1.18/1.19 answer
+    /// their ingestion limits so (exporters.otlp.retry_on_failure.retry_server_errors).
     #[arg(long, value_name = "VERSION")]
     otlp_proto_version: Option<ProtoVersion>,
     /// Extra request header (gRPC metadata), e.g. X-Scope-OrgID=tenant. Repeatable.

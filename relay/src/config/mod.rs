@@ -7,7 +7,7 @@
 //!   otlp:
 //!     endpoint: http://pyroscope:4040
 //!     protocol: grpc          # grpc | http
-//!     proto_version: "1.9"    # "1.9" (Pyroscope 1.18, Collector <= 0.147) | "1.10"
+//!     proto_version: "1.9"    # "1.9" (Pyroscope 1.18/1.19, Collector <= 0.147) | "1.10"
 //!     headers: { X-Scope-OrgID: team-a }
 //!   debug:
 //!     verbosity: detailed

@@ -24,6 +24,9 @@ pub struct ProcessFacts {
     pub cgroup: String,
     /// The command line, only when the user turned it on (it can hold secrets).
     pub command_line: Option<String>,
+    /// A kernel thread (no executable, no mappings; or pid 0, the idle task): its name is the
+    /// thread's, so it names no service ([`super::service::KERNEL_SERVICE`] does).
+    pub kernel_thread: bool,
 }
 
 /// The labels of a process (resource attributes), cgroup labels included.
@@ -195,6 +198,7 @@ mod tests {
             uid: Some(33),
             cgroup: "/system.slice/nginx.service".into(),
             command_line: None,
+            kernel_thread: false,
         };
         let labels = labels(&facts, &users);
         assert_eq!(

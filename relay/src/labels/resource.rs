@@ -69,6 +69,7 @@ pub fn resource_labels(
             .and_then(service_name_variable),
         resource_attributes: attributes.service_name(),
         systemd_unit: unit.as_ref().map(|u| u.unit.as_str()),
+        kernel_thread: facts.kernel_thread,
         default: shared.default_service_name.as_deref(),
         executable_name: Some(facts.executable_name.as_str()),
         ..ServiceNameSources::default()
@@ -113,6 +114,7 @@ mod tests {
             uid: Some(1000),
             cgroup: cgroup.into(),
             command_line: None,
+            kernel_thread: false,
         }
     }
 

@@ -9,12 +9,13 @@
 //! | 5 | Kubernetes: the owner's name (Deployment, StatefulSet, DaemonSet, CronJob, Job) |
 //! | 6 | Kubernetes: the container's name |
 //! | 7 | the systemd service (`nginx.service` -> `nginx`; scopes are not services) |
-//! | 8 | `--service-name` |
-//! | 9 | the executable's name |
-//! | 10 | `unknown_service` (the OpenTelemetry SDK's default) |
+//! | 8 | a kernel thread: `kernel` (its thread name is a sample attribute, never a service) |
+//! | 9 | `--service-name` |
+//! | 10 | the executable's name (never a thread's name) |
+//! | 11 | `unknown_service` (the OpenTelemetry SDK's default) |
 //!
 //! A source that is empty or only whitespace counts as absent. The labels stage evaluates ranks
-//! 2-10 first and gives the result to the rules as the `service.name` label, so a rule can read
+//! 2-11 first and gives the result to the rules as the `service.name` label, so a rule can read
 //! and rewrite it; what the rules leave is rank 1. Pure: no I/O.
 
 /// Every input of the precedence; `None` = not known for this process.
@@ -28,6 +29,8 @@ pub struct ServiceNameSources<'a> {
     pub k8s_container_name: Option<&'a str>,
     /// The systemd unit, as [`super::cgroup::systemd_unit`] names it (`nginx.service`).
     pub systemd_unit: Option<&'a str>,
+    /// Whether the process is a kernel thread.
+    pub kernel_thread: bool,
     /// `--service-name`.
     pub default: Option<&'a str>,
     pub executable_name: Option<&'a str>,
@@ -45,6 +48,7 @@ pub enum ServiceNameSource {
     KubernetesOwner,
     KubernetesContainer,
     Systemd,
+    KernelThread,
     Default,
     Executable,
     Unknown,
@@ -52,6 +56,8 @@ pub enum ServiceNameSource {
 
 /// What names a service when nothing else does.
 pub const UNKNOWN_SERVICE: &str = "unknown_service";
+/// The one service of every kernel thread.
+pub const KERNEL_SERVICE: &str = "kernel";
 
 /// The service name of a process and where it came from.
 pub fn service_name<'a>(sources: &ServiceNameSources<'a>) -> (&'a str, ServiceNameSource) {
@@ -67,6 +73,10 @@ pub fn service_name<'a>(sources: &ServiceNameSources<'a>) -> (&'a str, ServiceNa
         (sources.k8s_owner_name, S::KubernetesOwner),
         (sources.k8s_container_name, S::KubernetesContainer),
         (systemd, S::Systemd),
+        (
+            sources.kernel_thread.then_some(KERNEL_SERVICE),
+            S::KernelThread,
+        ),
         (sources.default, S::Default),
         (sources.executable_name, S::Executable),
     ]
@@ -92,13 +102,14 @@ mod tests {
             k8s_owner_name: Some("deploy"),
             k8s_container_name: Some("container"),
             systemd_unit: Some("nginx.service"),
+            kernel_thread: true,
             default: Some("flag"),
             executable_name: Some("exe"),
         };
         // Given every source, When each higher one is taken away in turn, Then the next one names
         // the service.
         type TakeAway = fn(&mut ServiceNameSources);
-        let table: [(TakeAway, &str, S); 9] = [
+        let table: [(TakeAway, &str, S); 10] = [
             (|_| {}, "relabeled", S::Relabel),
             (|s| s.relabeled = None, "env-name", S::OtelServiceName),
             (
@@ -124,9 +135,10 @@ mod tests {
             (|s| s.k8s_container_name = None, "nginx", S::Systemd),
             (
                 |s| s.systemd_unit = Some("session-2.scope"),
-                "flag",
-                S::Default,
+                "kernel",
+                S::KernelThread,
             ),
+            (|s| s.kernel_thread = false, "flag", S::Default),
             (|s| s.default = None, "exe", S::Executable),
         ];
         // And the order of the enum is the rank (the Kubernetes provider compares them).

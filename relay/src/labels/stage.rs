@@ -7,7 +7,8 @@
 //! cgroup, the allowlisted environment, static tags, `service.name` by its precedence), the
 //! Kubernetes labels of its container when the provider runs ([`kubernetes::join`]; a change of
 //! the node's pods drops the cached labels, so they are recomputed), the
-//! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], and
+//! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], the
+//! removal of `process.pid` (rules can read it; it is never a resource label), and
 //! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
 //! removed and counted). A dropped process's samples are not exported; they are counted.
 //!
@@ -27,6 +28,7 @@ use super::{
     process::{ProcessFacts, UserNames},
     pyroscope,
     resource::{self, ProcessEnv, Shared},
+    service::ServiceNameSource,
     Labels,
 };
 use crate::relabel::{
@@ -93,6 +95,9 @@ pub struct LabelStats {
     pub labels_over_limit: u64,
     /// Processes whose `OTEL_RESOURCE_ATTRIBUTES` was malformed, hence discarded whole.
     pub env_attributes_discarded: u64,
+    /// Processes that nothing named (no facts, no executable name): `unknown_service` or
+    /// `--service-name`.
+    pub services_unknown: u64,
 }
 
 /// One process as the stage sees it: its facts and its allowlisted environment.
@@ -103,14 +108,23 @@ pub struct ProcessRecord {
 }
 
 impl ProcessRecord {
-    /// The record of a sampler's `Process` message.
+    /// The record of a sampler's `Process` message. A kernel thread (no executable, no
+    /// mappings) has no executable name: the sampler names it by its thread's `comm`.
     pub fn from_info(info: &ember_protocol::ProcessInfo) -> Self {
+        let kernel_thread =
+            info.pid == 0 || (info.executable_path.is_empty() && info.mappings.is_empty());
+        let executable_name = if kernel_thread {
+            String::new()
+        } else {
+            info.executable_name.clone()
+        };
         Self {
             facts: ProcessFacts {
                 pid: info.pid,
                 start_time_unix_ns: info.start_time_unix_ns,
                 executable_path: info.executable_path.clone(),
-                executable_name: info.executable_name.clone(),
+                executable_name,
+                kernel_thread,
                 uid: info.uid,
                 cgroup: info.cgroup.clone(),
                 command_line: info
@@ -125,12 +139,15 @@ impl ProcessRecord {
         }
     }
 
-    /// A process the sampler sent no facts for: its pid and the thread's name only.
-    pub fn unknown(pid: u32, comm: &str) -> Self {
+    /// A process the sampler sent no facts for: its pid only. The sampled thread's name
+    /// (`comm`) names no service (a thread of rustc is not the service `lto cgu.0`): the
+    /// service falls back to `--service-name` or `unknown_service`, counted. Pid 0 is the
+    /// kernel's idle task.
+    pub fn unknown(pid: u32) -> Self {
         Self {
             facts: ProcessFacts {
                 pid,
-                executable_name: comm.to_owned(),
+                kernel_thread: pid == 0,
                 ..ProcessFacts::default()
             },
             env: ProcessEnv::default(),
@@ -314,6 +331,13 @@ fn compute(
         }
     }
     let (mut labels, report) = resource::resource_labels(shared, &process.facts, &process.env);
+    if matches!(
+        report.service_name_source,
+        ServiceNameSource::Unknown | ServiceNameSource::Default
+    ) && process.facts.executable_name.is_empty()
+    {
+        stats.services_unknown += 1;
+    }
     if let Some(pods) = pods {
         kubernetes::join(pods, &mut labels, report.service_name_source, &shared.tags);
     }
@@ -334,6 +358,10 @@ fn compute(
         return None;
     };
     resource::restore_service_name(&mut labels, &before_rules);
+    // The pid is for the rules only: as a resource attribute it would start a series per
+    // process in Pyroscope >= 1.20 (which makes integers labels) and split a service's
+    // processes into resources of their own. Per sample it is opt-in (`sample_attributes`).
+    labels.remove(keys::PROCESS_PID);
     let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
     for (name, _) in pyroscope::series(&labels, &pinned).dropped {
         labels.remove(&name);
@@ -443,7 +471,7 @@ mod tests {
         ] {
             stage.resource("h", &r);
         }
-        stage.resource("h", &ProcessRecord::unknown(4, "cron"));
+        stage.resource("h", &ProcessRecord::unknown(4));
         // Then only the filtered process with facts is listed, once, and the list empties
         let expected = ember_protocol::IgnoredProcess {
             pid: 2,
@@ -455,6 +483,61 @@ mod tests {
         stage.forget(2);
         stage.resource("h", &record(2, 20, "sshd", ProcessEnv::default()));
         assert_eq!(stage.take_filtered_out(), [expected]);
+    }
+
+    #[test]
+    fn thread_names_never_name_services() {
+        let mut stage = LabelStage::default();
+        // Given kernel threads as the sampler describes them (no executable, no mappings, named
+        // by their comm), and the idle task
+        let kthread = |pid, comm: &str| {
+            ProcessRecord::from_info(&ember_protocol::ProcessInfo {
+                pid,
+                start_time_unix_ns: 1,
+                executable_name: comm.into(),
+                ..Default::default()
+            })
+        };
+        for record in [
+            kthread(12, "kworker/1:1-events"),
+            kthread(13, "ksoftirqd/0"),
+            ProcessRecord::unknown(0),
+        ] {
+            // Then they share the service `kernel`, without an executable name label
+            let labels = stage.resource("h", &record).expect("kept");
+            assert_eq!(labels.get(keys::SERVICE_NAME), Some("kernel"), "{labels}");
+            assert_eq!(labels.get(keys::PROCESS_EXECUTABLE_NAME), None, "{labels}");
+        }
+        // And a process without facts is not named by its thread: the fallback, counted
+        let labels = stage
+            .resource("h", &ProcessRecord::unknown(77))
+            .expect("kept");
+        assert_eq!(
+            labels.get(keys::SERVICE_NAME),
+            Some(super::super::service::UNKNOWN_SERVICE)
+        );
+        assert_eq!(stage.stats().services_unknown, 1);
+        // While a process with an executable keeps its name
+        let mut info = ember_protocol::ProcessInfo {
+            pid: 78,
+            start_time_unix_ns: 1,
+            executable_path: "/usr/bin/rustc".into(),
+            executable_name: "rustc".into(),
+            ..Default::default()
+        };
+        let labels = stage
+            .resource("h", &ProcessRecord::from_info(&info))
+            .expect("kept");
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("rustc"));
+        // A process whose exe link was unreadable but which maps files is no kernel thread
+        info.pid = 79;
+        info.executable_path = String::new();
+        info.mappings = vec![Default::default()];
+        let labels = stage
+            .resource("h", &ProcessRecord::from_info(&info))
+            .expect("kept");
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("rustc"));
+        assert_eq!(stage.stats().services_unknown, 1);
     }
 
     #[test]

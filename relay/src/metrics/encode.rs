@@ -51,7 +51,7 @@ const RELAY: &[RelaySeries] = &[
     ("samples_received", "Samples received from samplers (the sum of `samples` of the `batch received` log lines).", Kind::Counter, |s| s.samples_received),
     ("samples_symbolized", "Samples symbolized into profiles (received minus filtered).", Kind::Counter, |s| s.samples_symbolized),
     ("samples_filtered", "Samples left out because their process was filtered out (process_filter) or dropped by a relabel rule.", Kind::Counter, |s| s.samples_filtered),
-    ("samples_without_process", "Samples whose process facts had not arrived: named by their thread, their user frames unknown.", Kind::Counter, |s| s.samples_without_process),
+    ("samples_without_process", "Samples whose process facts had not arrived: exported under the fallback service (never their thread's name), their user frames unknown.", Kind::Counter, |s| s.samples_without_process),
     ("frames", "Stack frames symbolized (each distinct stack of a batch counted once).", Kind::Counter, |s| s.frames),
     ("unknown_frames", "Stack frames that could not be named, counted like frames (each names its reason in the profile).", Kind::Counter, |s| s.unknown_frames),
     ("processes", "Processes whose facts the relay holds now.", Kind::Gauge, |s| s.processes),
@@ -282,6 +282,13 @@ const EXPORT: &[ExportSeries] = &[
         "OTLP request attempts retried after a retryable failure.",
         Kind::Counter,
         |s| s.retries,
+    ),
+    (
+        "server_error_retries",
+        "OTLP server errors (gRPC UNKNOWN, HTTP 500) retried because retry_server_errors is on \
+         (Pyroscope 1.18/1.19 answer over-limit ingestion so); also counted in retries.",
+        Kind::Counter,
+        |s| s.server_error_retries,
     ),
     (
         "split_requests",

@@ -337,6 +337,7 @@ fn whole_chain_providers_rules_cache_pyroscope() {
         uid: None,
         cgroup: cgroup.into(),
         command_line: None,
+        kernel_thread: false,
     };
     let env = |attrs: &str| ProcessEnv {
         otel_service_name: None,
@@ -437,6 +438,7 @@ fn label_cost() {
                     pid
                 ),
                 command_line: None,
+                kernel_thread: false,
             };
             let env = ProcessEnv {
                 otel_service_name: None,

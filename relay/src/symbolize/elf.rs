@@ -16,7 +16,7 @@ use std::{
 };
 
 use blazesym::{
-    helper::{read_elf_build_id, ElfResolver},
+    helper::ElfResolver,
     symbolize::{FindSymOpts, Symbolize as _, TranslateFileOffset as _},
 };
 
@@ -248,11 +248,48 @@ fn private_copy(fd: &OwnedFd, cap: u64) -> Result<(OwnedFd, u64), CopyError> {
     Ok((memfd, total))
 }
 
-/// Reads the GNU build id of a passed file, as lowercase hex.
+/// Reads the GNU build id of a passed file, as lowercase hex: the descriptor of the first note
+/// of type `NT_GNU_BUILD_ID` whose owner is "GNU". Other owners reuse type 3 (systemtap's
+/// `.note.stapsdt` probes are `NT_STAPSDT` = 3), so the type alone names no build id; a file
+/// without a GNU note has none (`None`), never another note's bytes.
 pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
-    let id = guarded(|| read_elf_build_id(&fd_path(fd)))?.ok()??;
+    let id = guarded(|| gnu_build_id(&fd_path(fd)))??;
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     Some(Arc::from(hex))
+}
+
+/// Most bytes of one note section read for the build id (real ones hold a few dozen bytes;
+/// `.note.stapsdt` of large libraries some hundred KiB): a bigger section is skipped.
+const MAX_NOTE_SECTION_BYTES: u64 = 4 << 20;
+
+/// The raw GNU build id of the ELF file at `path`; `None` when absent or unreadable. Reads only
+/// the header, the section table and note sections (object's `ReadCache`, no mapping).
+fn gnu_build_id(path: &str) -> Option<Vec<u8>> {
+    use object::{
+        elf,
+        read::elf::{FileHeader as _, SectionHeader as _},
+        read::ReadCache,
+    };
+    let cache = ReadCache::new(std::fs::File::open(path).ok()?);
+    let header = elf::FileHeader64::<object::LittleEndian>::parse(&cache).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, &cache).ok()?;
+    for section in sections.iter() {
+        if section.sh_type(endian) != elf::SHT_NOTE
+            || section.sh_size(endian) > MAX_NOTE_SECTION_BYTES
+        {
+            continue;
+        }
+        let Ok(Some(mut notes)) = section.notes(endian, &cache) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                return Some(note.desc().to_vec());
+            }
+        }
+    }
+    None
 }
 
 impl ElfCache {
@@ -519,6 +556,95 @@ mod tests {
                 (kind == 1 && (va..va + filesz).contains(&vaddr)).then(|| vaddr - va + offset)
             })
             .expect("symbol inside a PT_LOAD segment")
+    }
+
+    /// Builds `main.c` with `cc` and `link` flags into `dir`; the source has a systemtap probe
+    /// note (`.note.stapsdt`, owner "stapsdt", type 3 like `NT_GNU_BUILD_ID`), written with
+    /// inline assembly as `sys/sdt.h` would write it.
+    fn build_with_stapsdt(dir: &std::path::Path, name: &str, link: &str) -> std::path::PathBuf {
+        let src = dir.join(format!("{name}.c"));
+        let bin = dir.join(name);
+        std::fs::write(
+            &src,
+            r#"int main(void) {
+    __asm__ volatile(
+        "990: nop\n"
+        ".pushsection .note.stapsdt,\"?\",\"note\"\n"
+        ".balign 4\n"
+        ".4byte 992f-991f, 994f-993f, 3\n"
+        "991: .asciz \"stapsdt\"\n"
+        "992: .balign 4\n"
+        "993: .8byte 990b\n"
+        ".8byte 0\n"
+        ".8byte 0\n"
+        ".asciz \"ember\"\n"
+        ".asciz \"probe\"\n"
+        ".asciz \"\"\n"
+        "994: .balign 4\n"
+        ".popsection\n");
+    return 0;
+}
+"#,
+        )
+        .expect("write source");
+        let out = std::process::Command::new("cc")
+            .args(["-O1", "-g0", link])
+            .arg(&src)
+            .arg("-o")
+            .arg(&bin)
+            .output()
+            .expect("run cc (a C compiler is needed for this fixture)");
+        assert!(
+            out.status.success(),
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    }
+
+    /// `readelf -n`'s notes of `bin` as (owner, description) pairs.
+    fn readelf_notes(bin: &std::path::Path) -> String {
+        let out = std::process::Command::new("readelf")
+            .arg("-n")
+            .arg(bin)
+            .output()
+            .expect("run readelf");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn a_stapsdt_note_is_no_build_id() {
+        // Given a binary with a systemtap probe note and no build id, as readelf sees it
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = build_with_stapsdt(dir.path(), "probed", "-Wl,--build-id=none");
+        let notes = readelf_notes(&bin);
+        assert!(
+            notes.contains("stapsdt"),
+            "fixture lacks the probe note:\n{notes}"
+        );
+        assert!(
+            !notes.contains("NT_GNU_BUILD_ID"),
+            "fixture has a build id:\n{notes}"
+        );
+        // When its build id is read, Then there is none (not the probe note's bytes)
+        let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
+        assert_eq!(build_id(&fd), None);
+        // And with a GNU build id next to the probe note, exactly that id is read
+        let bin = build_with_stapsdt(
+            dir.path(),
+            "probed-with-id",
+            "-Wl,--build-id=0xfeedface00112233445566778899aabbccddeeff",
+        );
+        let notes = readelf_notes(&bin);
+        assert!(
+            notes.contains("stapsdt") && notes.contains("NT_GNU_BUILD_ID"),
+            "{notes}"
+        );
+        let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
+        assert_eq!(
+            build_id(&fd).as_deref(),
+            Some("feedface00112233445566778899aabbccddeeff")
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use ember_relay::testing::{
 };
 use ember_tests::{
     otlp::{self, Decoded, Receiver, Reply},
-    *,
+    pyroscope, *,
 };
 use serde_json::Value;
 
@@ -339,6 +339,64 @@ fn otlp_unavailable_is_retried_and_delivered_once() {
             receiver.received()[0].gzip,
             "request was not gzip-compressed"
         );
+    }
+}
+
+/// Pyroscope 1.18/1.19 reject ingestion over their limits with gRPC UNKNOWN / HTTP 500: with
+/// the v1.9 generation (theirs) those are retried within the budget and counted; with v1.10
+/// they stay permanent unless `retry_server_errors` asks otherwise.
+#[test]
+fn otlp_server_errors_are_retried_for_pyroscope_1_9_receivers() {
+    let _lock = ebpf_lock();
+    log_mark();
+    let limit = "pushing profiles: ingestion rate limit (50 MB) reached";
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        for (version, yaml, retried) in [
+            (ProtoVersion::V1_9, "", true),
+            (ProtoVersion::V1_10, "", false),
+            (
+                ProtoVersion::V1_10,
+                "    retry_on_failure: { initial_interval: 50ms, max_interval: 500ms, \
+                 max_elapsed_time: 60s, retry_server_errors: true }\n",
+                true,
+            ),
+        ] {
+            eprintln!("--- {protocol:?} {version:?} {yaml:?}");
+            let receiver = match protocol {
+                Protocol::Grpc => Receiver::grpc(None),
+                Protocol::Http => Receiver::http(None),
+            };
+            receiver.script([
+                Reply::ServerError(limit.into()),
+                Reply::ServerError(limit.into()),
+            ]);
+            let exporter =
+                Exporter::start(settings(&receiver.url(), protocol, version, yaml)).unwrap();
+            let profile = synthetic(1, 4, 2, "limit");
+            let total = profile.total_samples();
+            exporter.export(profile);
+            let attempts = if retried { 3 } else { 1 };
+            // Wait for the request's end: delivered or dropped.
+            let settled = wait_until(DELIVERY_TIMEOUT, || {
+                let stats = exporter.stats();
+                stats.samples_sent + all_dropped(&stats) >= total
+            });
+            assert!(settled.is_some(), "not settled: {:?}", exporter.stats());
+            let (drained, stats) = exporter.shutdown(Duration::from_secs(10));
+            eprintln!("stats: {stats:?}");
+            assert_eq!(drained, Drained::Drained);
+            assert_eq!(receiver.attempts(), attempts, "{:?}", receiver.answered());
+            if retried {
+                assert_eq!(receiver.received().len(), 1, "delivered more than once");
+                assert_eq!(stats.samples_sent, total);
+                assert_eq!((stats.retries, stats.server_error_retries), (2, 2));
+                assert_eq!(all_dropped(&stats), 0);
+            } else {
+                assert_eq!(stats.samples_sent, 0);
+                assert_eq!(stats.dropped_samples(DropReason::Permanent), total);
+                assert_eq!((stats.retries, stats.server_error_retries), (0, 0));
+            }
+        }
     }
 }
 
@@ -715,7 +773,6 @@ struct Chain {
     received: Vec<otlp::Received>,
     decoded: Vec<Decoded>,
     truth: Value,
-    pid: u32,
     recorded: Recorded,
     /// Wall-clock bounds of the `record` run, in ns since the epoch.
     started_ns: u64,
@@ -781,10 +838,39 @@ fn record_ground_truth(receiver: &Receiver, protocol: &str, version: &str) -> Ch
         received,
         decoded,
         truth,
-        pid,
         recorded,
         started_ns,
         ended_ns,
+    }
+}
+
+/// What Pyroscope would keep of a whole-chain capture, under the rules of 1.18/1.19 and of
+/// 1.20 on ([`pyroscope`]): every sample keeps a non-empty stack and all its frames, no series
+/// is over the label limit, no pid is a label, and the series of the one process are its thread
+/// names.
+fn check_pyroscope_view(decoded: &[Decoded], label: &str) {
+    for rules in [pyroscope::Rules::V1_18, pyroscope::Rules::V1_20] {
+        let view = pyroscope::ingest(decoded, rules);
+        pyroscope::report(&format!("{label} {rules:?}"), &view);
+        assert!(view.total > 0, "{label}: nothing ingested");
+        assert_eq!(view.empty_stack, 0, "{label} {rules:?}: empty stacks");
+        assert_eq!(view.lost_frame, 0, "{label} {rules:?}: frames lost");
+        assert_eq!(view.over_label_limit, 0, "{label} {rules:?}");
+        assert!(
+            view.series.keys().all(|l| !l.contains_key("process_pid")),
+            "{label} {rules:?}: a pid became a series label"
+        );
+        let thread_names: BTreeSet<&String> = decoded
+            .iter()
+            .flat_map(|d| d.samples())
+            .filter_map(|(_, s)| s.attributes.get("thread.name"))
+            .collect();
+        assert_eq!(
+            view.series.len(),
+            thread_names.len().max(1),
+            "{label} {rules:?}: series {:?}",
+            view.series.keys().collect::<Vec<_>>()
+        );
     }
 }
 
@@ -823,7 +909,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
                 a.get("process.executable.name").map(String::as_str),
                 Some("groundtruth")
             );
-            assert_eq!(a.get("process.pid"), Some(&chain.pid.to_string()));
+            assert_eq!(a.get("process.pid"), None, "a pid on the resource: {a:?}");
             assert!(a
                 .get("process.executable.path")
                 .is_some_and(|p| p.ends_with("/groundtruth")));
@@ -861,6 +947,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
             "the tenant header did not arrive"
         );
     }
+    check_pyroscope_view(&chain.decoded, label);
     // Nothing lost between the local files and the export.
     let folded_total = total_count(
         chain
@@ -876,8 +963,8 @@ fn check_ground_truth(chain: &Chain, label: &str) {
     assert!(total >= 2000, "{label}: only {total} samples");
     // And per stack: each exported stack carries its own count, the one stacks.folded of the
     // same run has for it (a count moved to another stack keeps the total, not this). Folded
-    // names kernel frames `name_[k]` and unnamed frames `[unknown] module+offset`; the export
-    // marks the first by frame type and sends the second without a line.
+    // names kernel frames `name_[k]` (the export marks them by frame type) and unnamed frames
+    // `[unknown] module`, as the export's line does: the names must agree.
     let mut exported: BTreeMap<Vec<String>, i64> = BTreeMap::new();
     for d in &chain.decoded {
         for (_, s) in d.samples() {
@@ -887,7 +974,6 @@ fn check_ground_truth(chain: &Chain, label: &str) {
                 .zip(&s.frame_types)
                 .rev()
                 .map(|(name, kind)| match kind.as_str() {
-                    _ if name == "[unknown]" => name.clone(),
                     "kernel" => format!("{name}{KERNEL_SUFFIX}"),
                     _ => name.clone(),
                 })
@@ -900,17 +986,7 @@ fn check_ground_truth(chain: &Chain, label: &str) {
         if stack.process != "groundtruth" {
             continue;
         }
-        let key = stack
-            .frames
-            .iter()
-            .map(|f| {
-                if is_unknown_frame(f) {
-                    "[unknown]".to_owned()
-                } else {
-                    f.clone()
-                }
-            })
-            .collect();
+        let key = stack.frames.clone();
         *folded.entry(key).or_default() += i64::try_from(stack.count).unwrap();
     }
     exported.retain(|_, count| *count != 0);
@@ -1449,14 +1525,12 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
                     "process.executable.name",
                     "process.executable.path",
                     "process.owner",
-                    "process.pid",
                     "service.name",
                 ]),
                 "{what}: resource attributes"
             );
             assert_eq!(resource["service.name"], "groundtruth", "{what}");
             assert_eq!(resource["process.executable.name"], "groundtruth", "{what}");
-            assert_eq!(resource["process.pid"].as_u64(), Some(u64::from(chain.pid)));
             assert!(
                 resource["process.executable.path"]
                     .as_str()

@@ -139,7 +139,8 @@ fn render_sample(out: &mut String, d: &Dictionary, j: usize, sample: &request::S
     }
 }
 
-/// One location: a line per (inlined) function, or the address alone when unsymbolized.
+/// One location: a line per (inlined) function (an unnamed frame's is `[unknown] module`), or
+/// the address alone for a location without lines.
 fn render_location(out: &mut String, d: &Dictionary, location: &Location) {
     let kind = attributes(d, &location.attributes)
         .find(|a| d.string(a.key) == request::keys::FRAME_TYPE)
@@ -242,10 +243,9 @@ mod tests {
         );
         for needle in [
             "service.name=\"app\"",
-            "process.pid=42",
             "count 5 thread.name=\"worker\"",
             "hot [native] app.c:12",
-            "(unsymbolized) /usr/bin/app",
+            "[unknown] app [native]",
             "samples/count",
             "cpu/nanoseconds",
         ] {

@@ -108,7 +108,7 @@ mod tests {
         profile.add(sample, 1_000, 2_000);
     }
 
-    /// An unnamed frame in libc: shown as `[unknown] libc.so.6+0x1234`.
+    /// An unnamed frame in libc: shown as `[unknown] libc.so.6`.
     fn unknown_in_libc() -> Frame {
         let libc = Module {
             path: "/usr/lib/libc.so.6".into(),
@@ -167,7 +167,7 @@ mod tests {
             text,
             "app;main;compute 5\n\
              app;main;write;do_syscall_64_[k] 1\n\
-             db;main;[unknown] libc.so.6+0x1234 4\n"
+             db;main;[unknown] libc.so.6 4\n"
         );
     }
 
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn top_self_orders_by_self_samples_then_name() {
-        // Given leaves: compute 5 (two pids), `[unknown] libc.so.6+0x1234` 4, kernel 1, and a
+        // Given leaves: compute 5 (two pids), `[unknown] libc.so.6` 4, kernel 1, and a
         // leaf `zz` tied with the kernel frame
         let mut profile = small_profile();
         add(
@@ -231,7 +231,7 @@ mod tests {
             top,
             [
                 ("compute".to_owned(), 5),
-                ("[unknown] libc.so.6+0x1234".to_owned(), 4),
+                ("[unknown] libc.so.6".to_owned(), 4),
                 ("do_syscall_64_[k]".to_owned(), 1),
             ]
         );

@@ -334,7 +334,8 @@ impl Tables {
     }
 
     fn function(&mut self, frame: &Frame) -> u64 {
-        // Unknown frames are named `[unknown] module+0xoffset`, as in the text outputs.
+        // Unknown frames are named `[unknown] module`, as in the text outputs and the OTLP
+        // export (the address stays in the location).
         let name = self.string(&frame.display_name());
         let filename = frame.file.as_deref().map_or(0, |file| self.string(file));
         if let Some(&id) = self.function_ids.get(&(name, filename)) {
@@ -743,7 +744,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_frames_are_named_by_module_and_offset() {
+    fn unknown_frames_are_named_by_module() {
         // Given an unnamed frame in the binary
         let mut profile = Profile::new(100);
         let frame = native(UNKNOWN, 0x40_1234, &app_module());
@@ -758,10 +759,8 @@ mod tests {
         let rendered = render(&profile);
 
         // Then its function is named like the text outputs, and the mapping claims no functions
-        assert_eq!(
-            names(&rendered, &rendered.sample[0]),
-            ["[unknown] app+0x1234"]
-        );
+        assert_eq!(names(&rendered, &rendered.sample[0]), ["[unknown] app"]);
+        assert_eq!(rendered.location[0].address, 0x40_1234);
         assert!(!rendered.mapping[0].has_functions);
     }
 }

@@ -99,7 +99,8 @@ pub struct QueueConfig {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetryConfig {
-    /// Retry retryable failures (gRPC UNAVAILABLE etc., HTTP 429/502/503/504). Default: true.
+    /// Retry retryable failures (gRPC UNAVAILABLE etc., HTTP 429/502/503/504; server errors
+    /// too with `retry_server_errors`). Default: true.
     pub enabled: Option<bool>,
     /// First delay, doubled per attempt (with +-50% jitter). Default: 1s.
     pub initial_interval: Option<DurationText>,
@@ -107,6 +108,11 @@ pub struct RetryConfig {
     pub max_interval: Option<DurationText>,
     /// Give a request up after retrying it this long. Default: 300s.
     pub max_elapsed_time: Option<DurationText>,
+    /// Also retry server errors (gRPC UNKNOWN, HTTP 500), within the same budget: Pyroscope
+    /// 1.18 and 1.19 answer their ingestion (rate) limits so, where later versions and the
+    /// Collector answer RESOURCE_EXHAUSTED / 429. Default: true with `proto_version: "1.9"`
+    /// (the generation Pyroscope 1.18/1.19 speak), false with "1.10".
+    pub retry_server_errors: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -114,7 +120,8 @@ pub struct RetryConfig {
 pub struct SampleAttributesConfig {
     /// `thread.name` on each sample. Default: true.
     pub thread_name: Option<bool>,
-    /// `process.pid` on each sample (it is on the resource anyway). Default: false.
+    /// `process.pid` on each sample (never on the resource). Each process is then a series of
+    /// its own in Pyroscope >= 1.20, which makes integer attributes labels. Default: false.
     pub pid: Option<bool>,
     /// `thread.id` on each sample (high cardinality). Default: false.
     pub tid: Option<bool>,
@@ -248,7 +255,7 @@ pub fn resolve(
         transport,
         encoding,
         queue_bytes,
-        retry: retry_settings(&file.retry_on_failure),
+        retry: retry_settings(&file.retry_on_failure, encoding.version),
         stats_interval: file.stats_interval.map_or(DEFAULT_STATS_INTERVAL, |d| d.0),
     }))
 }
@@ -427,7 +434,7 @@ fn tls_material(tls: &TlsConfig, env: &OtlpEnv<'_>) -> Result<TlsMaterial, Confi
     Ok(material)
 }
 
-fn retry_settings(r: &RetryConfig) -> RetrySettings {
+fn retry_settings(r: &RetryConfig, version: ProtoVersion) -> RetrySettings {
     let defaults = RetrySettings::default();
     RetrySettings {
         enabled: r.enabled.unwrap_or(defaults.enabled),
@@ -438,6 +445,9 @@ fn retry_settings(r: &RetryConfig) -> RetrySettings {
         max_elapsed_time: r
             .max_elapsed_time
             .map_or(defaults.max_elapsed_time, |d| d.0),
+        server_errors: r
+            .retry_server_errors
+            .unwrap_or(version == ProtoVersion::V1_9),
     }
 }
 

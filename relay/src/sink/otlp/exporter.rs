@@ -442,6 +442,13 @@ impl Delivery<'_> {
                     wire_bytes,
                 } => return self.delivered(&item, rejected, &message, wire_bytes),
                 Outcome::Permanent { reason } => return self.refused(&item, reason),
+                Outcome::ServerError { reason } if !self.worker.settings.retry.server_errors => {
+                    return self.refused(&item, reason)
+                }
+                Outcome::ServerError { reason } => {
+                    self.worker.stats.server_error_retries.fetch_add(1, Relaxed);
+                    (reason, None)
+                }
                 Outcome::Retry { reason, after } => (reason, after),
             };
             let retry = &self.worker.settings.retry;

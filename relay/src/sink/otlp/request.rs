@@ -117,7 +117,7 @@ impl Dictionary {
 }
 
 /// A resource attribute (plain key, as `opentelemetry.proto.common.v1.KeyValue` carries it).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KeyValue {
     pub key: Arc<str>,
     pub value: Value,
@@ -256,12 +256,15 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     }
 }
 
-/// The request's resources: one per distinct resource label set (per pid when the samples
-/// carry no labels), in order of first appearance.
+/// The request's resources: one per distinct set of resource attributes, in order of first
+/// appearance. Processes of one service with the same labels share one (no per-process
+/// attribute is a resource attribute).
 #[derive(Default)]
 struct Resources {
     list: Vec<ResourceProfile>,
     by_labels: HashMap<Arc<Labels>, usize>,
+    by_attributes: HashMap<Vec<KeyValue>, usize>,
+    /// For samples without labels: pid -> resource (several pids may share one).
     by_pid: HashMap<u32, usize>,
     /// The previous sample's labels and resource: samples come grouped by process.
     last: Option<(Arc<Labels>, usize)>,
@@ -275,18 +278,31 @@ impl Resources {
                 return *index;
             }
         }
-        let next = self.list.len();
-        let index = if labels.is_empty() {
-            *self.by_pid.entry(sample.thread.pid).or_insert(next)
+        let known = if labels.is_empty() {
+            self.by_pid.get(&sample.thread.pid)
         } else {
-            *self.by_labels.entry(Arc::clone(labels)).or_insert(next)
+            self.by_labels.get(labels)
         };
-        if index == next {
-            self.list.push(ResourceProfile {
-                resource: resource_attributes(sample, meta),
-                samples: Vec::new(),
-            });
-        }
+        let index = match known {
+            Some(&index) => index,
+            None => {
+                let attributes = resource_attributes(sample, meta);
+                let next = self.list.len();
+                let index = *self.by_attributes.entry(attributes.clone()).or_insert(next);
+                if index == next {
+                    self.list.push(ResourceProfile {
+                        resource: attributes,
+                        samples: Vec::new(),
+                    });
+                }
+                if labels.is_empty() {
+                    self.by_pid.insert(sample.thread.pid, index);
+                } else {
+                    self.by_labels.insert(Arc::clone(labels), index);
+                }
+                index
+            }
+        };
         self.last = Some((Arc::clone(labels), index));
         index
     }
@@ -303,26 +319,24 @@ const LEADING: [&str; 6] = [
     keys::CONTAINER_ID,
 ];
 
-/// A resource's attributes: its labels from the labels stage (`process.pid` as an integer, as
-/// the semantic conventions type it), or, for samples without labels, the process's fields.
+/// A resource's attributes: its labels from the labels stage, or, for samples without labels,
+/// the process's fields. Never `process.pid` (the labels stage removes it): a pid is a sample
+/// attribute, when asked for.
 fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
     let labels = &sample.thread.resource;
     if labels.is_empty() {
         return unlabelled_resource(sample, meta);
     }
-    let value = |key: &str, text: &str| match (key, text.parse::<i64>()) {
-        (keys::PID, Ok(pid)) => Value::Int(pid),
-        _ => Value::Str(Arc::from(text)),
-    };
     let leading = LEADING
         .iter()
         .filter_map(|&key| Some((key, labels.get(key)?)));
     let rest = labels.iter().filter(|(key, _)| !LEADING.contains(key));
     leading
         .chain(rest)
+        .filter(|(key, _)| *key != keys::PID)
         .map(|(key, text)| KeyValue {
             key: Arc::from(key),
-            value: value(key, text),
+            value: Value::Str(Arc::from(text)),
         })
         .collect()
 }
@@ -330,7 +344,7 @@ fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> 
 fn unlabelled_resource(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
     let thread = &sample.thread;
     let name: Arc<str> = if thread.process_name.is_empty() {
-        Arc::from(format!("pid-{}", thread.pid))
+        Arc::from(crate::labels::service::UNKNOWN_SERVICE)
     } else {
         Arc::clone(&thread.process_name)
     };
@@ -350,10 +364,6 @@ fn unlabelled_resource(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> 
             value: Value::Str(Arc::clone(&thread.executable_path)),
         });
     }
-    out.push(KeyValue {
-        key: Arc::from(keys::PID),
-        value: Value::Int(i64::from(thread.pid)),
-    });
     if let Some(host) = &meta.hostname {
         out.push(KeyValue {
             key: Arc::from(keys::HOST_NAME),
@@ -384,6 +394,8 @@ struct Builder {
     // a miss falls back to the content-keyed tables above, so dedup never depends on them.
     mapping_by_ptr: HashMap<usize, i32>,
     function_by_ptr: HashMap<(usize, usize, u32), i32>,
+    /// Mapping index -> the function naming its unnamed frames (one name per module).
+    unknown_by_mapping: HashMap<i32, i32>,
     frame_type: [Option<i32>; 3],
 }
 
@@ -410,6 +422,7 @@ impl Default for Builder {
             stacks: HashMap::from_iter([(Vec::new(), 0)]),
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
+            unknown_by_mapping: HashMap::default(),
             frame_type: [None; 3],
         }
     }
@@ -462,12 +475,31 @@ impl Builder {
         i
     }
 
+    /// The function of an unnamed frame in `mapping`: [`Frame::display_name`], no file.
+    fn unknown_function(&mut self, frame: &Frame, mapping: i32) -> i32 {
+        if let Some(&i) = self.unknown_by_mapping.get(&mapping) {
+            return i;
+        }
+        let function = Function {
+            name: self.string(&frame.display_name()),
+            system_name: 0,
+            filename: 0,
+        };
+        let i = self.intern_function(function);
+        self.unknown_by_mapping.insert(mapping, i);
+        i
+    }
+
     fn function_by_content(&mut self, frame: &Frame) -> i32 {
         let function = Function {
             name: self.string(&frame.function),
             system_name: 0,
             filename: frame.file.as_deref().map_or(0, |f| self.string(f)),
         };
+        self.intern_function(function)
+    }
+
+    fn intern_function(&mut self, function: Function) -> i32 {
         if let Some(&i) = self.functions.get(&function) {
             return i;
         }
@@ -514,8 +546,13 @@ impl Builder {
         let Some(last) = frames.last() else { return 0 };
         let mapping = last.module.as_ref().map_or(0, |m| self.mapping_of(m));
         let lines = if last.is_unknown() {
-            // No lines: receivers show the address (and may symbolize it by build id).
-            Vec::new()
+            // One line named after the module (`[unknown] libfoo.so`, as the local files name
+            // it): Pyroscope builds frames from lines only and drops a location without one.
+            // The address and mapping (with its build id) stay for receivers that symbolize.
+            vec![Line {
+                function: self.unknown_function(last, mapping),
+                line: 0,
+            }]
         } else {
             frames
                 .iter()
@@ -684,7 +721,7 @@ mod tests {
         // When built
         let request = build(&samples, &meta(), SampleAttributes::default());
         // Then equal label sets share a resource (their samples merged), and a resource lists the
-        // former attributes first in their old order (pid as an int), then the rest by name
+        // former attributes first in their old order, then the rest by name; never the pid
         assert_eq!(request.resources.len(), 2);
         assert_eq!(request.resources[0].samples[0].count, 2);
         let attributes = |i: usize| -> Vec<String> {
@@ -707,7 +744,6 @@ mod tests {
             [
                 r#"service.name="db""#,
                 r#"process.executable.name="postgres""#,
-                "process.pid=30",
                 r#"zone="a""#
             ]
         );
@@ -782,7 +818,7 @@ mod tests {
             .collect();
         assert!(resource.contains(&(keys::SERVICE_NAME, "\"app\"".into())));
         assert!(resource.contains(&(keys::HOST_NAME, "\"host-1\"".into())));
-        assert!(resource.contains(&(keys::PID, "10".into())));
+        assert!(resource.iter().all(|(key, _)| *key != keys::PID));
     }
 
     #[test]
@@ -812,6 +848,53 @@ mod tests {
     }
 
     #[test]
+    fn unnamed_frames_carry_one_line_named_after_their_module() {
+        // Given two unnamed frames at two addresses of one module, and one without a module
+        let app = module("/usr/bin/app", Some("abcd"));
+        let unknown = |address| Frame {
+            function: crate::model::UNKNOWN.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            inlined: false,
+            address,
+            module: Some(Arc::clone(&app)),
+        };
+        let orphan = Frame {
+            module: None,
+            ..unknown(0x99)
+        };
+        let stack = vec![unknown(0x40_1234), unknown(0x40_5678), orphan];
+        let request = build(
+            &[sample(1, 1, "t", stack, 1)],
+            &meta(),
+            SampleAttributes::default(),
+        );
+        let d = &request.dictionary;
+        // Then every location has a line (Pyroscope drops a location without one) whose function
+        // names the module, one function for the module whatever the address, as the local
+        // files name it; the address and the mapping stay on the location
+        let stack = &d.stacks[request.resources[0].samples[0].stack as usize];
+        let names: Vec<&str> = stack
+            .iter()
+            .map(|&l| {
+                let location = &d.locations[l as usize];
+                assert_eq!(location.lines.len(), 1, "{location:?}");
+                d.string(d.functions[location.lines[0].function as usize].name)
+            })
+            .collect();
+        assert_eq!(names, ["[unknown] app", "[unknown] app", "[unknown]"]);
+        assert_eq!(d.functions.len(), 1 + 2);
+        let first = &d.locations[stack[0] as usize];
+        assert_eq!(first.address, 0x40_1234);
+        assert_eq!(
+            d.string(d.mappings[first.mapping as usize].filename),
+            "/usr/bin/app"
+        );
+        assert_eq!(unknown(0x40_1234).display_name(), names[0]);
+    }
+
+    #[test]
     fn pids_and_tids_only_when_asked() {
         let app = module("/usr/bin/app", None);
         let stack = vec![frame("main", 0x40_2000, FrameKind::Native, &app)];
@@ -820,12 +903,13 @@ mod tests {
             sample(1, 2, "a", stack.clone(), 1),
             sample(2, 3, "b", stack, 1),
         ];
+        // Given two processes of one executable (one service): one resource, not one per pid
         let plain = build(&samples, &meta(), SampleAttributes::default());
-        assert_eq!(plain.resources.len(), 2, "one resource per process");
+        assert_eq!(plain.resources.len(), 1, "one resource per service");
         assert_eq!(
             plain.resources[0].samples.len(),
-            1,
-            "tids merged by default"
+            2,
+            "tids merged by default (two thread names)"
         );
         let tids = build(
             &samples,
@@ -836,6 +920,29 @@ mod tests {
                 tid: true,
             },
         );
-        assert_eq!(tids.resources[0].samples.len(), 2, "tid kept when asked");
+        assert_eq!(tids.resources[0].samples.len(), 3, "tid kept when asked");
+        // The pid, when asked for, is a sample attribute, still one resource
+        let pids = build(
+            &samples,
+            &meta(),
+            SampleAttributes {
+                thread_name: true,
+                pid: true,
+                tid: false,
+            },
+        );
+        assert_eq!(pids.resources.len(), 1);
+        let with_pid = pids.resources[0]
+            .samples
+            .iter()
+            .filter(|s| {
+                s.attributes.iter().any(|&a| {
+                    pids.dictionary
+                        .string(pids.dictionary.attributes[a as usize].key)
+                        == keys::PID
+                })
+            })
+            .count();
+        assert_eq!(with_pid, 2, "one sample per pid");
     }
 }

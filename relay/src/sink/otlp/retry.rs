@@ -16,6 +16,9 @@ pub struct RetrySettings {
     pub max_interval: Duration,
     /// Give a request up after retrying it this long.
     pub max_elapsed_time: Duration,
+    /// Retry a server error (gRPC `UNKNOWN`, HTTP 500) like a retryable failure. Pyroscope 1.18
+    /// and 1.19 answer their ingestion limits so, not with `RESOURCE_EXHAUSTED` / 429.
+    pub server_errors: bool,
 }
 
 impl Default for RetrySettings {
@@ -25,6 +28,7 @@ impl Default for RetrySettings {
             initial_interval: Duration::from_secs(1),
             max_interval: Duration::from_secs(30),
             max_elapsed_time: Duration::from_secs(300),
+            server_errors: false,
         }
     }
 }
@@ -41,6 +45,18 @@ pub(crate) fn grpc_retryable(code: Code) -> bool {
             | Code::Unavailable
             | Code::DataLoss
     )
+}
+
+/// A server error: gRPC `UNKNOWN` (how a Go gRPC server reports a plain error) or HTTP 500.
+/// Neither is retryable by the OTLP specification; Pyroscope 1.18/1.19 reject over-limit
+/// ingestion with them ([`RetrySettings::server_errors`]).
+pub(crate) fn grpc_server_error(code: Code) -> bool {
+    code == Code::Unknown
+}
+
+/// See [`grpc_server_error`].
+pub(crate) fn http_server_error(status: StatusCode) -> bool {
+    status == StatusCode::INTERNAL_SERVER_ERROR
 }
 
 /// HTTP statuses the OTLP specification says to retry.
@@ -89,6 +105,7 @@ mod tests {
             initial_interval: Duration::from_millis(100),
             max_interval: Duration::from_secs(1),
             max_elapsed_time: Duration::from_secs(10),
+            server_errors: false,
         }
     }
 
@@ -130,5 +147,9 @@ mod tests {
         assert!(http_retryable(StatusCode::SERVICE_UNAVAILABLE));
         assert!(!http_retryable(StatusCode::BAD_REQUEST));
         assert!(!http_retryable(StatusCode::INTERNAL_SERVER_ERROR));
+        // Server errors apart: retried only when the exporter asks for it.
+        assert!(grpc_server_error(Code::Unknown) && !grpc_server_error(Code::Internal));
+        assert!(http_server_error(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!http_server_error(StatusCode::NOT_IMPLEMENTED));
     }
 }

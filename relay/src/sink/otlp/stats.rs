@@ -54,6 +54,9 @@ pub struct Stats {
     /// counted here.
     pub http_body_bytes_sent: AtomicU64,
     pub retries: AtomicU64,
+    /// Server errors (gRPC `UNKNOWN`, HTTP 500) treated as retryable, each counted in `retries`
+    /// too.
+    pub server_error_retries: AtomicU64,
     pub split_requests: AtomicU64,
     pub partial_success: AtomicU64,
     pub rejected_profiles: AtomicU64,
@@ -85,6 +88,7 @@ impl Stats {
             bytes_sent: get(&self.bytes_sent),
             http_body_bytes_sent: get(&self.http_body_bytes_sent),
             retries: get(&self.retries),
+            server_error_retries: get(&self.server_error_retries),
             split_requests: get(&self.split_requests),
             partial_success: get(&self.partial_success),
             rejected_profiles: get(&self.rejected_profiles),
@@ -109,6 +113,7 @@ pub struct Snapshot {
     pub bytes_sent: u64,
     pub http_body_bytes_sent: u64,
     pub retries: u64,
+    pub server_error_retries: u64,
     pub split_requests: u64,
     pub partial_success: u64,
     pub rejected_profiles: u64,
@@ -144,6 +149,7 @@ impl Snapshot {
             bytes_sent = self.bytes_sent,
             http_body_bytes_sent = self.http_body_bytes_sent,
             retries = self.retries,
+            server_error_retries = self.server_error_retries,
             split_requests = self.split_requests,
             partial_success = self.partial_success,
             rejected_profiles = self.rejected_profiles,

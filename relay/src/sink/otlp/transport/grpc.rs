@@ -137,6 +137,9 @@ impl GrpcTransport {
                 reason: describe(&status),
                 after: status::retry_delay(status.details()),
             },
+            Err(status) if retry::grpc_server_error(status.code()) => Outcome::ServerError {
+                reason: describe(&status),
+            },
             Err(status) => Outcome::Permanent {
                 reason: describe(&status),
             },

@@ -93,6 +93,8 @@ impl HttpTransport {
                 reason,
                 after: retry_after,
             }
+        } else if retry::http_server_error(status) {
+            Outcome::ServerError { reason }
         } else {
             Outcome::Permanent { reason }
         }

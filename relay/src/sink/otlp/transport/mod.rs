@@ -152,6 +152,9 @@ pub(crate) enum Outcome {
         reason: String,
         after: Option<Duration>,
     },
+    /// A server error (gRPC `UNKNOWN`, HTTP 500): permanent unless the exporter retries server
+    /// errors ([`super::retry::RetrySettings::server_errors`]).
+    ServerError { reason: String },
     /// Do not try again.
     Permanent { reason: String },
 }
