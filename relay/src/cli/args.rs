@@ -112,6 +112,13 @@ pub(super) struct RunArgs {
     /// stay unnamed.
     #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
     max_open_files: usize,
+    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
+    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
+    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
+    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
+    /// bound the relay's memory on hosts running many large binaries at once.
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
+    symbolizer_cache_files: usize,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
@@ -188,6 +195,13 @@ pub(super) struct RecordArgs {
     /// stay unnamed.
     #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
     max_open_files: usize,
+    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
+    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
+    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
+    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
+    /// bound the relay's memory on hosts running many large binaries at once.
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
+    symbolizer_cache_files: usize,
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
@@ -229,6 +243,7 @@ impl RunArgs {
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
+                symbolizer_cache_files: self.symbolizer_cache_files,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
@@ -260,6 +275,7 @@ impl RecordArgs {
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
+                symbolizer_cache_files: self.symbolizer_cache_files,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
