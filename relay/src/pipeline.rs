@@ -178,6 +178,7 @@ impl Pipeline {
         self.limits = limits.clamped_to_rlimit();
         self.cache.max_copy_bytes = self.limits.max_copy_bytes;
         self.cache.max_files = self.limits.symbolizer_cache_files.max(1);
+        self.cache.max_bytes = self.limits.symbolizer_cache_bytes;
     }
 
     /// Replaces the labels stage (settings, user names, machine id).

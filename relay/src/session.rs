@@ -77,6 +77,8 @@ pub struct FileLimits {
     pub max_open_files: usize,
     /// Most symbol resolvers (parsed binaries) kept at once (`--symbolizer-cache-files`).
     pub symbolizer_cache_files: usize,
+    /// Most heap bytes they hold together (`--symbolizer-cache-bytes`).
+    pub symbolizer_cache_bytes: u64,
 }
 
 /// Default of `--max-open-files`.
@@ -90,6 +92,7 @@ impl Default for FileLimits {
             max_copy_bytes: elf::DEFAULT_MAX_COPY_BYTES,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             symbolizer_cache_files: elf::DEFAULT_MAX_FILES,
+            symbolizer_cache_bytes: elf::DEFAULT_MAX_BYTES,
         }
     }
 }

@@ -119,6 +119,13 @@ pub(super) struct RunArgs {
     /// bound the relay's memory on hosts running many large binaries at once.
     #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
     symbolizer_cache_files: usize,
+    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
+    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
+    /// least recently used binaries are closed after each batch (the one used last stays,
+    /// whatever its size). Raise it when the same large binaries are parsed again and again
+    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
+    symbolizer_cache_bytes: u64,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
@@ -202,6 +209,13 @@ pub(super) struct RecordArgs {
     /// bound the relay's memory on hosts running many large binaries at once.
     #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
     symbolizer_cache_files: usize,
+    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
+    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
+    /// least recently used binaries are closed after each batch (the one used last stays,
+    /// whatever its size). Raise it when the same large binaries are parsed again and again
+    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
+    symbolizer_cache_bytes: u64,
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
@@ -244,6 +258,7 @@ impl RunArgs {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
                 symbolizer_cache_files: self.symbolizer_cache_files,
+                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
@@ -276,6 +291,7 @@ impl RecordArgs {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
                 symbolizer_cache_files: self.symbolizer_cache_files,
+                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,

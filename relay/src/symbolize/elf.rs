@@ -3,9 +3,11 @@
 //! descriptor). Parsing untrusted ELF and DWARF happens here, in the unprivileged relay, never
 //! in the sampler.
 //!
-//! Memory is bounded: at most `max_files` resolvers (`--symbolizer-cache-files`, least recently
-//! used closed beyond), closed too when idle or when no process maps their file any more; at
-//! most [`MEMO_LIMIT`] remembered lookups in all; and the pages of the files blazesym maps are
+//! Memory is bounded: at most `max_files` resolvers (`--symbolizer-cache-files`) holding at most
+//! `max_bytes` of heap (`--symbolizer-cache-bytes`: what blazesym and the memo allocated for each
+//! file, counted by the relay's allocator, `alloc`), the least recently used closed beyond;
+//! closed too when idle or when no process maps their file any more; at most [`MEMO_LIMIT`]
+//! remembered lookups in all; and the pages of the files blazesym maps are
 //! handed back to the page cache after the lookups of a batch ([`ElfCache::release_pages`]), so
 //! a binary's debug info is not counted in the relay's memory once it has been read.
 //!
@@ -73,16 +75,27 @@ pub struct OpenElf {
     copy_bytes: u64,
     /// blazesym looked something up in it since the last [`ElfCache::release_pages`].
     touched: bool,
+    /// Heap bytes charged to it: what opening it and its lookups left allocated.
+    bytes: u64,
 }
 
 /// Lookups remembered in all files together; beyond, every memo is cleared (each entry costs
 /// about 100 bytes, so this is at most ~10 MB).
 pub const MEMO_LIMIT: usize = 100_000;
 
+/// Lookups in binaries after which their pages are handed back even within a batch (see
+/// [`ElfCache::release_pages`]), so parsing a large binary's debug info never has all of it
+/// resident at once.
+const RELEASE_EVERY_MISSES: u64 = 256;
+
 /// Default of `--symbolizer-cache-files`: resolvers kept open at once. Each holds its file's
 /// parsed symbol and line tables (from a few KiB to tens of MiB for a large binary with debug
 /// info); a busy host rarely runs more binaries than this at once.
 pub const DEFAULT_MAX_FILES: usize = 64;
+
+/// Default of `--symbolizer-cache-bytes`: heap the resolvers may hold together (the one used
+/// last is kept whatever its size).
+pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
 
 /// Default of `--max-copy-bytes`: the largest file the relay copies into memory when it may not
 /// reopen it (a root-only binary). Larger ones stay unnamed; copies are charged to the relay's
@@ -96,6 +109,10 @@ pub struct ElfCache {
     pub max_copy_bytes: u64,
     /// Most resolvers kept at once (`--symbolizer-cache-files`, at least 1).
     pub max_files: usize,
+    /// Most heap bytes charged to the resolvers together (`--symbolizer-cache-bytes`).
+    pub max_bytes: u64,
+    /// Heap bytes charged to the resolvers now.
+    bytes: u64,
     pub opened: u64,
     pub evicted: u64,
     /// Lookups answered from a memo, and those that went to blazesym.
@@ -133,6 +150,8 @@ pub struct CacheSize {
     pub files: u64,
     /// Remembered lookups.
     pub entries: u64,
+    /// Heap bytes the resolvers and their remembered lookups hold (counted by the allocator).
+    pub bytes: u64,
     /// Bytes of the files behind the resolvers (what blazesym may map; only the pages read
     /// count in the relay's memory, and only until [`ElfCache::release_pages`]).
     pub file_bytes: u64,
@@ -295,6 +314,8 @@ impl ElfCache {
             files: HashMap::new(),
             max_copy_bytes,
             max_files: DEFAULT_MAX_FILES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            bytes: 0,
             opened: 0,
             evicted: 0,
             hits: 0,
@@ -331,7 +352,18 @@ impl ElfCache {
         let resolver = entry.resolver.as_ref()?;
         self.misses += 1;
         entry.touched = true;
-        let Some(found) = guarded(|| lookup(resolver, file_offset)) else {
+        let (found, allocated) = super::alloc::measure(|| {
+            let found: Option<Rc<[Resolved]>> =
+                guarded(|| lookup(resolver, file_offset)).map(Rc::from);
+            if let Some(found) = &found {
+                entry.memo.insert(file_offset, Rc::clone(found));
+            }
+            found
+        });
+        let allocated = u64::try_from(allocated).unwrap_or(0);
+        entry.bytes += allocated;
+        self.bytes += allocated;
+        let Some(resolved) = found else {
             // The resolver's state after a panic is unknown: the file is not parsed again.
             self.panicked += 1;
             tracing::warn!(
@@ -345,18 +377,23 @@ impl ElfCache {
             entry.memo.clear();
             return None;
         };
-        let resolved: Rc<[Resolved]> = found.into();
-        entry.memo.insert(file_offset, Rc::clone(&resolved));
         self.memo_entries += 1;
         if self.memo_entries > MEMO_LIMIT {
             self.clear_memos();
+        }
+        if self.misses.is_multiple_of(RELEASE_EVERY_MISSES) {
+            // A batch that parses a large binary reads much of it: hand pages back on the way.
+            self.release_pages();
         }
         Some(resolved)
     }
 
     /// Opens a resolver for a file not in the cache (a failure is cached too, logged once).
     fn open(&mut self, fd: &OwnedFd, path: &str) -> OpenElf {
-        let (resolver, copy_bytes) = match open_resolver(fd, self.copy_cap()) {
+        let (opened, allocated) = super::alloc::measure(|| open_resolver(fd, self.copy_cap()));
+        let bytes = u64::try_from(allocated).unwrap_or(0);
+        self.bytes += bytes;
+        let (resolver, copy_bytes) = match opened {
             Ok((resolver, bytes)) => {
                 self.opened += 1;
                 if bytes > 0 {
@@ -387,6 +424,7 @@ impl ElfCache {
             memo: HashMap::new(),
             copy_bytes,
             touched: true,
+            bytes,
         }
     }
 
@@ -410,20 +448,43 @@ impl ElfCache {
             self.evicted += 1;
             self.memo_entries -= file.memo.len();
             self.live_copy_bytes -= file.copy_bytes;
+            self.bytes = self.bytes.saturating_sub(file.bytes);
         }
     }
 
     fn clear_memos(&mut self) {
         for file in self.files.values_mut() {
-            file.memo.clear();
-            file.memo.shrink_to_fit();
+            let memo = std::mem::take(&mut file.memo);
+            let ((), freed) = super::alloc::measure(move || drop(memo));
+            let freed = u64::try_from(freed.saturating_neg()).unwrap_or(0);
+            file.bytes = file.bytes.saturating_sub(freed);
+            self.bytes = self.bytes.saturating_sub(freed);
         }
         self.memo_entries = 0;
     }
 
+    /// Closes the least recently used resolvers while they hold more than `max_bytes`
+    /// together, keeping the one used last whatever its size.
+    fn shrink_to_budget(&mut self) -> usize {
+        let mut closed = 0;
+        while self.bytes > self.max_bytes && self.files.len() > 1 {
+            let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(key, _)| *key)
+            else {
+                break;
+            };
+            self.remove(&oldest);
+            closed += 1;
+        }
+        closed
+    }
+
     /// Drops resolvers unused for `idle`, and those of files no process maps any more
-    /// (`referenced` says which are mapped) unused for `unreferenced`. Returns how many were
-    /// dropped.
+    /// (`referenced` says which are mapped) unused for `unreferenced`, then the least recently
+    /// used while over `max_bytes`. Returns how many were dropped.
     pub fn evict(
         &mut self,
         idle: Duration,
@@ -442,7 +503,7 @@ impl ElfCache {
         for key in &stale {
             self.remove(key);
         }
-        stale.len()
+        stale.len() + self.shrink_to_budget()
     }
 
     /// Drops resolvers unused for `idle`.
@@ -488,6 +549,7 @@ impl ElfCache {
         CacheSize {
             files: self.files.len() as u64,
             entries: self.memo_entries as u64,
+            bytes: self.bytes,
             file_bytes: self.files.keys().map(|k| k.size).sum(),
         }
     }
@@ -506,6 +568,7 @@ impl ElfCache {
         self.files.clear();
         self.live_copy_bytes = 0;
         self.memo_entries = 0;
+        self.bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -739,6 +802,39 @@ mod tests {
         assert_eq!(cache.evict(Duration::MAX, Duration::ZERO, |_| true), 0);
         assert_eq!(cache.evict(Duration::MAX, Duration::ZERO, |_| false), 1);
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_is_bounded_in_heap_bytes_keeping_the_last_used() {
+        // Given a cache of at most 1 byte of heap and two files (this binary and a copy)
+        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open own exe"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("copy");
+        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
+        let copy = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let mut cache = ElfCache {
+            max_bytes: 1,
+            ..ElfCache::default()
+        };
+        let (key, copy_key) = (
+            FileKey::of(&fd).expect("fstat"),
+            FileKey::of(&copy).expect("fstat"),
+        );
+        // When both are looked up (the copy last)
+        cache.resolve(&key, &fd, "exe", offset).expect("resolver");
+        let one = cache.size().bytes;
+        cache
+            .resolve(&copy_key, &copy, "copy", offset)
+            .expect("resolver");
+        // Then each parse was charged (a binary with debug info: well over 64 KiB each)
+        assert!(one > 64 << 10, "{one} bytes charged to one file");
+        assert!(cache.size().bytes > one, "{:?}", cache.size());
+        // And after the batch, the least recently used is closed, the last one kept alone
+        assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 1);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.resolve(&copy_key, &copy, "copy", offset).is_some());
+        assert_eq!(cache.opened, 2, "the copy stayed open");
     }
 
     #[test]
