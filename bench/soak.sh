@@ -13,7 +13,8 @@ Runs `ember-relay run` (as nobody, exporting OTLP/HTTP to bench/otlp_sink.py and
 RATE short-lived processes per second, each burning MS ms of CPU through random call chains of
 256 generated functions (so distinct stacks keep accumulating). Every minute it prints the relay's
 and the sampler's RSS (VmRSS) and open descriptors (/proc/PID/fd), the samples the relay received
-in that minute and the distinct stacks of the last closed window (lines of stacks.folded); at the
+in that minute, the distinct stacks of the last closed window (lines of stacks.folded) and the
+relay's symbolizer cache (heap MiB and hit rate, from its /metrics on a loopback port); at the
 end first/last/max of each. A benchmark, not a test: it exits non-zero only when the relay or the
 sampler died (or did not start).
 
@@ -88,7 +89,7 @@ for ((i = 0; i < 100; i++)); do [ -s "$tmp/otlp.port" ] && break; sleep 0.05; do
 [ -s "$tmp/otlp.port" ] || die "the OTLP sink did not start: $(cat "$tmp/otlp.err")"
 
 setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
-  "$relay" --log-format json run --socket "$sock" --metrics-address off \
+  "$relay" --log-format json run --socket "$sock" --metrics-address 127.0.0.1:0 \
   --output-dir "$tmp/out" --window 1m \
   --otlp-endpoint "http://127.0.0.1:$(cat "$tmp/otlp.port")" --otlp-protocol http \
   >"$tmp/relay.out" 2>"$tmp/relay.err" &
@@ -107,6 +108,7 @@ for ((i = 0; i < 600; i++)); do
   sleep 0.1
 done
 grep -qF '"message":"batch received"' "$tmp/relay.err" || die "no batch within 60 s"
+metrics=$(grep -F '"message":"serving metrics' "$tmp/relay.err" | grep -o '"address":"[^"]*"' | cut -d'"' -f4 | head -n1)
 
 "$tmp/churn" spawn "$RATE" "$((MINUTES * 60))" "$MS" >"$tmp/churn.out" 2>"$tmp/churn.err" &
 churn_pid=$!
@@ -120,9 +122,21 @@ samples_so_far() {
     grep -o '"samples":[0-9]*' | awk -F: '{s += $2} END {print s + 0}'
 }
 alive() { kill -0 "$1" 2>/dev/null; }
+# The relay's symbolizer cache from /metrics: "MiB hit%" (hits over hits + misses, all time).
+symbolizer() {
+  [ -n "$metrics" ] || { echo "- -"; return; }
+  python3 - "$metrics" <<'PY' 2>/dev/null || echo "- -"
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+v = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+hits, misses = v["ember_relay_symbolizer_cache_hits_total"], v["ember_relay_symbolizer_cache_misses_total"]
+rate = 100 * hits / (hits + misses) if hits + misses else 0
+print(f"{v['ember_relay_symbolizer_cache_bytes'] / 2**20:.1f} {rate:.1f}")
+PY
+}
 
 declare -a relay_rss relay_fds sampler_rss sampler_fds
-printf '%-6s %12s %10s %14s %12s %14s %16s\n' minute relay_rss_MiB relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks
+printf '%-6s %12s %10s %14s %12s %14s %16s %12s %8s\n' minute relay_rss_MiB relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks sym_cache_MiB sym_hit%
 crashed=
 prev_samples=$(samples_so_far)
 for ((minute = 1; minute <= MINUTES; minute++)); do
@@ -136,8 +150,9 @@ for ((minute = 1; minute <= MINUTES; minute++)); do
   relay_rss+=("$rr") relay_fds+=("$rf") sampler_rss+=("$sr") sampler_fds+=("$sf")
   now_samples=$(samples_so_far)
   distinct=$(wc -l <"$tmp/out/stacks.folded" 2>/dev/null || echo 0)
-  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s\n' "$minute" "$(echo "$rr / 1024" | bc -l)" "$rf" \
-    "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" "$distinct"
+  read -r sym_mib sym_hits <<<"$(symbolizer)"
+  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s %12s %8s\n' "$minute" "$(echo "$rr / 1024" | bc -l)" "$rf" \
+    "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" "$distinct" "$sym_mib" "$sym_hits"
   prev_samples=$now_samples
 done
 

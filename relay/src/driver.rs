@@ -225,6 +225,8 @@ impl Driver {
             samples = window.total_samples(),
             "window complete; starting a new one"
         );
+        drop(window);
+        self.pipeline.freed();
         self.window_started = Instant::now();
     }
 }

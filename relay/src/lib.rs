@@ -31,6 +31,12 @@ pub(crate) mod symbolize;
 pub mod unwind;
 
 pub use cli::main;
+/// The global allocator the executable installs (see `symbolize::alloc`).
+pub use symbolize::alloc::Counting as CountingAllocator;
+
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: symbolize::alloc::Counting = symbolize::alloc::Counting;
 
 /// The relay's parts the end-to-end tests (tests/) drive without the binary: the OTLP exporter
 /// and encoder with their settings and counters, the config resolution that builds those

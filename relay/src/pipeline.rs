@@ -26,7 +26,15 @@ use crate::{
 };
 
 /// Resolvers unused this long are closed.
-const RESOLVER_IDLE: Duration = Duration::from_secs(600);
+const RESOLVER_IDLE: Duration = Duration::from_secs(120);
+
+/// Resolvers of files no process maps any more (the sampler closed them) are closed once unused
+/// this long: a program started again within it (a build running the same compiler over and
+/// over) keeps its parsed tables.
+const RESOLVER_UNREFERENCED: Duration = Duration::from_secs(10);
+
+/// How often at most freed heap memory is handed back to the kernel (`malloc_trim`).
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 /// What one handled event amounted to, for callers that report progress.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -67,6 +75,10 @@ pub(crate) struct Pipeline {
     ignore: IgnoreSender,
     /// Totals for the metrics that outlive the sessions they come from.
     totals: Totals,
+    /// When freed heap memory was last handed back (see [`Pipeline::trim`]).
+    trimmed: Option<Instant>,
+    /// Heap memory was freed since then (resolvers closed, a window handed over).
+    trim_due: bool,
 }
 
 /// What the pipeline counts for the metrics alone (see [`Pipeline::stats`]).
@@ -143,6 +155,9 @@ impl Pipeline {
             processes: sessions.clone().map(|s| s.process_count() as u64).sum(),
             files: sessions.map(|s| s.file_count() as u64).sum(),
             resolvers: self.cache.len() as u64,
+            symbolizer: self.cache.size(),
+            symbolizer_hits: self.cache.hits,
+            symbolizer_misses: self.cache.misses,
             resolvers_opened: self.cache.opened,
             resolvers_evicted: self.cache.evicted,
             copied_bytes: self.cache.copied_bytes,
@@ -162,6 +177,8 @@ impl Pipeline {
     pub fn set_file_limits(&mut self, limits: FileLimits) {
         self.limits = limits.clamped_to_rlimit();
         self.cache.max_copy_bytes = self.limits.max_copy_bytes;
+        self.cache.max_files = self.limits.symbolizer_cache_files.max(1);
+        self.cache.max_bytes = self.limits.symbolizer_cache_bytes;
     }
 
     /// Replaces the labels stage (settings, user names, machine id).
@@ -378,13 +395,53 @@ impl Pipeline {
             unwind_no_process = batch.losses.unwind_no_process,
             "batch received"
         );
-        self.cache.evict_idle(RESOLVER_IDLE);
+        self.release_symbolizer_memory();
         self.check_sigbus();
         self.log_label_stats();
         Handled::Batch {
             samples,
             last_part: batch.part.saturating_add(1) >= batch.parts,
         }
+    }
+
+    /// After a batch: closes the resolvers that are idle or whose file no process maps any
+    /// more, hands the file pages blazesym read back to the page cache, and the freed heap
+    /// back to the kernel (at most every [`TRIM_EVERY`]).
+    fn release_symbolizer_memory(&mut self) {
+        let live: std::collections::HashSet<crate::symbolize::FileKey> = self
+            .sessions
+            .values()
+            .flat_map(|s| s.file_keys().copied())
+            .collect();
+        let closed = self
+            .cache
+            .evict(RESOLVER_IDLE, RESOLVER_UNREFERENCED, |key| {
+                live.contains(key)
+            });
+        self.cache.release_pages();
+        self.trim_due |= closed > 0;
+        self.trim();
+    }
+
+    /// Hands freed heap memory back to the kernel when some was freed (glibc keeps freed
+    /// chunks of its arenas otherwise, so closed resolvers and old windows would stay counted
+    /// in the relay's RSS), at most every [`TRIM_EVERY`].
+    pub fn trim(&mut self) {
+        if !self.trim_due || self.trimmed.is_some_and(|at| at.elapsed() < TRIM_EVERY) {
+            return;
+        }
+        self.trim_due = false;
+        self.trimmed = Some(Instant::now());
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+
+    /// Heap memory was freed (a window or interval handed over): trim at the next chance.
+    pub fn freed(&mut self) {
+        self.trim_due = true;
     }
 
     /// Logs what the labels stage left out, when that changed.

@@ -75,6 +75,10 @@ pub struct FileLimits {
     pub max_copy_bytes: u64,
     /// Most passed descriptors kept open per connection (least recently used ones are closed).
     pub max_open_files: usize,
+    /// Most symbol resolvers (parsed binaries) kept at once (`--symbolizer-cache-files`).
+    pub symbolizer_cache_files: usize,
+    /// Most heap bytes they hold together (`--symbolizer-cache-bytes`).
+    pub symbolizer_cache_bytes: u64,
 }
 
 /// Default of `--max-open-files`.
@@ -87,6 +91,8 @@ impl Default for FileLimits {
         Self {
             max_copy_bytes: elf::DEFAULT_MAX_COPY_BYTES,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
+            symbolizer_cache_files: elf::DEFAULT_MAX_FILES,
+            symbolizer_cache_bytes: elf::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -337,6 +343,11 @@ impl Session {
 
     pub fn file_count(&self) -> usize {
         self.files.len()
+    }
+
+    /// The identities of the passed files held open (the files some process maps).
+    pub fn file_keys(&self) -> impl Iterator<Item = &FileKey> {
+        self.files.values().filter_map(|f| f.key.as_ref())
     }
 
     /// Symbolizes a batch into `profile`, each sample with its process's resource labels from

@@ -326,6 +326,34 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
         scrape.value("ember_relay_batch_latency_seconds_bucket{le=\"+Inf\"}"),
         intervals
     );
+    // The symbolizer cache: the spinner's frames were looked up in its binary once (misses,
+    // each remembered as an entry) and answered from the cache in the later batches (hits);
+    // every lookup is one frame at most; the spinner's binary is among the files held.
+    let (hits, misses) = (
+        scrape.value("ember_relay_symbolizer_cache_hits_total"),
+        scrape.value("ember_relay_symbolizer_cache_misses_total"),
+    );
+    let entries = scrape.value("ember_relay_symbolizer_cache_entries");
+    eprintln!("symbolizer cache: {hits} hits, {misses} misses, {entries} entries");
+    assert!(misses >= 1.0, "no lookup reached a binary");
+    assert!(
+        hits >= 1.0,
+        "3 batches of one spinner: later batches' frames come from the cache"
+    );
+    assert!(
+        (1.0..=misses).contains(&entries),
+        "{entries} entries for {misses} misses"
+    );
+    assert!(
+        hits + misses <= scrape.value("ember_relay_frames_total"),
+        "more lookups than frames"
+    );
+    let spinner_bytes = std::fs::metadata(&workloads().spinner).unwrap().len() as f64;
+    assert!(scrape.value("ember_relay_symbolizer_resolvers") >= 1.0);
+    assert!(
+        scrape.value("ember_relay_symbolizer_cache_file_bytes") >= spinner_bytes,
+        "the spinner's binary ({spinner_bytes} bytes) is not among the files held"
+    );
     assert!(scrape.value("process_resident_memory_bytes") > 0.0);
     assert!(scrape.value("process_open_fds") >= 3.0);
     let version = env!("CARGO_PKG_VERSION");

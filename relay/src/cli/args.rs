@@ -128,6 +128,20 @@ pub(super) struct RunArgs {
     /// stay unnamed.
     #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
     max_open_files: usize,
+    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
+    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
+    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
+    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
+    /// bound the relay's memory on hosts running many large binaries at once.
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
+    symbolizer_cache_files: usize,
+    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
+    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
+    /// least recently used binaries are closed after each batch (the one used last stays,
+    /// whatever its size). Raise it when the same large binaries are parsed again and again
+    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
+    symbolizer_cache_bytes: u64,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
@@ -204,6 +218,20 @@ pub(super) struct RecordArgs {
     /// stay unnamed.
     #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
     max_open_files: usize,
+    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
+    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
+    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
+    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
+    /// bound the relay's memory on hosts running many large binaries at once.
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
+    symbolizer_cache_files: usize,
+    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
+    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
+    /// least recently used binaries are closed after each batch (the one used last stays,
+    /// whatever its size). Raise it when the same large binaries are parsed again and again
+    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
+    symbolizer_cache_bytes: u64,
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
@@ -245,6 +273,8 @@ impl RunArgs {
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
+                symbolizer_cache_files: self.symbolizer_cache_files,
+                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
@@ -324,6 +354,8 @@ impl RecordArgs {
             file_limits: session::FileLimits {
                 max_copy_bytes: self.max_copy_bytes,
                 max_open_files: self.max_open_files,
+                symbolizer_cache_files: self.symbolizer_cache_files,
+                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
             labels: self.labels.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,

@@ -59,6 +59,11 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_resolvers", "Symbol resolvers (one per open binary) in the symbolizer cache now.", Kind::Gauge, |s| s.resolvers),
     ("symbolizer_resolvers_opened", "Symbol resolvers opened: symbolizer cache misses.", Kind::Counter, |s| s.resolvers_opened),
     ("symbolizer_resolvers_evicted", "Symbol resolvers closed because unused or over the cache's bounds.", Kind::Counter, |s| s.resolvers_evicted),
+    ("symbolizer_cache_entries", "Lookups remembered by the symbolizer cache now (file offset -> functions), in all files.", Kind::Gauge, |s| s.symbolizer.entries),
+    ("symbolizer_cache_bytes", "Heap bytes the symbolizer cache holds now: parsed symbol and line tables and remembered lookups (--symbolizer-cache-bytes bounds it).", Kind::Gauge, |s| s.symbolizer.bytes),
+    ("symbolizer_cache_file_bytes", "Bytes of the binaries behind the open symbol resolvers (mapped read-only; only pages being read count in the relay's memory).", Kind::Gauge, |s| s.symbolizer.file_bytes),
+    ("symbolizer_cache_hits", "Frame lookups answered from the symbolizer cache.", Kind::Counter, |s| s.symbolizer_hits),
+    ("symbolizer_cache_misses", "Frame lookups the symbolizer cache did not hold (symbolized from the binary's tables).", Kind::Counter, |s| s.symbolizer_misses),
     ("symbolizer_copied_bytes", "Bytes of binaries copied into memory because the relay may not reopen them.", Kind::Counter, |s| s.copied_bytes),
 ];
 

@@ -170,6 +170,10 @@ pub(crate) struct RelayStats {
     pub processes: u64,
     pub files: u64,
     pub resolvers: u64,
+    /// What the symbolizer cache holds now, and its lookups answered from it or not.
+    pub symbolizer: crate::symbolize::elf::CacheSize,
+    pub symbolizer_hits: u64,
+    pub symbolizer_misses: u64,
     pub resolvers_opened: u64,
     pub resolvers_evicted: u64,
     pub copied_bytes: u64,

@@ -1,7 +1,15 @@
 //! Native (ELF) symbolization through descriptors the sampler passed: one blazesym resolver per
 //! file, cached by the file's identity as the relay itself sees it (`fstat` of the passed
-//! descriptor) and evicted when unused. Parsing untrusted ELF and DWARF happens here, in the
-//! unprivileged relay, never in the sampler.
+//! descriptor). Parsing untrusted ELF and DWARF happens here, in the unprivileged relay, never
+//! in the sampler.
+//!
+//! Memory is bounded: at most `max_files` resolvers (`--symbolizer-cache-files`) holding at most
+//! `max_bytes` of heap (`--symbolizer-cache-bytes`: what blazesym and the memo allocated for each
+//! file, counted by the relay's allocator, `alloc`), the least recently used closed beyond;
+//! closed too when idle or when no process maps their file any more; at most [`MEMO_LIMIT`]
+//! remembered lookups in all; and the pages of the files blazesym maps are
+//! handed back to the page cache after the lookups of a batch ([`ElfCache::release_pages`]), so
+//! a binary's debug info is not counted in the relay's memory once it has been read.
 //!
 //! Invariant: nothing a file *claims* about itself (its build id above all) decides which
 //! resolver answers for it; a binary linked with someone else's build id gets its own resolver
@@ -65,10 +73,29 @@ pub struct OpenElf {
     memo: HashMap<u64, Rc<[Resolved]>>,
     /// Bytes of the sealed memfd copy behind `resolver` (0 when reopened).
     copy_bytes: u64,
+    /// blazesym looked something up in it since the last [`ElfCache::release_pages`].
+    touched: bool,
+    /// Heap bytes charged to it: what opening it and its lookups left allocated.
+    bytes: u64,
 }
 
-/// Entries kept per file before its memo is cleared.
-const MEMO_LIMIT: usize = 200_000;
+/// Lookups remembered in all files together; beyond, every memo is cleared (each entry costs
+/// about 100 bytes, so this is at most ~10 MB).
+pub const MEMO_LIMIT: usize = 100_000;
+
+/// Lookups in binaries after which their pages are handed back even within a batch (see
+/// [`ElfCache::release_pages`]), so parsing a large binary's debug info never has all of it
+/// resident at once.
+const RELEASE_EVERY_MISSES: u64 = 256;
+
+/// Default of `--symbolizer-cache-files`: resolvers kept open at once. Each holds its file's
+/// parsed symbol and line tables (from a few KiB to tens of MiB for a large binary with debug
+/// info); a busy host rarely runs more binaries than this at once.
+pub const DEFAULT_MAX_FILES: usize = 64;
+
+/// Default of `--symbolizer-cache-bytes`: heap the resolvers may hold together (the one used
+/// last is kept whatever its size).
+pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
 
 /// Default of `--max-copy-bytes`: the largest file the relay copies into memory when it may not
 /// reopen it (a root-only binary). Larger ones stay unnamed; copies are charged to the relay's
@@ -80,8 +107,19 @@ pub struct ElfCache {
     files: HashMap<FileKey, OpenElf>,
     /// Largest file copied into a private memfd (`--max-copy-bytes`).
     pub max_copy_bytes: u64,
+    /// Most resolvers kept at once (`--symbolizer-cache-files`, at least 1).
+    pub max_files: usize,
+    /// Most heap bytes charged to the resolvers together (`--symbolizer-cache-bytes`).
+    pub max_bytes: u64,
+    /// Heap bytes charged to the resolvers now.
+    bytes: u64,
     pub opened: u64,
     pub evicted: u64,
+    /// Lookups answered from a memo, and those that went to blazesym.
+    pub hits: u64,
+    pub misses: u64,
+    /// Memo entries held now, in all files.
+    memo_entries: usize,
     /// Files copied into a sealed memfd because the relay may not reopen them.
     pub copied: u64,
     /// Bytes copied in total.
@@ -103,6 +141,20 @@ impl Default for ElfCache {
     fn default() -> Self {
         Self::new(DEFAULT_MAX_COPY_BYTES)
     }
+}
+
+/// What the cache holds now, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheSize {
+    /// Resolvers (open files).
+    pub files: u64,
+    /// Remembered lookups.
+    pub entries: u64,
+    /// Heap bytes the resolvers and their remembered lookups hold (counted by the allocator).
+    pub bytes: u64,
+    /// Bytes of the files behind the resolvers (what blazesym may map; only the pages read
+    /// count in the relay's memory, and only until [`ElfCache::release_pages`]).
+    pub file_bytes: u64,
 }
 
 /// Why a passed file has no resolver.
@@ -298,8 +350,14 @@ impl ElfCache {
         Self {
             files: HashMap::new(),
             max_copy_bytes,
+            max_files: DEFAULT_MAX_FILES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            bytes: 0,
             opened: 0,
             evicted: 0,
+            hits: 0,
+            misses: 0,
+            memo_entries: 0,
             copied: 0,
             copied_bytes: 0,
             too_large: 0,
@@ -317,55 +375,32 @@ impl ElfCache {
         path: &str,
         file_offset: u64,
     ) -> Option<Rc<[Resolved]>> {
-        let cap = self.copy_cap();
-        let (copied, copied_bytes, too_large, panicked, live_copy_bytes) = (
-            &mut self.copied,
-            &mut self.copied_bytes,
-            &mut self.too_large,
-            &mut self.panicked,
-            &mut self.live_copy_bytes,
-        );
-        let entry = self.files.entry(*key).or_insert_with(|| {
-            let (resolver, copy_bytes) = match open_resolver(fd, cap) {
-                Ok((resolver, bytes)) => {
-                    if bytes > 0 {
-                        tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
-                        *copied += 1;
-                        *copied_bytes += bytes;
-                        *live_copy_bytes += bytes;
-                    }
-                    (Some(resolver), bytes)
-                }
-                Err(err) => {
-                    // Logged once per file: the failed entry stays cached until evicted.
-                    if matches!(err, OpenError::TooLarge { .. }) {
-                        *too_large += 1;
-                        tracing::warn!(file = %path, error = %err, "file not symbolized");
-                    } else if matches!(err, OpenError::Panicked) {
-                        *panicked += 1;
-                        tracing::warn!(file = %path, error = %err, "file not symbolized");
-                    } else {
-                        tracing::debug!(file = %path, error = %err, "file not symbolized");
-                    }
-                    (None, 0)
-                }
-            };
-            OpenElf {
-                resolver,
-                last_used: Instant::now(),
-                memo: HashMap::new(),
-                copy_bytes,
-            }
-        });
-        if entry.memo.is_empty() && entry.resolver.is_some() {
-            self.opened += 1;
+        if !self.files.contains_key(key) {
+            self.make_room();
+            let entry = self.open(fd, path);
+            self.files.insert(*key, entry);
         }
+        let entry = self.files.get_mut(key)?;
         entry.last_used = Instant::now();
         if let Some(found) = entry.memo.get(&file_offset) {
+            self.hits += 1;
             return Some(Rc::clone(found));
         }
         let resolver = entry.resolver.as_ref()?;
-        let Some(found) = guarded(|| lookup(resolver, file_offset)) else {
+        self.misses += 1;
+        entry.touched = true;
+        let (found, allocated) = super::alloc::measure(|| {
+            let found: Option<Rc<[Resolved]>> =
+                guarded(|| lookup(resolver, file_offset)).map(Rc::from);
+            if let Some(found) = &found {
+                entry.memo.insert(file_offset, Rc::clone(found));
+            }
+            found
+        });
+        let allocated = u64::try_from(allocated).unwrap_or(0);
+        entry.bytes += allocated;
+        self.bytes += allocated;
+        let Some(resolved) = found else {
             // The resolver's state after a panic is unknown: the file is not parsed again.
             self.panicked += 1;
             tracing::warn!(
@@ -375,23 +410,185 @@ impl ElfCache {
                  frames stay unnamed. Please report the file to ember's maintainers"
             );
             entry.resolver = None;
+            self.memo_entries -= entry.memo.len();
             entry.memo.clear();
             return None;
         };
-        let resolved: Rc<[Resolved]> = found.into();
-        if entry.memo.len() >= MEMO_LIMIT {
-            entry.memo.clear();
+        self.memo_entries += 1;
+        if self.memo_entries > MEMO_LIMIT {
+            self.clear_memos();
         }
-        entry.memo.insert(file_offset, Rc::clone(&resolved));
+        if self.misses.is_multiple_of(RELEASE_EVERY_MISSES) {
+            // A batch that parses a large binary reads much of it: hand pages back on the way.
+            self.release_pages();
+        }
         Some(resolved)
     }
 
+    /// Opens a resolver for a file not in the cache (a failure is cached too, logged once).
+    fn open(&mut self, fd: &OwnedFd, path: &str) -> OpenElf {
+        let (opened, allocated) = super::alloc::measure(|| open_resolver(fd, self.copy_cap()));
+        let bytes = u64::try_from(allocated).unwrap_or(0);
+        self.bytes += bytes;
+        let (resolver, copy_bytes) = match opened {
+            Ok((resolver, bytes)) => {
+                self.opened += 1;
+                if bytes > 0 {
+                    tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
+                    self.copied += 1;
+                    self.copied_bytes += bytes;
+                    self.live_copy_bytes += bytes;
+                }
+                (Some(resolver), bytes)
+            }
+            Err(err) => {
+                // Logged once per file: the failed entry stays cached until evicted.
+                if matches!(err, OpenError::TooLarge { .. }) {
+                    self.too_large += 1;
+                    tracing::warn!(file = %path, error = %err, "file not symbolized");
+                } else if matches!(err, OpenError::Panicked) {
+                    self.panicked += 1;
+                    tracing::warn!(file = %path, error = %err, "file not symbolized");
+                } else {
+                    tracing::debug!(file = %path, error = %err, "file not symbolized");
+                }
+                (None, 0)
+            }
+        };
+        OpenElf {
+            resolver,
+            last_used: Instant::now(),
+            memo: HashMap::new(),
+            copy_bytes,
+            touched: true,
+            bytes,
+        }
+    }
+
+    /// Closes the least recently used resolvers until one more fits under `max_files`.
+    fn make_room(&mut self) {
+        while self.files.len() >= self.max_files.max(1) {
+            let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(key, _)| *key)
+            else {
+                return;
+            };
+            self.remove(&oldest);
+        }
+    }
+
+    fn remove(&mut self, key: &FileKey) {
+        if let Some(file) = self.files.remove(key) {
+            self.evicted += 1;
+            self.memo_entries -= file.memo.len();
+            self.live_copy_bytes -= file.copy_bytes;
+            self.bytes = self.bytes.saturating_sub(file.bytes);
+        }
+    }
+
+    fn clear_memos(&mut self) {
+        for file in self.files.values_mut() {
+            let memo = std::mem::take(&mut file.memo);
+            let ((), freed) = super::alloc::measure(move || drop(memo));
+            let freed = u64::try_from(freed.saturating_neg()).unwrap_or(0);
+            file.bytes = file.bytes.saturating_sub(freed);
+            self.bytes = self.bytes.saturating_sub(freed);
+        }
+        self.memo_entries = 0;
+    }
+
+    /// Closes the least recently used resolvers while they hold more than `max_bytes`
+    /// together, keeping the one used last whatever its size.
+    fn shrink_to_budget(&mut self) -> usize {
+        let mut closed = 0;
+        while self.bytes > self.max_bytes && self.files.len() > 1 {
+            let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(key, _)| *key)
+            else {
+                break;
+            };
+            self.remove(&oldest);
+            closed += 1;
+        }
+        closed
+    }
+
+    /// Drops resolvers unused for `idle`, and those of files no process maps any more
+    /// (`referenced` says which are mapped) unused for `unreferenced`, then the least recently
+    /// used while over `max_bytes`. Returns how many were dropped.
+    pub fn evict(
+        &mut self,
+        idle: Duration,
+        unreferenced: Duration,
+        referenced: impl Fn(&FileKey) -> bool,
+    ) -> usize {
+        let stale: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(key, f)| {
+                let unused = f.last_used.elapsed();
+                unused >= idle || (unused >= unreferenced && !referenced(key))
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key in &stale {
+            self.remove(key);
+        }
+        stale.len() + self.shrink_to_budget()
+    }
+
     /// Drops resolvers unused for `idle`.
+    #[cfg(test)]
     pub fn evict_idle(&mut self, idle: Duration) {
-        let before = self.files.len();
-        self.files.retain(|_, f| f.last_used.elapsed() < idle);
-        self.evicted += (before - self.files.len()) as u64;
-        self.live_copy_bytes = self.files.values().map(|f| f.copy_bytes).sum();
+        self.evict(idle, idle, |_| true);
+    }
+
+    /// Hands the pages blazesym read back to the page cache once a batch's lookups are done
+    /// (`MADV_DONTNEED` on its read-only shared whole-file mappings; the next read faults them
+    /// in again from the page cache), when blazesym read anything since the last call. A
+    /// binary's debug info is read at its first lookups and rarely after, so without this its
+    /// pages would stay counted in the relay's RSS for as long as the resolver lives. Returns
+    /// the bytes of mappings released.
+    pub fn release_pages(&mut self) -> u64 {
+        let mut touched = false;
+        for file in self.files.values_mut() {
+            touched |= std::mem::take(&mut file.touched);
+        }
+        if !touched {
+            return 0;
+        }
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+            return 0;
+        };
+        let mut released = 0;
+        for (start, end) in blazesym_mappings(&maps) {
+            // SAFETY: a read-only shared file mapping, which only blazesym makes in the relay
+            // (see `blazesym_mappings`): nothing was ever written through it, so dropping its
+            // pages loses nothing; the next access reads them again from the file.
+            let dropped = unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED)
+            };
+            if dropped == 0 {
+                released += (end - start) as u64;
+            }
+        }
+        released
+    }
+
+    /// What the cache holds now.
+    pub fn size(&self) -> CacheSize {
+        CacheSize {
+            files: self.files.len() as u64,
+            entries: self.memo_entries as u64,
+            bytes: self.bytes,
+            file_bytes: self.files.keys().map(|k| k.size).sum(),
+        }
     }
 
     /// The largest copy allowed now: `max_copy_bytes`, or less when the copies held already
@@ -407,11 +604,37 @@ impl ElfCache {
         self.evicted += self.files.len() as u64;
         self.files.clear();
         self.live_copy_bytes = 0;
+        self.memo_entries = 0;
+        self.bytes = 0;
     }
 
     pub fn len(&self) -> usize {
         self.files.len()
     }
+}
+
+/// The address ranges in `maps` (a `/proc/self/maps` text) of read-only shared file mappings
+/// from offset 0: how blazesym maps a whole file (through memmap2), for the passed files and the
+/// separate debug files it follows. Nothing else in the relay maps files shared (the loader maps
+/// segments private), so dropping their pages never touches the relay's own code or data.
+fn blazesym_mappings(maps: &str) -> Vec<(usize, usize)> {
+    let parse = |line: &str| -> Option<(usize, usize)> {
+        let mut fields = line.split_ascii_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (perms, offset, _dev, inode) = (
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+        );
+        if perms != "r--s" || u64::from_str_radix(offset, 16).ok()? != 0 || inode == "0" {
+            return None;
+        }
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        (end > start).then_some((start, end))
+    };
+    maps.lines().filter_map(parse).collect()
 }
 
 /// Runs `parse`, a call into blazesym on a file the relay does not trust, so that a panic in
@@ -526,6 +749,166 @@ mod tests {
         assert_eq!(cache.len(), 1);
         cache.evict_idle(Duration::ZERO);
         assert_eq!(cache.len(), 0);
+    }
+
+    /// The file offset in this test binary of one of its own functions, from /proc/self/maps.
+    fn own_offset(address: u64) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        maps.lines()
+            .find_map(|line| {
+                let (range, rest) = line.split_once(' ')?;
+                let (start, end) = range.split_once('-')?;
+                let (start, end) = (
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                );
+                if !(start..end).contains(&address) {
+                    return None;
+                }
+                let offset = u64::from_str_radix(rest.split(' ').nth(1)?, 16).ok()?;
+                Some(address - start + offset)
+            })
+            .expect("own function is mapped")
+    }
+
+    /// Resident kB of blazesym's mappings of the file with inode `ino` in this process.
+    fn resident_kb(ino: u64) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let mut ours = false;
+        let mut kb = 0;
+        for line in smaps.lines() {
+            let first = line.split(' ').next().unwrap_or("");
+            if let Some(rss) = line.strip_prefix("Rss:") {
+                if ours {
+                    kb += rss
+                        .trim()
+                        .trim_end_matches(" kB")
+                        .parse::<u64>()
+                        .expect("kB");
+                }
+            } else if first
+                .split_once('-')
+                .is_some_and(|(start, _)| u64::from_str_radix(start, 16).is_ok())
+            {
+                let inode = line.split_ascii_whitespace().nth(4).unwrap_or("");
+                ours = !blazesym_mappings(line).is_empty() && inode == ino.to_string();
+            }
+        }
+        kb
+    }
+
+    #[test]
+    fn the_cache_is_bounded_in_files_and_counts_hits_and_misses() {
+        // Given a cache of one file and two files (this binary, and a copy of it elsewhere)
+        let exe = std::fs::File::open("/proc/self/exe").expect("open own exe");
+        let fd = OwnedFd::from(exe);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let copy = dir.path().join("copy");
+        std::fs::copy("/proc/self/exe", &copy).expect("copy own exe");
+        let copy = OwnedFd::from(std::fs::File::open(&copy).expect("open copy"));
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let mut cache = ElfCache {
+            max_files: 1,
+            ..ElfCache::default()
+        };
+        let (key, copy_key) = (
+            FileKey::of(&fd).expect("fstat"),
+            FileKey::of(&copy).expect("fstat"),
+        );
+        // When one offset is looked up twice, then in the other file
+        for _ in 0..2 {
+            cache.resolve(&key, &fd, "exe", offset).expect("resolver");
+        }
+        assert_eq!((cache.hits, cache.misses), (1, 1));
+        assert_eq!(cache.size().entries, 1);
+        let named = cache
+            .resolve(&copy_key, &copy, "copy", offset)
+            .expect("resolver");
+        // Then the first file was closed to make room, its entries with it, and the second
+        // names the same function
+        assert_eq!((cache.len(), cache.evicted, cache.opened), (1, 1, 2));
+        assert_eq!(cache.size().entries, 1);
+        assert_eq!(cache.size().file_bytes, copy_key.size);
+        assert!(named
+            .last()
+            .expect("a frame")
+            .function
+            .ends_with("demangles_rust_and_cpp"));
+        // And a file no process maps is closed once unused for the unreferenced time, one that
+        // is mapped only once idle
+        assert_eq!(cache.evict(Duration::MAX, Duration::ZERO, |_| true), 0);
+        assert_eq!(cache.evict(Duration::MAX, Duration::ZERO, |_| false), 1);
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_is_bounded_in_heap_bytes_keeping_the_last_used() {
+        // Given a cache of at most 1 byte of heap and two files (this binary and a copy)
+        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open own exe"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("copy");
+        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
+        let copy = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let mut cache = ElfCache {
+            max_bytes: 1,
+            ..ElfCache::default()
+        };
+        let (key, copy_key) = (
+            FileKey::of(&fd).expect("fstat"),
+            FileKey::of(&copy).expect("fstat"),
+        );
+        // When both are looked up (the copy last)
+        cache.resolve(&key, &fd, "exe", offset).expect("resolver");
+        let one = cache.size().bytes;
+        cache
+            .resolve(&copy_key, &copy, "copy", offset)
+            .expect("resolver");
+        // Then each parse was charged (a binary with debug info: well over 64 KiB each)
+        assert!(one > 64 << 10, "{one} bytes charged to one file");
+        assert!(cache.size().bytes > one, "{:?}", cache.size());
+        // And after the batch, the least recently used is closed, the last one kept alone
+        assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 1);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.resolve(&copy_key, &copy, "copy", offset).is_some());
+        assert_eq!(cache.opened, 2, "the copy stayed open");
+    }
+
+    #[test]
+    fn pages_blazesym_read_are_handed_back_and_lookups_still_work() {
+        // Given a copy of this binary (with debug info; a file of this test's own) looked up
+        // through the cache
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("copy");
+        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
+        let fd = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        let key = FileKey::of(&fd).expect("fstat");
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let mut cache = ElfCache::default();
+        cache.resolve(&key, &fd, "copy", offset).expect("resolver");
+        let before = resident_kb(key.ino);
+        assert!(before > 0, "blazesym's mapping of the binary is resident");
+        // When its pages are released
+        let released = cache.release_pages();
+        // Then none stays resident (the whole mapping was released), and a new lookup reads
+        // it again and still names the function
+        assert!(
+            released >= key.size,
+            "released {released} of {} bytes",
+            key.size
+        );
+        assert_eq!(resident_kb(key.ino), 0, "{before} kB resident before");
+        let other = own_offset(symbol_file_offset as *const () as usize as u64);
+        let named = cache.resolve(&key, &fd, "copy", other).expect("resolver");
+        assert!(named
+            .last()
+            .expect("frame")
+            .function
+            .ends_with("symbol_file_offset"));
+        assert!(resident_kb(key.ino) > 0, "read again");
+        // And once released, with nothing read since, nothing more is released
+        assert!(cache.release_pages() > 0);
+        assert_eq!(cache.release_pages(), 0);
     }
 
     /// The file offset of `symbol` in the ELF file at `path`, through `nm` and the program

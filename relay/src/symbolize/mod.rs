@@ -1,6 +1,7 @@
 //! Addresses -> frames. A miss is data, not an error: a frame that cannot be named becomes
 //! `[unknown]` with its module, and a lost stack becomes a marker frame, so every sample stays.
 
+pub mod alloc;
 pub mod elf;
 pub mod headers;
 pub mod kernel;
