@@ -161,12 +161,7 @@ pub(crate) struct CacheStats {
     pub files_gone: u64,
 }
 
-/// Niceness of the worker thread: compiling tables yields the CPU to the relay's own sample
-/// processing and to the sampler (on a busy host a compile can take seconds of CPU).
-const WORKER_NICE: i32 = 19;
-
 fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
-    lower_priority();
     let limits = Limits::default();
     let mut stats = CacheStats::default();
     let mut logged = stats;
@@ -275,21 +270,6 @@ fn table_for(
         "unwind table from the cache directory"
     );
     Some((cached.table, cached.vaddr_minus_offset))
-}
-
-/// Gives the calling thread (the worker) the lowest priority; a failure only costs latency.
-fn lower_priority() {
-    // SAFETY: gettid has no effects.
-    let tid = unsafe { libc::gettid() };
-    // On Linux the nice value is per thread: this affects the worker alone.
-    // SAFETY: setpriority changes a scheduling attribute of this thread only.
-    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, WORKER_NICE) };
-    if set != 0 {
-        tracing::debug!(
-            err = %std::io::Error::last_os_error(),
-            "cannot lower the unwind worker's priority"
-        );
-    }
 }
 
 /// Sends one table in chunks on the job's connection.
