@@ -40,10 +40,9 @@ use super::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum UnwindMode {
     /// Frame pointers only: no tables are compiled or sent.
-    Fp,
-    /// Compile each passed binary's .eh_frame into a table and send it to the sampler (the
-    /// default).
     #[default]
+    Fp,
+    /// Compile each passed binary's .eh_frame into a table and send it to the sampler.
     Dwarf,
 }
 
