@@ -676,9 +676,8 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     }
 }
 
-/// Debian's own python3 (no frame pointers) running a pure-Python loop: in the first whole window
-/// after its tables were sent, >= 90% of its samples reach `_start` (native frames only; no
-/// Python symbols needed).
+/// Debian's own python3 (no frame pointers) running a pure-Python loop: in the relay's second
+/// window, >= 90% of its samples reach `_start` (native frames only; no Python symbols needed).
 #[test]
 fn dwarf_unwinding_reaches_start_in_debians_python3() {
     if !privileged() {
@@ -691,9 +690,35 @@ fn dwarf_unwinding_reaches_start_in_debians_python3() {
     let mut command = std::process::Command::new("python3");
     command.args(["-c", loop_src]);
     let python = ChildGuard::spawn("python3 loop", &mut command);
-    // A whole window that began after the relay sent python3's tables (not a fixed sleep: on a
-    // busy host compiling them takes seconds).
-    let (folded, _log) = profile_dwarf(dir.path(), "python3", python.pid(), &[]);
+    let pid = python.pid().to_string();
+    let out_dir = dir.path().join("out");
+    let socket = dir.path().join("relay.sock");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let relay = spawn_relay_run(
+        "relay --unwind dwarf",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_arg,
+            "--window",
+            "4s",
+        ],
+    );
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler --unwind dwarf",
+        &socket,
+        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
+    );
+    std::thread::sleep(Duration::from_millis(9_000));
+    let folded = fs::read_to_string(out_dir.join("stacks.folded")).unwrap_or_else(|err| {
+        panic!(
+            "no stacks.folded ({err}):\n{}\n{}",
+            relay.log.text(),
+            sampler_log.text()
+        )
+    });
     drop(python);
     let (mut total, mut rooted) = (0u64, 0u64);
     let mut other: Vec<(String, u64)> = Vec::new();
