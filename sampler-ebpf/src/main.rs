@@ -11,7 +11,7 @@ mod events;
 #[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
-        bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+        bindings::{BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
             bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_loop,
             bpf_probe_read_user,
@@ -50,10 +50,10 @@ mod program {
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
     /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
-    /// with `--unwind fp`, `--unwind-memory-bytes / 12` rows with `--unwind dwarf`. Not walked
-    /// yet: the in-kernel unwinder is the next step.
+    /// with `--unwind fp`, `--unwind-memory-bytes / 16` rows at most with `--unwind dwarf`.
+    /// Memory-mappable: the sampler stores rows with plain writes (`sampler/src/rows.rs`).
     #[map]
-    static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+    static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
     #[map]
     static UNWIND_TABLES: HashMap<u64, UnwindTableInfo> = HashMap::with_max_entries(1, 0);
     #[map]

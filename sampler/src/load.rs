@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Context as _};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         PerfEvent, RawTracePoint,
@@ -21,6 +21,7 @@ use ember_sampler_ebpf::{
 use crate::{
     config::{SamplerConfig, Unwind},
     procevents::ProcessEvents,
+    rows::MappedRows,
     unwind::TableMaps,
 };
 
@@ -112,6 +113,9 @@ pub struct Loaded {
 /// The unwind-table maps: rows, and per file where its rows are.
 pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
+    /// The same rows mapped into memory (`rows.rs`); `None` if mapping failed: then each row
+    /// is one map update.
+    mapped: Option<MappedRows>,
     tables: HashMap<MapData, u64, UnwindTableInfo>,
     procs: HashMap<MapData, u32, ProcMappings>,
     /// Entries of each map.
@@ -157,6 +161,9 @@ impl UnwindMaps {
 
 impl TableMaps for UnwindMaps {
     fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+        if let Some(mapped) = &mut self.mapped {
+            return mapped.write(first, rows);
+        }
         for (index, row) in (first..).zip(rows) {
             self.rows
                 .set(index, row, 0)
@@ -287,8 +294,11 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     let control = Array::try_from(take(maps::CONTROL)?)?;
     let counters = PerCpuArray::try_from(take(maps::COUNTERS)?)?;
     let ignored = HashMap::try_from(take(maps::IGNORED)?)?;
+    let rows = take(maps::UNWIND_ROWS)?;
+    let mapped = map_rows(&rows, sizes.rows);
     let unwind = UnwindMaps {
-        rows: Array::try_from(take(maps::UNWIND_ROWS)?)?,
+        rows: Array::try_from(rows)?,
+        mapped,
         tables: HashMap::try_from(take(maps::UNWIND_TABLES)?)?,
         procs: HashMap::try_from(take(maps::PROC_MAPPINGS)?)?,
         sizes,
@@ -312,6 +322,24 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         events,
         cpus: cpus.len(),
     })
+}
+
+/// Maps the row array into memory (see `rows.rs`); on failure (logged) rows are written one
+/// map update each, which holds the drain loop for seconds on a large table.
+fn map_rows(rows: &Map, entries: u32) -> Option<MappedRows> {
+    use std::os::fd::AsFd as _;
+    let mapped = match rows {
+        Map::Array(data) => MappedRows::map(data.fd().as_fd(), entries),
+        _ => Err(std::io::Error::other("UNWIND_ROWS is not an array map")),
+    };
+    mapped
+        .inspect_err(|err| {
+            tracing::warn!(
+                %err,
+                "cannot map the unwind row array into memory; tables are written one row per                  system call (slow for large binaries)"
+            );
+        })
+        .ok()
 }
 
 /// Attaches the exec and exit tracepoints (raw: by name, no tracefs needed) that keep the

@@ -12,6 +12,7 @@ mod link;
 mod load;
 mod procevents;
 mod procfs;
+mod rows;
 mod tracker;
 mod unwind;
 
@@ -474,14 +475,19 @@ impl Sampler {
                 Ok(RelayMessage::UnwindTableChunk(chunk))
                     if self.config.unwind == Unwind::Dwarf =>
                 {
+                    let started = Instant::now();
                     let files = &self.tracker.files;
                     let maps = &mut self.loaded.unwind;
                     if let Some(file_id) = self.tables.chunk(chunk, |id| files.has_id(id), maps) {
                         tracing::debug!(
                             file_id,
                             bytes = self.tables.loaded_bytes(),
+                            took_ms = started.elapsed().as_secs_f64() * 1e3,
                             "unwind table loaded"
                         );
+                        // Between two tables, not after the whole inbox: a process first
+                        // sampled meanwhile may live only a few milliseconds more.
+                        self.describe_new_processes();
                     }
                 }
                 // With --unwind fp the tables are not used: each one is refused once.

@@ -65,11 +65,23 @@ fn last_json_line(out: &str) -> Value {
 /// Dropping, adding or misnaming that outermost frame breaks the exact match below.
 const LIBC_ENTRY: [&str; 1] = ["__libc_start_call_main"];
 
-/// Whether `frames` (root first) are exactly [`LIBC_ENTRY`] then [`CHAIN`] down to `leaf`:
-/// the whole stack from the outermost frame, nothing missing, nothing extra.
+/// What the DWARF unwinder (`--unwind dwarf`) adds below [`LIBC_ENTRY`]: glibc's
+/// CFI leads on to `_start`, the outermost frame.
+const DWARF_ROOT: [&str; 2] = ["_start", "__libc_start_main_impl"];
+
+/// Whether `frames` (root first) are exactly [`LIBC_ENTRY`] then [`CHAIN`] down to `leaf`,
+/// after [`DWARF_ROOT`] when the stack starts with it: the whole stack from the outermost
+/// frame, nothing missing, nothing extra.
 fn has_full_chain(frames: &[String], leaf: &str) -> bool {
     let Some(depth) = CHAIN.iter().position(|f| *f == leaf) else {
         return false;
+    };
+    let dwarf_root =
+        frames.len() >= DWARF_ROOT.len() && frames.iter().zip(DWARF_ROOT).all(|(a, b)| a == b);
+    let frames = if dwarf_root {
+        &frames[DWARF_ROOT.len()..]
+    } else {
+        frames
     };
     let expected = LIBC_ENTRY.iter().chain(&CHAIN[..=depth]);
     frames.len() == LIBC_ENTRY.len() + depth + 1 && frames.iter().zip(expected).all(|(a, b)| a == b)
