@@ -138,8 +138,9 @@ pub(super) struct RunArgs {
     /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
     /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
     /// least recently used binaries are closed after each batch (the one used last stays,
-    /// whatever its size). Raise it when the same large binaries are parsed again and again
-    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
+    /// so the working set is not parsed again every batch. Raise it when the same large binaries
+    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
     #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
     symbolizer_cache_bytes: u64,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
@@ -228,8 +229,9 @@ pub(super) struct RecordArgs {
     /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
     /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
     /// least recently used binaries are closed after each batch (the one used last stays,
-    /// whatever its size). Raise it when the same large binaries are parsed again and again
-    /// (ember_relay_symbolizer_resolvers_opened_total climbing).
+    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
+    /// so the working set is not parsed again every batch. Raise it when the same large binaries
+    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
     #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
     symbolizer_cache_bytes: u64,
     /// At the end, wait at most this long for the OTLP export queue to drain.
