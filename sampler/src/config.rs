@@ -48,7 +48,7 @@ impl Default for SamplerConfig {
             backlog_max_bytes: 64 << 20,
             relay_user: None,
             user: "nobody".to_owned(),
-            unwind: Unwind::Fp,
+            unwind: Unwind::Dwarf,
             unwind_memory_bytes: 64 << 20,
             command_line: false,
         }

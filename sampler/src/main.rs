@@ -87,8 +87,10 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "EMBER_LOG_FORMAT")]
     log_format: LogFormat,
-    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (unwind tables the relay
-    /// compiles from .eh_frame; the sampler checks each one and refuses bad ones, counted).
+    /// How user stacks are walked: `dwarf` (the default: unwind tables the relay compiles from
+    /// .eh_frame, checked by the sampler, which refuses bad ones, counted; frame pointers for
+    /// code without a table; needs Linux >= 5.17) or `fp` (frame pointers only, no unwinder
+    /// memory). Use the same value as the relay.
     #[arg(long, value_enum, default_value_t = SamplerConfig::default().unwind)]
     unwind: Unwind,
     /// Kernel memory for all of the DWARF unwinder's maps (rows, tables, process mappings,

@@ -283,7 +283,7 @@ fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
 /// it), then truncates the copy to 0 and keeps spinning with new addresses. The fake frames are
 /// named (the relay read the file: the attack was exercised), the relay stays alive and the
 /// witness keeps its samples. The attack is on the frame-pointer chain, so it runs with
-/// `--unwind fp` (whatever the default): the DWARF unwinder walks the attacker's real stack with the
+/// `--unwind fp`: the DWARF unwinder (the default) walks the attacker's real stack with the
 /// copy's tables and never follows the crafted chain, so the fake frames would not appear.
 #[test]
 fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {

@@ -65,7 +65,7 @@ fn last_json_line(out: &str) -> Value {
 /// Dropping, adding or misnaming that outermost frame breaks the exact match below.
 const LIBC_ENTRY: [&str; 1] = ["__libc_start_call_main"];
 
-/// What the DWARF unwinder (`--unwind dwarf`) adds below [`LIBC_ENTRY`]: glibc's
+/// What the DWARF unwinder (`--unwind dwarf`, the default) adds below [`LIBC_ENTRY`]: glibc's
 /// CFI leads on to `_start`, the outermost frame.
 const DWARF_ROOT: [&str; 2] = ["_start", "__libc_start_main_impl"];
 

@@ -414,7 +414,7 @@ fn record_process(pid: u32, name: &str) -> (Vec<FoldedStack>, String) {
 fn assert_named_stack(stacks: &[FoldedStack], expected: &[&str], text: &str, what: &str) {
     let total = total_count(stacks);
     let exact = total_count(stacks.iter().filter(|s| {
-        // `--unwind dwarf` also walks glibc below LIBC_ENTRY to `_start`.
+        // `--unwind dwarf` (the default) also walks glibc below LIBC_ENTRY to `_start`.
         let user: Vec<&str> = s.user_frames().collect();
         let user = user
             .strip_prefix(&["_start", "__libc_start_main_impl"][..])

@@ -156,10 +156,11 @@ pub(super) struct RunArgs {
         value_delimiter = ','
     )]
     sampler_uid: Vec<u32>,
-    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
-    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
-    /// it before use; start the sampler with the same --unwind).
-    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
+    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
+    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
+    /// with the same --unwind.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
     unwind: UnwindMode,
     /// Serve the relay's own metrics (/metrics, Prometheus text) and health (/healthz: the loop
     /// is alive; /readyz: a sampler is connected and sent a batch within 3 intervals) over HTTP
@@ -237,10 +238,11 @@ pub(super) struct RecordArgs {
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
-    /// How user stacks are walked: `fp` (frame pointers) or `dwarf` (the relay compiles each
-    /// profiled binary's .eh_frame into an unwind table and sends it to the sampler, which checks
-    /// it before use; start the sampler with the same --unwind).
-    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
+    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
+    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
+    /// with the same --unwind.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
     unwind: UnwindMode,
     /// Start the sampler with --command-line: each process's command line (at most 4 KiB) is
     /// exported as `process.command_line`. Off by default: arguments can hold secrets.

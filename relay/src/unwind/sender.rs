@@ -40,9 +40,10 @@ use super::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum UnwindMode {
     /// Frame pointers only: no tables are compiled or sent.
-    #[default]
     Fp,
-    /// Compile each passed binary's .eh_frame into a table and send it to the sampler.
+    /// Compile each passed binary's .eh_frame into a table and send it to the sampler (the
+    /// default).
+    #[default]
     Dwarf,
 }
 
