@@ -732,24 +732,7 @@ mod tests {
         let exe = std::fs::File::open("/proc/self/exe").expect("open own exe");
         let fd = OwnedFd::from(exe);
         // and the file offset of a function of ours
-        let addr = demangles_rust_and_cpp as *const () as usize as u64;
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-        let offset = maps
-            .lines()
-            .find_map(|line| {
-                let (range, rest) = line.split_once(' ')?;
-                let (start, end) = range.split_once('-')?;
-                let (start, end) = (
-                    u64::from_str_radix(start, 16).ok()?,
-                    u64::from_str_radix(end, 16).ok()?,
-                );
-                if !(start..end).contains(&addr) {
-                    return None;
-                }
-                let offset = u64::from_str_radix(rest.split(' ').nth(1)?, 16).ok()?;
-                Some(addr - start + offset)
-            })
-            .expect("own function is mapped");
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
         // When it is resolved through the cache
         let mut cache = ElfCache::default();
         let key = FileKey::of(&fd).expect("fstat own exe");
@@ -766,6 +749,17 @@ mod tests {
         assert_eq!(cache.len(), 1);
         cache.evict_idle(Duration::ZERO);
         assert_eq!(cache.len(), 0);
+    }
+
+    /// Descriptors of this test binary and of a copy of it (another file, same content), with
+    /// the directory that holds the copy.
+    fn exe_and_copy() -> (tempfile::TempDir, OwnedFd, OwnedFd) {
+        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open own exe"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("copy");
+        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
+        let copy = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        (dir, fd, copy)
     }
 
     /// The file offset in this test binary of one of its own functions, from /proc/self/maps.
@@ -861,11 +855,7 @@ mod tests {
     #[test]
     fn the_cache_is_bounded_in_heap_bytes_keeping_the_last_used() {
         // Given a cache of at most 1 byte of heap and two files (this binary and a copy)
-        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open own exe"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("copy");
-        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
-        let copy = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        let (_dir, fd, copy) = exe_and_copy();
         let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
         let mut cache = ElfCache {
             max_bytes: 1,
@@ -895,11 +885,7 @@ mod tests {
     fn resolvers_of_the_working_set_stay_over_the_budget_up_to_the_hard_cap() {
         // Given two files looked up just now, holding more than the budget but less than the
         // hard cap
-        let fd = OwnedFd::from(std::fs::File::open("/proc/self/exe").expect("open own exe"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("copy");
-        std::fs::copy("/proc/self/exe", &path).expect("copy own exe");
-        let copy = OwnedFd::from(std::fs::File::open(&path).expect("open copy"));
+        let (_dir, fd, copy) = exe_and_copy();
         let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
         let (key, copy_key) = (
             FileKey::of(&fd).expect("fstat"),
