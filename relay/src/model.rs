@@ -10,6 +10,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use indexmap::IndexSet;
+
 use crate::labels::Labels;
 
 /// Where a frame's code lives.
@@ -175,7 +177,8 @@ pub fn container_id(cgroup: &str) -> Option<&str> {
 /// A stack, leaf first, shared between samples.
 pub type Stack = Arc<[Frame]>;
 
-/// One aggregated row: a thread, a stack (leaf first) and how many times it was sampled.
+/// One aggregated row as a stage hands it over: a thread, a stack (leaf first) and how many
+/// times it was sampled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SymbolizedSample {
     pub thread: Thread,
@@ -183,7 +186,116 @@ pub struct SymbolizedSample {
     pub count: u64,
 }
 
+impl SymbolizedSample {
+    /// This sample as sinks read one (see [`Profile::samples`]).
+    pub fn view(&self) -> SampleRef<'_> {
+        SampleRef {
+            thread: &self.thread,
+            stack: StackView(Repr::Frames(&self.stack)),
+            count: self.count,
+        }
+    }
+}
+
+/// One aggregated row of a [`Profile`], borrowed from it: what sinks iterate.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleRef<'a> {
+    pub thread: &'a Thread,
+    pub stack: StackView<'a>,
+    pub count: u64,
+}
+
+/// A stack (leaf first) borrowed from a [`Profile`]'s tables or from a [`SymbolizedSample`].
+#[derive(Clone, Copy)]
+pub struct StackView<'a>(Repr<'a>);
+
+impl std::fmt::Debug for StackView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Repr<'a> {
+    Interned {
+        ids: &'a [u32],
+        frames: &'a IndexSet<Frame, Hasher>,
+    },
+    Frames(&'a [Frame]),
+}
+
+impl<'a> StackView<'a> {
+    pub fn len(&self) -> usize {
+        match self.0 {
+            Repr::Interned { ids, .. } => ids.len(),
+            Repr::Frames(frames) => frames.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`th frame, leaf first.
+    pub fn get(&self, i: usize) -> Option<&'a Frame> {
+        match self.0 {
+            Repr::Interned { ids, frames } => frames.get_index(*ids.get(i)? as usize),
+            Repr::Frames(frames) => frames.get(i),
+        }
+    }
+
+    /// The leaf frame.
+    pub fn first(&self) -> Option<&'a Frame> {
+        self.get(0)
+    }
+
+    /// The outermost frame.
+    pub fn last(&self) -> Option<&'a Frame> {
+        self.len().checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    /// The frames, leaf first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &'a Frame> + 'a {
+        let view = *self;
+        (0..self.len()).filter_map(move |i| view.get(i))
+    }
+
+    /// The frames, leaf first, in one slice (for outputs that group neighbouring frames).
+    pub fn to_vec(self) -> Vec<&'a Frame> {
+        self.iter().collect()
+    }
+}
+
+impl PartialEq for StackView<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for StackView<'_> {}
+
+impl PartialOrd for StackView<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for StackView<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.iter().cmp(other.iter())
+    }
+}
+
+/// The hasher of the profile's tables: keys are the relay's own (frames it named, threads of
+/// processes the sampler described), hashed per sample, so a fast hash beats SipHash's
+/// flooding resistance here.
+type Hasher = foldhash::fast::RandomState;
+
 /// Samples aggregated over a time range, as sinks receive them.
+///
+/// Stored compactly: every distinct frame, thread and stack once, in tables; a stack is the list
+/// of its frames' ids and a count is keyed by (thread id, stack id). A window of many distinct
+/// stacks then costs a few bytes per frame of each stack instead of a whole frame.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
     pub start_unix_ns: u64,
@@ -191,7 +303,31 @@ pub struct Profile {
     pub frequency_hz: u32,
     /// The sampled machine's host name (from the sampler's hello), when known.
     pub hostname: Option<Arc<str>>,
-    counts: HashMap<(Thread, Stack), u64>,
+    frames: IndexSet<Frame, Hasher>,
+    stacks: IndexSet<Box<[u32]>, Hasher>,
+    threads: IndexSet<Thread, Hasher>,
+    counts: HashMap<(u32, u32), u64, Hasher>,
+    /// The frame ids of the stack being added (reused, so adding allocates only for new stacks).
+    scratch: Vec<u32>,
+}
+
+/// A table index as an id. Tables cannot reach 2^32 entries (each entry takes at least 16
+/// bytes), so the fallback is never taken; it is there so no input can panic the relay.
+fn id(index: usize) -> u32 {
+    u32::try_from(index).unwrap_or(u32::MAX)
+}
+
+/// The id of `value` in `set`, inserting a clone when it is new.
+fn intern<T: Clone + Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value: &T) -> u32 {
+    match set.get_index_of(value) {
+        Some(index) => id(index),
+        None => id(set.insert_full(value.clone()).0),
+    }
+}
+
+/// The id of `value` in `set`, inserting it when it is new.
+fn intern_owned<T: Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value: T) -> u32 {
+    id(set.insert_full(value).0)
 }
 
 impl Profile {
@@ -215,15 +351,37 @@ impl Profile {
     /// Adds samples, widening the time range to cover `[start, end]`.
     pub fn add(&mut self, sample: SymbolizedSample, start_unix_ns: u64, end_unix_ns: u64) {
         self.observe(start_unix_ns, end_unix_ns);
+        self.add_frames(&sample.thread, sample.stack.iter(), sample.count);
+    }
+
+    /// Adds `count` samples of `thread` with the stack `frames` (leaf first), interning what is
+    /// new; the time range is the caller's ([`Profile::observe`]).
+    pub fn add_frames<'f>(
+        &mut self,
+        thread: &Thread,
+        frames: impl IntoIterator<Item = &'f Frame>,
+        count: u64,
+    ) {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        ids.extend(frames.into_iter().map(|f| intern(&mut self.frames, f)));
+        let stack = match self.stacks.get_index_of(ids.as_slice()) {
+            Some(index) => id(index),
+            None => intern_owned(&mut self.stacks, ids.as_slice().into()),
+        };
+        self.scratch = ids;
+        let thread = intern(&mut self.threads, thread);
+        self.count((thread, stack), count);
+    }
+
+    fn count(&mut self, key: (u32, u32), count: u64) {
         // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
-        let total = self
-            .counts
-            .entry((sample.thread, sample.stack))
-            .or_insert(0);
-        *total = total.saturating_add(sample.count);
+        let total = self.counts.entry(key).or_insert(0);
+        *total = total.saturating_add(count);
     }
 
     /// Merges another profile into this one, its observed time too (even without samples).
+    /// Each of its distinct frames, threads and stacks is looked up once, not once per sample.
     pub fn merge(&mut self, other: Profile) {
         if self.frequency_hz == 0 {
             self.frequency_hz = other.frequency_hz;
@@ -231,18 +389,34 @@ impl Profile {
         if self.hostname.is_none() {
             self.hostname = other.hostname;
         }
-        let (start, end) = (other.start_unix_ns, other.end_unix_ns);
-        self.observe(start, end);
+        self.observe(other.start_unix_ns, other.end_unix_ns);
+        let frames: Vec<u32> = other
+            .frames
+            .into_iter()
+            .map(|f| intern_owned(&mut self.frames, f))
+            .collect();
+        let threads: Vec<u32> = other
+            .threads
+            .into_iter()
+            .map(|t| intern_owned(&mut self.threads, t))
+            .collect();
+        let stacks: Vec<u32> = other
+            .stacks
+            .into_iter()
+            .map(|stack| {
+                let ids: Box<[u32]> = stack
+                    .iter()
+                    .map(|&f| frames.get(f as usize).copied().unwrap_or(u32::MAX))
+                    .collect();
+                intern_owned(&mut self.stacks, ids)
+            })
+            .collect();
         for ((thread, stack), count) in other.counts {
-            self.add(
-                SymbolizedSample {
-                    thread,
-                    stack,
-                    count,
-                },
-                start,
-                end,
-            );
+            if let (Some(&thread), Some(&stack)) =
+                (threads.get(thread as usize), stacks.get(stack as usize))
+            {
+                self.count((thread, stack), count);
+            }
         }
     }
 
@@ -254,18 +428,35 @@ impl Profile {
         self.counts.is_empty()
     }
 
+    /// How many distinct frames, stacks, threads and (thread, stack) rows the profile holds.
+    pub fn sizes(&self) -> ProfileSizes {
+        ProfileSizes {
+            frames: self.frames.len(),
+            stacks: self.stacks.len(),
+            threads: self.threads.len(),
+            rows: self.counts.len(),
+        }
+    }
+
+    fn row(&self, (thread, stack): (u32, u32), count: u64) -> Option<SampleRef<'_>> {
+        Some(SampleRef {
+            thread: self.threads.get_index(thread as usize)?,
+            stack: StackView(Repr::Interned {
+                ids: self.stacks.get_index(stack as usize)?,
+                frames: &self.frames,
+            }),
+            count,
+        })
+    }
+
     /// Samples in a stable order (by thread, then stack), for deterministic outputs.
-    pub fn samples(&self) -> Vec<SymbolizedSample> {
-        let mut out: Vec<SymbolizedSample> = self
+    pub fn samples(&self) -> Vec<SampleRef<'_>> {
+        let mut out: Vec<SampleRef<'_>> = self
             .counts
             .iter()
-            .map(|((thread, stack), &count)| SymbolizedSample {
-                thread: thread.clone(),
-                stack: Arc::clone(stack),
-                count,
-            })
+            .filter_map(|(&key, &count)| self.row(key, count))
             .collect();
-        out.sort_by(|a, b| a.thread.cmp(&b.thread).then_with(|| a.stack.cmp(&b.stack)));
+        out.sort_by(|a, b| a.thread.cmp(b.thread).then_with(|| a.stack.cmp(&b.stack)));
         out
     }
 
@@ -278,10 +469,20 @@ impl Profile {
     /// first, ties by name. Named by [`Frame::text_name`] (kernel frames end in `_[k]`); samples
     /// with an empty stack have no function and are not counted.
     pub fn top_self(&self, n: usize) -> Vec<(String, u64)> {
+        let mut by_leaf: HashMap<u32, u64, Hasher> = HashMap::default();
+        for (&(_, stack), &count) in &self.counts {
+            if let Some(&leaf) = self
+                .stacks
+                .get_index(stack as usize)
+                .and_then(|s| s.first())
+            {
+                *by_leaf.entry(leaf).or_insert(0) += count;
+            }
+        }
         let mut self_samples: HashMap<String, u64> = HashMap::new();
-        for ((_, stack), &count) in &self.counts {
-            if let Some(leaf) = stack.first() {
-                *self_samples.entry(leaf.text_name()).or_insert(0) += count;
+        for (leaf, count) in by_leaf {
+            if let Some(frame) = self.frames.get_index(leaf as usize) {
+                *self_samples.entry(frame.text_name()).or_insert(0) += count;
             }
         }
         let mut top: Vec<(String, u64)> = self_samples.into_iter().collect();
@@ -291,9 +492,116 @@ impl Profile {
     }
 }
 
+/// Table sizes of a [`Profile`] (see [`Profile::sizes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProfileSizes {
+    pub frames: usize,
+    pub stacks: usize,
+    pub threads: usize,
+    pub rows: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frame(function: &str, address: u64) -> Frame {
+        Frame {
+            function: function.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            inlined: false,
+            address,
+            module: None,
+        }
+    }
+
+    fn thread(pid: u32, tid: u32) -> Thread {
+        Thread {
+            pid,
+            tid,
+            process_name: "app".into(),
+            thread_name: format!("t{tid}").into(),
+            executable_path: "/usr/bin/app".into(),
+            container_id: None,
+            resource: Arc::default(),
+        }
+    }
+
+    /// The profile's rows as owned values, in its order.
+    fn rows(profile: &Profile) -> Vec<(Thread, Vec<Frame>, u64)> {
+        profile
+            .samples()
+            .iter()
+            .map(|s| (s.thread.clone(), s.stack.iter().cloned().collect(), s.count))
+            .collect()
+    }
+
+    /// 3 threads x 40 stacks of 30 frames drawn from 50 functions: many stacks, few frames.
+    fn samples() -> Vec<SymbolizedSample> {
+        let mut out = Vec::new();
+        for tid in 1..=3u32 {
+            for s in 0..40u64 {
+                let stack: Vec<Frame> = (0..30u64)
+                    .map(|depth| {
+                        let f = (s * 7 + depth * 3 + u64::from(tid)) % 50;
+                        frame(&format!("f{f}"), 0x1000 + f)
+                    })
+                    .collect();
+                out.push(SymbolizedSample {
+                    thread: thread(7, tid),
+                    stack: stack.into(),
+                    count: s + u64::from(tid),
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn each_frame_and_stack_is_stored_once_and_every_row_keeps_its_own_stack_and_count() {
+        let mut profile = Profile::new(99);
+        for sample in samples() {
+            profile.add(sample.clone(), 1, 2);
+            profile.add(sample, 1, 2);
+        }
+        let sizes = profile.sizes();
+        assert_eq!(sizes.frames, 50);
+        assert_eq!(sizes.threads, 3);
+        assert_eq!(sizes.rows, 120);
+        assert!(sizes.stacks <= 120, "{sizes:?}");
+        let mut expected: Vec<(Thread, Vec<Frame>, u64)> = samples()
+            .into_iter()
+            .map(|s| (s.thread, s.stack.to_vec(), 2 * s.count))
+            .collect();
+        expected.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        assert_eq!(rows(&profile), expected);
+    }
+
+    #[test]
+    fn a_merged_window_equals_one_profile_of_all_its_samples() {
+        // Given the samples split over three intervals in different orders
+        let all = samples();
+        let mut whole = Profile::new(99);
+        for sample in &all {
+            whole.add(sample.clone(), 10, 20);
+        }
+        let mut window = Profile::default();
+        for part in 0..3 {
+            let mut interval = Profile::new(99);
+            for sample in all.iter().rev().skip(part).step_by(3) {
+                interval.add(sample.clone(), 10 + part as u64, 20 + part as u64);
+            }
+            window.merge(interval);
+        }
+        // Then the window holds the same rows, counts and tables as the single profile
+        assert_eq!(rows(&window), rows(&whole));
+        assert_eq!(window.sizes(), whole.sizes());
+        assert_eq!(window.total_samples(), whole.total_samples());
+        assert_eq!((window.start_unix_ns, window.end_unix_ns), (10, 22));
+        assert_eq!(window.top_self(3), whole.top_self(3));
+    }
 
     #[test]
     fn container_ids_from_cgroup_paths() {

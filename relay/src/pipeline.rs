@@ -712,7 +712,7 @@ mod tests {
             assert_eq!(&*sample.thread.thread_name, "worker");
             assert_eq!(sample.thread.pid, PID);
         }
-        let user_leaf = |s: &crate::model::SymbolizedSample| {
+        let user_leaf = |s: &crate::model::SampleRef<'_>| {
             let frame = s.stack.last().expect("a user frame");
             assert_eq!(frame.kind, FrameKind::Native);
             assert!(
@@ -723,8 +723,9 @@ mod tests {
         // Leaf first: kernel frames come before the user frames they interrupted.
         let with_kernel = samples.iter().find(|s| s.count == 4).expect("4 samples");
         assert_eq!(with_kernel.stack.len(), 2);
-        assert_eq!(&*with_kernel.stack[0].function, "do_one");
-        assert_eq!(with_kernel.stack[0].kind, FrameKind::Kernel);
+        let leaf = with_kernel.stack.first().expect("a kernel leaf");
+        assert_eq!(&*leaf.function, "do_one");
+        assert_eq!(leaf.kind, FrameKind::Kernel);
         user_leaf(with_kernel);
         let user_only = samples.iter().find(|s| s.count == 1).expect("1 sample");
         assert_eq!(user_only.stack.len(), 1);

@@ -25,7 +25,7 @@ use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
     labels::stage::{LabelStage, ProcessRecord, Resource},
-    model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread, UNKNOWN},
+    model::{Frame, FrameKind, Module, Profile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
@@ -363,6 +363,7 @@ impl Session {
     ) {
         self.sweep_unreferenced_files();
         self.tick += 1;
+        profile.observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
             profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
         }
@@ -388,14 +389,11 @@ impl Session {
                     .samples_without_process_facts
                     .saturating_add(row.count);
             }
-            let mut stack: Vec<Frame> = Vec::new();
-            if let StackRef::Index(k) = row.kernel_stack {
-                stack.extend(kernel_stacks[k as usize].iter().cloned());
-            } else if let Some(marker) = symbolize::missing_stack_marker(row.kernel_stack, "kernel")
-            {
-                stack.push(marker);
-            }
-            match row.user_stack {
+            let (kernel, kernel_marker): (&[Frame], Option<Frame>) = match row.kernel_stack {
+                StackRef::Index(k) => (kernel_stacks[k as usize].as_slice(), None),
+                missing => (&[], symbolize::missing_stack_marker(missing, "kernel")),
+            };
+            let (user, user_marker): (&[Frame], Option<Frame>) = match row.user_stack {
                 StackRef::Index(u) => {
                     let frames = user_memo.entry((row.pid, u)).or_insert_with(|| {
                         user_frames(
@@ -407,22 +405,24 @@ impl Session {
                             &mut self.stats.bad_offsets,
                         )
                     });
-                    stack.extend(frames.iter().cloned());
+                    (frames.as_slice(), None)
                 }
-                missing => stack.extend(symbolize::missing_stack_marker(missing, "user")),
+                missing => (&[], symbolize::missing_stack_marker(missing, "user")),
+            };
+            let stack = kernel
+                .iter()
+                .chain(kernel_marker.as_ref())
+                .chain(user)
+                .chain(user_marker.as_ref());
+            let (mut frames, mut unknown) = (0u64, 0u64);
+            for frame in stack.clone() {
+                frames += 1;
+                unknown += u64::from(frame.is_unknown());
             }
-            self.stats.frames += stack.len() as u64;
-            self.stats.unknown_frames += stack.iter().filter(|f| f.is_unknown()).count() as u64;
+            self.stats.frames += frames;
+            self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
-            profile.add(
-                SymbolizedSample {
-                    thread: thread_of(row, process, resource),
-                    stack: stack.into(),
-                    count: row.count,
-                },
-                batch.interval_start_unix_ns,
-                batch.interval_end_unix_ns,
-            );
+            profile.add_frames(&thread_of(row, process, resource), stack, row.count);
         }
     }
 }

@@ -552,7 +552,7 @@ fn otlp_oversized_request_is_split() {
         let expected_leaves: BTreeSet<String> = profile
             .samples()
             .iter()
-            .map(|s| s.stack[0].function.to_string())
+            .map(|s| s.stack.first().unwrap().function.to_string())
             .collect();
         exporter.export(profile);
         let (drained, stats) = exporter.shutdown(DELIVERY_TIMEOUT);

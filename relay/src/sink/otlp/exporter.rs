@@ -69,7 +69,7 @@ pub enum Drained {
 }
 
 enum Command {
-    Export(Profile),
+    Export(Box<Profile>),
     Shutdown {
         deadline: Instant,
         reply: std_mpsc::Sender<Drained>,
@@ -138,7 +138,7 @@ impl Exporter {
             return;
         }
         let samples = profile.total_samples();
-        match self.tx.try_send(Command::Export(profile)) {
+        match self.tx.try_send(Command::Export(Box::new(profile))) {
             Ok(()) => {}
             Err(_) => {
                 self.stats.dropped(DropReason::ChannelFull, samples);

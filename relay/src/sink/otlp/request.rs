@@ -17,7 +17,7 @@ type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::{
     labels::Labels,
-    model::{Frame, FrameKind, Module, Profile, SymbolizedSample},
+    model::{Frame, FrameKind, Module, Profile, SampleRef},
 };
 
 /// Which per-sample attributes to emit. Every distinct set is its own series in Pyroscope.
@@ -199,7 +199,7 @@ impl Meta {
 }
 
 /// Builds one request from `samples` (ordered by thread, as [`Profile::samples`] gives them).
-pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttributes) -> Request {
+pub fn build(samples: &[SampleRef<'_>], meta: &Meta, options: SampleAttributes) -> Request {
     let mut b = Builder::default();
     let sample_type = (b.string("samples"), b.string("count"));
     let period_type = (b.string("cpu"), b.string("nanoseconds"));
@@ -207,12 +207,12 @@ pub fn build(samples: &[SymbolizedSample], meta: &Meta, options: SampleAttribute
     // (resource, stack, attributes) -> sample index, for merging.
     let mut merge: HashMap<(usize, i32, Vec<i32>), usize> = HashMap::default();
     for sample in samples {
-        let thread = &sample.thread;
+        let thread = sample.thread;
         let index = resources.index_of(sample, meta);
         let Some(resource) = resources.list.get_mut(index) else {
             continue;
         };
-        let stack = b.stack(&sample.stack);
+        let stack = b.stack(&sample.stack.to_vec());
         let mut attributes = Vec::new();
         if options.thread_name && !thread.thread_name.is_empty() {
             attributes.push(b.attribute(
@@ -271,7 +271,7 @@ struct Resources {
 }
 
 impl Resources {
-    fn index_of(&mut self, sample: &SymbolizedSample, meta: &Meta) -> usize {
+    fn index_of(&mut self, sample: &SampleRef<'_>, meta: &Meta) -> usize {
         let labels = &sample.thread.resource;
         if let Some((last, index)) = &self.last {
             if Arc::ptr_eq(last, labels) && !labels.is_empty() {
@@ -322,7 +322,7 @@ const LEADING: [&str; 6] = [
 /// A resource's attributes: its labels from the labels stage, or, for samples without labels,
 /// the process's fields. Never `process.pid` (the labels stage removes it): a pid is a sample
 /// attribute, when asked for.
-fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
+fn resource_attributes(sample: &SampleRef<'_>, meta: &Meta) -> Vec<KeyValue> {
     let labels = &sample.thread.resource;
     if labels.is_empty() {
         return unlabelled_resource(sample, meta);
@@ -341,7 +341,7 @@ fn resource_attributes(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> 
         .collect()
 }
 
-fn unlabelled_resource(sample: &SymbolizedSample, meta: &Meta) -> Vec<KeyValue> {
+fn unlabelled_resource(sample: &SampleRef<'_>, meta: &Meta) -> Vec<KeyValue> {
     let thread = &sample.thread;
     let name: Arc<str> = if thread.process_name.is_empty() {
         Arc::from(crate::labels::service::UNKNOWN_SERVICE)
@@ -542,7 +542,7 @@ impl Builder {
 
     /// One location for `frames`: a code frame, preceded by the frames inlined into it (same
     /// address), leaf first.
-    fn location(&mut self, frames: &[Frame]) -> i32 {
+    fn location(&mut self, frames: &[&Frame]) -> i32 {
         let Some(last) = frames.last() else { return 0 };
         let mapping = last.module.as_ref().map_or(0, |m| self.mapping_of(m));
         let lines = if last.is_unknown() {
@@ -593,7 +593,7 @@ impl Builder {
         i
     }
 
-    fn stack(&mut self, frames: &[Frame]) -> i32 {
+    fn stack(&mut self, frames: &[&Frame]) -> i32 {
         let mut indexes = Vec::with_capacity(frames.len());
         let mut start = 0;
         for (i, frame) in frames.iter().enumerate() {
@@ -629,7 +629,11 @@ pub fn frame_type(kind: FrameKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Thread;
+    use crate::model::{SymbolizedSample, Thread};
+
+    fn views(samples: &[SymbolizedSample]) -> Vec<SampleRef<'_>> {
+        samples.iter().map(SymbolizedSample::view).collect()
+    }
 
     fn module(path: &str, build_id: Option<&str>) -> Arc<Module> {
         Arc::new(Module {
@@ -719,7 +723,7 @@ mod tests {
             labelled(30, &own),
         ];
         // When built
-        let request = build(&samples, &meta(), SampleAttributes::default());
+        let request = build(&views(&samples), &meta(), SampleAttributes::default());
         // Then equal label sets share a resource (their samples merged), and a resource lists the
         // former attributes first in their old order, then the rest by name; never the pid
         assert_eq!(request.resources.len(), 2);
@@ -767,7 +771,7 @@ mod tests {
             sample(10, 12, "app", stack_b, 1),
         ];
         // When built into a request.
-        let request = build(&samples, &meta(), SampleAttributes::default());
+        let request = build(&views(&samples), &meta(), SampleAttributes::default());
         let d = &request.dictionary;
         // Then every table starts with its empty element...
         assert_eq!(&*d.strings[0], "");
@@ -830,7 +834,7 @@ mod tests {
         let outer = frame("caller", 0x40_1000, FrameKind::Native, &app);
         let main = frame("main", 0x40_2000, FrameKind::Native, &app);
         let request = build(
-            &[sample(1, 1, "t", vec![inlined, outer, main], 1)],
+            &views(&[sample(1, 1, "t", vec![inlined, outer, main], 1)]),
             &meta(),
             SampleAttributes::default(),
         );
@@ -866,7 +870,7 @@ mod tests {
         };
         let stack = vec![unknown(0x40_1234), unknown(0x40_5678), orphan];
         let request = build(
-            &[sample(1, 1, "t", stack, 1)],
+            &views(&[sample(1, 1, "t", stack, 1)]),
             &meta(),
             SampleAttributes::default(),
         );
@@ -904,7 +908,7 @@ mod tests {
             sample(2, 3, "b", stack, 1),
         ];
         // Given two processes of one executable (one service): one resource, not one per pid
-        let plain = build(&samples, &meta(), SampleAttributes::default());
+        let plain = build(&views(&samples), &meta(), SampleAttributes::default());
         assert_eq!(plain.resources.len(), 1, "one resource per service");
         assert_eq!(
             plain.resources[0].samples.len(),
@@ -912,7 +916,7 @@ mod tests {
             "tids merged by default (two thread names)"
         );
         let tids = build(
-            &samples,
+            &views(&samples),
             &meta(),
             SampleAttributes {
                 thread_name: true,
@@ -923,7 +927,7 @@ mod tests {
         assert_eq!(tids.resources[0].samples.len(), 3, "tid kept when asked");
         // The pid, when asked for, is a sample attribute, still one resource
         let pids = build(
-            &samples,
+            &views(&samples),
             &meta(),
             SampleAttributes {
                 thread_name: true,

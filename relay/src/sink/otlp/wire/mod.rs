@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::{
 };
 
 use super::request::{self, Request, SampleAttributes};
-use crate::model::{Profile, SymbolizedSample};
+use crate::model::{Profile, SampleRef};
 
 /// The OTLP profiles wire generation a receiver speaks (see the README's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
@@ -148,7 +148,7 @@ pub fn split(profile: &Profile, settings: &EncodeSettings, mut each: impl FnMut(
         return;
     }
     let meta = request::Meta::of(profile);
-    let mut pending: Vec<&[SymbolizedSample]> = vec![&samples];
+    let mut pending: Vec<&[SampleRef<'_>]> = vec![&samples];
     while let Some(part) = pending.pop() {
         let request = request::build(part, &meta, settings.attributes);
         let body = settings.version.encode(&request);
@@ -736,7 +736,7 @@ mod pinned {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{Frame, FrameKind, Module, Thread};
+    use crate::model::{Frame, FrameKind, Module, SymbolizedSample, Thread};
 
     /// Four processes, 60 stacks each, with every kind of frame and attribute the builder emits.
     ///
