@@ -85,6 +85,12 @@ pub(crate) struct Driver {
     window: Profile,
     /// `None`: one window for the whole run (`record`).
     window_length: Option<Duration>,
+    /// Whether the window keeps samples: `record` (its summary) or a sink that reads windows.
+    /// Otherwise it keeps only its time range, so `run` exporting OTLP alone holds no samples
+    /// beyond the current interval.
+    keep_window: bool,
+    /// Samples of the window so far (whether or not it keeps them).
+    window_samples: u64,
     window_started: Instant,
     /// `run`: reloads the label settings on SIGHUP or a changed config file, between events.
     reload: Option<crate::config::reload::Reloader>,
@@ -97,7 +103,10 @@ impl Driver {
     pub(crate) fn new(sinks: Sinks, file_limits: FileLimits, window: Option<Duration>) -> Self {
         let mut pipeline = Pipeline::new();
         pipeline.set_file_limits(file_limits);
+        let keep_window = window.is_none() || sinks.want_window();
         Self {
+            keep_window,
+            window_samples: 0,
             pipeline,
             sinks,
             window: Profile::default(),
@@ -207,7 +216,13 @@ impl Driver {
                 .latency
                 .observe_interval_end(interval.end_unix_ns);
         }
-        self.window.merge(interval);
+        self.window_samples = self.window_samples.saturating_add(interval.total_samples());
+        if self.keep_window {
+            self.window.merge(interval);
+        } else {
+            self.window
+                .observe(interval.start_unix_ns, interval.end_unix_ns);
+        }
     }
 
     /// Closes the window when it is due: the sinks get it, a new empty one starts.
@@ -222,7 +237,7 @@ impl Driver {
         let window = std::mem::replace(&mut self.window, Profile::new(frequency));
         self.sinks.window(&window);
         tracing::info!(
-            samples = window.total_samples(),
+            samples = std::mem::take(&mut self.window_samples),
             "window complete; starting a new one"
         );
         drop(window);
@@ -447,6 +462,26 @@ mod tests {
         assert_eq!(*log.borrow(), [Call::Finish(0)]);
         let text = folded(tmp.path());
         assert!(text.contains("do_one_[k] 4\n"), "{text}");
+    }
+
+    #[test]
+    fn without_a_sink_that_reads_windows_the_window_keeps_its_time_but_no_samples() {
+        // Given `run` with sinks that take intervals only (OTLP, debug)
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(sink);
+        // When the batches pass through a long window
+        let ended = run(sinks, Some(Duration::from_secs(600)));
+        // Then every interval reached the sinks, the window holds none of their samples but
+        // covers their time, and the window's samples are still counted for its log line
+        assert_eq!(
+            *log.borrow(),
+            [Call::Interval(7), Call::Interval(5)],
+            "intervals"
+        );
+        assert!(ended.window.is_empty());
+        assert_ne!(ended.window.start_unix_ns, 0);
+        assert!(ended.window.end_unix_ns > ended.window.start_unix_ns);
     }
 
     #[test]

@@ -26,6 +26,12 @@ pub(crate) trait Sink {
     /// A window closed; `profile` holds all of it. Failures are logged by the sink.
     fn window(&mut self, _profile: &Profile) {}
 
+    /// Whether the sink reads the window's samples ([`Sink::window`], [`Sink::finish`]); when
+    /// no sink does, the driver keeps only the window's time range, not its samples.
+    fn wants_window(&self) -> bool {
+        false
+    }
+
     /// The relay is stopping: `window` is the last (unfinished) window, `drain` the longest
     /// the sink may take to deliver what it still holds.
     fn finish(self: Box<Self>, window: &Profile, drain: Duration) -> anyhow::Result<SinkReport>;
@@ -59,6 +65,11 @@ impl Sinks {
         for sink in &mut self.0 {
             sink.interval(profile);
         }
+    }
+
+    /// Whether any sink reads a window's samples.
+    pub(crate) fn want_window(&self) -> bool {
+        self.0.iter().any(|sink| sink.wants_window())
     }
 
     pub(crate) fn window(&mut self, profile: &Profile) {

@@ -99,6 +99,10 @@ impl Sink for FilesSink {
     /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
     /// again first; a window that cannot be written is logged with the fix and counted, and the
     /// next window tries again.
+    fn wants_window(&self) -> bool {
+        true
+    }
+
     fn window(&mut self, profile: &Profile) {
         let written = self
             .recreate_if_deleted()
