@@ -96,13 +96,13 @@ impl FilesSink {
 }
 
 impl Sink for FilesSink {
-    /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
-    /// again first; a window that cannot be written is logged with the fix and counted, and the
-    /// next window tries again.
     fn wants_window(&self) -> bool {
         true
     }
 
+    /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
+    /// again first; a window that cannot be written is logged with the fix and counted, and the
+    /// next window tries again.
     fn window(&mut self, profile: &Profile) {
         let written = self
             .recreate_if_deleted()
