@@ -121,13 +121,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     // Reads /etc/passwd and the machine id (bounded) before the drop.
     let labels = config.labels.stage();
     // As root, before the drop and before any thread: the opener becomes the invoking user.
-    let opener = if config.open {
-        browser::prepare(&config.output.join(FLAMEGRAPH), &|name| {
-            std::env::var(name).ok()
-        })
-    } else {
-        Opener::Off
-    };
+    let opener = opener(&config);
     let (ours, mut child) = start_sampler(&config)?;
 
     privileges::drop_to(&user)?;
@@ -173,6 +167,16 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     finish(ended, policy.sampler_error, &exit, config.export_timeout)?;
     opener.open();
     Ok(())
+}
+
+/// With `--open`, the waiting browser opener for flamegraph.svg (see [`browser`]).
+fn opener(config: &RecordConfig) -> Opener {
+    if !config.open {
+        return Opener::Off;
+    }
+    browser::prepare(&config.output.join(FLAMEGRAPH), &|name| {
+        std::env::var(name).ok()
+    })
 }
 
 /// Starts ember-sampler on one end of a socketpair (inherited as `--fd`); returns our end.
