@@ -116,11 +116,38 @@ fi
 #    with the nightly toolchain of step 2). Skipped (fast) when that version is already there.
 fuzz_version=0.13.2
 if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-fuzz" --version 2>/dev/null \
-  | grep -qx "cargo-fuzz $fuzz_version"; then
+  | grep -qx "cargo-fuzz $fuzz_version, speedscope schema $ss_version, jsonschema $js_version"; then
   log "building cargo-fuzz $fuzz_version into .tools/bin (about a minute)"
   cargo install --locked --root "$root/.tools" "cargo-fuzz@$fuzz_version" --force -q
 fi
 
+# 8. speedscope's own JSON schema of its file format (shipped in the `speedscope` npm package)
+#    and `jsonschema` (PyPI) in .tools/venv: tests/tests/record.rs validates the
+#    profile.speedscope.json that `record --format speedscope` writes against them. npm comes
+#    with Node.js; Debian's npm package is installed when it is missing.
+ss_version=1.25.0
+ss_schema="$root/.tools/speedscope-$ss_version/file-format-schema.json"
+if [ "$gates" != 0 ] && [ ! -s "$ss_schema" ]; then
+  if ! command -v npm >/dev/null; then
+    log "installing npm (to fetch speedscope's file-format schema)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  log "fetching speedscope $ss_version's file-format schema into $(dirname "$ss_schema")"
+  ss_tmp=$(mktemp -d)
+  (cd "$ss_tmp" && npm pack --silent "speedscope@$ss_version" >/dev/null)
+  mkdir -p "$(dirname "$ss_schema")"
+  tar -xzf "$ss_tmp/speedscope-$ss_version.tgz" -C "$ss_tmp" package/dist/release/file-format-schema.json
+  mv "$ss_tmp/package/dist/release/file-format-schema.json" "$ss_schema"
+  rm -rf "$ss_tmp"
+fi
+js_version=4.26.0
+if [ "$gates" != 0 ] && ! "$root/.tools/venv/bin/python" -c "import importlib.metadata as m, sys; \
+    sys.exit(m.version('jsonschema') != '$js_version')" 2>/dev/null; then
+  log "installing jsonschema $js_version (the speedscope file check) into .tools/venv"
+  "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check "jsonschema==$js_version"
+fi
+
 gate_tools=""
-[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version, cargo-fuzz $fuzz_version"
+[ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version, cargo-fuzz $fuzz_version, speedscope schema $ss_version, jsonschema $js_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -10,6 +10,7 @@
 //! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `unwind` stays
 //! public until all of it is wired in (its on-disk table cache is not used yet).
 
+pub(crate) mod browser;
 pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod driver;

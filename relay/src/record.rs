@@ -1,6 +1,7 @@
 //! `ember-relay record`: the one-command local mode. As root it starts ember-sampler on one end of
 //! a socketpair, then drops to an unprivileged user before reading a single byte, records for the
-//! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files. With
+//! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files (or what
+//! `--format` chooses), then with `--open` shows the flamegraph in a browser. With
 //! exporters configured it also exports every interval, and exits only once the OTLP queue has
 //! drained or `export_timeout` has passed, saying which.
 
@@ -26,6 +27,7 @@ use ember_common::LogFormat;
 
 use crate::cli::{labels::LabelConfig, UsageError};
 use crate::{
+    browser::{self, Opener},
     config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
     metrics::{self, Metrics, MetricsSettings},
@@ -35,7 +37,7 @@ use crate::{
     session::FileLimits,
     sink::{
         exporters::{self, OtlpFinished},
-        files::FilesSink,
+        files::{writer::FLAMEGRAPH, FilesSink, OutputFormat},
         otlp::{stats::DropReason, Drained},
         SinkReport, Sinks,
     },
@@ -47,6 +49,10 @@ use crate::{
 pub struct RecordConfig {
     pub duration: Duration,
     pub output: PathBuf,
+    /// `--format`: which files `output` gets.
+    pub formats: Vec<OutputFormat>,
+    /// `--open`: show flamegraph.svg in a browser at the end (svg is in `formats`).
+    pub open: bool,
     pub frequency_hz: u32,
     pub pid: Option<u32>,
     /// `--user`; None: the `ember` account, else a picked unused uid.
@@ -103,7 +109,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     source::raise_nofile_limit();
     // Created as root (in a directory the invoking user may own), written after the drop; a
     // directory that cannot be made is refused before the sampler starts.
-    let files = FilesSink::create(&config.output)
+    let files = FilesSink::create(&config.output, &config.formats)
         .map_err(|err| {
             UsageError(format!(
                 "--output {}: cannot create the output files there ({err:#}); choose a \
@@ -114,6 +120,8 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         .with_folded_root(config.labels.folded_root);
     // Reads /etc/passwd and the machine id (bounded) before the drop.
     let labels = config.labels.stage();
+    // As root, before the drop and before any thread: the opener becomes the invoking user.
+    let opener = opener(&config);
     let (ours, mut child) = start_sampler(&config)?;
 
     privileges::drop_to(&user)?;
@@ -156,7 +164,19 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         .run(&events, &mut policy)?;
     policy.progress.finish_and_clear();
     let exit = wait_child(&mut child);
-    finish(ended, policy.sampler_error, &exit, config.export_timeout)
+    finish(ended, policy.sampler_error, &exit, config.export_timeout)?;
+    opener.open();
+    Ok(())
+}
+
+/// With `--open`, the waiting browser opener for flamegraph.svg (see [`browser`]).
+fn opener(config: &RecordConfig) -> Opener {
+    if !config.open {
+        return Opener::Off;
+    }
+    browser::prepare(&config.output.join(FLAMEGRAPH), &|name| {
+        std::env::var(name).ok()
+    })
 }
 
 /// Starts ember-sampler on one end of a socketpair (inherited as `--fd`); returns our end.

@@ -16,7 +16,11 @@ use crate::{
     metrics::{self, Metrics, MetricsSettings},
     privileges,
     session::FileLimits,
-    sink::{exporters, files::FilesSink, SinkReport, Sinks},
+    sink::{
+        exporters,
+        files::{FilesSink, OutputFormat},
+        SinkReport, Sinks,
+    },
     source, symbolize,
     unwind::sender::UnwindMode,
 };
@@ -24,6 +28,8 @@ use crate::{
 pub struct RunConfig {
     pub socket: PathBuf,
     pub output_dir: Option<PathBuf>,
+    /// `--format`: which files `output_dir` gets.
+    pub formats: Vec<OutputFormat>,
     pub window: Duration,
     pub max_message_bytes: usize,
     pub allow_root: bool,
@@ -85,7 +91,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     let mut sinks = Sinks::default();
     if let Some(dir) = &config.output_dir {
         sinks.push(Box::new(
-            FilesSink::create(dir)?.with_folded_root(config.labels.folded_root),
+            FilesSink::create(dir, &config.formats)?.with_folded_root(config.labels.folded_root),
         ));
     }
     let metrics = Arc::new(Metrics::default());

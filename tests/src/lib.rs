@@ -19,6 +19,7 @@ pub mod go_pprof;
 pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;
+pub mod speedscope;
 
 use std::{
     fs,
@@ -606,6 +607,12 @@ pub fn spawn_record(args: &[&str]) -> RecordRun {
 
 /// [`spawn_record`], at record's default log level (warnings only) unless `verbose`.
 pub fn spawn_record_logging(args: &[&str], verbose: bool) -> RecordRun {
+    spawn_record_with(args, verbose, &[])
+}
+
+/// [`spawn_record_logging`] with environment changes: `(NAME, Some(value))` sets, `(NAME, None)`
+/// removes.
+pub fn spawn_record_with(args: &[&str], verbose: bool, env: &[(&str, Option<&str>)]) -> RecordRun {
     let tmp = tempfile::Builder::new()
         .prefix("ember-e2e-")
         .tempdir()
@@ -627,6 +634,12 @@ pub fn spawn_record_logging(args: &[&str], verbose: bool) -> RecordRun {
     if !verbose {
         // The default level is what is tested: no filter from the test's environment.
         command.env_remove("EMBER_LOG").env_remove("RUST_LOG");
+    }
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
     }
     eprintln!("running {command:?}");
     let mut child = ChildGuard::spawn("ember-relay record", &mut command);
@@ -656,7 +669,15 @@ impl RecordRun {
 
     /// Waits for the record to finish (up to `timeout`), asserts it succeeded and wrote its three
     /// outputs, and returns them.
-    pub fn finish(mut self, timeout: Duration) -> Recorded {
+    pub fn finish(self, timeout: Duration) -> Recorded {
+        self.finish_writing(
+            timeout,
+            &["stacks.folded", "profile.pb.gz", "flamegraph.svg"],
+        )
+    }
+
+    /// [`RecordRun::finish`] for a record that writes the files `names` (its `--format`).
+    pub fn finish_writing(mut self, timeout: Duration, names: &[&str]) -> Recorded {
         let status = self.child.wait_timeout(timeout);
         if status.is_none() {
             self.child.kill();
@@ -672,7 +693,7 @@ impl RecordRun {
             "ember-relay record failed ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}"
         );
         eprintln!("record stdout:\n{stdout}");
-        for name in ["stacks.folded", "profile.pb.gz", "flamegraph.svg"] {
+        for name in names {
             let path = self.out_dir.join(name);
             let len = fs::metadata(&path).map(|m| m.len()).unwrap_or_else(|err| {
                 panic!(

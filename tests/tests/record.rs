@@ -1,11 +1,16 @@
 //! `ember-relay record` as a user drives it: Ctrl-C ends a recording early and every output is
 //! still written, from the samples taken until then; a mostly idle recording still covers the
-//! whole time asked for; bad input is refused before anything starts.
+//! whole time asked for; `--format` writes only the chosen files (speedscope's read by its
+//! schema and importer rules); `--open` starts the browser as the sudo user, never as root;
+//! bad input is refused before anything starts.
 
 // Test support: a failed expectation should panic with its message, as in a test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{fs, os::unix::fs::PermissionsExt as _, process::Command, time::Duration};
+use std::{
+    collections::BTreeMap, fs, os::unix::fs::PermissionsExt as _, path::Path, process::Command,
+    time::Duration,
+};
 
 use ember_tests::{otlp::Receiver, *};
 use nix::{sys::signal::Signal, unistd::Pid};
@@ -246,6 +251,217 @@ fn bad_input_is_refused_before_anything_starts() {
         stderr.contains("`0` is out of range (10ms to 24h)"),
         "{stderr}"
     );
+}
+
+#[test]
+fn bad_format_choices_are_refused_before_anything_starts() {
+    let stderr = refused(&["--format", "svg,html"], None);
+    assert!(
+        stderr.contains("invalid value 'html' for '--format <LIST>'")
+            && stderr.contains("[possible values: svg, pprof, folded, speedscope]"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--format", "pprof,speedscope", "--open"], None);
+    assert!(
+        stderr.contains(
+            "--open opens flamegraph.svg, which --format leaves out: add svg to --format (e.g. \
+             --format svg,speedscope) or leave --open out"
+        ),
+        "{stderr}"
+    );
+}
+
+/// `--format speedscope,folded` writes those two files only; the speedscope file passes
+/// speedscope's schema and its importer's rules, has one profile per recorded process, and
+/// gives every frame the same total as stacks.folded.
+#[test]
+fn format_writes_only_the_chosen_files_and_speedscope_agrees_with_folded() {
+    if !privileged() {
+        return;
+    }
+    let Some((schema, python)) = speedscope::reader() else {
+        return;
+    };
+    let _lock = ebpf_lock();
+    let workload = spawn_workload(&workloads().spinner, 60);
+    let pid = workload.pid().to_string();
+    let names = ["profile.speedscope.json", "stacks.folded"];
+    let recorded = spawn_record(&[
+        "--duration",
+        "3s",
+        "--pid",
+        &pid,
+        "--format",
+        "speedscope,folded",
+    ])
+    .finish_writing(RECORD_TIMEOUT, &names);
+    // Only the chosen files, and the summary names no other
+    let mut written: Vec<String> = fs::read_dir(&recorded.out_dir)
+        .expect("reading the output dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(
+        written, names,
+        "--format speedscope,folded wrote {written:?}"
+    );
+    for other in ["flamegraph.svg", "profile.pb.gz"] {
+        assert!(
+            !recorded.stdout.contains(other),
+            "the summary lists {other}, which was not chosen:\n{}",
+            recorded.stdout
+        );
+    }
+    let file = speedscope::read(
+        &schema,
+        &python,
+        &recorded.out_dir.join("profile.speedscope.json"),
+    );
+    // One profile per process: the one recorded
+    assert_eq!(
+        file.order,
+        [format!("spinner (pid {pid})")],
+        "profiles: {:?}",
+        file.order
+    );
+    // Every frame's total equals stacks.folded's (each frame once per stack, process root
+    // left out: speedscope has a profile per process instead)
+    let stacks = recorded.folded();
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    for stack in &stacks {
+        let mut frames: Vec<&String> = stack.frames.iter().collect();
+        frames.sort_unstable();
+        frames.dedup();
+        for frame in frames {
+            *folded.entry(frame.clone()).or_insert(0) += stack.count;
+        }
+    }
+    let totals = file.frame_totals();
+    assert_eq!(
+        totals, folded,
+        "per-frame totals differ between profile.speedscope.json and stacks.folded"
+    );
+    let hot = totals.get("spin_hot").copied().unwrap_or(0);
+    assert!(hot > 0, "no spin_hot samples:\n{}", recorded.folded_text());
+    assert_eq!(file.weights.values().sum::<u64>(), total_count(&stacks));
+    eprintln!(
+        "speedscope: {} frames named, spin_hot {hot} of {} samples",
+        totals.len(),
+        total_count(&stacks)
+    );
+}
+
+/// An executable `xdg-open` in `dir` that writes its arguments and `id -u` to `mark` (made
+/// whole by a rename, so a reader never sees half of it).
+fn fake_xdg_open(dir: &Path, mark: &Path) {
+    let script = format!(
+        "#!/bin/sh\n{{ echo \"$*\"; id -u; }} > {mark}.tmp && mv {mark}.tmp {mark}\n",
+        mark = mark.display()
+    );
+    let path = dir.join("xdg-open");
+    fs::write(&path, script).expect("writing the fake xdg-open");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// `--open` with a display and a sudo user: xdg-open (the first on PATH) runs with the
+/// flamegraph's path as that user, never as root nor as the relay's user; without a display it
+/// is not run, one line says why, and the recording still succeeds.
+#[test]
+fn open_starts_the_browser_as_the_sudo_user_and_says_why_not_without_a_display() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    // Given a fake xdg-open first on PATH, in a directory every user can read, writing its
+    // mark into one every user can write
+    let tmp = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = tmp.path().join("bin");
+    let marks = tmp.path().join("marks");
+    fs::create_dir(&bin).expect("mkdir");
+    fs::create_dir(&marks).expect("mkdir");
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&marks, fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let mark = marks.join("opened");
+    fake_xdg_open(&bin, &mark);
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // A uid and gid no account has (the relay itself runs as 65534 here, so the two differ)
+    let sudo_uid = (62_000..63_000)
+        .find(|&id| {
+            matches!(nix::unistd::User::from_uid(id.into()), Ok(None))
+                && matches!(nix::unistd::Group::from_gid(id.into()), Ok(None))
+        })
+        .expect("a free uid")
+        .to_string();
+    let workload = spawn_workload(&workloads().spinner, 60);
+    let pid = workload.pid().to_string();
+    let args = [
+        "--duration",
+        "1s",
+        "--pid",
+        &pid,
+        "--user",
+        "65534",
+        "--open",
+    ];
+    let env = |display: Option<&'static str>| {
+        [
+            ("PATH", Some(path.as_str())),
+            ("DISPLAY", display),
+            ("WAYLAND_DISPLAY", None),
+            ("BROWSER", None),
+            ("SUDO_UID", Some(sudo_uid.as_str())),
+            ("SUDO_GID", Some(sudo_uid.as_str())),
+        ]
+    };
+
+    // When recording with DISPLAY set
+    let recorded = spawn_record_with(&args, false, &env(Some(":99"))).finish(RECORD_TIMEOUT);
+    // Then the opener runs with the flamegraph's absolute path, as the sudo user
+    let svg = recorded.out_dir.join("flamegraph.svg");
+    wait_until(RECORD_TIMEOUT, || mark.exists()).unwrap_or_else(|| {
+        panic!(
+            "the fake xdg-open never ran:\nstdout:\n{}\nstderr:\n{}",
+            recorded.stdout, recorded.stderr
+        )
+    });
+    let seen = fs::read_to_string(&mark).expect("reading the mark");
+    assert_eq!(
+        seen,
+        format!("{}\n{sudo_uid}\n", svg.display()),
+        "xdg-open's arguments and uid"
+    );
+    assert!(
+        recorded.stdout.contains(&format!(
+            "opening {} with {} as uid {sudo_uid}",
+            svg.display(),
+            bin.join("xdg-open").display()
+        )),
+        "{}",
+        recorded.stdout
+    );
+    fs::remove_file(&mark).expect("removing the mark");
+
+    // When recording without a display
+    let recorded = spawn_record_with(&args, false, &env(None)).finish(RECORD_TIMEOUT);
+    // Then one line says where the file is and why it was not opened, and nothing ran
+    let svg = recorded.out_dir.join("flamegraph.svg");
+    let line = format!(
+        "not opening {}: no graphical session (DISPLAY and WAYLAND_DISPLAY are unset); open it \
+         in a browser",
+        svg.display()
+    );
+    assert!(
+        recorded.stdout.lines().any(|l| l == line),
+        "no {line:?} in:\n{}",
+        recorded.stdout
+    );
+    assert!(!mark.exists(), "xdg-open ran without a display");
+    eprintln!("{line}");
 }
 
 #[test]

@@ -11,7 +11,10 @@ use crate::{
     config::{self, Exporters, OtlpFlags},
     metrics::{MetricsAddress, MetricsSettings},
     record, run, session,
-    sink::otlp::{transport::Protocol, ProtoVersion},
+    sink::{
+        files::OutputFormat,
+        otlp::{transport::Protocol, ProtoVersion},
+    },
     unwind::sender::UnwindMode,
 };
 
@@ -108,10 +111,21 @@ pub(super) struct RunArgs {
     /// Unix socket to listen on (SOCK_SEQPACKET).
     #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
     socket: PathBuf,
-    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here, covering one window (see
-    /// --window): written when the window closes and when the relay stops, never per batch.
+    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here (or what --format chooses),
+    /// covering one window (see --window): written when the window closes and when the relay
+    /// stops, never per batch.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Which files --output-dir gets: a comma-separated list of the values below (or the flag
+    /// repeated).
+    #[arg(
+        long = "format",
+        value_name = "LIST",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "svg,pprof,folded"
+    )]
+    formats: Vec<OutputFormat>,
     /// Length of the window the output files cover: when it closes they are rewritten with it,
     /// and a new window starts empty.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -187,9 +201,25 @@ pub(super) struct RecordArgs {
     /// How long to record, e.g. 10s, 2m. Ctrl-C ends early and still writes everything.
     #[arg(long, short = 'd', default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
-    /// Directory for flamegraph.svg, profile.pb.gz and stacks.folded.
+    /// Directory for flamegraph.svg, profile.pb.gz and stacks.folded (or what --format
+    /// chooses).
     #[arg(long, short = 'o', default_value = "ember-out")]
     output: PathBuf,
+    /// Which files to write: a comma-separated list of the values below (or the flag
+    /// repeated). Only those are written, and the summary lists them.
+    #[arg(
+        long = "format",
+        value_name = "LIST",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "svg,pprof,folded"
+    )]
+    formats: Vec<OutputFormat>,
+    /// At the end, open flamegraph.svg in a browser ($BROWSER, else xdg-open) as the user who
+    /// ran sudo (never as root), when a graphical session is visible (DISPLAY or
+    /// WAYLAND_DISPLAY); otherwise say why not. Needs svg in --format.
+    #[arg(long)]
+    open: bool,
     /// Samples per second on each CPU, 1 to 10000.
     #[arg(long, short = 'F', visible_alias = "samples-per-second", default_value_t = 97,
           value_parser = parse_frequency)]
@@ -270,6 +300,7 @@ impl RunArgs {
             exporters: self.export.resolve()?,
             socket: self.socket,
             output_dir: self.output_dir,
+            formats: self.formats,
             window: self.window,
             max_message_bytes: self.max_message_bytes,
             allow_root: self.allow_root,
@@ -290,6 +321,10 @@ impl RunArgs {
         })
     }
 }
+
+/// Why `--open` is refused without svg in `--format`.
+const OPEN_NEEDS_SVG: &str = "--open opens flamegraph.svg, which --format leaves out: add svg \
+     to --format (e.g. --format svg,speedscope) or leave --open out";
 
 /// Highest `record --frequency`: beyond, the sampler's own cost dominates what it measures.
 const MAX_FREQUENCY_HZ: u32 = 10_000;
@@ -342,10 +377,15 @@ impl RecordArgs {
         if let Some(pid) = self.pid {
             check_pid(pid, std::path::Path::new("/proc"))?;
         }
+        if self.open && !self.formats.contains(&OutputFormat::Svg) {
+            return Err(UsageError(OPEN_NEEDS_SVG.to_owned()).into());
+        }
         Ok(record::RecordConfig {
             exporters: self.export.resolve()?,
             duration: self.duration,
             output: self.output,
+            formats: self.formats,
+            open: self.open,
             frequency_hz: self.frequency,
             pid: self.pid,
             user: self.user,

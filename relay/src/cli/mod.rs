@@ -224,6 +224,47 @@ mod tests {
     }
 
     #[test]
+    fn format_defaults_to_the_three_files_and_open_needs_svg() {
+        use crate::sink::files::OutputFormat::{self, Folded, Speedscope, Svg};
+        let record = |args: &[&str]| {
+            let Command::Record(a) = parse(&[&["record"], args].concat()).command else {
+                panic!("not record")
+            };
+            a.into_config(LogFormat::Text, "warn")
+        };
+        // Given no --format: today's three files, for record and for run
+        let config = record(&[]).expect("defaults");
+        assert_eq!(config.formats, OutputFormat::DEFAULT);
+        assert!(!config.open);
+        let Command::Run(run) = parse(&["run"]).command else {
+            panic!("not run")
+        };
+        assert_eq!(
+            run.into_config().expect("run").formats,
+            OutputFormat::DEFAULT
+        );
+        // Given a list and a repeat: all of them, --open with svg accepted
+        let config = record(&["--format", "speedscope,folded", "--format", "svg", "--open"])
+            .expect("svg chosen");
+        assert_eq!(config.formats, [Speedscope, Folded, Svg]);
+        assert!(config.open);
+        // Given --open without svg: a usage error naming the fix
+        let Err(err) = record(&["--format", "folded", "--open"]) else {
+            panic!("--open without svg was accepted")
+        };
+        let usage = err.downcast_ref::<UsageError>().expect("a usage error");
+        assert!(usage.0.contains("add svg to --format"), "{usage}");
+        // Given an unknown format: clap refuses it, listing the values
+        let err = Cli::try_parse_from(["ember-relay", "record", "--format", "html"])
+            .expect_err("unknown format");
+        assert!(
+            err.to_string()
+                .contains("[possible values: svg, pprof, folded, speedscope]"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn metrics_are_served_by_run_on_loopback_and_by_record_only_when_asked() {
         use crate::metrics::{MetricsAddress, MetricsSettings};
         let run = |args: &[&str]| {

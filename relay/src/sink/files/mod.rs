@@ -1,5 +1,6 @@
-//! The files sink: `flamegraph.svg`, `profile.pb.gz` and `stacks.folded` of one window in one
-//! directory (`record --output`, `run --output-dir`).
+//! The files sink: `flamegraph.svg`, `profile.pb.gz`, `stacks.folded` and, when chosen,
+//! `profile.speedscope.json` of one window in one directory (`record --output`,
+//! `run --output-dir`; `--format` chooses which are written).
 //!
 //! Rendered when a window closes and at exit, never per batch: rendering is O(window), so doing
 //! it per batch would cost O(window) every interval. The files therefore show the last closed
@@ -26,9 +27,51 @@ pub enum FoldedRoot {
     Service,
 }
 
+/// An output file `--format` can choose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum OutputFormat {
+    /// flamegraph.svg: an interactive flame graph for a browser.
+    Svg,
+    /// profile.pb.gz: pprof (go tool pprof, `ember-relay report`, Pyroscope, Grafana).
+    Pprof,
+    /// stacks.folded: one `process;root;...;leaf COUNT` line per stack (inferno,
+    /// flamegraph.pl, speedscope).
+    Folded,
+    /// profile.speedscope.json: speedscope's own format, one profile per process.
+    Speedscope,
+}
+
+impl OutputFormat {
+    /// What `--format` writes when not given: the three files of every earlier release (the
+    /// flags' `default_value` spells it out for --help; a test checks both agree).
+    #[cfg(test)]
+    pub const DEFAULT: [Self; 3] = [Self::Svg, Self::Pprof, Self::Folded];
+
+    /// The file this format is written to, in the output directory.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Self::Svg => writer::FLAMEGRAPH,
+            Self::Pprof => writer::PPROF,
+            Self::Folded => writer::FOLDED,
+            Self::Speedscope => writer::SPEEDSCOPE,
+        }
+    }
+
+    /// `formats` without repeats, in the order files are listed (svg, pprof, folded,
+    /// speedscope) whatever order they were given in.
+    pub fn normalize(formats: &[Self]) -> Vec<Self> {
+        let mut formats = formats.to_vec();
+        formats.sort_unstable();
+        formats.dedup();
+        formats
+    }
+}
+
 pub(crate) mod flamegraph;
 pub(crate) mod folded;
 pub(crate) mod pprof;
+pub(crate) mod speedscope;
 pub(crate) mod writer;
 
 use writer::OutputSet;
@@ -49,11 +92,11 @@ pub(crate) struct FilesSink {
 }
 
 impl FilesSink {
-    /// Creates `dir` if needed and the three (empty) files in it, owned by the `sudo` user when
-    /// there is one.
-    pub(crate) fn create(dir: &Path) -> anyhow::Result<Self> {
+    /// Creates `dir` if needed and the (empty) files of `formats` in it, owned by the `sudo`
+    /// user when there is one.
+    pub(crate) fn create(dir: &Path, formats: &[OutputFormat]) -> anyhow::Result<Self> {
         Ok(Self {
-            files: OutputSet::create(dir)?,
+            files: OutputSet::create(dir, formats)?,
             dir: dir.to_path_buf(),
             wrote_window: false,
         })
@@ -68,7 +111,8 @@ impl FilesSink {
     /// [`FilesSink::create`] for the current user only.
     #[cfg(test)]
     pub(crate) fn create_unowned(dir: &Path) -> Self {
-        let files = OutputSet::create_owned(dir, None).expect("output files");
+        let files =
+            OutputSet::create_owned(dir, None, &OutputFormat::DEFAULT).expect("output files");
         Self {
             files,
             dir: dir.to_path_buf(),
@@ -84,7 +128,7 @@ impl FilesSink {
         if self.files.linked() {
             return Ok(());
         }
-        let mut files = OutputSet::create(&self.dir)?;
+        let mut files = OutputSet::create(&self.dir, &self.files.formats())?;
         files.folded_root = self.files.folded_root;
         self.files = files;
         tracing::warn!(

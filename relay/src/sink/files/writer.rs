@@ -1,5 +1,6 @@
-//! The files sink's writer: `stacks.folded`, `profile.pb.gz` and `flamegraph.svg` in one
-//! directory, created once (atomically replacing what was there) and rewritten in place.
+//! The files sink's writer: the chosen outputs (`stacks.folded`, `profile.pb.gz`,
+//! `flamegraph.svg`, `profile.speedscope.json`) in one directory, created once (atomically
+//! replacing what was there) and rewritten in place.
 //!
 //! Invariants (`record` creates them as root in a directory another user may own):
 //! - the directory is opened once (O_DIRECTORY) and every name is resolved relative to that
@@ -33,12 +34,13 @@ use nix::{
     unistd::{self, Gid, Uid},
 };
 
-use super::{flamegraph, folded, pprof};
+use super::{flamegraph, folded, pprof, speedscope, OutputFormat};
 use crate::model::Profile;
 
 pub const FOLDED: &str = "stacks.folded";
 pub const PPROF: &str = "profile.pb.gz";
 pub const FLAMEGRAPH: &str = "flamegraph.svg";
+pub const SPEEDSCOPE: &str = "profile.speedscope.json";
 
 /// Mode of a directory we create: the invoking user's, listable by others as today's outputs.
 const DIR_MODE: u32 = 0o755;
@@ -94,68 +96,78 @@ impl Owner {
 }
 
 pub struct OutputSet {
-    folded: File,
-    pprof: File,
-    flamegraph: File,
+    /// One open file per chosen format, in [`OutputFormat::normalize`] order.
+    files: Vec<(OutputFormat, File)>,
     pub paths: Vec<PathBuf>,
     /// What the folded lines' (and the flamegraph's) root frame names.
     pub folded_root: FoldedRoot,
 }
 
 impl OutputSet {
-    /// Creates `dir` if needed and creates the three files in it, owned by the `sudo` user
-    /// when there is one.
-    pub fn create(dir: &Path) -> Result<Self, OutputError> {
+    /// Creates `dir` if needed and creates the files of `formats` in it, owned by the `sudo`
+    /// user when there is one.
+    pub fn create(dir: &Path, formats: &[OutputFormat]) -> Result<Self, OutputError> {
         let owner = Owner::from_sudo(&|name| std::env::var(name).ok());
-        Self::create_owned(dir, owner)
+        Self::create_owned(dir, owner, formats)
     }
 
     /// [`OutputSet::create`] with an explicit owner (None: the current user).
-    pub fn create_owned(dir: &Path, owner: Option<Owner>) -> Result<Self, OutputError> {
+    pub fn create_owned(
+        dir: &Path,
+        owner: Option<Owner>,
+        formats: &[OutputFormat],
+    ) -> Result<Self, OutputError> {
         let dir_fd = open_dir(dir, owner)?;
-        let create = |name: &'static str| -> Result<(File, PathBuf), OutputError> {
+        let mut files = Vec::new();
+        let mut paths = Vec::new();
+        for format in OutputFormat::normalize(formats) {
+            let name = format.file_name();
             let path = dir.join(name);
-            let file = create_file(&dir_fd, OsStr::new(name), &path, owner)?;
-            Ok((file, path))
-        };
-        let (folded, folded_path) = create(FOLDED)?;
-        let (pprof, pprof_path) = create(PPROF)?;
-        let (flamegraph, flamegraph_path) = create(FLAMEGRAPH)?;
+            files.push((
+                format,
+                create_file(&dir_fd, OsStr::new(name), &path, owner)?,
+            ));
+            paths.push(path);
+        }
         Ok(Self {
-            folded,
-            pprof,
-            flamegraph,
-            paths: vec![flamegraph_path, pprof_path, folded_path],
+            files,
+            paths,
             folded_root: FoldedRoot::default(),
         })
+    }
+
+    /// The formats written, to create the same files again.
+    pub fn formats(&self) -> Vec<OutputFormat> {
+        self.files.iter().map(|(format, _)| *format).collect()
     }
 
     /// Whether every output file is still linked in a directory: false once one was deleted,
     /// e.g. with its directory (writes would then go to a file nobody can open).
     pub fn linked(&self) -> bool {
-        [&self.folded, &self.pprof, &self.flamegraph]
+        self.files
             .iter()
-            .all(|file| file.metadata().is_ok_and(|m| m.nlink() > 0))
+            .all(|(_, file)| file.metadata().is_ok_and(|m| m.nlink() > 0))
     }
 
-    /// Writes `profile` to all three files through their descriptors, replacing what they held.
+    /// Writes `profile` to every file through its descriptor, replacing what it held.
     pub fn write(&mut self, profile: &Profile) -> Result<(), OutputError> {
-        let failed = |name: &'static str| {
-            move |err: &dyn std::fmt::Display| OutputError::Write {
+        let root = self.folded_root;
+        for (format, file) in &mut self.files {
+            let name = format.file_name();
+            let failed = |err: &dyn std::fmt::Display| OutputError::Write {
                 name,
                 message: err.to_string(),
-            }
-        };
-        replace(
-            &mut self.folded,
-            folded::render_with(profile, self.folded_root).as_bytes(),
-        )
-        .map_err(|e| failed(FOLDED)(&e))?;
-        let bytes = pprof::encode(profile).map_err(|e| failed(PPROF)(&e))?;
-        replace(&mut self.pprof, &bytes).map_err(|e| failed(PPROF)(&e))?;
-        let svg = flamegraph::render_with(profile, self.folded_root)
-            .map_err(|e| failed(FLAMEGRAPH)(&e))?;
-        replace(&mut self.flamegraph, &svg).map_err(|e| failed(FLAMEGRAPH)(&e))?;
+            };
+            let bytes = match format {
+                OutputFormat::Folded => folded::render_with(profile, root).into_bytes(),
+                OutputFormat::Pprof => pprof::encode(profile).map_err(|e| failed(&e))?,
+                OutputFormat::Svg => {
+                    flamegraph::render_with(profile, root).map_err(|e| failed(&e))?
+                }
+                OutputFormat::Speedscope => speedscope::render(profile).map_err(|e| failed(&e))?,
+            };
+            replace(file, &bytes).map_err(|e| failed(&e))?;
+        }
         Ok(())
     }
 }
@@ -297,7 +309,7 @@ mod tests {
         fs::create_dir(&out).unwrap();
         std::os::unix::fs::symlink(&victim, out.join(FLAMEGRAPH)).unwrap();
         // When the outputs are created and written
-        let mut set = OutputSet::create_owned(&out, None).unwrap();
+        let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
         set.write(&Profile::default()).unwrap();
         // Then the other file is untouched and flamegraph.svg is a regular 0600 file
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
@@ -332,7 +344,7 @@ mod tests {
         fs::hard_link(out.join(FOLDED), &link).unwrap();
         let old_inode = fs::metadata(&link).unwrap().ino();
         // When the outputs are created and written twice
-        let mut set = OutputSet::create_owned(&out, None).unwrap();
+        let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
         set.write(&Profile::default()).unwrap();
         set.write(&Profile::default()).unwrap();
         // Then each is a new 0600 file and the old inode kept its content
@@ -351,15 +363,40 @@ mod tests {
     }
 
     #[test]
+    fn only_the_chosen_formats_are_created_and_written() {
+        // Given --format speedscope,folded,speedscope (a repeat, out of order)
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let formats = [
+            OutputFormat::Speedscope,
+            OutputFormat::Folded,
+            OutputFormat::Speedscope,
+        ];
+        // When the outputs are created and written
+        let mut set = OutputSet::create_owned(&out, None, &formats).unwrap();
+        set.write(&Profile::default()).unwrap();
+        // Then exactly those two files exist, listed in the fixed order, each written
+        let mut names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [SPEEDSCOPE, FOLDED]);
+        assert_eq!(set.paths, [out.join(FOLDED), out.join(SPEEDSCOPE)]);
+        assert!(fs::metadata(out.join(SPEEDSCOPE)).unwrap().len() > 0);
+        assert_eq!(mode(&out.join(SPEEDSCOPE)), 0o600);
+    }
+
+    #[test]
     fn a_missing_directory_is_created_0755_with_its_parents() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("a/b/out");
-        let set = OutputSet::create_owned(&out, None).unwrap();
+        let set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
         assert_eq!(mode(&out), 0o755);
         for path in &set.paths {
             assert_eq!(mode(path), 0o600, "{}", path.display());
         }
-        let st = stat::fstat(set.folded.as_fd()).unwrap();
+        let st = stat::fstat(set.files[0].1.as_fd()).unwrap();
         assert_eq!(st.st_uid, Uid::effective().as_raw());
     }
 
@@ -371,7 +408,7 @@ mod tests {
         let out = tmp.path().join("out");
         std::os::unix::fs::symlink(&target, &out).unwrap();
         // When creating the outputs there
-        let result = OutputSet::create_owned(&out, None);
+        let result = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT);
         // Then nothing is created through the link
         assert!(result.is_err());
         assert!(!target.exists());
@@ -428,7 +465,7 @@ mod tests {
             uid: Uid::from_raw(61999),
             gid: Gid::from_raw(61998),
         };
-        let set = OutputSet::create_owned(&out, Some(owner)).unwrap();
+        let set = OutputSet::create_owned(&out, Some(owner), &OutputFormat::DEFAULT).unwrap();
         let dir = fs::metadata(&out).unwrap();
         assert_eq!((dir.uid(), dir.gid()), (61999, 61998));
         for path in &set.paths {
