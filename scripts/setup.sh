@@ -116,7 +116,7 @@ fi
 #    with the nightly toolchain of step 2). Skipped (fast) when that version is already there.
 fuzz_version=0.13.2
 if [ "$gates" != 0 ] && ! "$root/.tools/bin/cargo-fuzz" --version 2>/dev/null \
-  | grep -qx "cargo-fuzz $fuzz_version, speedscope schema $ss_version, jsonschema $js_version"; then
+  | grep -qx "cargo-fuzz $fuzz_version"; then
   log "building cargo-fuzz $fuzz_version into .tools/bin (about a minute)"
   cargo install --locked --root "$root/.tools" "cargo-fuzz@$fuzz_version" --force -q
 fi
