@@ -15,10 +15,11 @@ RATE short-lived processes per second, each burning MS ms of CPU through random 
 through a 24-level binary tree of functions (2^24 call paths, so nearly every sample is a stack
 not seen before; its process is replaced every 10 s). Samples are what limit the distinct stacks:
 at HZ on 2 CPUs there are at most 2 x HZ a second, so 200 k distinct stacks a minute need
-HZ >= ~3000 with the CPUs busy (hence the default 4999). Both workloads run at nice NICE: at
-nice 0 the churn's processes, starved by the busy threads, pile up (load ~30 on 2 CPUs) and the
-relay gets a few % of a CPU, so it falls minutes behind and the sampler's maps overflow; the soak
-is about the daemons' memory, not about how they fare against a saturated run queue.
+HZ >= ~3000 with distinct.c alone on both CPUs (hence the default 4999). The CPUs are meant to be
+saturated: when the churn's processes fall behind they pile up (load 30-90 on 2 CPUs) and the
+relay, sharing the run queue with them, gets a fraction of a CPU (relay_wait%); --nice lowers the
+workloads' priority to see the daemons without that (but then other load on the machine can starve
+the workloads, and the distinct stacks with them).
 
 Every minute it prints the relay's and the sampler's RSS (VmRSS), open descriptors (/proc/PID/fd)
 and CPU (% of one CPU in that minute, from /proc/PID/stat; relay_wait%: the time it was
@@ -39,7 +40,7 @@ Options:
       --omit-fp         build bench/distinct.c without frame pointers (only the DWARF
                         unwinder, the sampler's default, walks it)   [OMIT_FP=1]
   -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 4999]
-  -n, --nice N          nice value of both workloads                [NICE, default 10]
+  -n, --nice N          nice value of both workloads                [NICE, default 0]
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
@@ -48,7 +49,7 @@ USAGE
 }
 
 MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-4999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
-STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-10}
+STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0}
 while [ $# -gt 0 ]; do
   case $1 in
     -d | --minutes) MINUTES=$2; shift 2 ;;
