@@ -22,10 +22,11 @@ workloads' priority to see the daemons without that (but then other load on the 
 the workloads, and the distinct stacks with them).
 
 Every minute it prints the relay's and the sampler's RSS (VmRSS), open descriptors (/proc/PID/fd)
-and CPU (% of one CPU in that minute, from /proc/PID/stat; relay_wait%: the time it was
-runnable but waited for a CPU, from /proc/PID/schedstat), the samples the relay received in that
-minute, the samples the sampler dropped in it (counts map full + backlog dropped, from the relay's
-`batch received` lines) and the user stacks it lost (kept without their user frames), the
+and CPU (% of one CPU in that minute, from /proc/PID/stat; relay_wait%: the time its threads
+were runnable but waited for a CPU, from /proc/PID/task/*/schedstat, so it can pass 100), the
+samples the relay received in that minute, the samples the sampler dropped (counts map full +
+backlog dropped) and the user stacks it lost (kept without their user frames) as the relay learnt
+of them that minute (from its `batch received` lines: a relay that reads nothing shows none), the
 distinct stacks of the last closed window (lines of its stacks.folded, counted as soon as the
 relay logs `window complete`) and the relay's symbolizer cache (heap MiB and hit rate, from its
 /metrics on a loopback port); at the end first/last/max of each. A benchmark, not a test: it
