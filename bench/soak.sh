@@ -39,7 +39,9 @@ Options:
   -s, --stacks THREADS  bench/distinct.c threads; 0: none, only the churn's stacks
                                                                    [STACKS, default 2]
       --omit-fp         build bench/distinct.c without frame pointers (only the DWARF
-                        unwinder, the sampler's default, walks it)   [OMIT_FP=1]
+                        unwinder, the sampler's default, walks it; samples taken before the
+                        unwinder knows a new worker fall back to frame pointers and collapse
+                        into a few `leaf;[unknown]...` stacks, so fewer distinct) [OMIT_FP=1]
   -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 4999]
   -n, --nice N          nice value of both workloads                [NICE, default 0]
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
