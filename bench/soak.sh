@@ -11,18 +11,39 @@ Usage: sudo bench/soak.sh [options]
 Runs `ember-relay run` (as nobody, exporting OTLP/HTTP to bench/otlp_sink.py and writing
 --output-dir with a 1-minute window) and a system-wide `ember-sampler` while bench/churn.c starts
 RATE short-lived processes per second, each burning MS ms of CPU through random call chains of
-256 generated functions (so distinct stacks keep accumulating). Every minute it prints the relay's
-and the sampler's RSS (VmRSS) and open descriptors (/proc/PID/fd), the samples the relay received
-in that minute, the distinct stacks of the last closed window (lines of stacks.folded) and the
-relay's symbolizer cache (heap MiB and hit rate, from its /metrics on a loopback port); at the
-end first/last/max of each. A benchmark, not a test: it exits non-zero only when the relay or the
-sampler died (or did not start).
+256 generated functions, and bench/distinct.c keeps THREADS busy threads walking random paths
+through a 24-level binary tree of functions (2^24 call paths, so nearly every sample is a stack
+not seen before; its process is replaced every 10 s). Samples are what limit the distinct stacks:
+at HZ on 2 CPUs there are at most 2 x HZ a second, so 200 k distinct stacks a minute need
+HZ >= ~3000 with distinct.c alone on both CPUs (hence the default 4999). The CPUs are meant to be
+saturated: when the churn's processes fall behind they pile up (load 30-90 on 2 CPUs) and the
+relay, sharing the run queue with them, gets a fraction of a CPU (relay_wait%); --nice lowers the
+workloads' priority to see the daemons without that (but then other load on the machine can starve
+the workloads, and the distinct stacks with them).
+
+Every minute it prints the relay's and the sampler's RSS (VmRSS), open descriptors (/proc/PID/fd)
+and CPU (% of one CPU in that minute, from /proc/PID/stat; relay_wait%: the time its threads
+were runnable but waited for a CPU, from /proc/PID/task/*/schedstat, so it can pass 100), the
+samples the relay received in that minute, the samples the sampler dropped (counts map full +
+backlog dropped) and the user stacks it lost (kept without their user frames) as the relay learnt
+of them that minute (from its `batch received` lines: a relay that reads nothing shows none), the
+distinct stacks of the last closed window (lines of its stacks.folded, counted as soon as the
+relay logs `window complete`) and the relay's symbolizer cache (heap MiB and hit rate, from its
+/metrics on a loopback port); at the end first/last/max of each. A benchmark, not a test: it
+exits non-zero only when the relay or the sampler died (or did not start).
 
 Options:
   -d, --minutes N       how long                                   [MINUTES, default 30]
   -r, --rate N          processes started per second               [RATE, default 100]
   -m, --ms N            CPU ms each process burns                  [MS, default 5]
-  -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 999]
+  -s, --stacks THREADS  bench/distinct.c threads; 0: none, only the churn's stacks
+                                                                   [STACKS, default 2]
+      --omit-fp         build bench/distinct.c without frame pointers (only the DWARF
+                        unwinder, the sampler's default, walks it; samples taken before the
+                        unwinder knows a new worker fall back to frame pointers and collapse
+                        into a few `leaf;[unknown]...` stacks, so fewer distinct) [OMIT_FP=1]
+  -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 4999]
+  -n, --nice N          nice value of both workloads                [NICE, default 0]
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
@@ -30,13 +51,17 @@ Options:
 USAGE
 }
 
-MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
+MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-4999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
+STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0}
 while [ $# -gt 0 ]; do
   case $1 in
     -d | --minutes) MINUTES=$2; shift 2 ;;
     -r | --rate) RATE=$2; shift 2 ;;
     -m | --ms) MS=$2; shift 2 ;;
+    -s | --stacks) STACKS=$2; shift 2 ;;
+    --omit-fp) OMIT_FP=1; shift ;;
     -F | --frequency) FREQ=$2; shift 2 ;;
+    -n | --nice) NICE=$2; shift 2 ;;
     -b | --bin) BIN_DIR=$2; shift 2 ;;
     -k | --keep) KEEP=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -76,6 +101,11 @@ trap cleanup EXIT
 cc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls \
   -o "$tmp/churn" "$bench_dir/churn.c" || die "building bench/churn.c"
 chmod 755 "$tmp/churn"
+fp=-fno-omit-frame-pointer
+[ "$OMIT_FP" = 1 ] && fp=-fomit-frame-pointer
+cc -O1 -g "$fp" -fno-inline -fno-optimize-sibling-calls -pthread \
+  -o "$tmp/distinct" "$bench_dir/distinct.c" || die "building bench/distinct.c"
+chmod 755 "$tmp/distinct"
 
 nobody_uid=$(id -u nobody) nobody_gid=$(id -g nobody)
 mkdir -p "$tmp/sock" "$tmp/out"
@@ -110,18 +140,47 @@ done
 grep -qF '"message":"batch received"' "$tmp/relay.err" || die "no batch within 60 s"
 metrics=$(grep -F '"message":"serving metrics' "$tmp/relay.err" | grep -o '"address":"[^"]*"' | cut -d'"' -f4 | head -n1)
 
-"$tmp/churn" spawn "$RATE" "$((MINUTES * 60))" "$MS" >"$tmp/churn.out" 2>"$tmp/churn.err" &
+nice -n "$NICE" "$tmp/churn" spawn "$RATE" "$((MINUTES * 60))" "$MS" >"$tmp/churn.out" 2>"$tmp/churn.err" &
 churn_pid=$!
 pids+=("$churn_pid")
-log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms) for $MINUTES min; binaries $BIN_DIR; dir $tmp"
+distinct_pid=
+if [ "$STACKS" -gt 0 ]; then
+  nice -n "$NICE" "$tmp/distinct" "$STACKS" "$((MINUTES * 60))" 10 >"$tmp/distinct.out" 2>"$tmp/distinct.err" &
+  distinct_pid=$!
+  pids+=("$distinct_pid")
+fi
+log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms), distinct ${distinct_pid:-off} ($STACKS threads${distinct_pid:+, $fp}) at nice $NICE, $FREQ Hz for $MINUTES min; binaries $BIN_DIR; dir $tmp"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 samples_so_far() {
   grep -F '"message":"batch received"' "$tmp/relay.err" |
-    grep -o '"samples":[0-9]*' | awk -F: '{s += $2} END {print s + 0}'
+    grep -o '"samples":[0-9]*' | awk -F: '{s += $2} END {printf "%.0f\n", s}'
 }
 alive() { kill -0 "$1" 2>/dev/null; }
+# CPU ticks (user + system) of a process so far.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# Nanoseconds the threads of a process were runnable but waited for a CPU, so far (threads
+# that exited are not counted).
+run_wait_ns() { cat "/proc/$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%.0f\n", s}'; }
+hz=$(getconf CLK_TCK)
+# The sampler's counters (totals since it started) at the last batch: "dropped user_stacks_lost",
+# dropped being the samples lost whole (counts map full + backlog dropped).
+losses() {
+  { grep -F '"message":"batch received"' "$tmp/relay.err" || true; } | tail -n1 |
+    grep -o '"\(counts_full\|backlog_dropped_samples\|user_stack_lost\)":[0-9]*' |
+    awk -F'[":]+' '{v[$2] = $3} END {printf "%.0f %.0f\n", v["counts_full"] + v["backlog_dropped_samples"], v["user_stack_lost"]}'
+}
+windows_closed() { grep -cF '"message":"window complete' "$tmp/relay.err" || true; }
+# The files are rewritten in place when a window closes: counted right after the relay logs it.
+seen_windows=0 distinct=0
+note_window() {
+  local n
+  n=$(windows_closed)
+  [ "$n" -gt "$seen_windows" ] || return 0
+  seen_windows=$n
+  distinct=$(wc -l <"$tmp/out/stacks.folded" 2>/dev/null || echo 0)
+}
 # The relay's symbolizer cache from /metrics: "MiB hit%" (hits over hits + misses, all time).
 symbolizer() {
   [ -n "$metrics" ] || { echo "- -"; return; }
@@ -135,25 +194,40 @@ print(f"{v['ember_relay_symbolizer_cache_bytes'] / 2**20:.1f} {rate:.1f}")
 PY
 }
 
-declare -a relay_rss relay_fds sampler_rss sampler_fds
-printf '%-6s %12s %10s %14s %12s %14s %16s %12s %8s\n' minute relay_rss_MiB relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks sym_cache_MiB sym_hit%
+declare -a relay_rss relay_fds sampler_rss sampler_fds window_stacks
+printf '%-6s %12s %10s %14s %12s %14s %16s %12s %8s %10s %11s %12s %9s %11s\n' minute relay_rss_MiB \
+  relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks sym_cache_MiB sym_hit% relay_cpu% \
+  relay_wait% sampler_cpu% dropped ustack_lost
 crashed=
 prev_samples=$(samples_so_far)
+read -r prev_dropped prev_lost <<<"$(losses)"
+prev_relay_cpu=$(cpu_ticks "$relay_pid") prev_sampler_cpu=$(cpu_ticks "$sampler_pid")
+prev_relay_wait=$(run_wait_ns "$relay_pid")
 for ((minute = 1; minute <= MINUTES; minute++)); do
   for ((s = 0; s < 60; s++)); do
     alive "$relay_pid" || crashed+="relay "
     alive "$sampler_pid" || crashed+="sampler "
     [ -z "$crashed" ] || break 2
+    note_window
     sleep 1
   done
   rr=$(rss_kib "$relay_pid") rf=$(fds "$relay_pid") sr=$(rss_kib "$sampler_pid") sf=$(fds "$sampler_pid")
   relay_rss+=("$rr") relay_fds+=("$rf") sampler_rss+=("$sr") sampler_fds+=("$sf")
   now_samples=$(samples_so_far)
-  distinct=$(wc -l <"$tmp/out/stacks.folded" 2>/dev/null || echo 0)
+  note_window
+  window_stacks+=("$distinct")
   read -r sym_mib sym_hits <<<"$(symbolizer)"
-  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s %12s %8s\n' "$minute" "$(echo "$rr / 1024" | bc -l)" "$rf" \
-    "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" "$distinct" "$sym_mib" "$sym_hits"
-  prev_samples=$now_samples
+  read -r now_dropped now_lost <<<"$(losses)"
+  relay_cpu=$(cpu_ticks "$relay_pid") sampler_cpu=$(cpu_ticks "$sampler_pid")
+  relay_wait=$(run_wait_ns "$relay_pid")
+  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s %12s %8s %10.1f %11.1f %12.1f %9s %11s\n' "$minute" \
+    "$(echo "$rr / 1024" | bc -l)" "$rf" "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" \
+    "$distinct" "$sym_mib" "$sym_hits" "$(echo "($relay_cpu - $prev_relay_cpu) * 100 / ($hz * 60)" | bc -l)" \
+    "$(echo "($relay_wait - $prev_relay_wait) / 600000000" | bc -l)" \
+    "$(echo "($sampler_cpu - $prev_sampler_cpu) * 100 / ($hz * 60)" | bc -l)" \
+    "$((now_dropped - prev_dropped))" "$((now_lost - prev_lost))"
+  prev_samples=$now_samples prev_dropped=$now_dropped prev_lost=$now_lost
+  prev_relay_cpu=$relay_cpu prev_sampler_cpu=$sampler_cpu prev_relay_wait=$relay_wait
 done
 
 summary() {
@@ -174,6 +248,7 @@ summary "relay RSS" MiB "${relay_rss[@]}"
 summary "relay open fds" n "${relay_fds[@]}"
 summary "sampler RSS" MiB "${sampler_rss[@]}"
 summary "sampler open fds" n "${sampler_fds[@]}"
+summary "distinct stacks of a closed window" n "${window_stacks[@]}"
 errors=$(cat "$tmp/relay.err" "$tmp/sampler.err" | { grep -cE '"level":"(ERROR|WARN)"' || true; })
 echo "relay samples received: $(samples_so_far); WARN/ERROR log lines: $errors"
 if [ -n "$crashed" ]; then
@@ -185,6 +260,11 @@ fi
 kill -TERM "$churn_pid" 2>/dev/null || true
 wait "$churn_pid" 2>/dev/null || true
 echo "churn: $(cat "$tmp/churn.out" 2>/dev/null || true)"
+if [ -n "$distinct_pid" ]; then
+  kill -TERM "$distinct_pid" 2>/dev/null || true
+  wait "$distinct_pid" 2>/dev/null || true
+  echo "distinct: $(cat "$tmp/distinct.out" 2>/dev/null || true)"
+fi
 windows=$({ grep -F '"message":"window complete' "$tmp/relay.err" || true; } | grep -o '"samples":[0-9]*' | cut -d: -f2 | tr '\n' ' ' || true)
 echo "closed windows' samples: ${windows:-none}"
 echo "sampler counters at the last batch: $({ grep -F '"message":"batch received"' "$tmp/relay.err" || true; } | tail -n1 |
