@@ -22,29 +22,35 @@ pub fn lines(profile: &Profile) -> Vec<String> {
 
 /// [`lines`] with the root frame naming the process or its `service.name` (`--folded-root`).
 pub fn lines_with(profile: &Profile, root: FoldedRoot) -> Vec<String> {
+    stack_counts(profile, root)
+        .into_iter()
+        .map(|(text, count)| format!("{text} {count}"))
+        .collect()
+}
+
+/// Each unique stack text (root first, without its count) with its samples, sorted; stacks
+/// whose samples add up to zero left out. Each text is built once, in one string.
+fn stack_counts(profile: &Profile, root: FoldedRoot) -> BTreeMap<String, u64> {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     for sample in profile.samples() {
         let name = match root {
             FoldedRoot::Process => &*sample.thread.process_name,
             FoldedRoot::Service => sample.thread.service_name(),
         };
-        let process = if name.is_empty() {
+        // Root first: the model's stacks are leaf first.
+        let mut text = if name.is_empty() {
             UNKNOWN.to_owned()
         } else {
             text_safe(name)
         };
-        // Root first: the model's stacks are leaf first.
-        let text = std::iter::once(process)
-            .chain(sample.stack.iter().rev().map(Frame::text_name))
-            .collect::<Vec<_>>()
-            .join(";");
+        for frame in sample.stack.iter().rev() {
+            text.push(';');
+            text.push_str(&frame.text_name());
+        }
         *counts.entry(text).or_insert(0) += sample.count;
     }
+    counts.retain(|_, count| *count > 0);
     counts
-        .into_iter()
-        .filter(|&(_, count)| count > 0)
-        .map(|(text, count)| format!("{text} {count}"))
-        .collect()
 }
 
 /// The whole folded file, process names at the root.
@@ -53,15 +59,20 @@ pub fn render(profile: &Profile) -> String {
     render_with(profile, FoldedRoot::Process)
 }
 
-/// The whole folded file: [`lines_with`], each ended by `\n`.
+/// The whole folded file: [`lines_with`], each ended by `\n`, written into one string as the
+/// lines are taken from the sorted map (a window of many stacks is held twice at most, not
+/// three times).
 pub fn render_with(profile: &Profile, root: FoldedRoot) -> String {
-    lines_with(profile, root)
-        .into_iter()
-        .map(|mut line| {
-            line.push('\n');
-            line
-        })
-        .collect()
+    let counts = stack_counts(profile, root);
+    let length: usize = counts.keys().map(|text| text.len() + 22).sum();
+    let mut out = String::with_capacity(length);
+    for (text, count) in counts {
+        out.push_str(&text);
+        out.push(' ');
+        out.push_str(&count.to_string());
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
