@@ -1,7 +1,7 @@
 //! Folded-stacks sink: Brendan Gregg's collapsed format, one line per unique stack,
 //! `process;root;...;leaf COUNT`, as read by flamegraph.pl, inferno and speedscope. Frames are
-//! named by [`Frame::text_name`] (the model's), so the flamegraph and [`Profile::top_self`] show
-//! the same names.
+//! named by [`crate::model::Frame::text_name`] (the model's), so the flamegraph and
+//! [`Profile::top_self`] show the same names.
 //!
 //! Invariants: lines are sorted and unique (stacks with the same text are merged, so two pids of
 //! one program become one line); no name contains `;` or a line break, so every line splits back
@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::FoldedRoot;
-use crate::model::{text_safe, Frame, Profile, UNKNOWN};
+use crate::model::{text_safe, Profile, UNKNOWN};
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
 /// whose samples add up to zero left out.
@@ -80,7 +80,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::model::{FrameKind, Module, SymbolizedSample, Thread};
+    use crate::model::{Frame, FrameKind, Module, SymbolizedSample, Thread};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
         Frame {
