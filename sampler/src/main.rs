@@ -133,12 +133,22 @@ fn now_unix_ns() -> u64 {
 }
 
 fn main() {
+    keep_large_buffers_apart();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     if let Err(err) = run(cli.into_config()) {
         tracing::error!("{err:#}");
         std::process::exit(1);
     }
+}
+
+/// glibc raises its mmap threshold (up to 32 MiB) each time a large block is freed: after the
+/// kernel BTF aya parses at load is freed, unwind tables (MiBs each) were assembled in the heap,
+/// and the heap kept the pages after they were freed (29 MiB of RssAnon, for good). Fixed at
+/// its default, large buffers keep their own mappings, returned to the kernel when freed.
+fn keep_large_buffers_apart() {
+    // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
 }
 
 /// Set-up while privileged (kallsyms, load, attach), confinement, then the drain loop.
