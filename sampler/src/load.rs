@@ -2,9 +2,9 @@
 //!
 //! Needs CAP_BPF + CAP_PERFMON (or root) while it runs; nothing after it does.
 
-use anyhow::{anyhow, Context as _};
 use std::os::fd::AsFd as _;
 
+use anyhow::{anyhow, Context as _};
 use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
