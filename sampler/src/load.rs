@@ -2,9 +2,11 @@
 //!
 //! Needs CAP_BPF + CAP_PERFMON (or root) while it runs; nothing after it does.
 
+use std::os::fd::AsFd as _;
+
 use anyhow::{anyhow, Context as _};
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         PerfEvent, RawTracePoint,
@@ -113,8 +115,8 @@ pub struct Loaded {
 /// The unwind-table maps: rows, and per file where its rows are.
 pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
-    /// The same rows mapped into memory (`rows.rs`); `None` if mapping failed: then each row
-    /// is one map update.
+    /// Writes the rows through mappings of the array (`rows.rs`); `None` if it cannot be
+    /// mapped: then each row is one map update.
     mapped: Option<MappedRows>,
     tables: HashMap<MapData, u64, UnwindTableInfo>,
     procs: HashMap<MapData, u32, ProcMappings>,
@@ -161,8 +163,8 @@ impl UnwindMaps {
 
 impl TableMaps for UnwindMaps {
     fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
-        if let Some(mapped) = &mut self.mapped {
-            return mapped.write(first, rows);
+        if let Some(mapped) = &self.mapped {
+            return mapped.write(self.rows.map().fd().as_fd(), first, rows);
         }
         for (index, row) in (first..).zip(rows) {
             self.rows
@@ -324,10 +326,10 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     })
 }
 
-/// Maps the row array into memory (see `rows.rs`); on failure (logged) rows are written one
-/// map update each, which holds the drain loop for seconds on a large table.
+/// Checks that the row array can be mapped into memory (see `rows.rs`); on failure (logged)
+/// rows are written one map update each, which holds the drain loop for seconds on a large
+/// table.
 fn map_rows(rows: &Map, entries: u32) -> Option<MappedRows> {
-    use std::os::fd::AsFd as _;
     let mapped = match rows {
         Map::Array(data) => MappedRows::map(data.fd().as_fd(), entries),
         _ => Err(std::io::Error::other("UNWIND_ROWS is not an array map")),

@@ -105,12 +105,44 @@ pub const MAX_TABLE_BYTES: usize = 32 << 20;
 const HEADER_BYTES: usize = 16;
 const ROW_BYTES: usize = 12;
 
-/// One checked table.
+/// Rows decoded and written at a time: the decoded copy of a table held at once (768 KiB),
+/// beside its encoded bytes. The table map entry is set only after all are written.
+const ROWS_PER_WRITE: usize = 1 << 16;
+
+/// One checked table: its encoded rows, decoded [`ROWS_PER_WRITE`] at a time as they are written.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Table {
+pub struct Table<'a> {
     pub base: u64,
     pub len: u32,
-    pub rows: Vec<UnwindRow>,
+    body: &'a [u8],
+}
+
+impl Table<'_> {
+    pub fn row_count(&self) -> usize {
+        self.body.len() / ROW_BYTES
+    }
+
+    /// Writes the rows at indices `first..` of the row array.
+    fn write(&self, first: u32, maps: &mut dyn TableMaps) -> Result<(), String> {
+        let mut decoded = Vec::with_capacity(self.row_count().min(ROWS_PER_WRITE));
+        // The body first: zip stops before asking for an index past the last part.
+        for (part, index) in self
+            .body
+            .chunks(ROWS_PER_WRITE * ROW_BYTES)
+            .zip((first..).step_by(ROWS_PER_WRITE))
+        {
+            decoded.clear();
+            decoded.extend(part.chunks_exact(ROW_BYTES).map(|r| UnwindRow {
+                pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
+                a: i32::from_le_bytes([r[4], r[5], r[6], r[7]]),
+                b: i16::from_le_bytes([r[8], r[9]]),
+                kind: r[10],
+                flags: r[11],
+            }));
+            maps.write_rows(index, &decoded)?;
+        }
+        Ok(())
+    }
 }
 
 /// A table being assembled.
@@ -235,7 +267,7 @@ impl Tables {
         };
         self.drop_table(done.file_id, maps);
         // At most MAX_TABLE_BYTES / 12 rows: fits u32.
-        let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
+        let count = u32::try_from(table.row_count()).unwrap_or(u32::MAX);
         let Some(first) = self.make_room(count, maps) else {
             self.refuse("table larger than the whole row array (--unwind-memory-bytes)");
             return None;
@@ -249,8 +281,8 @@ impl Tables {
             // New: as recent as any table sampled now, so it is not the next one evicted.
             last_sampled: maps.now_tick(),
         };
-        let written = maps
-            .write_rows(first, &table.rows)
+        let written = table
+            .write(first, maps)
             .and_then(|()| maps.set_info(done.file_id, info));
         if let Err(err) = written {
             maps.remove_info(done.file_id);
@@ -384,7 +416,7 @@ impl Tables {
 }
 
 /// Checks an encoded table (see the module header); the reason when it is refused.
-pub fn check(bytes: &[u8]) -> Result<Table, &'static str> {
+pub fn check(bytes: &[u8]) -> Result<Table<'_>, &'static str> {
     let (header, body) = bytes
         .split_first_chunk::<HEADER_BYTES>()
         .ok_or("short header")?;
@@ -416,17 +448,7 @@ pub fn check(bytes: &[u8]) -> Result<Table, &'static str> {
         }
         previous = Some(row);
     }
-    let rows = body
-        .chunks_exact(ROW_BYTES)
-        .map(|r| UnwindRow {
-            pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
-            a: i32::from_le_bytes([r[4], r[5], r[6], r[7]]),
-            b: i16::from_le_bytes([r[8], r[9]]),
-            kind: r[10],
-            flags: r[11],
-        })
-        .collect();
-    Ok(Table { base, len, rows })
+    Ok(Table { base, len, body })
 }
 
 /// Whether the fields of one row are its kind's canonical encoding.
@@ -488,6 +510,8 @@ mod tests {
         infos: HashMap<u64, UnwindTableInfo>,
         fail: bool,
         tick: u32,
+        /// Most rows one `write_rows` was given.
+        largest_write: usize,
     }
 
     impl TableMaps for FakeMaps {
@@ -495,6 +519,7 @@ mod tests {
             if std::mem::take(&mut self.fail) {
                 return Err("injected".into());
             }
+            self.largest_write = self.largest_write.max(rows.len());
             for (i, row) in (first..).zip(rows) {
                 self.rows.insert(i, *row);
             }
@@ -533,7 +558,7 @@ mod tests {
     #[test]
     fn a_good_table_passes_and_each_corruption_is_refused() {
         let good = table(0x1000, 64, &good_rows());
-        assert_eq!(check(&good).expect("good").rows.len(), 6);
+        assert_eq!(check(&good).expect("good").row_count(), 6);
         let mut bad: Vec<(&str, Vec<u8>)> = vec![
             ("short", good[..10].to_vec()),
             (
@@ -571,6 +596,48 @@ mod tests {
         for (what, bytes) in bad {
             assert!(check(&bytes).is_err(), "{what} must be refused");
         }
+    }
+
+    #[test]
+    fn a_large_table_is_written_whole_a_bounded_part_at_a_time() {
+        // Given a loaded 6-row table, and a checked table of 150,000 rows (over two parts of
+        // decoded rows) in protocol-sized chunks.
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(1_000_000, 100);
+        for c in chunks(7, &table(0x1000, 64, &good_rows()), 30) {
+            tables.chunk(c, |_| true, &mut maps);
+        }
+        let count = 150_000u32;
+        // Adjacent rows differ (rsp+8, rsp+16, ...), as a merged table's must.
+        let rows: Vec<Vec<u8>> = (0..count)
+            .map(|i| row(i * 4, 8 + 8 * (i % 2) as i32, 0, 1, 0))
+            .collect();
+        let big = table(0x40_0000, count * 4, &rows);
+        let mut done = None;
+        for c in chunks(8, &big, ember_protocol::MAX_UNWIND_CHUNK_BYTES) {
+            done = tables.chunk(c, |_| true, &mut maps);
+        }
+        // Then every row is in the maps after the first table's, and no write held more than
+        // one part.
+        assert_eq!(done, Some(8));
+        let info = maps.infos[&8];
+        assert_eq!((info.first_row, info.rows), (6, count));
+        for i in 0..count {
+            let want = UnwindRow {
+                pc: i * 4,
+                a: 8 + 8 * (i % 2) as i32,
+                b: 0,
+                kind: 1,
+                flags: 0,
+            };
+            assert_eq!(maps.rows.get(&(6 + i)), Some(&want), "row {i}");
+        }
+        assert_eq!(maps.rows.len(), 6 + count as usize);
+        assert!(
+            maps.largest_write <= ROWS_PER_WRITE,
+            "{} rows decoded at once",
+            maps.largest_write
+        );
     }
 
     #[test]
