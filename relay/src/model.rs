@@ -317,6 +317,20 @@ fn id(index: usize) -> u32 {
     u32::try_from(index).unwrap_or(u32::MAX)
 }
 
+/// Each entry's position in the set's sorted order, by index: distinct entries get distinct
+/// ranks, so comparing ranks orders entries as comparing them would.
+fn ranks<T: Ord>(set: &IndexSet<T, Hasher>) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..set.len()).collect();
+    order.sort_unstable_by(|&a, &b| set[a].cmp(&set[b]));
+    let mut rank = vec![0u32; order.len()];
+    for (position, &index) in order.iter().enumerate() {
+        if let Some(slot) = rank.get_mut(index) {
+            *slot = id(position);
+        }
+    }
+    rank
+}
+
 /// The id of `value` in `set`, inserting a clone when it is new.
 fn intern<T: Clone + Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value: &T) -> u32 {
     match set.get_index_of(value) {
@@ -449,15 +463,41 @@ impl Profile {
         })
     }
 
-    /// Samples in a stable order (by thread, then stack), for deterministic outputs.
+    /// Samples in a stable order (by thread, then stack, comparing their content), for
+    /// deterministic outputs. Threads and frames are ranked once; rows are then sorted by
+    /// those ranks, so a window of hundreds of thousands of stacks compares integers, not
+    /// frames' strings.
     pub fn samples(&self) -> Vec<SampleRef<'_>> {
-        let mut out: Vec<SampleRef<'_>> = self
+        let thread_rank = ranks(&self.threads);
+        let frame_rank = ranks(&self.frames);
+        let rank_of = |f: &u32| frame_rank.get(*f as usize).copied().unwrap_or(u32::MAX);
+        let stack = |s: u32| {
+            self.stacks
+                .get_index(s as usize)
+                .map_or(&[][..], |ids| &ids[..])
+        };
+        let mut rows: Vec<(u32, u32, u32, u64)> = self
             .counts
             .iter()
-            .filter_map(|(&key, &count)| self.row(key, count))
+            .map(|(&(thread, s), &count)| {
+                let rank = thread_rank.get(thread as usize).copied();
+                (rank.unwrap_or(u32::MAX), thread, s, count)
+            })
             .collect();
-        out.sort_by(|a, b| a.thread.cmp(b.thread).then_with(|| a.stack.cmp(&b.stack)));
-        out
+        rows.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0).then_with(|| {
+                if a.2 == b.2 {
+                    return std::cmp::Ordering::Equal;
+                }
+                stack(a.2)
+                    .iter()
+                    .map(rank_of)
+                    .cmp(stack(b.2).iter().map(rank_of))
+            })
+        });
+        rows.into_iter()
+            .filter_map(|(_, thread, stack, count)| self.row((thread, stack), count))
+            .collect()
     }
 
     /// Sampling period in nanoseconds (1e9 / Hz).

@@ -277,21 +277,25 @@ fn main_executable(profile: &Profile) -> Option<Arc<str>> {
         .map(|(path, _)| path)
 }
 
+/// The tables' maps: keyed by the relay's own names and frames, looked up once per frame of
+/// every sample, so a fast hash beats SipHash's flooding resistance here.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The profile's deduplicated tables, ids in order of first use (so 1-based indices).
 #[derive(Default)]
 struct Tables {
     strings: Vec<String>,
-    string_ids: HashMap<String, i64>,
+    string_ids: FastMap<String, i64>,
     functions: Vec<proto::Function>,
     /// By (name, filename) string ids.
-    function_ids: HashMap<(i64, i64), u64>,
+    function_ids: FastMap<(i64, i64), u64>,
     mappings: Vec<proto::Mapping>,
     /// Index into `mappings` by module; `None` is the shared mapping of kernel frames without a
     /// module.
-    mapping_ids: HashMap<Option<Arc<Module>>, usize>,
+    mapping_ids: FastMap<Option<Arc<Module>>, usize>,
     locations: Vec<proto::Location>,
     /// By the whole frame: frames that differ in anything a Location records stay apart.
-    location_ids: HashMap<Frame, u64>,
+    location_ids: FastMap<Frame, u64>,
 }
 
 impl Tables {

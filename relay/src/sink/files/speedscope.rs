@@ -65,7 +65,7 @@ struct SampledProfile {
 #[derive(Default)]
 struct FrameTable<'a> {
     frames: Vec<FrameEntry<'a>>,
-    index: HashMap<FrameEntry<'a>, usize>,
+    index: HashMap<FrameEntry<'a>, usize, foldhash::fast::RandomState>,
 }
 
 impl<'a> FrameTable<'a> {
@@ -95,7 +95,7 @@ impl<'a> FrameTable<'a> {
 struct ProcessStacks {
     name: String,
     order: Vec<Vec<usize>>,
-    weights: HashMap<Vec<usize>, u64>,
+    weights: HashMap<Vec<usize>, u64, foldhash::fast::RandomState>,
     total: u64,
 }
 
