@@ -9,7 +9,7 @@ usage() {
 Usage: sudo bench/soak.sh [options]
 
 Runs `ember-relay run` (as nobody, exporting OTLP/HTTP to bench/otlp_sink.py and writing
---output-dir with a 1-minute window) and a system-wide `ember-sampler` while bench/churn.c starts
+--output-dir with a 1-minute window, stacks.folded only unless --formats says more) and a system-wide `ember-sampler` while bench/churn.c starts
 RATE short-lived processes per second, each burning MS ms of CPU through random call chains of
 256 generated functions, and bench/distinct.c keeps THREADS busy threads walking random paths
 through a 24-level binary tree of functions (2^24 call paths, so nearly every sample is a stack
@@ -44,6 +44,9 @@ Options:
                         into a few `leaf;[unknown]...` stacks, so fewer distinct) [OMIT_FP=1]
   -F, --frequency HZ    ember-sampler --frequency                  [FREQ, default 4999]
   -n, --nice N          nice value of both workloads                [NICE, default 0]
+      --formats LIST    the relay's --format for --output-dir: folded is what the distinct
+                        stacks are counted from; svg,pprof,folded,speedscope adds the cost of
+                        rendering each closed window in every format  [FORMATS, default folded]
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
@@ -52,7 +55,7 @@ USAGE
 }
 
 MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-4999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
-STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0}
+STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0} FORMATS=${FORMATS:-folded}
 while [ $# -gt 0 ]; do
   case $1 in
     -d | --minutes) MINUTES=$2; shift 2 ;;
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
     --omit-fp) OMIT_FP=1; shift ;;
     -F | --frequency) FREQ=$2; shift 2 ;;
     -n | --nice) NICE=$2; shift 2 ;;
+    --formats) FORMATS=${2:?"--formats needs a value"}; shift 2 ;;
     -b | --bin) BIN_DIR=$2; shift 2 ;;
     -k | --keep) KEEP=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -120,7 +124,7 @@ for ((i = 0; i < 100; i++)); do [ -s "$tmp/otlp.port" ] && break; sleep 0.05; do
 
 setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
   "$relay" --log-format json run --socket "$sock" --metrics-address 127.0.0.1:0 \
-  --output-dir "$tmp/out" --window 1m \
+  --output-dir "$tmp/out" --window 1m --format "$FORMATS" \
   --otlp-endpoint "http://127.0.0.1:$(cat "$tmp/otlp.port")" --otlp-protocol http \
   >"$tmp/relay.out" 2>"$tmp/relay.err" &
 relay_pid=$!
@@ -149,7 +153,7 @@ if [ "$STACKS" -gt 0 ]; then
   distinct_pid=$!
   pids+=("$distinct_pid")
 fi
-log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms), distinct ${distinct_pid:-off} ($STACKS threads${distinct_pid:+, $fp}) at nice $NICE, $FREQ Hz for $MINUTES min; binaries $BIN_DIR; dir $tmp"
+log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms), distinct ${distinct_pid:-off} ($STACKS threads${distinct_pid:+, $fp}) at nice $NICE, $FREQ Hz for $MINUTES min, files $FORMATS; binaries $BIN_DIR; dir $tmp"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
