@@ -8,7 +8,10 @@
 //! (`[unknown] libfoo.so`), one name per module and not per address, so flame graphs aggregate
 //! it; the address stays where an output has a field for it (pprof and OTLP locations).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, OnceLock},
+};
 
 use indexmap::IndexSet;
 
@@ -309,6 +312,10 @@ pub struct Profile {
     counts: HashMap<(u32, u32), u64, Hasher>,
     /// The frame ids of the stack being added (reused, so adding allocates only for new stacks).
     scratch: Vec<u32>,
+    /// The rows (thread id, stack id, count) in output order, sorted by the first
+    /// [`Profile::samples`] after a change and kept until the next: every file format of a
+    /// closed window reads them, and sorting a large window is the costly part.
+    order: OnceLock<Vec<(u32, u32, u64)>>,
 }
 
 /// A table index as an id. Tables cannot reach 2^32 entries (each entry takes at least 16
@@ -389,6 +396,7 @@ impl Profile {
     }
 
     fn count(&mut self, key: (u32, u32), count: u64) {
+        self.order.take();
         // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
         let total = self.counts.entry(key).or_insert(0);
         *total = total.saturating_add(count);
@@ -468,6 +476,15 @@ impl Profile {
     /// those ranks, so a window of hundreds of thousands of stacks compares integers, not
     /// frames' strings.
     pub fn samples(&self) -> Vec<SampleRef<'_>> {
+        self.order
+            .get_or_init(|| self.sorted_rows())
+            .iter()
+            .filter_map(|&(thread, stack, count)| self.row((thread, stack), count))
+            .collect()
+    }
+
+    /// The rows in the order of [`Profile::samples`].
+    fn sorted_rows(&self) -> Vec<(u32, u32, u64)> {
         let thread_rank = ranks(&self.threads);
         let frame_rank = ranks(&self.frames);
         let rank_of = |f: &u32| frame_rank.get(*f as usize).copied().unwrap_or(u32::MAX);
@@ -496,7 +513,7 @@ impl Profile {
             })
         });
         rows.into_iter()
-            .filter_map(|(_, thread, stack, count)| self.row((thread, stack), count))
+            .map(|(_, thread, stack, count)| (thread, stack, count))
             .collect()
     }
 
@@ -617,6 +634,26 @@ mod tests {
             .collect();
         expected.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
         assert_eq!(rows(&profile), expected);
+    }
+
+    #[test]
+    fn the_rows_read_after_a_change_include_it() {
+        let all = samples();
+        let mut profile = Profile::new(99);
+        profile.add(all[0].clone(), 1, 2);
+        assert_eq!(profile.samples().len(), 1);
+        profile.add(all[0].clone(), 1, 2);
+        profile.add(all[1].clone(), 1, 2);
+        let rows = rows(&profile);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            rows.iter().map(|r| r.2).sum::<u64>(),
+            2 * all[0].count + all[1].count
+        );
+        let mut window = Profile::default();
+        assert!(window.samples().is_empty());
+        window.merge(profile);
+        assert_eq!(window.samples().len(), 2);
     }
 
     #[test]
