@@ -269,26 +269,6 @@ impl<'a> StackView<'a> {
     }
 }
 
-impl PartialEq for StackView<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for StackView<'_> {}
-
-impl PartialOrd for StackView<'_> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for StackView<'_> {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.iter().cmp(other.iter())
-    }
-}
-
 /// The hasher of the profile's tables: keys are the relay's own (frames it named, threads of
 /// processes the sampler described), hashed per sample, so a fast hash beats SipHash's
 /// flooding resistance here.
