@@ -246,6 +246,7 @@ fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> UnwindSizes
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember-ebpf"));
 
 pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
+    hide_kernel_btf();
     let mut loader = EbpfLoader::new();
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
     let dwarf = u32::from(config.unwind == Unwind::Dwarf);
@@ -326,6 +327,59 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     })
 }
 
+/// Where the kernel publishes its own BTF; aya 0.14's `EbpfLoader::new()` reads and parses it.
+const KERNEL_BTF_DIR: &str = "/sys/kernel/btf";
+
+/// Keeps aya from parsing the kernel's BTF, which ember's program does not use (it has no CO-RE
+/// relocations; a test checks) but which `EbpfLoader::new()` reads and parses anyway: 5 MiB of
+/// file and 17 MiB of heap at once, three quarters of the sampler's peak memory. With
+/// CAP_SYS_ADMIN (`ember-relay record`, a root shell) the sampler enters a mount namespace of its
+/// own, a follower of the host's, and covers the directory with an empty read-only tmpfs: the
+/// parse then fails at once and the loader goes on without BTF. Without it (the systemd unit,
+/// which covers the directory itself, and containers) the parse happens as before.
+fn hide_kernel_btf() {
+    use nix::{
+        mount::{mount, MsFlags},
+        sched::{unshare, CloneFlags},
+    };
+    if !std::path::Path::new(KERNEL_BTF_DIR)
+        .join("vmlinux")
+        .exists()
+    {
+        return;
+    }
+    let hidden = unshare(CloneFlags::CLONE_NEWNS)
+        .and_then(|()| {
+            // A follower: mounts made here must not reach the host's namespace.
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                None::<&str>,
+            )
+        })
+        .and_then(|()| {
+            mount(
+                Some("none"),
+                KERNEL_BTF_DIR,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=4k,mode=0555"),
+            )
+        });
+    match hidden {
+        Ok(()) => tracing::debug!(dir = KERNEL_BTF_DIR, "kernel BTF hidden from the loader"),
+        Err(err) => tracing::info!(
+            dir = KERNEL_BTF_DIR,
+            %err,
+            "the loader parses the kernel's BTF (about 17 MiB more peak memory while loading): \
+             without CAP_SYS_ADMIN the sampler cannot cover it itself; an empty tmpfs on the \
+             directory (systemd: TemporaryFileSystem=/sys/kernel/btf:ro) avoids it"
+        ),
+    }
+}
+
 /// Checks that the row array can be mapped into memory (see `rows.rs`); on failure (logged)
 /// rows are written one map update each, which holds the drain loop for seconds on a large
 /// table.
@@ -376,6 +430,22 @@ fn attach_process_tracepoints(ebpf: &mut Ebpf) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_program_needs_no_kernel_btf() {
+        // Given the eBPF object the sampler loads, Then it has no CO-RE relocations: loading
+        // without the kernel's BTF (hide_kernel_btf) would leave them unapplied, silently.
+        let object = aya_obj::Object::parse(EBPF_OBJECT).expect("the built eBPF object parses");
+        // The check means something only where relocations would be recorded.
+        assert!(
+            object.btf_ext.is_some(),
+            "the eBPF object lost its .BTF.ext section"
+        );
+        assert!(
+            !object.has_btf_relocations(),
+            "the eBPF program now has CO-RE relocations: stop hiding /sys/kernel/btf in load.rs"
+        );
+    }
 
     #[test]
     fn the_unwinder_maps_fit_the_budget() {
