@@ -202,10 +202,29 @@ tmp=
 BPF_STATS_ON=0
 BPF_STATS_RESTORE=0
 
+# The readers below use bash builtins only, no command substitution: while a profiler runs, every
+# process this script starts (an awk, a cat, a subshell) is one more process for the profiler to
+# notice, describe and symbolize. The sampling loop started about 26 a second before.
+
+# read_status PID: sets ST_STATE, ST_HWM (VmHWM, KiB) and ST_RSS ("RssAnon=x RssFile=y", MiB).
+# Fails if PID is gone.
+read_status() {
+  local key value rest
+  ST_STATE='' ST_HWM='' ST_RSS=''
+  [ -r "/proc/$1/status" ] || return 1
+  while read -r key value rest; do
+    case $key in
+      State:) ST_STATE=$value ;;
+      VmHWM:) ST_HWM=$value ;;
+      RssAnon: | RssFile:)
+        ST_RSS+="${ST_RSS:+ }${key%:}=$((value / 1024)).$((value % 1024 * 10 / 1024))" ;;
+    esac
+  done 2>/dev/null <"/proc/$1/status" || true
+  [ -n "$ST_STATE" ]
+}
+
 alive() { # alive PID: exists and is not a zombie
-  local state
-  state=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
-  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+  read_status "$1" && [ "$ST_STATE" != Z ] && [ "$ST_STATE" != X ]
 }
 
 wait_gone() { # wait_gone SECONDS PID...: true once none of the PIDs is alive
@@ -302,19 +321,21 @@ $(tail -n5 "$tmp/$name.err" "$tmp/$name.out" 2>/dev/null)"
 # cpu_reading PID: "<ticks> <ns> <tids>": utime+stime+cutime+cstime in clock ticks from
 # /proc/PID/stat (includes exited threads, 10 ms resolution), the sum of the live threads'
 # sum_exec_runtime in ns from /proc/PID/task/*/schedstat, and those threads' ids. Fails if PID is gone.
-cpu_reading() {
-  local stat fields f ns=0 v rest tids=""
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+# read_cpu PID: the same into CPU_READING, without a fork (for the sampling loop).
+read_cpu() {
+  local stat='' fields f ns=0 v rest tids=""
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   [ -n "$stat" ] || return 1
   read -r -a fields <<<"${stat##*) }" # fields[0] is field 3 (state)
   for f in /proc/"$1"/task/*/schedstat; do
-    read -r v rest <"$f" 2>/dev/null || continue
+    { read -r v rest <"$f"; } 2>/dev/null || continue
     ns=$((ns + v))
     f=${f%/schedstat}
     tids+=${f##*/},
   done
-  echo "$((fields[11] + fields[12] + fields[13] + fields[14])) $ns ${tids:-none}"
+  CPU_READING="$((fields[11] + fields[12] + fields[13] + fields[14])) $ns ${tids:-none}"
 }
+cpu_reading() { read_cpu "$1" && echo "$CPU_READING"; }
 
 # cpu_delta START END: CPU seconds between two cpu_readings: the ns sum when the same threads were
 # alive at both, else the tick count (a thread that exited took its ns with it).
@@ -399,13 +420,22 @@ full_stack_perf() { # full_stack_perf: "<whole> <workload samples>" of `perf scr
     END { flush(); printf "%d %d\n", ok, all }'
 }
 
-bpf_stats() { # bpf_stats PID FD...: "<run_time_ns> <run_cnt>" summed over those BPF programs
-  local pid=$1
+# read_bpf PID FD...: BPF_READING="<run_time_ns> <run_cnt>" summed over those BPF programs
+# (fork-free, for the sampling loop).
+read_bpf() {
+  local pid=$1 fd key value rest ns=0 n=0
   shift
-  [ $# -gt 0 ] || { echo "0 0"; return; }
-  (cd "/proc/$pid/fdinfo" 2>/dev/null && cat -- "$@" 2>/dev/null) |
-    awk '$1 == "run_time_ns:" { ns += $2 } $1 == "run_cnt:" { n += $2 } END { printf "%d %d\n", ns, n }'
+  for fd in "$@"; do
+    while read -r key value rest; do
+      case $key in
+        run_time_ns:) ns=$((ns + value)) ;;
+        run_cnt:) n=$((n + value)) ;;
+      esac
+    done 2>/dev/null <"/proc/$pid/fdinfo/$fd" || true
+  done
+  BPF_READING="$ns $n"
 }
+bpf_stats() { read_bpf "$@"; echo "$BPF_READING"; }
 
 # window PHASE SECONDS [LABEL:PID]...: follows the processes for SECONDS (or until all have exited),
 # polling every 0.5 s and keeping the last reading of each: CPU ticks, VmHWM and the run time of
@@ -430,29 +460,28 @@ window() {
     START_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
     LAST_BPF[$label]=${START_BPF[$label]}
   done
-  end=$(calc '%.6f' "$t0 + $seconds")
+  # Microseconds, compared with integer arithmetic: the loop below starts no process (see read_status).
+  end=$((${t0/./} + seconds * 1000000))
   while :; do
-    sleep 0.5
+    read -r -t 0.5 -u "$NAP_FD" || true
     now=$EPOCHREALTIME
     any=0
     for spec in "$@"; do
       label=${spec%%:*} pid=${spec#*:}
-      if ticks=$(cpu_reading "$pid") && alive "$pid"; then
+      if read_cpu "$pid" && alive "$pid"; then
         any=1
-        LAST_TICKS[$label]=$ticks
+        LAST_TICKS[$label]=$CPU_READING
         LAST_T[$label]=$now
-        hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || hwm=
-        [ -n "$hwm" ] && W_HWM[$label]=$hwm
-        W_RSS[$label]=$(awk '/^(RssAnon|RssFile):/ { printf "%s%s=%.1f", sep, $1, $2 / 1024; sep = " " }' \
-          "/proc/$pid/status" 2>/dev/null | tr -d ':' || true)
+        [ -n "$ST_HWM" ] && W_HWM[$label]=$ST_HWM
+        W_RSS[$label]=$ST_RSS
         # shellcheck disable=SC2086
-        [ -n "${BPF_FDS[$label]}" ] && LAST_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
+        [ -n "${BPF_FDS[$label]}" ] && read_bpf "$pid" ${BPF_FDS[$label]} && LAST_BPF[$label]=$BPF_READING
       else
         W_GONE[$label]=1
       fi
     done
     if [ $# -gt 0 ] && [ $any -eq 0 ]; then break; fi
-    awk "BEGIN { exit !($now >= $end) }" && break
+    [ "${now/./}" -ge "$end" ] && break
   done
   mark1=$(workload_mark)
   OTHERS[$phase]+=$(other_profilers)
@@ -729,6 +758,9 @@ run_bpftrace() {
 # Main.
 
 tmp=$(mktemp -d /tmp/ember-overhead.XXXXXX)
+# A FIFO nobody writes to: `read -t` on it is a sleep that starts no process (see read_status).
+mkfifo "$tmp/nap"
+exec {NAP_FD}<>"$tmp/nap"
 chmod 711 "$tmp" # nobody (the relay) must traverse it to reach its socket directory
 
 if [[ " ${PROFILER_LIST[*]} " == *" ember "* ]] && [ "$BUILD" = 0 ] && [ -x "$sampler_bin" ] && [ -x "$relay_bin" ]; then
