@@ -154,6 +154,44 @@ impl std::hash::Hash for Thread {
     }
 }
 
+/// Fixtures for the crate's unit tests.
+#[cfg(test)]
+impl Frame {
+    /// A frame of `function` at `address`, with no source line, module or inlining.
+    pub(crate) fn bare(function: &str, kind: FrameKind, address: u64) -> Self {
+        Self {
+            function: function.into(),
+            file: None,
+            line: None,
+            kind,
+            inlined: false,
+            address,
+            module: None,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Thread {
+    /// A thread of no container and with empty resource labels.
+    pub(crate) fn bare(
+        (pid, tid): (u32, u32),
+        process_name: &str,
+        thread_name: &str,
+        executable_path: &str,
+    ) -> Self {
+        Self {
+            pid,
+            tid,
+            process_name: process_name.into(),
+            thread_name: thread_name.into(),
+            executable_path: executable_path.into(),
+            container_id: None,
+            resource: Arc::default(),
+        }
+    }
+}
+
 impl Thread {
     /// The resource's `service.name`, else the process name.
     pub fn service_name(&self) -> &str {
@@ -543,27 +581,11 @@ mod tests {
     use super::*;
 
     fn frame(function: &str, address: u64) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind: FrameKind::Native,
-            inlined: false,
-            address,
-            module: None,
-        }
+        Frame::bare(function, FrameKind::Native, address)
     }
 
     fn thread(pid: u32, tid: u32) -> Thread {
-        Thread {
-            pid,
-            tid,
-            process_name: "app".into(),
-            thread_name: format!("t{tid}").into(),
-            executable_path: "/usr/bin/app".into(),
-            container_id: None,
-            resource: Arc::default(),
-        }
+        Thread::bare((pid, tid), "app", &format!("t{tid}"), "/usr/bin/app")
     }
 
     /// The profile's rows as owned values, in its order.

@@ -186,33 +186,15 @@ pub(crate) fn report(path: &Path, count: usize, sample_index: Option<&str>) -> a
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::model::{Frame, FrameKind, Profile, SymbolizedSample, Thread};
 
     fn frame(function: &str, address: u64) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind: FrameKind::Native,
-            inlined: false,
-            address,
-            module: None,
-        }
+        Frame::bare(function, FrameKind::Native, address)
     }
 
     fn thread() -> Thread {
-        Thread {
-            pid: 1,
-            tid: 1,
-            process_name: "app".into(),
-            thread_name: "app".into(),
-            executable_path: "/app".into(),
-            container_id: None,
-            resource: Arc::default(),
-        }
+        Thread::bare((1, 1), "app", "app", "/app")
     }
 
     #[test]

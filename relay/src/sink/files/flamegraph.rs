@@ -125,29 +125,13 @@ mod tests {
     const START: u64 = 1_700_000_000_000_000_000;
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind,
-            inlined: false,
-            address: 0x1000,
-            module: None,
-        }
+        Frame::bare(function, kind, 0x1000)
     }
 
     fn profile() -> Profile {
         let mut profile = Profile::new(99);
         let sample = SymbolizedSample {
-            thread: Thread {
-                pid: 1,
-                tid: 1,
-                process_name: "app".into(),
-                thread_name: "app".into(),
-                executable_path: "/usr/bin/app".into(),
-                container_id: None,
-                resource: Default::default(),
-            },
+            thread: Thread::bare((1, 1), "app", "app", "/usr/bin/app"),
             stack: vec![
                 frame("do_syscall_64", FrameKind::Kernel),
                 frame("compute<T>", FrameKind::Native),

@@ -83,15 +83,7 @@ mod tests {
     use crate::model::{Frame, FrameKind, Module, SymbolizedSample, Thread};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind,
-            inlined: false,
-            address: 0x1000,
-            module: None,
-        }
+        Frame::bare(function, kind, 0x1000)
     }
 
     fn native(function: &str) -> Frame {
@@ -99,15 +91,7 @@ mod tests {
     }
 
     fn thread(pid: u32, process_name: &str) -> Thread {
-        Thread {
-            pid,
-            tid: pid,
-            process_name: process_name.into(),
-            thread_name: process_name.into(),
-            executable_path: "".into(),
-            container_id: None,
-            resource: Default::default(),
-        }
+        Thread::bare((pid, pid), process_name, process_name, "")
     }
 
     fn add(profile: &mut Profile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {

@@ -481,27 +481,11 @@ mod tests {
     }
 
     fn kernel(function: &str, address: u64) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind: FrameKind::Kernel,
-            inlined: false,
-            address,
-            module: None,
-        }
+        Frame::bare(function, FrameKind::Kernel, address)
     }
 
     fn thread(pid: u32, tid: u32) -> Thread {
-        Thread {
-            pid,
-            tid,
-            process_name: "app".into(),
-            thread_name: "worker".into(),
-            executable_path: "/usr/bin/app".into(),
-            container_id: None,
-            resource: Default::default(),
-        }
+        Thread::bare((pid, tid), "app", "worker", "/usr/bin/app")
     }
 
     /// app: main -> compute (3 samples, tid 11) and main -> write -> [kernel] (2 samples, tid 12).

@@ -183,15 +183,7 @@ mod tests {
     use crate::model::{FrameKind, Module, SymbolizedSample, Thread};
 
     fn frame(function: &str, kind: FrameKind) -> Frame {
-        Frame {
-            function: function.into(),
-            file: None,
-            line: None,
-            kind,
-            inlined: false,
-            address: 0x1000,
-            module: None,
-        }
+        Frame::bare(function, kind, 0x1000)
     }
 
     fn native(function: &str) -> Frame {
@@ -199,15 +191,7 @@ mod tests {
     }
 
     fn thread(pid: u32, tid: u32, process_name: &str) -> Thread {
-        Thread {
-            pid,
-            tid,
-            process_name: process_name.into(),
-            thread_name: process_name.into(),
-            executable_path: "".into(),
-            container_id: None,
-            resource: Default::default(),
-        }
+        Thread::bare((pid, tid), process_name, process_name, "")
     }
 
     fn add(profile: &mut Profile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
