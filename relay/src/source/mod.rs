@@ -270,6 +270,7 @@ fn read_loop(
     // One byte more than the limit, so an oversized datagram is seen as truncated.
     let mut buf = vec![0u8; limits.max_message_bytes + 1];
     let mut greeted = false;
+    let mut reset = false;
     loop {
         let (len, fds, fds_truncated) = match transport::recv(fd.as_fd(), &mut buf) {
             Ok(transport::Received::Message {
@@ -285,6 +286,18 @@ fn read_loop(
             }
             Ok(transport::Received::Closed) => return Ok(()),
             Err(nix::errno::Errno::EINTR) => continue,
+            // A peer that closes while datagrams of ours wait unread in its queue (unwind
+            // tables a stopping sampler no longer reads) makes the kernel report ECONNRESET once,
+            // ahead of the datagrams the peer sent before closing: a sampler's last batch. They
+            // are still queued; read on to the end.
+            Err(nix::errno::Errno::ECONNRESET) if !reset => {
+                reset = true;
+                tracing::debug!(
+                    connection = conn,
+                    "the sampler closed with relay messages unread; reading what it sent before"
+                );
+                continue;
+            }
             Err(err) => return Err(ConnectionError::Recv(err)),
         };
         let message = decode_sampler_message(&buf[..len], limits)?;
@@ -454,6 +467,44 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    #[test]
+    fn a_sampler_closing_with_relay_messages_unread_still_delivers_what_it_sent() {
+        // Given a connection where the relay sent a message the sampler never read
+        let (relay, sampler) = transport::pair().expect("socketpair");
+        transport::send(relay.as_fd(), b"unwind table", &[], false).expect("relay sends");
+        // And a sampler that sent its hello and a last message, then closed
+        let hello = SamplerMessage::Hello(ember_protocol::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            kallsyms_fd: ember_protocol::NO_FD,
+            ..Default::default()
+        });
+        for message in [hello, SamplerMessage::FilesClosed(vec![7])] {
+            let bytes = ember_protocol::encode_sampler_message(&message);
+            transport::send(sampler.as_fd(), &bytes, &[], false).expect("sampler sends");
+        }
+        drop(sampler);
+        // When the relay reads the connection (the kernel reports ECONNRESET first)
+        let (events, received) = std::sync::mpsc::sync_channel(8);
+        let result = read_loop(
+            1,
+            &relay,
+            &Limits::default(),
+            &events,
+            &mut LostDescriptors::default(),
+        );
+        // Then both messages arrive and the connection ends as a plain close
+        assert!(result.is_ok(), "{result:?}");
+        drop(events);
+        let kinds: Vec<&str> = received
+            .iter()
+            .map(|event| match event {
+                SourceEvent::Message { message, .. } => message.kind(),
+                _ => "other event",
+            })
+            .collect();
+        assert_eq!(kinds, ["hello", "files closed"]);
     }
 
     #[test]
