@@ -1,6 +1,7 @@
 //! Loads ember's eBPF program and attaches it to a CPU-clock perf event on every online CPU.
 //!
-//! Needs CAP_BPF + CAP_PERFMON (or root) while it runs; nothing after it does.
+//! Needs CAP_BPF + CAP_PERFMON (or root) while it runs, and uses CAP_SYS_ADMIN where it has it
+//! to keep the loader off the kernel's BTF ([`hide_kernel_btf`]); nothing after it does.
 
 use std::os::fd::AsFd as _;
 
