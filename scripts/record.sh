@@ -7,4 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 cargo build --release --locked -p ember-sampler -p ember-relay
-exec ./target/release/ember-relay record --duration 10s --output ember-out "$@"
+# 10 s into ./ember-out are `record`'s own defaults, so --duration and --output may be passed here.
+exec ./target/release/ember-relay record "$@"
