@@ -318,10 +318,10 @@ $(tail -n5 "$tmp/$name.err" "$tmp/$name.out" 2>/dev/null)"
   done
 }
 
-# cpu_reading PID: "<ticks> <ns> <tids>": utime+stime+cutime+cstime in clock ticks from
-# /proc/PID/stat (includes exited threads, 10 ms resolution), the sum of the live threads'
-# sum_exec_runtime in ns from /proc/PID/task/*/schedstat, and those threads' ids. Fails if PID is gone.
-# read_cpu PID: the same into CPU_READING, without a fork (for the sampling loop).
+# read_cpu PID: sets CPU_READING to "<ticks> <ns> <tids>": utime+stime+cutime+cstime in clock
+# ticks from /proc/PID/stat (includes exited threads, 10 ms resolution), the sum of the live
+# threads' sum_exec_runtime in ns from /proc/PID/task/*/schedstat, and those threads' ids.
+# Fails if PID is gone.
 read_cpu() {
   local stat='' fields f ns=0 v rest tids=""
   { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
@@ -335,9 +335,8 @@ read_cpu() {
   done
   CPU_READING="$((fields[11] + fields[12] + fields[13] + fields[14])) $ns ${tids:-none}"
 }
-cpu_reading() { read_cpu "$1" && echo "$CPU_READING"; }
 
-# cpu_delta START END: CPU seconds between two cpu_readings: the ns sum when the same threads were
+# cpu_delta START END: CPU seconds between two CPU_READINGs: the ns sum when the same threads were
 # alive at both, else the tick count (a thread that exited took its ns with it).
 cpu_delta() {
   awk -v a="$1" -v b="$2" -v hz="$clk_tck" 'BEGIN {
@@ -420,8 +419,8 @@ full_stack_perf() { # full_stack_perf: "<whole> <workload samples>" of `perf scr
     END { flush(); printf "%d %d\n", ok, all }'
 }
 
-# read_bpf PID FD...: BPF_READING="<run_time_ns> <run_cnt>" summed over those BPF programs
-# (fork-free, for the sampling loop).
+# read_bpf PID FD...: sets BPF_READING to "<run_time_ns> <run_cnt>" summed over those BPF
+# programs.
 read_bpf() {
   local pid=$1 fd key value rest ns=0 n=0
   shift
@@ -435,7 +434,6 @@ read_bpf() {
   done
   BPF_READING="$ns $n"
 }
-bpf_stats() { read_bpf "$@"; echo "$BPF_READING"; }
 
 # window PHASE SECONDS [LABEL:PID]...: follows the processes for SECONDS (or until all have exited),
 # polling every 0.5 s and keeping the last reading of each: CPU ticks, VmHWM and the run time of
@@ -449,7 +447,8 @@ window() {
   OTHERS[$phase]=$(other_profilers)
   for spec in "$@"; do
     label=${spec%%:*} pid=${spec#*:}
-    START_TICKS[$label]=$(cpu_reading "$pid") || die "$label (pid $pid) is gone before its window started"
+    read_cpu "$pid" || die "$label (pid $pid) is gone before its window started"
+    START_TICKS[$label]=$CPU_READING
     START_T[$label]=$t0
     LAST_TICKS[$label]=${START_TICKS[$label]}
     LAST_T[$label]=$t0
@@ -457,7 +456,8 @@ window() {
     W_GONE[$label]=0
     BPF_FDS[$label]=$(bpf_prog_fds "$pid" | tr '\n' ' ')
     # shellcheck disable=SC2086 # word-splitting the fd list is intended
-    START_BPF[$label]=$(bpf_stats "$pid" ${BPF_FDS[$label]})
+    read_bpf "$pid" ${BPF_FDS[$label]}
+    START_BPF[$label]=$BPF_READING
     LAST_BPF[$label]=${START_BPF[$label]}
   done
   # Microseconds, compared with integer arithmetic: the loop below starts no process (see read_status).
