@@ -12,7 +12,8 @@
 # corpus under fuzz/corpus/TARGET (git-ignored; kept between runs, so longer runs build on it).
 # A finding (panic, a run over 10 s, more than 2 GiB) is saved under fuzz/artifacts/TARGET and
 # fails the script; reproduce it with `cargo +nightly fuzz run TARGET fuzz/artifacts/TARGET/FILE`.
-# Prints one line per target: runs, seconds, runs/s, corpus size, findings.
+# Prints one line per target: runs, seconds, runs/s, corpus size, findings, and on stdout too
+# the report of any finding. The targets read /dev/null as stdin, whatever the caller's is.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -50,7 +51,7 @@ for target in "${targets[@]}"; do
     status=0
     cargo +nightly fuzz run --sanitizer none --fuzz-dir fuzz "$target" "$corpus" "$seeds" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
-        -artifact_prefix="$artifacts/" -print_final_stats=1 >"$log" 2>&1 || status=$?
+        -artifact_prefix="$artifacts/" -print_final_stats=1 </dev/null >"$log" 2>&1 || status=$?
     runs=$(awk '/^stat::number_of_executed_units:/ { print $2 }' "$log")
     elapsed=$(sed -n -E 's/^Done [0-9]+ runs in ([0-9]+) second.*/\1/p' "$log")
     runs=${runs:-0}
@@ -61,8 +62,11 @@ for target in "${targets[@]}"; do
     printf '%-22s %10s %8s %10s %8s %s\n' "$target" "$runs" "$elapsed" "$rate" "$files" "$findings"
     if [ "$status" -ne 0 ] || [ "$findings" -gt 0 ]; then
         failed=1
-        echo "[fuzz] $target: FINDING (exit $status); libFuzzer's report:" >&2
-        grep -E -A20 'ERROR: libFuzzer|panicked at|==[0-9]+== ERROR' "$log" | head -40 >&2 || tail -20 "$log" >&2
+        # On stdout, beside the table, so a CI log that keeps only stdout still shows it.
+        echo "[fuzz] $target: FINDING (exit $status); libFuzzer's report:"
+        grep -E -A20 'ERROR: libFuzzer|panicked at|==[0-9]+== ERROR|ALARM' "$log" | head -40 ||
+            tail -20 "$log"
+        find "$artifacts" -type f -printf '[fuzz]   saved %p\n' | tail -5
     fi
     rm -f "$log"
 done

@@ -25,8 +25,13 @@ use std::{
 
 use blazesym::{
     helper::ElfResolver,
-    symbolize::{FindSymOpts, Symbolize as _, TranslateFileOffset as _},
+    symbolize::{
+        source::{Elf, Source},
+        FindSymOpts, Input, Symbolize as _, Symbolized, Symbolizer, TranslateFileOffset as _,
+    },
 };
+
+use super::debug_links::{self, Policy};
 
 /// Cache key of a passed file: what the relay's own `fstat` of the descriptor says, never what
 /// the file's content claims. Size and both times change whenever the content is rewritten
@@ -67,7 +72,7 @@ pub struct Resolved {
 /// A passed file, opened for symbolization.
 pub struct OpenElf {
     /// `None` when the file cannot be symbolized (the reason was logged when it was opened).
-    resolver: Option<ElfResolver>,
+    resolver: Option<Resolver>,
     last_used: Instant,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
@@ -144,6 +149,8 @@ pub struct ElfCache {
     pub panicked: u64,
     /// Bytes of copies held by the cached resolvers right now.
     live_copy_bytes: u64,
+    /// Files named from their symbol table only, their debug links refused ([`debug_links`]).
+    pub symbols_only: u64,
 }
 
 /// All copies held at once stay below this many times `max_copy_bytes`, so many files just
@@ -170,16 +177,99 @@ pub struct CacheSize {
     pub file_bytes: u64,
 }
 
+/// How a passed file is looked up in.
+enum Resolver {
+    /// blazesym's resolver: symbols and DWARF (source lines, inlined functions), following the
+    /// file's links to separate debug info where [`debug_links`] allows.
+    Dwarf(ElfResolver),
+    /// Symbols only, through a symbolizer that reads no DWARF and so follows no link: for a
+    /// file whose links [`debug_links`] refused. It opened the file once, when made, and keeps
+    /// it (auto-reload off: the `/proc/self/fd` path it was opened by is never looked at again).
+    SymbolsOnly(Box<SymbolsOnly>),
+}
+
+struct SymbolsOnly {
+    symbolizer: Symbolizer,
+    source: Source<'static>,
+}
+
+impl Resolver {
+    /// A symbols-only resolver on the file at `path`, opened now.
+    fn symbols_only(path: &str) -> Result<Self, OpenError> {
+        let symbolizer = Symbolizer::builder()
+            .enable_auto_reload(false)
+            .enable_code_info(false)
+            .enable_inlined_fns(false)
+            .enable_demangling(false)
+            .build();
+        let mut elf = Elf::new(path);
+        elf.debug_syms = false;
+        let source = Source::Elf(elf);
+        // The first lookup opens and maps the file while `path` still names it.
+        guarded(|| symbolizer.symbolize_single(&source, Input::FileOffset(0)))
+            .ok_or(OpenError::Panicked)?
+            .map_err(OpenError::Open)?;
+        Ok(Self::SymbolsOnly(Box::new(SymbolsOnly {
+            symbolizer,
+            source,
+        })))
+    }
+
+    /// Names `file_offset` in the file: the function and the functions inlined into it.
+    fn lookup(&self, file_offset: u64) -> Vec<Resolved> {
+        match self {
+            Self::Dwarf(resolver) => lookup(resolver, file_offset),
+            Self::SymbolsOnly(only) => {
+                let found = only
+                    .symbolizer
+                    .symbolize_single(&only.source, Input::FileOffset(file_offset));
+                match found {
+                    Ok(Symbolized::Sym(sym)) => vec![Resolved {
+                        function: demangle(&sym.name),
+                        file: None,
+                        line: None,
+                        inlined: false,
+                    }],
+                    _ => Vec::new(),
+                }
+            }
+        }
+    }
+}
+
+/// Opens the resolver `policy` allows on the file at `path`.
+fn resolver_at(path: String, policy: &Policy) -> Result<Resolver, OpenError> {
+    match policy {
+        Policy::Follow => guarded(|| ElfResolver::open(path))
+            .ok_or(OpenError::Panicked)?
+            .map(Resolver::Dwarf)
+            .map_err(OpenError::Open),
+        Policy::SymbolsOnly(_) => Resolver::symbols_only(&path),
+    }
+}
+
+/// A passed file, opened.
+struct Opened {
+    resolver: Resolver,
+    /// Bytes copied into a sealed memfd (0 when reopened).
+    copy_bytes: u64,
+    policy: Policy,
+}
+
 /// Why a passed file has no resolver.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    #[error("it is not a regular file (mode {0:o}); only regular files are parsed")]
+    NotRegular(u32),
     #[error("its program headers are malformed ({0}); it is not parsed further")]
     Malformed(#[from] super::headers::HeaderError),
     #[error("opening it panicked inside blazesym (a malformed or hostile file)")]
     Panicked,
     #[error("blazesym could not open it: {0}")]
     Open(#[source] blazesym::Error),
+    #[error("the relay cannot reopen it: {0}")]
+    Reopen(#[source] std::io::Error),
     #[error(
         "the relay may not reopen it ({reopen}) and it is larger than what the relay may still \
          copy ({size} > {cap} bytes; --max-copy-bytes per file, twice that for all copies held \
@@ -205,16 +295,22 @@ fn fd_path(fd: &impl AsRawFd) -> String {
 /// Opens a resolver on a passed file; returns how many bytes were copied (0 when reopened).
 /// blazesym opens by path, and reopening a descriptor through /proc/self/fd checks the file's
 /// permissions again; a file the relay's user may not read (e.g. a root-only 0700 binary) is
-/// then copied through the descriptor into a sealed memfd of at most `cap` bytes.
-fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError> {
+/// then copied through the descriptor into a sealed memfd of at most `cap` bytes. What blazesym
+/// may follow from the file is [`debug_links`]'s decision.
+fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<Opened, OpenError> {
+    let st = nix::sys::stat::fstat(fd).map_err(|errno| OpenError::Reopen(errno.into()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        // A device or FIFO mapped executable: reopening it could block or have effects.
+        return Err(OpenError::NotRegular(st.st_mode));
+    }
     super::headers::check(fd)?;
     let path = fd_path(fd);
-    match guarded(|| ElfResolver::open(path)).ok_or(OpenError::Panicked)? {
-        Ok(resolver) => Ok((resolver, 0)),
-        Err(err) if err.kind() == blazesym::ErrorKind::PermissionDenied => {
+    let (copy, bytes) = match std::fs::File::open(&path) {
+        Ok(_) => (None, 0),
+        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             let reopen = err.to_string();
-            let (copy, bytes) = match private_copy(fd, cap) {
-                Ok(copy) => copy,
+            match private_copy(fd, cap) {
+                Ok((copy, bytes)) => (Some(copy), bytes),
                 Err(CopyError::TooLarge(size)) => {
                     return Err(OpenError::TooLarge { reopen, size, cap })
                 }
@@ -225,16 +321,19 @@ fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<(ElfResolver, u64), OpenError
                         source,
                     })
                 }
-            };
-            // The mapping blazesym makes outlives the memfd descriptor, dropped here.
-            let path = fd_path(&copy);
-            let resolver = guarded(|| ElfResolver::open(path))
-                .ok_or(OpenError::Panicked)?
-                .map_err(OpenError::Open)?;
-            Ok((resolver, bytes))
+            }
         }
-        Err(err) => Err(OpenError::Open(err)),
-    }
+        Err(err) => return Err(OpenError::Reopen(err)),
+    };
+    // The mapping blazesym makes outlives the memfd descriptor, dropped on return.
+    let opened = copy.as_ref().unwrap_or(fd);
+    let path = fd_path(opened);
+    let policy = debug_links::policy(opened, &path);
+    Ok(Opened {
+        resolver: resolver_at(path, &policy)?,
+        copy_bytes: bytes,
+        policy,
+    })
 }
 
 enum CopyError {
@@ -377,6 +476,7 @@ impl ElfCache {
             too_large: 0,
             panicked: 0,
             live_copy_bytes: 0,
+            symbols_only: 0,
         }
     }
 
@@ -405,7 +505,7 @@ impl ElfCache {
         entry.touched = true;
         let (found, allocated) = super::alloc::measure(|| {
             let found: Option<Rc<[Resolved]>> =
-                guarded(|| lookup(resolver, file_offset)).map(Rc::from);
+                guarded(|| resolver.lookup(file_offset)).map(Rc::from);
             if let Some(found) = &found {
                 entry.memo.insert(file_offset, Rc::clone(found));
             }
@@ -445,8 +545,23 @@ impl ElfCache {
         let bytes = u64::try_from(allocated).unwrap_or(0);
         self.bytes += bytes;
         let (resolver, copy_bytes) = match opened {
-            Ok((resolver, bytes)) => {
+            Ok(Opened {
+                resolver,
+                copy_bytes: bytes,
+                policy,
+            }) => {
                 self.opened += 1;
+                if let Policy::SymbolsOnly(reason) = policy {
+                    self.symbols_only += 1;
+                    tracing::info!(
+                        file = %path,
+                        %reason,
+                        "its links to separate debug info are not followed, so its frames are \
+                         named from its symbol table only (no source lines or inlined \
+                         functions). To get them, keep the DWARF in the binary or install its \
+                         debug file under /usr/lib/debug for a binary root owns"
+                    );
+                }
                 if bytes > 0 {
                     tracing::debug!(file = %path, bytes, "copied into a sealed memfd (the relay may not reopen it)");
                     self.copied += 1;

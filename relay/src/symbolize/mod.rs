@@ -2,6 +2,7 @@
 //! `[unknown]` with its module, and a lost stack becomes a marker frame, so every sample stays.
 
 pub mod alloc;
+pub mod debug_links;
 pub mod elf;
 pub mod headers;
 pub mod kernel;
