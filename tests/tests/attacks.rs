@@ -618,6 +618,80 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 10. A debug link to a FIFO
+
+/// Attack 10 (found after issue 7): the attacker's binary carries split debug info the way
+/// distributions ship it, a `.gnu_debuglink` to `fifo_spin.debug` beside it, and that file is a
+/// FIFO. blazesym opens what a debug link names, and opening a FIFO with no writer blocks: the
+/// relay stopped in `open` for ever, and with it symbolization for every process (a 5 s record
+/// was still running after 10 minutes). The record ends, the witness keeps its samples, the
+/// attacker's own frames are named from its symbol table and the relay says why.
+#[test]
+fn attack10_a_debug_link_to_a_fifo_does_not_stop_symbolization() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let built = compile_workload(&program_dir(), "spinner", "fifo_spin_src", &["-g"]);
+    let adir = attacker_dir(who, "ember-attack10-");
+    let bin = adir.path().join("fifo_spin");
+    let debug = adir.path().join("fifo_spin.debug");
+    fs::copy(&built, &bin).expect("copying the spinner");
+    let objcopy = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("objcopy")
+            .current_dir(adir.path())
+            .args(args)
+            .output()
+            .expect("running objcopy (binutils)");
+        assert!(
+            out.status.success(),
+            "objcopy {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    objcopy(&["--only-keep-debug".as_ref(), bin.as_os_str(), debug.as_os_str()]);
+    objcopy(&["--strip-debug".as_ref(), bin.as_os_str()]);
+    objcopy(&["--add-gnu-debuglink=fifo_spin.debug".as_ref(), bin.as_os_str()]);
+    fs::remove_file(&debug).expect("removing the debug file");
+    nix::unistd::mkfifo(&debug, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for path in [&bin, &debug] {
+        std::os::unix::fs::chown(path, Some(who.uid), Some(who.gid)).expect("chown");
+    }
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Open to all, so the relay's user may open it (and then waits for a writer).
+    fs::set_permissions(&debug, fs::Permissions::from_mode(0o666)).expect("chmod");
+
+    let mut attack = spawn_attacker(who, &bin, &["60"]);
+    let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
+    wait_first_batch(&mut record);
+    let witness = Witness::start(6);
+    let cpu = witness.cpu_time();
+    let folded = record.finish(RECORD_TIMEOUT);
+    attack.child.kill();
+
+    let stacks = parse_folded(&folded);
+    let ours = process_stacks(&stacks, "fifo_spin");
+    let named = total_count(ours.iter().copied().filter(|s| s.has_frame("spin_hot")));
+    eprintln!(
+        "attacker: {} samples, {named} naming spin_hot",
+        total_count(ours.iter().copied())
+    );
+    assert!(
+        named > 0,
+        "the attacker's frames are not named from its symbol table:\n{folded}"
+    );
+    let log = record.log.text();
+    assert!(
+        log.contains("links to separate debug info are not followed")
+            && log.contains("fifo_spin"),
+        "the relay did not say why it left the debug link alone:\n{}",
+        tail(&log, 40)
+    );
+    assert_witness_kept(&folded, cpu, "a debug link to a FIFO");
+}
+
+// ---------------------------------------------------------------------------------------------
 // 5. The relay's memory and descriptors
 
 fn uid_fields(pid: u32) -> Option<Vec<u32>> {
