@@ -650,9 +650,16 @@ fn attack10_a_debug_link_to_a_fifo_does_not_stop_symbolization() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    objcopy(&["--only-keep-debug".as_ref(), bin.as_os_str(), debug.as_os_str()]);
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        bin.as_os_str(),
+        debug.as_os_str(),
+    ]);
     objcopy(&["--strip-debug".as_ref(), bin.as_os_str()]);
-    objcopy(&["--add-gnu-debuglink=fifo_spin.debug".as_ref(), bin.as_os_str()]);
+    objcopy(&[
+        "--add-gnu-debuglink=fifo_spin.debug".as_ref(),
+        bin.as_os_str(),
+    ]);
     fs::remove_file(&debug).expect("removing the debug file");
     nix::unistd::mkfifo(&debug, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     for path in [&bin, &debug] {
@@ -683,8 +690,7 @@ fn attack10_a_debug_link_to_a_fifo_does_not_stop_symbolization() {
     );
     let log = record.log.text();
     assert!(
-        log.contains("links to separate debug info are not followed")
-            && log.contains("fifo_spin"),
+        log.contains("links to separate debug info are not followed") && log.contains("fifo_spin"),
         "the relay did not say why it left the debug link alone:\n{}",
         tail(&log, 40)
     );
