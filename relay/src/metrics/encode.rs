@@ -65,6 +65,9 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_cache_hits", "Frame lookups answered from the symbolizer cache.", Kind::Counter, |s| s.symbolizer_hits),
     ("symbolizer_cache_misses", "Frame lookups the symbolizer cache did not hold (symbolized from the binary's tables).", Kind::Counter, |s| s.symbolizer_misses),
     ("symbolizer_copied_bytes", "Bytes of binaries copied into memory because the relay may not reopen them.", Kind::Counter, |s| s.copied_bytes),
+    ("symbolizer_files_symbols_only", "Binaries named from their symbol table only: their links to separate debug info lead where the relay does not trust (the relay's INFO log says why, per file).", Kind::Counter, |s| s.files_symbols_only),
+    ("symbolizer_files_too_large", "Binaries left unnamed: the relay may not reopen them and they exceed --max-copy-bytes.", Kind::Counter, |s| s.files_too_large),
+    ("symbolizer_files_panicked", "Binaries left unnamed because parsing them panicked inside blazesym (a malformed or hostile file).", Kind::Counter, |s| s.files_panicked),
 ];
 
 /// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.
@@ -706,6 +709,9 @@ mod tests {
                 samples_symbolized: 40,
                 samples_filtered: 2,
                 processes: 7,
+                files_symbols_only: 3,
+                files_too_large: 4,
+                files_panicked: 5,
                 ..RelayStats::default()
             },
             latency,
@@ -726,6 +732,10 @@ mod tests {
         assert_eq!(v("ember_relay_sampler_connections_total"), Some(2.0));
         assert_eq!(v("ember_relay_processes"), Some(7.0));
         assert_eq!(parsed.types["ember_relay_processes"], "gauge");
+        for (files, value) in [("symbols_only", 3.0), ("too_large", 4.0), ("panicked", 5.0)] {
+            let name = format!("ember_relay_symbolizer_files_{files}_total");
+            assert_eq!(v(&name), Some(value), "{name}");
+        }
         assert_eq!(
             parsed.types["ember_relay_samples_received_total"],
             "counter"

@@ -177,6 +177,11 @@ pub(crate) struct RelayStats {
     pub resolvers_opened: u64,
     pub resolvers_evicted: u64,
     pub copied_bytes: u64,
+    /// Binaries named from their symbol table only, left unnamed as too large to copy, and
+    /// left unnamed after a panic inside blazesym.
+    pub files_symbols_only: u64,
+    pub files_too_large: u64,
+    pub files_panicked: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.
