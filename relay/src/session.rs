@@ -173,6 +173,16 @@ impl Session {
             if fd.is_none() {
                 tracing::debug!(path = %info.path, reason = %info.open_error, "file passed without a descriptor; its frames stay unnamed");
             }
+            // A device mapped executable: reading it again through /proc/self/fd (build id,
+            // symbols, unwind tables) could block or act on the device, so it is closed here.
+            let fd = fd.filter(|fd| match elf::regular_file(fd) {
+                Ok(true) => true,
+                Ok(false) => {
+                    tracing::info!(path = %info.path, "a mapped file that is not a regular file (a device?) is not read; its frames stay unnamed");
+                    false
+                }
+                Err(_) => true,
+            });
             let key = fd.as_ref().and_then(|fd| match FileKey::of(fd) {
                 Ok(key) => Some(key),
                 Err(err) => {
@@ -646,6 +656,22 @@ mod tests {
         session.set_process(process(10, &[], 0));
         symbolize(&mut session, &batch(10, Vec::new()));
         assert_eq!(session.file_count(), 0);
+    }
+
+    #[test]
+    fn a_passed_device_is_closed_unread() {
+        // Given a passed "file" that is a character device (a hostile process can map one
+        // executable) beside a regular file
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let (infos, mut fds) = files(&[1, 2]);
+        fds[0] = Some(OwnedFd::from(
+            std::fs::File::open("/dev/null").expect("open /dev/null"),
+        ));
+        // When both are taken in
+        session.add_files(infos, fds);
+        // Then the device's descriptor is closed at once and the regular file's kept
+        assert!(!session.has_fd(1));
+        assert!(session.has_fd(2));
     }
 
     #[test]

@@ -260,8 +260,8 @@ struct Opened {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    #[error("it is not a regular file (mode {0:o}); only regular files are parsed")]
-    NotRegular(u32),
+    #[error("it is not a regular file; only regular files are parsed")]
+    NotRegular,
     #[error("its program headers are malformed ({0}); it is not parsed further")]
     Malformed(#[from] super::headers::HeaderError),
     #[error("opening it panicked inside blazesym (a malformed or hostile file)")]
@@ -287,6 +287,12 @@ pub enum OpenError {
     },
 }
 
+/// Whether `fd` is a regular file (`fstat`), the only kind the relay reads again by path.
+pub fn regular_file(fd: &OwnedFd) -> std::io::Result<bool> {
+    let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+    Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG)
+}
+
 /// The path through which a held descriptor can be opened again by this process.
 fn fd_path(fd: &impl AsRawFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
@@ -298,10 +304,9 @@ fn fd_path(fd: &impl AsRawFd) -> String {
 /// then copied through the descriptor into a sealed memfd of at most `cap` bytes. What blazesym
 /// may follow from the file is [`debug_links`]'s decision.
 fn open_resolver(fd: &OwnedFd, cap: u64) -> Result<Opened, OpenError> {
-    let st = nix::sys::stat::fstat(fd).map_err(|errno| OpenError::Reopen(errno.into()))?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if !regular_file(fd).map_err(OpenError::Reopen)? {
         // A device or FIFO mapped executable: reopening it could block or have effects.
-        return Err(OpenError::NotRegular(st.st_mode));
+        return Err(OpenError::NotRegular);
     }
     super::headers::check(fd)?;
     let path = fd_path(fd);
