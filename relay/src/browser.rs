@@ -64,6 +64,14 @@ pub(crate) fn prepare(shown: &Path, env: &dyn Fn(&str) -> Option<String>) -> Ope
                 .to_owned(),
         );
     };
+    // `sudo` from a root shell sets SUDO_UID=0: the invoking user is root, and root never gets
+    // a browser (it would run every page's code, and every helper it starts, as uid 0).
+    if owner.uid.is_root() {
+        return refused(
+            "the invoking user is root (SUDO_UID=0), and a browser is never started as root"
+                .to_owned(),
+        );
+    }
     let Some(program) = browser(env) else {
         return refused("no browser found ($BROWSER is unset and xdg-open is not on PATH)".into());
     };
@@ -247,6 +255,30 @@ mod tests {
     fn without_sudo_numbers_a_browser_is_never_started_as_root() {
         let opener = prepare(Path::new("f.svg"), &env(&[("DISPLAY", ":0")]));
         assert!(why(opener).starts_with("no user to open it as"));
+    }
+
+    #[test]
+    fn sudo_from_a_root_shell_never_starts_a_browser() {
+        // Given `sudo` run by root: SUDO_UID=0, a display and a browser that exists
+        let opener = prepare(
+            Path::new("f.svg"),
+            &env(&[
+                ("DISPLAY", ":0"),
+                ("SUDO_UID", "0"),
+                ("SUDO_GID", "0"),
+                ("BROWSER", "/bin/true"),
+            ]),
+        );
+        // Then nothing is started (as root the reason is uid 0; unprivileged, no sudo user)
+        let why = why(opener);
+        if Uid::effective().is_root() {
+            assert_eq!(
+                why,
+                "the invoking user is root (SUDO_UID=0), and a browser is never started as root"
+            );
+        } else {
+            assert!(why.starts_with("no user to open it as"), "{why}");
+        }
     }
 
     #[test]

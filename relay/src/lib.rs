@@ -25,6 +25,7 @@ pub(crate) mod record;
 pub(crate) mod relabel;
 pub(crate) mod report;
 pub(crate) mod run;
+pub(crate) mod sampler_binary;
 pub(crate) mod session;
 pub(crate) mod sink;
 pub(crate) mod source;

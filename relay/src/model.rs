@@ -91,11 +91,16 @@ impl Frame {
     }
 
     /// The frame's name in every text output (folded stacks, flamegraph, `record`'s top list):
-    /// [`Frame::display_name`] made text-safe (`text_safe`), `_[k]` appended for kernel frames.
+    /// [`Frame::display_name`] made text-safe ([`text_safe`]), `_[k]` appended for kernel frames.
+    /// A user frame whose own name ends in a flame-graph annotation (`do_syscall_64_[k]`) has
+    /// its brackets turned into parentheses (`do_syscall_64_(k)`): only a frame the kernel stack
+    /// gave is drawn as the kernel's.
     pub fn text_name(&self) -> String {
         let mut name = text_safe(&self.display_name());
         if self.kind == FrameKind::Kernel {
             name.push_str(KERNEL_SUFFIX);
+        } else {
+            disarm_annotation(&mut name);
         }
         name
     }
@@ -105,20 +110,56 @@ impl Frame {
 /// palettes colour such frames apart.
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
+/// The suffixes flame-graph palettes read as a frame's kind (kernel, JIT, inlined, waker), as
+/// flamegraph.pl and inferno do.
+const ANNOTATIONS: [&str; 4] = [KERNEL_SUFFIX, "_[j]", "_[i]", "_[w]"];
+
+/// Rewrites a trailing annotation that a name carries itself (`f_[k]` -> `f_(k)`), so that no
+/// function name can pass for a frame of another kind.
+fn disarm_annotation(name: &mut String) {
+    if let Some(annotation) = ANNOTATIONS.iter().find(|a| name.ends_with(*a)) {
+        let kind = &annotation[2..3];
+        let stem = name.len() - annotation.len();
+        name.replace_range(stem.., &format!("_({kind})"));
+    }
+}
+
 /// Replaces the folded format's frame separator inside a name.
 const SEPARATOR_REPLACEMENT: char = ':';
 
-/// `name` safe for line-based text outputs: `;` separates frames and a line break ends a line,
-/// so both (and other control characters) are replaced and a name can split neither a line nor
-/// a frame. `[u8; 8]` becomes `[u8: 8]`.
+/// `name` safe for text outputs read in a terminal, an editor or a browser: `;` (the folded
+/// format's frame separator) becomes `:`, so `[u8; 8]` becomes `[u8: 8]`; a control character
+/// (line breaks and the escape sequences a terminal obeys) and an invisible character that
+/// reorders or hides text (bidi overrides and isolates, zero-width characters, line and
+/// paragraph separators) are written as Rust escapes (`\u{1b}`, `\u{202e}`), visibly. A name
+/// can then split neither a line nor a frame, and shows what it is.
 pub fn text_safe(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => SEPARATOR_REPLACEMENT,
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
+    let mut safe = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            ';' => safe.push(SEPARATOR_REPLACEMENT),
+            c if c.is_control() || is_invisible_format(c) => {
+                safe.extend(c.escape_unicode());
+            }
+            c => safe.push(c),
+        }
+    }
+    safe
+}
+
+/// Format characters that change how the text around them is shown without showing
+/// themselves: bidi marks, embeddings, overrides and isolates; zero-width spaces and joiners;
+/// the word joiner and byte-order mark; the line and paragraph separators.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// The name of a frame that could not be symbolized.
@@ -579,6 +620,45 @@ pub struct ProfileSizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_names_escape_terminal_controls_and_bidi_overrides() {
+        // Given names with an OSC title, an OSC 52 clipboard write, a colour, a bidi override
+        // and a zero-width space
+        let cases = [
+            ("\u{1b}]0;owned\u{7}f", "\\u{1b}]0:owned\\u{7}f"),
+            ("\u{1b}]52;c;ZWNobw==\u{7}", "\\u{1b}]52:c:ZWNobw==\\u{7}"),
+            ("\u{1b}[31mred\u{1b}[0m", "\\u{1b}[31mred\\u{1b}[0m"),
+            ("evil\u{202e}gnp.exe", "evil\\u{202e}gnp.exe"),
+            ("\u{9b}31m", "\\u{9b}31m"),
+            ("a\u{200b}b\u{2028}c\u{2067}d", "a\\u{200b}b\\u{2028}c\\u{2067}d"),
+            ("caf\u{e9} \u{65e5}\u{672c}", "caf\u{e9} \u{65e5}\u{672c}"),
+        ];
+        for (name, want) in cases {
+            // When made text-safe
+            let safe = text_safe(name);
+            // Then every control and invisible format character shows as its escape, and
+            // nothing a terminal or a bidi renderer obeys is left; other text is kept
+            assert_eq!(safe, want, "{name:?}");
+            assert!(!safe.chars().any(|c| c.is_control() || is_invisible_format(c)));
+        }
+    }
+
+    #[test]
+    fn only_kernel_frames_carry_the_kernel_annotation() {
+        // Given a user function named like a kernel frame, and other annotations
+        let named = |name: &str, kind| Frame::bare(name, kind, 0x1000).text_name();
+        // Then only the kernel's own frame ends in `_[k]`
+        assert_eq!(named("do_syscall_64", FrameKind::Kernel), "do_syscall_64_[k]");
+        assert_eq!(named("do_syscall_64_[k]", FrameKind::Native), "do_syscall_64_(k)");
+        assert_eq!(named("f_[j]", FrameKind::Native), "f_(j)");
+        assert_eq!(named("f_[i]", FrameKind::Native), "f_(i)");
+        assert_eq!(named("f_[w]", FrameKind::Native), "f_(w)");
+        assert_eq!(named("a[k]", FrameKind::Native), "a[k]");
+        assert_eq!(named("_[k]", FrameKind::Native), "_(k)");
+        // And a kernel frame's name that ends in an annotation keeps its own, plus the mark
+        assert_eq!(named("x_[k]", FrameKind::Kernel), "x_[k]_[k]");
+    }
 
     fn frame(function: &str, address: u64) -> Frame {
         Frame::bare(function, FrameKind::Native, address)

@@ -33,7 +33,7 @@ use crate::{
     metrics::{self, Metrics, MetricsSettings},
     model::Profile,
     pipeline::Handled,
-    privileges,
+    privileges, sampler_binary,
     session::FileLimits,
     sink::{
         exporters::{self, OtlpFinished},
@@ -187,7 +187,17 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )
     .context("letting the sampler inherit its socket")?;
-    let sampler = sampler_path(config.sampler.clone());
+    let named = sampler_path(config.sampler.clone());
+    let search_path = std::env::var("PATH").unwrap_or_default();
+    let sampler = sampler_binary::trusted(&named, &search_path).map_err(|err| {
+        UsageError(format!(
+            "not starting {} as root: {err}. The sampler runs as root, so its file and every \
+             directory above it must be root's and writable by no one else: install it so \
+             (e.g. `sudo install -o root -g root -m 0755 ember-sampler /usr/local/bin/`) and \
+             pass --sampler with that path",
+            named.display()
+        ))
+    })?;
     let mut command = Command::new(&sampler);
     command
         .arg("--fd")

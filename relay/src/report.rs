@@ -12,7 +12,10 @@ use anyhow::{bail, Context as _};
 use flate2::read::GzDecoder;
 use prost::Message as _;
 
-use crate::sink::files::pprof::proto;
+use crate::{
+    model::text_safe,
+    sink::files::pprof::proto,
+};
 
 /// Largest uncompressed profile read (a recording's profile is a few MiB at most).
 const MAX_PROFILE_BYTES: u64 = 1 << 30;
@@ -96,8 +99,23 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
         .iter()
         .map(|f| (f.id, string(f.name)))
         .collect();
-    let locations: HashMap<u64, &proto::Location> =
-        profile.location.iter().map(|l| (l.id, l)).collect();
+    // Each location's names as printed, innermost first: made safe for a terminal once here
+    // (the profile may come from anywhere; a name must not drive the terminal that shows it).
+    let locations: HashMap<u64, Vec<String>> = profile
+        .location
+        .iter()
+        .map(|l| {
+            let names = l
+                .line
+                .iter()
+                .map(|line| {
+                    let name = functions.get(&line.function_id).copied().unwrap_or("?");
+                    text_safe(name)
+                })
+                .collect();
+            (l.id, names)
+        })
+        .collect();
     let mut counts: HashMap<&str, (i64, i64)> = HashMap::new();
     let mut total = 0i64;
     for sample in &profile.sample {
@@ -108,8 +126,8 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
             .location_id
             .iter()
             .filter_map(|id| locations.get(id))
-            .flat_map(|l| l.line.iter())
-            .map(|line| functions.get(&line.function_id).copied().unwrap_or("?"))
+            .flatten()
+            .map(String::as_str)
             .collect();
         if let Some(leaf) = names.first() {
             let entry = counts.entry(leaf).or_default();
@@ -141,7 +159,7 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
     let sample_type = profile
         .sample_type
         .get(index)
-        .map(|t| format!("{}/{}", string(t.r#type), string(t.unit)))
+        .map(|t| text_safe(&format!("{}/{}", string(t.r#type), string(t.unit))))
         .unwrap_or_default();
     Ok(Top {
         sample_type,
@@ -237,6 +255,46 @@ mod tests {
         let cpu = top_of(&profile, "cpu");
         assert_eq!(cpu.total, 60_000_000);
         assert!(super::top(&crate::sink::files::pprof::render(&profile), Some("bytes")).is_err());
+    }
+
+    #[test]
+    fn names_are_escaped_before_they_reach_the_terminal() {
+        // Given a profile whose function names carry an OSC title, an OSC 52 clipboard write,
+        // a colour and a bidi override
+        let mut profile = Profile::new(100);
+        let names = [
+            "\u{1b}]0;pwned\u{7}",
+            "\u{1b}]52;c;ZWNobw==\u{7}",
+            "\u{1b}[31mred",
+            "main\u{202e}",
+        ];
+        let stack: Vec<Frame> = names
+            .iter()
+            .enumerate()
+            .map(|(i, f)| frame(f, 0x1000 * (i as u64 + 1)))
+            .collect();
+        profile.add(
+            SymbolizedSample {
+                thread: thread(),
+                stack: stack.into(),
+                count: 1,
+            },
+            1,
+            2,
+        );
+        // When summed up for printing
+        let top = top(&crate::sink::files::pprof::render(&profile), None).expect("top");
+        // Then no printed name holds a control or bidi character, and each shows its escapes
+        let printed: Vec<&str> = top.rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(printed.len(), 4, "{printed:?}");
+        for name in &printed {
+            assert!(
+                !name.chars().any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                "{name:?}"
+            );
+        }
+        assert!(printed.contains(&"\\u{1b}]0:pwned\\u{7}"), "{printed:?}");
+        assert!(printed.contains(&"main\\u{202e}"), "{printed:?}");
     }
 
     fn top_of(profile: &Profile, index: &str) -> Top {

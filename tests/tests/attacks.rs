@@ -1315,3 +1315,288 @@ fn attack8d_the_sampler_dies_with_record() {
         "record's sampler (pid {sampler}) still runs 10 s after record was killed"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 14. Names that drive a terminal, or pass for kernel frames
+
+/// What a hostile symbol name may carry that a terminal or a bidi renderer obeys.
+fn drives_a_terminal(text: &str) -> Option<char> {
+    text.chars()
+        .find(|&c| c.is_control() && c != '\n' && c != '\t' || ('\u{202a}'..='\u{202e}').contains(&c))
+}
+
+/// Attack 14: a user's binary whose symbol table names its functions with an OSC title, an
+/// OSC 52 clipboard write, colours and a bidi override, and its hot leaf `do_syscall_64_[k]`.
+/// Every text output (stacks.folded, flamegraph.svg, the speedscope file, record's summary and
+/// `ember-relay report` of profile.pb.gz) holds none of those characters raw, and the user
+/// function is not drawn as a kernel frame: `main;do_syscall_64_[k]` never appears, its
+/// samples are under `do_syscall_64_(k)`.
+#[test]
+fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    // The spinner, stripped of DWARF (so names come from the symbol table) and renamed.
+    let dir = attacker_dir(who, "ember-attack14-");
+    let binary = dir.path().join("hostile-names");
+    let title = "\u{1b}]0;pwned\u{7}\u{1b}]52;c;cHduZWQ=\u{7}outer";
+    let colour = "\u{1b}[31mevil\u{202e}gnp.exe\u{1b}[0m";
+    let status = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg("--redefine-sym")
+        .arg("spin_hot=do_syscall_64_[k]")
+        .arg("--redefine-sym")
+        .arg(format!("spin_outer={title}"))
+        .arg("--redefine-sym")
+        .arg(format!("main={colour}"))
+        .arg(&workloads().spinner)
+        .arg(&binary)
+        .status()
+        .expect("running objcopy");
+    assert!(status.success(), "objcopy failed");
+    fs::set_permissions(&binary, fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::chown(&binary, Some(who.uid), Some(who.gid)).expect("chown");
+    let mut command = Command::new(&binary);
+    command.arg("60").stdin(Stdio::null()).stdout(Stdio::null());
+    run_as(&mut command, who.uid, who.gid);
+    let victim = ChildGuard::spawn("hostile-names", &mut command);
+
+    let mut args = record_args("4s");
+    args.extend([
+        "--pid".to_owned(),
+        victim.pid().to_string(),
+        "--format".to_owned(),
+        "svg,pprof,folded,speedscope".to_owned(),
+    ]);
+    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "record failed ({status:?}):\n{stdout}\n{}",
+        tail(&record.log.text(), 30)
+    );
+    let read = |name: &str| {
+        let path = record.out_dir.join(name);
+        fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+    };
+    let report = Command::new(relay_bin())
+        .arg("report")
+        .arg(record.out_dir.join("profile.pb.gz"))
+        .output()
+        .expect("running ember-relay report");
+    assert!(report.status.success(), "report failed");
+    let outputs = [
+        ("stacks.folded", read("stacks.folded")),
+        ("flamegraph.svg", read("flamegraph.svg")),
+        ("profile.speedscope.json", read("profile.speedscope.json")),
+        ("record's summary", stdout.clone().into_bytes()),
+        ("ember-relay report", report.stdout.clone()),
+    ];
+    for (what, bytes) in &outputs {
+        let text = String::from_utf8_lossy(bytes);
+        let found = drives_a_terminal(&text);
+        eprintln!("{what}: {} bytes, raw control or bidi character: {found:?}", bytes.len());
+        assert!(
+            found.is_none(),
+            "{what} holds {found:?} raw from a process's symbol names:\n{}",
+            tail(&text, 20)
+        );
+    }
+    eprintln!("report:\n{}", String::from_utf8_lossy(&report.stdout));
+
+    let folded = String::from_utf8_lossy(&outputs[0].1).into_owned();
+    let stacks = parse_folded(&folded);
+    let victims = process_stacks(&stacks, "hostile-names");
+    let total = total_count(victims.iter().copied());
+    let imitated: u64 = total_count(victims.iter().copied().filter(|s| {
+        s.frames.windows(2).any(|w| w[1] == "do_syscall_64_[k]" && !w[0].ends_with("_[k]"))
+    }));
+    let disarmed = total_count(
+        victims
+            .iter()
+            .copied()
+            .filter(|s| s.frames.last().is_some_and(|f| f == "do_syscall_64_(k)")),
+    );
+    eprintln!(
+        "hostile-names: {total} samples; {imitated} with a user frame drawn as the kernel's \
+         do_syscall_64, {disarmed} under do_syscall_64_(k)"
+    );
+    assert!(total >= 100, "too few samples of the victim: {total}\n{folded}");
+    assert_eq!(imitated, 0, "a user function passed for a kernel frame:\n{folded}");
+    assert!(
+        disarmed * 10 >= total * 8,
+        "the renamed hot leaf holds {disarmed} of {total} samples:\n{folded}"
+    );
+    let svg = String::from_utf8_lossy(&outputs[1].1);
+    assert!(svg.contains("do_syscall_64_(k)"), "the SVG does not name the user frame as such");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 15. A planted output-directory symlink
+
+/// Attack 15: root runs `record` in a directory the attacker owns, where her `ember-out` is a
+/// symlink to a root-only 0700 directory holding root's own flamegraph.svg, profile.pb.gz and
+/// stacks.folded. The record refuses the link (naming it, exit 2) and root's files are
+/// unchanged.
+#[test]
+fn attack15_record_never_follows_a_planted_output_symlink() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let secret = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(secret.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let names = ["flamegraph.svg", "profile.pb.gz", "stacks.folded"];
+    for name in names {
+        fs::write(secret.path().join(name), format!("root's own {name}\n")).expect("write");
+    }
+    let hers = attacker_dir(who, "ember-attack15-");
+    let link = hers.path().join("ember-out");
+    std::os::unix::fs::symlink(secret.path(), &link).expect("symlink");
+    std::os::unix::fs::lchown(&link, Some(who.uid), Some(who.gid)).expect("lchown");
+
+    let workload = spawn_workload(&workloads().spinner, 30);
+    let mut args = record_args("2s");
+    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
+    let mut record = spawn_attack_record(
+        &strs(&args),
+        RecordSetup {
+            output: Some(link.clone()),
+            ..RecordSetup::default()
+        },
+    );
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    let log = record.log.text();
+    eprintln!("record: {status:?}\n{stdout}\n{}", tail(&log, 5));
+    for name in names {
+        let content = fs::read_to_string(secret.path().join(name)).unwrap_or_default();
+        eprintln!("{name} in the root-only directory: {content:?}");
+        assert_eq!(
+            content,
+            format!("root's own {name}\n"),
+            "record wrote {name} through the attacker's symlink"
+        );
+    }
+    let entries = fs::read_dir(secret.path()).expect("read_dir").count();
+    assert_eq!(entries, names.len(), "record left files in the root-only directory");
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "record was not refused");
+    assert!(
+        log.contains("is a symlink that uid") && log.contains("not following it"),
+        "the refusal does not name the link:\n{}",
+        tail(&log, 10)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16. `--open` from a root shell
+
+/// Attack 16: `sudo ember-relay record --open` from a root shell (SUDO_UID=0) with a display
+/// and $BROWSER set: no browser is started (the stand-in leaves no mark), and record says why.
+#[test]
+fn attack16_open_never_starts_a_browser_as_root() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mark = tmp.path().join("browser-started");
+    let browser = tmp.path().join("browser");
+    fs::write(&browser, format!("#!/bin/sh\nid -u > {}\n", mark.display())).expect("write");
+    fs::set_permissions(&browser, fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let workload = spawn_workload(&workloads().spinner, 30);
+    let mut args = record_args("2s");
+    args.extend([
+        "--pid".to_owned(),
+        workload.pid().to_string(),
+        "--open".to_owned(),
+    ]);
+    let mut record = spawn_attack_record(
+        &strs(&args),
+        RecordSetup {
+            env: vec![
+                ("SUDO_UID", "0".to_owned()),
+                ("SUDO_GID", "0".to_owned()),
+                ("DISPLAY", ":0".to_owned()),
+                ("BROWSER", browser.display().to_string()),
+            ],
+            ..RecordSetup::default()
+        },
+    );
+    let (status, stdout) = record.wait(RECORD_TIMEOUT);
+    // The opener would exec the browser at once; give a started one time to leave its mark.
+    let started = wait_until(Duration::from_secs(3), || mark.exists()).is_some();
+    eprintln!(
+        "record: {status:?}; browser mark: {:?}\n{stdout}",
+        fs::read_to_string(&mark).ok()
+    );
+    assert!(!started, "a browser was started as uid 0");
+    assert!(status.is_some_and(|s| s.success()), "record failed");
+    assert!(
+        stdout.contains("not opening") && stdout.contains("never started as root"),
+        "record does not say why it did not open the flamegraph:\n{stdout}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 17. `record --sampler PATH` runs only root's binaries
+
+/// Attack 17: `record --sampler` with a program the attacker owns, with a root-owned program
+/// everyone may write, and with a root-owned program in a directory the attacker owns: each is
+/// refused (exit 2, the reason and the fix named) and never run, so a sudo rule for `record`
+/// does not run a user's program as root.
+#[test]
+fn attack17_record_starts_only_a_sampler_root_controls() {
+    if !privileged() {
+        return;
+    }
+    let who = attacker();
+    let hers = attacker_dir(who, "ember-attack17-");
+    let mark = hers.path().join("ran-as-root");
+    let script = format!("#!/bin/sh\nid -u >> {}\n", mark.display());
+    let plant = |path: &Path, mode: u32, owner: Option<u32>| {
+        fs::write(path, &script).expect("write");
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+        std::os::unix::fs::chown(path, owner, owner).expect("chown");
+    };
+    let owned = hers.path().join("her-sampler");
+    plant(&owned, 0o755, Some(who.uid));
+    let roots = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(roots.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let writable = roots.path().join("everyones-sampler");
+    plant(&writable, 0o777, Some(0));
+    let in_her_dir = hers.path().join("roots-sampler-in-her-dir");
+    plant(&in_her_dir, 0o755, Some(0));
+    for (what, sampler, why) in [
+        ("her own program", &owned, "not root"),
+        ("a program everyone may write", &writable, "writable by everyone"),
+        ("root's program in her directory", &in_her_dir, "not root"),
+    ] {
+        let out = roots.path().join("out");
+        let output = Command::new(relay_bin())
+            .args(["record", "--duration", "1s", "--output"])
+            .arg(&out)
+            .arg("--sampler")
+            .arg(sampler)
+            .env("SUDO_UID", who.uid.to_string())
+            .env("SUDO_GID", who.gid.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .expect("running ember-relay record");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("{what}: {:?}\n{}", output.status, tail(&stderr, 3));
+        assert!(
+            !mark.exists(),
+            "record ran {what} as uid {}",
+            fs::read_to_string(&mark).unwrap_or_default().trim()
+        );
+        assert_eq!(output.status.code(), Some(2), "{what} was not refused");
+        assert!(
+            stderr.contains("not starting") && stderr.contains(why),
+            "the refusal of {what} does not say why:\n{stderr}"
+        );
+    }
+}

@@ -181,7 +181,7 @@ mod tests {
         let lines = lines(&profile);
 
         // Then the frames still split on `;` and the count follows the last space
-        assert_eq!(lines, ["my:app;a b;line break;parse<[u8: 8]> 7"]);
+        assert_eq!(lines, ["my:app;a b;line\\u{a}break;parse<[u8: 8]> 7"]);
         let (stack, count) = lines[0].rsplit_once(' ').unwrap();
         assert_eq!(count, "7");
         assert_eq!(stack.split(';').count(), 4);

@@ -18,7 +18,7 @@
 use super::FoldedRoot;
 use std::{
     ffi::OsStr,
-    fs::{self, File},
+    fs::File,
     io::{self, Seek as _, Write as _},
     os::{
         fd::OwnedFd,
@@ -29,7 +29,7 @@ use std::{
 
 use nix::{
     errno::Errno,
-    fcntl::{self, OFlag},
+    fcntl::{self, AtFlags, OFlag},
     sys::stat::{self, Mode},
     unistd::{self, Gid, Uid},
 };
@@ -61,6 +61,11 @@ pub enum OutputError {
     },
     #[error("{path} is not a directory we created (it changed under us); not using it")]
     Replaced { path: PathBuf },
+    #[error(
+        "{path} is a symlink that uid {owner} could have placed (it, or a directory before it, \
+         belongs to neither root nor you); not following it: give the real directory instead"
+    )]
+    UntrustedLink { path: PathBuf, owner: u32 },
     #[error("writing {name}: {message}")]
     Write { name: &'static str, message: String },
 }
@@ -180,51 +185,129 @@ fn replace(file: &mut File, bytes: &[u8]) -> io::Result<()> {
     file.write_all(bytes)
 }
 
-/// Opens `dir` (O_DIRECTORY), creating its last component if missing: mode 0755, given to
-/// `owner`. Missing parents are created as the current user, as `mkdir -p` would.
+/// Most symlinks followed on the way to the output directory (the kernel's own limit).
+const MAX_LINKS: u32 = 40;
+
+/// Opens `dir` (O_DIRECTORY), creating what is missing of it as `mkdir -p` would: parents as
+/// the current user, the last component mode 0755 and given to `owner`.
+///
+/// The path is walked one component at a time from `/` (a relative `dir` from the working
+/// directory), each opened with O_NOFOLLOW relative to the one before. A symlink on the way is
+/// followed only when the link and every directory walked before it are owned by root, by us or
+/// by `owner` (the `sudo` user), and the directory holding the link is not one that everybody
+/// may write without the sticky bit: a link a third user could have placed (in a directory she
+/// owns, or her own link in /tmp) is refused, so `record` run as root never writes where she
+/// points it.
 fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    match fcntl::open(dir, flags, Mode::empty()) {
-        // Existing: used as it is (a symlink to a directory is the user's choice), never chowned.
-        Ok(fd) => return Ok(fd),
-        Err(Errno::ENOENT) => {}
-        Err(errno) => return Err(call("open", dir)(errno)),
-    }
-    let (parent, name) = match (dir.parent(), dir.file_name()) {
-        (Some(parent), Some(name)) => (
-            if parent.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                parent
-            },
-            name,
-        ),
-        _ => return Err(call("open", dir)(Errno::ENOENT)),
+    let trusted = |uid: u32| {
+        uid == 0 || uid == Uid::effective().as_raw() || owner.is_some_and(|o| o.uid.as_raw() == uid)
     };
-    fs::create_dir_all(parent).map_err(|source| OutputError::Call {
-        call: "create_dir_all",
-        path: parent.to_path_buf(),
+    let absolute = std::path::absolute(dir).map_err(|source| OutputError::Call {
+        call: "getcwd",
+        path: dir.to_path_buf(),
         source,
     })?;
-    let parent_fd = fcntl::open(parent, flags, Mode::empty()).map_err(call("open", parent))?;
-    match stat::mkdirat(&parent_fd, name, Mode::from_bits_truncate(DIR_MODE)) {
+    let mut pending: Vec<std::ffi::OsString> = components(&absolute);
+    pending.reverse();
+    let root = || fcntl::open("/", flags, Mode::empty()).map_err(call("open", Path::new("/")));
+    let mut current = root()?;
+    let mut walked = PathBuf::from("/");
+    let mut all_trusted = trusted(stat::fstat(&current).map_err(call("fstat", &walked))?.st_uid);
+    let mut links = 0;
+    while let Some(name) = pending.pop() {
+        let last = pending.is_empty();
+        let here = walked.join(&name);
+        match fcntl::openat(&current, name.as_os_str(), flags | OFlag::O_NOFOLLOW, Mode::empty())
+        {
+            Ok(fd) => {
+                let st = stat::fstat(&fd).map_err(call("fstat", &here))?;
+                all_trusted &= trusted(st.st_uid);
+                current = fd;
+            }
+            Err(Errno::ENOENT) => {
+                current = make_dir(&current, &name, &here, last.then_some(owner))?;
+            }
+            Err(errno @ (Errno::ELOOP | Errno::ENOTDIR)) => {
+                let link = stat::fstatat(&current, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(call("fstatat", &here))?;
+                if link.st_mode & libc::S_IFMT != libc::S_IFLNK {
+                    return Err(call("openat", &here)(errno));
+                }
+                let holder = stat::fstat(&current).map_err(call("fstat", &walked))?;
+                let open_to_all = holder.st_mode & 0o002 != 0 && holder.st_mode & 0o1000 == 0;
+                if !all_trusted || !trusted(link.st_uid) || open_to_all {
+                    return Err(OutputError::UntrustedLink {
+                        path: here,
+                        owner: link.st_uid,
+                    });
+                }
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(call("openat", &here)(Errno::ELOOP));
+                }
+                let target = fcntl::readlinkat(&current, name.as_os_str())
+                    .map_err(call("readlinkat", &here))?;
+                let target = Path::new(&target);
+                if target.is_absolute() {
+                    current = root()?;
+                    walked = PathBuf::from("/");
+                    all_trusted &= trusted(stat::fstat(&current).map_err(call("fstat", &walked))?.st_uid);
+                }
+                pending.extend(components(target).into_iter().rev());
+                continue;
+            }
+            Err(errno) => return Err(call("openat", &here)(errno)),
+        }
+        walked = here;
+    }
+    Ok(current)
+}
+
+/// The names to walk in `path`, `..` included (resolved by the kernel against the directory
+/// actually reached, not textually).
+fn components(path: &Path) -> Vec<std::ffi::OsString> {
+    use std::path::Component;
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// Creates directory `name` in `parent` and opens it. `owner`: `Some` for the output directory
+/// itself (made 0755 and given to the `sudo` user, if any), `None` for a missing parent (left
+/// to the current user, as `mkdir -p` would).
+fn make_dir(
+    parent: &OwnedFd,
+    name: &OsStr,
+    path: &Path,
+    owner: Option<Option<Owner>>,
+) -> Result<OwnedFd, OutputError> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    match stat::mkdirat(parent, name, Mode::from_bits_truncate(DIR_MODE)) {
         Ok(()) | Err(Errno::EEXIST) => {}
-        Err(errno) => return Err(call("mkdirat", dir)(errno)),
+        Err(errno) => return Err(call("mkdirat", path)(errno)),
     }
     // O_NOFOLLOW: if someone swapped what we just made for a symlink, do not follow it, and
     // hand nothing over unless the directory is ours (made by this uid just now).
-    let fd = fcntl::openat(&parent_fd, name, flags | OFlag::O_NOFOLLOW, Mode::empty())
-        .map_err(call("openat", dir))?;
-    let st = stat::fstat(&fd).map_err(call("fstat", dir))?;
+    let fd = fcntl::openat(parent, name, flags | OFlag::O_NOFOLLOW, Mode::empty())
+        .map_err(call("openat", path))?;
+    let st = stat::fstat(&fd).map_err(call("fstat", path))?;
     if st.st_uid != Uid::effective().as_raw() {
         return Err(OutputError::Replaced {
-            path: dir.to_path_buf(),
+            path: path.to_path_buf(),
         });
     }
-    // The umask may have narrowed mkdir's mode.
-    stat::fchmod(&fd, Mode::from_bits_truncate(DIR_MODE)).map_err(call("fchmod", dir))?;
     if let Some(owner) = owner {
-        unistd::fchown(&fd, Some(owner.uid), Some(owner.gid)).map_err(call("fchown", dir))?;
+        // The umask may have narrowed mkdir's mode.
+        stat::fchmod(&fd, Mode::from_bits_truncate(DIR_MODE)).map_err(call("fchmod", path))?;
+        if let Some(owner) = owner {
+            unistd::fchown(&fd, Some(owner.uid), Some(owner.gid))
+                .map_err(call("fchown", path))?;
+        }
     }
     Ok(fd)
 }
@@ -287,6 +370,7 @@ fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::os::{
         fd::AsFd as _,
         unix::fs::{MetadataExt as _, PermissionsExt as _},
@@ -324,6 +408,48 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 3, "{names:?}");
+    }
+
+    #[test]
+    fn an_output_symlink_is_followed_only_when_no_third_user_could_have_placed_it() {
+        if !Uid::effective().is_root() {
+            return; // giving a link to another user needs root
+        }
+        // Given a root-only directory, a link to it that another user (1000) owns, and one
+        // root owns in a directory that user owns, and one of root's in root's directory
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = tmp.path().join("secret");
+        fs::create_dir(&secret).unwrap();
+        fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).unwrap();
+        let hers = tmp.path().join("hers");
+        fs::create_dir(&hers).unwrap();
+        std::os::unix::fs::chown(&hers, Some(1000), Some(1000)).unwrap();
+        let her_link = hers.join("her-link");
+        std::os::unix::fs::symlink(&secret, &her_link).unwrap();
+        std::os::unix::fs::lchown(&her_link, Some(1000), Some(1000)).unwrap();
+        let roots_link_in_hers = hers.join("roots-link");
+        std::os::unix::fs::symlink(&secret, &roots_link_in_hers).unwrap();
+        let roots_link = tmp.path().join("roots-link");
+        std::os::unix::fs::symlink("secret", &roots_link).unwrap();
+        let formats = [OutputFormat::Folded];
+        let refused = |dir: &Path, owner| match OutputSet::create_owned(dir, owner, &formats) {
+            Err(OutputError::UntrustedLink { path, owner }) => (path, owner),
+            Err(err) => panic!("{}: {err}", dir.display()),
+            Ok(_) => panic!("{} was followed", dir.display()),
+        };
+        // Then her link is refused, and so is root's link in her directory, also below them
+        assert_eq!(refused(&her_link, None), (her_link.clone(), 1000));
+        assert_eq!(refused(&her_link.join("sub"), None), (her_link.clone(), 1000));
+        assert_eq!(refused(&roots_link_in_hers, None), (roots_link_in_hers, 0));
+        assert!(fs::read_dir(&secret).unwrap().next().is_none(), "written through");
+        // And her link is followed when she is the one running sudo, as is root's own link
+        let her = Owner {
+            uid: Uid::from_raw(1000),
+            gid: Gid::from_raw(1000),
+        };
+        assert!(OutputSet::create_owned(&her_link, Some(her), &formats).is_ok());
+        assert!(OutputSet::create_owned(&roots_link.join("made"), None, &formats).is_ok());
+        assert!(secret.join("made").join(FOLDED).exists());
     }
 
     #[test]
@@ -401,16 +527,20 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_in_place_of_a_directory_we_create_is_not_followed() {
-        // Given a dangling symlink where the output directory should go
+    fn a_symlink_another_user_put_where_a_directory_we_create_goes_is_not_followed() {
+        if !Uid::effective().is_root() {
+            return; // giving a link to another user needs root
+        }
+        // Given a dangling symlink of another user's where the output directory should go
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("elsewhere");
         let out = tmp.path().join("out");
         std::os::unix::fs::symlink(&target, &out).unwrap();
+        std::os::unix::fs::lchown(&out, Some(1000), Some(1000)).unwrap();
         // When creating the outputs there
         let result = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT);
         // Then nothing is created through the link
-        assert!(result.is_err());
+        assert!(matches!(result, Err(OutputError::UntrustedLink { .. })));
         assert!(!target.exists());
     }
 
