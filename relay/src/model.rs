@@ -116,7 +116,7 @@ const ANNOTATIONS: [&str; 4] = [KERNEL_SUFFIX, "_[j]", "_[i]", "_[w]"];
 
 /// Rewrites a trailing annotation that a name carries itself (`f_[k]` -> `f_(k)`), so that no
 /// function name can pass for a frame of another kind.
-fn disarm_annotation(name: &mut String) {
+pub(crate) fn disarm_annotation(name: &mut String) {
     if let Some(annotation) = ANNOTATIONS.iter().find(|a| name.ends_with(*a)) {
         let kind = &annotation[2..3];
         let stem = name.len() - annotation.len();

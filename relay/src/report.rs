@@ -13,7 +13,7 @@ use flate2::read::GzDecoder;
 use prost::Message as _;
 
 use crate::{
-    model::text_safe,
+    model::{disarm_annotation, text_safe},
     sink::files::pprof::proto,
 };
 
@@ -100,7 +100,9 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
         .map(|f| (f.id, string(f.name)))
         .collect();
     // Each location's names as printed, innermost first: made safe for a terminal once here
-    // (the profile may come from anywhere; a name must not drive the terminal that shows it).
+    // (the profile may come from anywhere; a name must not drive the terminal that shows it),
+    // with no flame-graph annotation of its own: `_[k]` marks kernel frames in ember's other
+    // text outputs, so no name here may end in one.
     let locations: HashMap<u64, Vec<String>> = profile
         .location
         .iter()
@@ -110,7 +112,9 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
                 .iter()
                 .map(|line| {
                     let name = functions.get(&line.function_id).copied().unwrap_or("?");
-                    text_safe(name)
+                    let mut printed = text_safe(name);
+                    disarm_annotation(&mut printed);
+                    printed
                 })
                 .collect();
             (l.id, names)
