@@ -631,7 +631,10 @@ mod tests {
             ("\u{1b}[31mred\u{1b}[0m", "\\u{1b}[31mred\\u{1b}[0m"),
             ("evil\u{202e}gnp.exe", "evil\\u{202e}gnp.exe"),
             ("\u{9b}31m", "\\u{9b}31m"),
-            ("a\u{200b}b\u{2028}c\u{2067}d", "a\\u{200b}b\\u{2028}c\\u{2067}d"),
+            (
+                "a\u{200b}b\u{2028}c\u{2067}d",
+                "a\\u{200b}b\\u{2028}c\\u{2067}d",
+            ),
             ("caf\u{e9} \u{65e5}\u{672c}", "caf\u{e9} \u{65e5}\u{672c}"),
         ];
         for (name, want) in cases {
@@ -640,7 +643,9 @@ mod tests {
             // Then every control and invisible format character shows as its escape, and
             // nothing a terminal or a bidi renderer obeys is left; other text is kept
             assert_eq!(safe, want, "{name:?}");
-            assert!(!safe.chars().any(|c| c.is_control() || is_invisible_format(c)));
+            assert!(!safe
+                .chars()
+                .any(|c| c.is_control() || is_invisible_format(c)));
         }
     }
 
@@ -649,8 +654,14 @@ mod tests {
         // Given a user function named like a kernel frame, and other annotations
         let named = |name: &str, kind| Frame::bare(name, kind, 0x1000).text_name();
         // Then only the kernel's own frame ends in `_[k]`
-        assert_eq!(named("do_syscall_64", FrameKind::Kernel), "do_syscall_64_[k]");
-        assert_eq!(named("do_syscall_64_[k]", FrameKind::Native), "do_syscall_64_(k)");
+        assert_eq!(
+            named("do_syscall_64", FrameKind::Kernel),
+            "do_syscall_64_[k]"
+        );
+        assert_eq!(
+            named("do_syscall_64_[k]", FrameKind::Native),
+            "do_syscall_64_(k)"
+        );
         assert_eq!(named("f_[j]", FrameKind::Native), "f_(j)");
         assert_eq!(named("f_[i]", FrameKind::Native), "f_(i)");
         assert_eq!(named("f_[w]", FrameKind::Native), "f_(w)");

@@ -293,7 +293,9 @@ mod tests {
         assert_eq!(printed.len(), 4, "{printed:?}");
         for name in &printed {
             assert!(
-                !name.chars().any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                !name
+                    .chars()
+                    .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
                 "{name:?}"
             );
         }

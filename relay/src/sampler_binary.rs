@@ -149,11 +149,17 @@ mod tests {
         assert_eq!(trusted(&good, ""), Ok(fs::canonicalize(&good).unwrap()));
         assert!(matches!(
             trusted(&everyones, ""),
-            Err(Untrusted::Writable { who: "everyone", .. })
+            Err(Untrusted::Writable {
+                who: "everyone",
+                ..
+            })
         ));
         assert!(matches!(
             trusted(&groups, ""),
-            Err(Untrusted::Writable { who: "its group", .. })
+            Err(Untrusted::Writable {
+                who: "its group",
+                ..
+            })
         ));
         assert!(matches!(
             trusted(&users, ""),
@@ -171,7 +177,10 @@ mod tests {
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
         assert!(matches!(
             trusted(&good, ""),
-            Err(Untrusted::Writable { who: "everyone", .. })
+            Err(Untrusted::Writable {
+                who: "everyone",
+                ..
+            })
         ));
         // ... and in a directory another user owns
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();

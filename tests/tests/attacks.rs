@@ -1321,8 +1321,9 @@ fn attack8d_the_sampler_dies_with_record() {
 
 /// What a hostile symbol name may carry that a terminal or a bidi renderer obeys.
 fn drives_a_terminal(text: &str) -> Option<char> {
-    text.chars()
-        .find(|&c| c.is_control() && c != '\n' && c != '\t' || ('\u{202a}'..='\u{202e}').contains(&c))
+    text.chars().find(|&c| {
+        c.is_control() && c != '\n' && c != '\t' || ('\u{202a}'..='\u{202e}').contains(&c)
+    })
 }
 
 /// Attack 14: a user's binary whose symbol table names its functions with an OSC title, an
@@ -1397,7 +1398,10 @@ fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
     for (what, bytes) in &outputs {
         let text = String::from_utf8_lossy(bytes);
         let found = drives_a_terminal(&text);
-        eprintln!("{what}: {} bytes, raw control or bidi character: {found:?}", bytes.len());
+        eprintln!(
+            "{what}: {} bytes, raw control or bidi character: {found:?}",
+            bytes.len()
+        );
         assert!(
             found.is_none(),
             "{what} holds {found:?} raw from a process's symbol names:\n{}",
@@ -1411,7 +1415,9 @@ fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
     let victims = process_stacks(&stacks, "hostile-names");
     let total = total_count(victims.iter().copied());
     let imitated: u64 = total_count(victims.iter().copied().filter(|s| {
-        s.frames.windows(2).any(|w| w[1] == "do_syscall_64_[k]" && !w[0].ends_with("_[k]"))
+        s.frames
+            .windows(2)
+            .any(|w| w[1] == "do_syscall_64_[k]" && !w[0].ends_with("_[k]"))
     }));
     let disarmed = total_count(
         victims
@@ -1423,14 +1429,23 @@ fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
         "hostile-names: {total} samples; {imitated} with a user frame drawn as the kernel's \
          do_syscall_64, {disarmed} under do_syscall_64_(k)"
     );
-    assert!(total >= 100, "too few samples of the victim: {total}\n{folded}");
-    assert_eq!(imitated, 0, "a user function passed for a kernel frame:\n{folded}");
+    assert!(
+        total >= 100,
+        "too few samples of the victim: {total}\n{folded}"
+    );
+    assert_eq!(
+        imitated, 0,
+        "a user function passed for a kernel frame:\n{folded}"
+    );
     assert!(
         disarmed * 10 >= total * 8,
         "the renamed hot leaf holds {disarmed} of {total} samples:\n{folded}"
     );
     let svg = String::from_utf8_lossy(&outputs[1].1);
-    assert!(svg.contains("do_syscall_64_(k)"), "the SVG does not name the user frame as such");
+    assert!(
+        svg.contains("do_syscall_64_(k)"),
+        "the SVG does not name the user frame as such"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1472,17 +1487,29 @@ fn attack15_record_never_follows_a_planted_output_symlink() {
     let log = record.log.text();
     eprintln!("record: {status:?}\n{stdout}\n{}", tail(&log, 5));
     for name in names {
-        let content = fs::read_to_string(secret.path().join(name)).unwrap_or_default();
-        eprintln!("{name} in the root-only directory: {content:?}");
-        assert_eq!(
-            content,
-            format!("root's own {name}\n"),
-            "record wrote {name} through the attacker's symlink"
+        let content = fs::read(secret.path().join(name)).unwrap_or_default();
+        let start = String::from_utf8_lossy(&content[..content.len().min(40)]).into_owned();
+        eprintln!(
+            "{name} in the root-only directory: {} bytes, {start:?}",
+            content.len()
+        );
+        assert!(
+            content == format!("root's own {name}\n").as_bytes(),
+            "record wrote {name} through the attacker's symlink ({} bytes, {start:?})",
+            content.len()
         );
     }
     let entries = fs::read_dir(secret.path()).expect("read_dir").count();
-    assert_eq!(entries, names.len(), "record left files in the root-only directory");
-    assert_eq!(status.and_then(|s| s.code()), Some(2), "record was not refused");
+    assert_eq!(
+        entries,
+        names.len(),
+        "record left files in the root-only directory"
+    );
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "record was not refused"
+    );
     assert!(
         log.contains("is a symlink that uid") && log.contains("not following it"),
         "the refusal does not name the link:\n{}",
@@ -1572,7 +1599,11 @@ fn attack17_record_starts_only_a_sampler_root_controls() {
     plant(&in_her_dir, 0o755, Some(0));
     for (what, sampler, why) in [
         ("her own program", &owned, "not root"),
-        ("a program everyone may write", &writable, "writable by everyone"),
+        (
+            "a program everyone may write",
+            &writable,
+            "writable by everyone",
+        ),
         ("root's program in her directory", &in_her_dir, "not root"),
     ] {
         let out = roots.path().join("out");

@@ -213,13 +213,21 @@ fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
     let root = || fcntl::open("/", flags, Mode::empty()).map_err(call("open", Path::new("/")));
     let mut current = root()?;
     let mut walked = PathBuf::from("/");
-    let mut all_trusted = trusted(stat::fstat(&current).map_err(call("fstat", &walked))?.st_uid);
+    let mut all_trusted = trusted(
+        stat::fstat(&current)
+            .map_err(call("fstat", &walked))?
+            .st_uid,
+    );
     let mut links = 0;
     while let Some(name) = pending.pop() {
         let last = pending.is_empty();
         let here = walked.join(&name);
-        match fcntl::openat(&current, name.as_os_str(), flags | OFlag::O_NOFOLLOW, Mode::empty())
-        {
+        match fcntl::openat(
+            &current,
+            name.as_os_str(),
+            flags | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        ) {
             Ok(fd) => {
                 let st = stat::fstat(&fd).map_err(call("fstat", &here))?;
                 all_trusted &= trusted(st.st_uid);
@@ -252,7 +260,11 @@ fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
                 if target.is_absolute() {
                     current = root()?;
                     walked = PathBuf::from("/");
-                    all_trusted &= trusted(stat::fstat(&current).map_err(call("fstat", &walked))?.st_uid);
+                    all_trusted &= trusted(
+                        stat::fstat(&current)
+                            .map_err(call("fstat", &walked))?
+                            .st_uid,
+                    );
                 }
                 pending.extend(components(target).into_iter().rev());
                 continue;
@@ -305,8 +317,7 @@ fn make_dir(
         // The umask may have narrowed mkdir's mode.
         stat::fchmod(&fd, Mode::from_bits_truncate(DIR_MODE)).map_err(call("fchmod", path))?;
         if let Some(owner) = owner {
-            unistd::fchown(&fd, Some(owner.uid), Some(owner.gid))
-                .map_err(call("fchown", path))?;
+            unistd::fchown(&fd, Some(owner.uid), Some(owner.gid)).map_err(call("fchown", path))?;
         }
     }
     Ok(fd)
@@ -439,9 +450,15 @@ mod tests {
         };
         // Then her link is refused, and so is root's link in her directory, also below them
         assert_eq!(refused(&her_link, None), (her_link.clone(), 1000));
-        assert_eq!(refused(&her_link.join("sub"), None), (her_link.clone(), 1000));
+        assert_eq!(
+            refused(&her_link.join("sub"), None),
+            (her_link.clone(), 1000)
+        );
         assert_eq!(refused(&roots_link_in_hers, None), (roots_link_in_hers, 0));
-        assert!(fs::read_dir(&secret).unwrap().next().is_none(), "written through");
+        assert!(
+            fs::read_dir(&secret).unwrap().next().is_none(),
+            "written through"
+        );
         // And her link is followed when she is the one running sudo, as is root's own link
         let her = Owner {
             uid: Uid::from_raw(1000),
