@@ -134,14 +134,19 @@ const SEPARATOR_REPLACEMENT: char = ':';
 /// paragraph separators) are written as Rust escapes (`\u{1b}`, `\u{202e}`), visibly. A name
 /// can then split neither a line nor a frame, and shows what it is.
 pub fn text_safe(name: &str) -> String {
-    let mut safe = String::with_capacity(name.len());
-    for c in name.chars() {
-        match c {
-            ';' => safe.push(SEPARATOR_REPLACEMENT),
-            c if c.is_control() || is_invisible_format(c) => {
-                safe.extend(c.escape_unicode());
-            }
-            c => safe.push(c),
+    terminal_safe(&name.replace(';', &SEPARATOR_REPLACEMENT.to_string()))
+}
+
+/// `text` with every control character and invisible format character written as its Rust
+/// escape (see [`text_safe`]), `;` kept: for a value printed on a line of its own kind (the
+/// debug exporter's attributes and frames).
+pub fn terminal_safe(text: &str) -> String {
+    let mut safe = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || is_invisible_format(c) {
+            safe.extend(c.escape_unicode());
+        } else {
+            safe.push(c);
         }
     }
     safe

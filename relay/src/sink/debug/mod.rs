@@ -2,7 +2,9 @@
 //! OpenTelemetry Collector's `debug` exporter. It renders the requests the exporter sends,
 //! split the same way ([`wire::split`] with the same [`wire::EncodeSettings`]), so what it shows is
 //! what goes out: per request its size, resource attributes, then each sample's count,
-//! attributes and frames (leaf first) with their kind.
+//! attributes and frames (leaf first) with their kind. Every name and value is printed with its
+//! control and invisible format characters escaped ([`terminal_safe`]): they come from the
+//! profiled processes.
 //!
 //! [`config`] owns the `exporters.debug` section.
 
@@ -12,7 +14,7 @@ use std::{fmt::Write as _, io::Write as _};
 
 pub use self::config::{DebugConfig, DebugSettings, Verbosity};
 use crate::{
-    model::Profile,
+    model::{terminal_safe, Profile},
     sink::otlp::{
         request::{self, Dictionary, Location, Request},
         wire,
@@ -90,7 +92,7 @@ fn render_request(out: &mut String, r: &Request, verbosity: Verbosity) {
         let attrs: Vec<String> = resource
             .resource
             .iter()
-            .map(|kv| format!("{}={}", kv.key, kv.value))
+            .map(|kv| terminal_safe(&format!("{}={}", kv.key, kv.value)))
             .collect();
         let total: i64 = resource.samples.iter().map(|s| s.count).sum();
         let _ = writeln!(
@@ -120,7 +122,7 @@ fn attributes<'a>(
 /// One sample: its count and attributes, then its stack's frames, leaf first.
 fn render_sample(out: &mut String, d: &Dictionary, j: usize, sample: &request::Sample) {
     let attrs: Vec<String> = attributes(d, &sample.attributes)
-        .map(|a| format!("{}={}", d.string(a.key), a.value))
+        .map(|a| terminal_safe(&format!("{}={}", d.string(a.key), a.value)))
         .collect();
     let _ = writeln!(
         out,
@@ -151,7 +153,7 @@ fn render_location(out: &mut String, d: &Dictionary, location: &Location) {
     let mapping = usize::try_from(location.mapping)
         .ok()
         .and_then(|m| d.mappings.get(m))
-        .map_or("", |m| d.string(m.filename));
+        .map_or_else(String::new, |m| terminal_safe(d.string(m.filename)));
     if location.lines.is_empty() {
         let _ = writeln!(
             out,
@@ -163,8 +165,8 @@ fn render_location(out: &mut String, d: &Dictionary, location: &Location) {
         let function = usize::try_from(line.function)
             .ok()
             .and_then(|f| d.functions.get(f));
-        let name = function.map_or("", |f| d.string(f.name));
-        let file = function.map_or("", |f| d.string(f.filename));
+        let name = terminal_safe(function.map_or("", |f| d.string(f.name)));
+        let file = terminal_safe(function.map_or("", |f| d.string(f.filename)));
         let _ = write!(out, "      {name} [{kind}]");
         if !file.is_empty() {
             let _ = write!(out, " {file}:{}", line.line);
@@ -206,7 +208,8 @@ mod tests {
                 },
                 stack: vec![
                     Frame {
-                        function: "hot".into(),
+                        // A name with an OSC title sequence and a bidi override in it.
+                        function: "hot\u{1b}]0;t\u{7}\u{202e}".into(),
                         file: Some("app.c".into()),
                         line: Some(12),
                         kind: FrameKind::Native,
@@ -244,13 +247,19 @@ mod tests {
         for needle in [
             "service.name=\"app\"",
             "count 5 thread.name=\"worker\"",
-            "hot [native] app.c:12",
+            "hot\\u{1b}]0;t\\u{7}\\u{202e} [native] app.c:12",
             "[unknown] app [native]",
             "samples/count",
             "cpu/nanoseconds",
         ] {
             assert!(text.contains(needle), "no {needle:?} in:\n{text}");
         }
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "a raw control or bidi character in:\n{text}"
+        );
     }
 
     #[test]
