@@ -16,6 +16,7 @@ pub(crate) mod config;
 pub(crate) mod driver;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub(crate) mod invoker_files;
 pub(crate) mod labels;
 pub(crate) mod metrics;
 pub(crate) mod model;

@@ -1631,3 +1631,47 @@ fn attack17_record_starts_only_a_sampler_root_controls() {
         );
     }
 }
+
+/// Attack 17b: through the same sudo rule, `record --config` naming a root-only file: the file
+/// is read with the sudo user's rights, so the record is refused without quoting a byte of it.
+#[test]
+fn attack17b_record_reads_named_files_with_the_sudo_users_rights() {
+    if !privileged() {
+        return;
+    }
+    let who = attacker();
+    let roots = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(roots.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let secret = roots.path().join("shadow");
+    let hash = "root:$y$j9T$not-for-alice:19000:0:99999:7:::";
+    fs::write(&secret, format!("{hash}\n")).expect("write");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let output = Command::new(relay_bin())
+        .args(["record", "--duration", "1s", "--output"])
+        .arg(roots.path().join("out"))
+        .arg("--config")
+        .arg(&secret)
+        .env("SUDO_UID", who.uid.to_string())
+        .env("SUDO_GID", who.gid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ember-relay record");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!(
+        "--config of a root-only file: {:?}\n{}",
+        output.status,
+        tail(&stderr, 3)
+    );
+    assert!(
+        !stderr.contains("not-for-alice"),
+        "record quoted a root-only file to the sudo user:\n{stderr}"
+    );
+    assert!(
+        !output.status.success(),
+        "record accepted a file its user cannot read"
+    );
+    assert!(
+        stderr.contains("who ran sudo, may not read it"),
+        "the refusal does not say why:\n{stderr}"
+    );
+}

@@ -2,7 +2,7 @@
 //! the precedence of the layers a setting can come from (flag > file > environment > default).
 //! Knows no sink: each sink's `config` module uses these to resolve its own section.
 
-use std::{fmt, time::Duration};
+use std::{fmt, path::Path, time::Duration};
 
 use serde::{Deserialize, Deserializer};
 
@@ -51,7 +51,9 @@ pub fn pick<T>(
 /// Reads the file `path` names, if any; `setting` names it in the error.
 pub fn read_file(setting: &str, path: Option<String>) -> Result<Option<Vec<u8>>, ConfigError> {
     path.map(|p| {
-        std::fs::read(&p).map_err(|source| ConfigError::Read {
+        // As the `sudo` user, when root runs for one (see `invoker_files`).
+        let invoker = crate::invoker_files::invoker();
+        crate::invoker_files::read(Path::new(&p), invoker).map_err(|source| ConfigError::Read {
             path: format!("{p} ({setting})"),
             source,
         })

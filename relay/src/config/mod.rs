@@ -99,9 +99,14 @@ pub fn parse(text: &str, path: &str) -> Result<RelayConfig, ConfigError> {
 
 /// Reads and parses a config file.
 pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.display().to_string(),
-        source,
+    // As the `sudo` user, when root runs for one: a sudo rule for `record` must not read
+    // root's files (a file that does not parse is quoted in the error).
+    let invoker = crate::invoker_files::invoker();
+    let text = crate::invoker_files::read_to_string(path, invoker).map_err(|source| {
+        ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        }
     })?;
     parse(&text, &path.display().to_string())
 }
