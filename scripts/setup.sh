@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Installs everything ember needs to build and test on a fresh Debian 12 machine.
+# Installs what ember needs on a fresh Debian 12 machine: `scripts/setup.sh` for building and
+# testing (everything below), `scripts/setup.sh record` for building and recording only (the
+# capnp compiler, a C compiler, the nightly rust-src and bpf-linker; what scripts/record.sh uses).
 # Idempotent: each step checks first and returns in well under a second when already done.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 log() { printf '[setup] %s\n' "$*"; }
+purpose=${1:-test}
+case "$purpose" in
+  test | record) ;;
+  *) echo "usage: scripts/setup.sh [test|record]" >&2; exit 2 ;;
+esac
 
 # 1. Debian packages: capnp compiler (protocol schema), perf + bpftrace (benchmark comparison),
 #    gcc/make (ground-truth workloads), libcap2-bin (capsh, used by tests to inspect sets),
@@ -16,7 +23,12 @@ log() { printf '[setup] %s\n' "$*"; }
 #    tests/tests/e2e.rs).
 #    EMBER_SETUP_GATES=0 leaves the gate and test tools out (compose/Dockerfile, which only builds).
 gates=${EMBER_SETUP_GATES:-1}
-pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
+if [ "$purpose" = record ]; then
+  gates=0
+  pkgs=(capnproto gcc make)
+else
+  pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
+fi
 [ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl golang-go)
 missing=()
 for p in "${pkgs[@]}"; do
