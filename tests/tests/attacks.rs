@@ -1467,14 +1467,14 @@ fn health_probe(target: std::net::SocketAddr, path: &str) -> Result<(u16, String
     Ok((status, body.to_owned()))
 }
 
-/// Attack 13 (found after issue 7): 64 connections that send their request head one byte a
-/// second held the metrics server's 16 connections, and every other connection was closed on
-/// accept: 30 of 30 `/healthz` probes failed, and in the DaemonSet (port 17471 on the pod's
-/// address) any pod could make the kubelet restart the relay. Here 400 such clients (100 from the
-/// probes' own address, 3 from each of 100 others), reopening each connection the server closes,
-/// run against `run` with a real sampler; 30 rounds of `/healthz` and `/readyz` probes must each
-/// be answered 200 within a 1 s read timeout, and a scrape must show the closed connections
-/// counted by reason.
+/// Attack 13: 64 connections that send their request head one byte a second held the metrics
+/// server's 16 connections, and every other connection was closed on accept: 30 of 30 `/healthz`
+/// probes failed, and in the DaemonSet (port 17471 on the pod's address) any pod could make the
+/// kubelet restart the relay. Here 400 such clients (100 from the probes' own address, 3 from
+/// each of 100 others), reopening each connection the server closes, run against `run` with a
+/// real sampler (network peers have no uid: they run in this process); 30 rounds of `/healthz`
+/// and `/readyz` probes must each be answered 200 within a 1 s read timeout, and a scrape must
+/// show the closed connections counted by reason.
 #[test]
 fn attack13_slow_clients_do_not_stop_health_probes() {
     if !privileged() {
