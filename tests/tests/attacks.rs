@@ -1675,3 +1675,275 @@ fn attack17b_record_reads_named_files_with_the_sudo_users_rights() {
         "the refusal does not say why:\n{stderr}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 13. Slow clients against the health probes
+
+/// What the finding requires of each probe: an answer within 1 s (the socket's read timeout;
+/// the DaemonSet's probes allow 2 s).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Slow clients: connections that send one byte of a request head per second and never finish
+/// it, reopened as soon as the server closes them, like a slowloris. Source addresses are
+/// 127.0.0.1 (the probes' own address, as a host-network pod shares the node's) and
+/// 127.0.1.1 .. 127.0.1.`others` (other pods); all of 127.0.0.0/8 is the loopback interface's.
+struct SlowClients {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl SlowClients {
+    fn start(
+        target: std::net::SocketAddr,
+        from_probe_address: usize,
+        others: u8,
+        each: usize,
+    ) -> Self {
+        use std::{
+            io::Write as _,
+            net::Ipv4Addr,
+            sync::{
+                atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+                Arc,
+            },
+        };
+        let mut sources = vec![Ipv4Addr::LOCALHOST; from_probe_address];
+        for last in 1..=others {
+            sources.extend(std::iter::repeat_n(Ipv4Addr::new(127, 0, 1, last), each));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let opened = Arc::new(AtomicU64::new(0));
+        let (stop_flag, count) = (Arc::clone(&stop), Arc::clone(&opened));
+        let thread = thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .expect("a runtime to connect with");
+            let open = |source: Ipv4Addr| {
+                let stream = slow_connect(&runtime, source, target);
+                if stream.is_some() {
+                    count.fetch_add(1, Relaxed);
+                }
+                stream
+            };
+            let mut streams: Vec<Option<std::net::TcpStream>> =
+                sources.iter().map(|&s| open(s)).collect();
+            let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+            let mut tick = 0usize;
+            while !stop_flag.load(Relaxed) {
+                let byte = [head[tick.min(head.len() - 1)]];
+                for (stream, &source) in streams.iter_mut().zip(&sources) {
+                    let alive = stream
+                        .as_mut()
+                        .is_some_and(|s| still_open(s) && s.write_all(&byte).is_ok());
+                    if !alive {
+                        *stream = open(source);
+                    }
+                }
+                tick += 1;
+                thread::sleep(Duration::from_secs(1));
+            }
+        });
+        Self {
+            stop,
+            opened,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections opened so far (first ones and reopened).
+    fn opened(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for SlowClients {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A TCP connection from `source` (port chosen by the kernel) to `target`, nonblocking; None if
+/// it could not be made. tokio's `TcpSocket` binds before connecting without unsafe code.
+fn slow_connect(
+    runtime: &tokio::runtime::Runtime,
+    source: std::net::Ipv4Addr,
+    target: std::net::SocketAddr,
+) -> Option<std::net::TcpStream> {
+    runtime
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(std::net::SocketAddr::from((source, 0)))?;
+            socket.connect(target).await?.into_std()
+        })
+        .ok()
+}
+
+/// False once the server closed `stream` (end of file or reset); nothing else is ever read.
+fn still_open(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read as _;
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(err) => err.kind() == std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// One probe as the kubelet makes it: connect, send the request, read the answer, each step
+/// allowed [`PROBE_TIMEOUT`]. The status and body, or what went wrong.
+fn health_probe(target: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT)
+        .map_err(|err| format!("connect: {err}"))?;
+    stream
+        .set_read_timeout(Some(PROBE_TIMEOUT))
+        .expect("read timeout");
+    stream
+        .set_write_timeout(Some(PROBE_TIMEOUT))
+        .expect("write timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|err| format!("send: {err}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|err| format!("read: {err} after {} bytes", answer.len()))?;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let Some((head, body)) = answer.split_once("\r\n\r\n") else {
+        return Err(format!("closed without an answer ({} bytes)", answer.len()));
+    };
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// Attack 13: 64 connections that send their request head one byte a second held the metrics
+/// server's 16 connections, and every other connection was closed on accept: 30 of 30 `/healthz`
+/// probes failed, and in the DaemonSet (port 17471 on the pod's address) any pod could make the
+/// kubelet restart the relay. Here 400 such clients (100 from the probes' own address, 3 from
+/// each of 100 others), reopening each connection the server closes, run against `run` with a
+/// real sampler (network peers have no uid: they run in this process); 30 rounds of `/healthz`
+/// and `/readyz` probes must each be answered 200 within a 1 s read timeout, and a scrape must
+/// show the closed connections counted by reason.
+#[test]
+fn attack13_slow_clients_do_not_stop_health_probes() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ember.sock");
+    let workload = spawn_workload(&workloads().spinner, 120);
+    let relay = spawn_relay_run("relay", &socket, &["--metrics-address", "127.0.0.1:0"]);
+    let address: std::net::SocketAddr = metrics_address(&relay).parse().expect("an address");
+    let pid = workload.pid().to_string();
+    let (_sampler, _sampler_log) =
+        spawn_sampler("sampler", &socket, &["--pid", &pid, "--frequency", "99"]);
+    relay
+        .log
+        .expect(0, FIRST_BATCH_TIMEOUT, "a batch", is_batch);
+    let ready = wait_until(LOG_TIMEOUT, || {
+        health_probe(address, "/readyz").is_ok_and(|(status, _)| status == 200)
+    });
+    assert!(
+        ready.is_some(),
+        "/readyz never answered 200 before the attack"
+    );
+
+    // The attack: every connection open and a few bytes in before the first probe.
+    let attack = SlowClients::start(address, 100, 100, 3);
+    thread::sleep(Duration::from_secs(4));
+    let mut failures = Vec::new();
+    let mut slowest = Duration::ZERO;
+    let rounds = 30;
+    for round in 0..rounds {
+        for path in ["/healthz", "/readyz"] {
+            let started = Instant::now();
+            let answer = health_probe(address, path);
+            slowest = slowest.max(started.elapsed());
+            match answer {
+                Ok((200, _)) => {}
+                Ok((status, body)) => {
+                    failures.push(format!("round {round} {path}: {status} {body:?}"))
+                }
+                Err(err) => failures.push(format!("round {round} {path}: {err}")),
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let scrape = health_probe(address, "/metrics");
+    let opened = attack.opened();
+    drop(attack);
+
+    let closed = |reason: &str| -> Option<f64> {
+        let text = &scrape.as_ref().ok()?.1;
+        metric_value(
+            text,
+            &format!("ember_relay_metrics_connections_closed_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    let by_reason: Vec<(&str, Option<f64>)> = [
+        "head_timeout",
+        "peer_limit",
+        "server_full",
+        "exchange_timeout",
+    ]
+    .into_iter()
+    .map(|reason| (reason, closed(reason)))
+    .collect();
+    eprintln!(
+        "probes: {} of {} answered 200 within {PROBE_TIMEOUT:?} each (slowest {slowest:?}); slow \
+         connections opened: {opened}; scrape: {}; closed by reason: {by_reason:?}",
+        2 * rounds - failures.len(),
+        2 * rounds,
+        scrape
+            .as_ref()
+            .map_or_else(|e| e.clone(), |(status, _)| status.to_string()),
+    );
+    for failure in failures.iter().take(10) {
+        eprintln!("  {failure}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} health probes failed under slow clients",
+        failures.len(),
+        2 * rounds
+    );
+    let (status, _) = scrape
+        .as_ref()
+        .expect("a scrape answered during the attack");
+    assert_eq!(*status, 200);
+    let slow_closed: f64 = by_reason.iter().filter_map(|(_, n)| *n).sum();
+    assert!(
+        closed("head_timeout").is_some_and(|n| n > 0.0)
+            && closed("peer_limit").is_some_and(|n| n > 0.0),
+        "the scrape does not count the slow connections closed: {by_reason:?}"
+    );
+    assert!(
+        slow_closed >= 100.0,
+        "only {slow_closed} slow connections counted as closed"
+    );
+    let warned = relay
+        .log
+        .matching(|v| message(v).starts_with("metrics server: closed connections"));
+    eprintln!("relay warnings about closed connections: {}", warned.len());
+    assert!(
+        !warned.is_empty(),
+        "the relay did not log the closed connections"
+    );
+    assert!(
+        warned.len() <= 5,
+        "the closes were logged {} times in ~15 s (at most one line per 10 s)",
+        warned.len()
+    );
+}

@@ -56,6 +56,9 @@ const SAMPLER_UID: &str = "65534";
 /// the sampler's `--relay-uid` there.
 const RELAY_UID: &str = "10001";
 
+/// The relay's metrics and health port (`DEFAULT_PORT` in relay/src/metrics/mod.rs).
+const METRICS_PORT: u16 = 17471;
+
 /// The relay's descriptor limit where a deployment sets one.
 const RELAY_NOFILE: &str = "65536";
 
@@ -635,6 +638,7 @@ fn kubernetes_manifests_validate() {
         "clusterrolebinding/ember-pod-reader",
         "configmap/ember-relay",
         "daemonset/ember",
+        "networkpolicy/ember",
     ];
     for version in KUBERNETES_VERSIONS {
         let output = run(Command::new(&validate)
@@ -849,6 +853,58 @@ fn kubernetes_manifests_validate() {
         flag_value(&yaml_list(&relay, "command"), "--sampler-uid").as_deref(),
         Some(SAMPLER_UID),
         "relay: --sampler-uid is the uid the sampler drops to"
+    );
+    metrics_port_admits_only_the_node_and_prometheus(&relay);
+}
+
+/// The relay serves metrics and health on the pod's address, port [`METRICS_PORT`] (the kubelet
+/// probes the pod IP); 40-networkpolicy.yaml selects the DaemonSet's pods and admits, besides
+/// their node (always allowed), one namespace to that port only: no ipBlock, no open rule.
+fn metrics_port_admits_only_the_node_and_prometheus(relay: &[&str]) {
+    let port = METRICS_PORT.to_string();
+    let listen = format!("0.0.0.0:{port}");
+    assert_eq!(
+        flag_value(&yaml_list(relay, "command"), "--metrics-address").as_deref(),
+        Some(listen.as_str()),
+        "relay: --metrics-address"
+    );
+    let container_port = format!("containerPort: {port}");
+    assert!(
+        has_line(&yaml_block(&relay.join("\n"), &["ports"]), &container_port),
+        "relay: `{container_port}`"
+    );
+    let policy = read("deploy/kubernetes/40-networkpolicy.yaml");
+    let spec = yaml_block(&policy, &["spec"]);
+    let spec_text = spec.join("\n");
+    assert!(
+        has_line(
+            &yaml_block(&spec_text, &["podSelector", "matchLabels"]),
+            "app.kubernetes.io/name: ember"
+        ),
+        "NetworkPolicy: selects the DaemonSet's pods"
+    );
+    assert_eq!(
+        yaml_list(&spec, "policyTypes"),
+        ["Ingress"],
+        "NetworkPolicy: ingress only (the relay exports and watches the API)"
+    );
+    let rules: Vec<&str> = yaml_block(&spec_text, &["ingress"])
+        .into_iter()
+        .map(|l| l.split(" #").next().unwrap_or(l).trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "- from:",
+            "- namespaceSelector:",
+            "matchLabels:",
+            "kubernetes.io/metadata.name: monitoring",
+            "ports:",
+            "- protocol: TCP",
+            &format!("port: {port}"),
+        ],
+        "NetworkPolicy: one rule, one namespace, the metrics port"
     );
 }
 

@@ -19,6 +19,7 @@ use prometheus_client::{
 };
 
 use super::{
+    admission::{Closed, ConnectionStats},
     process::{self, ProcessStats},
     Metrics, Published, RelayStats, LATENCY_BUCKETS,
 };
@@ -346,6 +347,7 @@ pub(crate) fn render(metrics: &Metrics) -> Result<String, fmt::Error> {
         started_unix: metrics.started_unix_seconds(),
         now: Instant::now(),
         process: process::read(),
+        connections: metrics.connection_stats(),
     }));
     let mut text = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
@@ -361,6 +363,7 @@ struct Scrape {
     started_unix: f64,
     now: Instant,
     process: Option<ProcessStats>,
+    connections: std::sync::Arc<ConnectionStats>,
 }
 
 impl Collector for Scrape {
@@ -416,6 +419,7 @@ impl Collector for Scrape {
             let labels = [("reason", reason.as_str())];
             ConstCounter::new(reason.total()).encode(refused.encode_family(&labels)?)?;
         }
+        self.encode_connections(&mut encoder)?;
         self.encode_latency(&mut encoder)?;
         if let Some(losses) = &relay.sampler {
             for (name, help, value) in SAMPLER {
@@ -431,6 +435,39 @@ impl Collector for Scrape {
 }
 
 impl Scrape {
+    /// The HTTP server's own connections (this scrape's among them).
+    fn encode_connections(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        let stats = &self.connections;
+        series(
+            encoder,
+            "ember_relay_metrics_connections",
+            "Connections accepted by the metrics and health server.",
+            Kind::Counter,
+            stats.accepted(),
+        )?;
+        series(
+            encoder,
+            "ember_relay_metrics_connections_open",
+            "Connections open on the metrics and health server now.",
+            Kind::Gauge,
+            stats.open(),
+        )?;
+        let mut closed = encoder.encode_descriptor(
+            "ember_relay_metrics_connections_closed",
+            "Connections the metrics and health server closed before their exchange ended, by \
+             reason: head_timeout (request head incomplete 2 s after accept), peer_limit (a peer \
+             over its connections; its oldest closed), server_full (all connections taken; the \
+             oldest waiting closed), exchange_timeout (over 10 s).",
+            None,
+            MetricType::Counter,
+        )?;
+        for reason in Closed::ALL {
+            let labels = [("reason", reason.as_str())];
+            ConstCounter::new(stats.closed(reason)).encode(closed.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
     /// The conventional `process_` series (those that could be read).
     fn encode_process(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
         gauge_f64(
@@ -743,6 +780,15 @@ mod tests {
         let refused = "ember_relay_sampler_connections_refused_total";
         assert_eq!(parsed.types[refused], "counter");
         assert!(v(&format!("{refused}{{reason=\"version\"}}")).is_some());
+        // And the metrics server's own connections, closed ones by reason
+        assert_eq!(v("ember_relay_metrics_connections_total"), Some(0.0));
+        assert_eq!(v("ember_relay_metrics_connections_open"), Some(0.0));
+        let closed = "ember_relay_metrics_connections_closed_total";
+        assert_eq!(parsed.types[closed], "counter");
+        for reason in Closed::ALL {
+            let series = format!("{closed}{{reason=\"{}\"}}", reason.as_str());
+            assert_eq!(v(&series), Some(0.0), "{series}");
+        }
         assert_eq!(
             v("ember_relay_build_info{version=\"0.1.0\",protocol_version=\"3\"}"),
             Some(1.0)

@@ -7,8 +7,10 @@
 //! it only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next
 //! one carries everything (the snapshot holds totals, never deltas). The OTLP exporter's
 //! counters are atomics of its own, read at scrape time. The server runs on a thread of its own
-//! with a single-threaded runtime, bounded in connections, header size and time.
+//! with a single-threaded runtime, bounded in connections (per peer and in all), header size and
+//! time, and counts the connections its bounds closed ([`admission`]).
 
+pub(crate) mod admission;
 pub(crate) mod encode;
 pub(crate) mod health;
 pub(crate) mod process;
@@ -206,6 +208,8 @@ pub(crate) struct Metrics {
     published: Mutex<Published>,
     /// The OTLP exporters' own counters, read at scrape time.
     exporters: Mutex<Vec<Arc<Stats>>>,
+    /// The HTTP server's own connection counters, read at scrape time.
+    connections: Arc<admission::ConnectionStats>,
 }
 
 impl Default for Metrics {
@@ -218,6 +222,7 @@ impl Default for Metrics {
             heartbeat_ms: AtomicU64::new(0),
             published: Mutex::new(Published::default()),
             exporters: Mutex::new(Vec::new()),
+            connections: Arc::default(),
         }
     }
 }
@@ -264,6 +269,11 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The HTTP server's connection counters (the server counts, a scrape reads).
+    pub(crate) fn connection_stats(&self) -> Arc<admission::ConnectionStats> {
+        Arc::clone(&self.connections)
     }
 
     pub(crate) fn started_unix_seconds(&self) -> f64 {

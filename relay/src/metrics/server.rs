@@ -2,16 +2,21 @@
 //! thread of its own running a single-threaded tokio runtime and hyper's HTTP/1 server, so a
 //! scrape never runs on (or waits for) the driver's thread.
 //!
-//! Bounded, since anyone who can reach the address can connect: at most
-//! [`Limits::max_connections`] connections at once (more are closed on accept), one request per
-//! connection, the request head within [`Limits::max_head_bytes`] (hyper answers 431 beyond) and
-//! [`Limits::head_timeout`], the whole exchange within [`Limits::connection_timeout`], and no
-//! request bodies (413). Only GET and HEAD.
+//! Bounded, since anyone who can reach the address can connect (the bounds and who is closed
+//! when they are reached: [`admission`](super::admission)): a connection is never queued nor
+//! refused on accept; each is served on its own task at once, one request per connection, the
+//! request head within [`Limits::max_head_bytes`] (hyper answers 431 beyond) and
+//! [`Limits::head_timeout`] of the accept, the whole exchange within
+//! [`Limits::connection_timeout`], and no request bodies (413). Only GET and HEAD. Every answer,
+//! a scrape's too, is computed on this thread without waiting for anything (health and readiness
+//! read two atomics and a snapshot; a scrape encodes a snapshot), so a probe waits for no slot
+//! and for no other client.
 
 use std::{
     convert::Infallible,
+    future,
     net::{SocketAddr, TcpListener},
-    sync::Arc,
+    sync::{atomic::Ordering::Relaxed, Arc},
     thread,
     time::Duration,
 };
@@ -20,32 +25,14 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::Semaphore;
+use hyper_util::rt::TokioIo;
 
-use super::{encode, health, Metrics};
+pub(crate) use super::admission::Limits;
+use super::{
+    admission::{Admission, Closed, Ticket},
+    encode, health, Metrics,
+};
 use crate::source::Refusal;
-
-/// The server's bounds.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    pub max_connections: usize,
-    /// Request line and headers; hyper's own floor is 8 KiB.
-    pub max_head_bytes: usize,
-    pub head_timeout: Duration,
-    pub connection_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_connections: 16,
-            max_head_bytes: 8 << 10,
-            head_timeout: Duration::from_secs(5),
-            connection_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// hyper refuses a smaller read buffer (it panics).
 const HYPER_MIN_BUF: usize = 8192;
@@ -77,10 +64,10 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, limits: Limit
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let admission = Admission::new(limits, metrics.connection_stats());
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(err) => {
                 // E.g. EMFILE: wait rather than spin; the relay's work goes on meanwhile.
                 tracing::warn!(%err, "metrics server: accept failed");
@@ -88,29 +75,52 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, limits: Limit
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(
-                max = limits.max_connections,
-                "metrics server: too many connections; closing a new one"
-            );
-            continue;
-        };
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let response = respond(&metrics, &request);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let mut http = http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(limits.head_timeout)
-                .max_buf_size(limits.max_head_bytes.max(HYPER_MIN_BUF))
-                .keep_alive(false);
-            let connection = http.serve_connection(TokioIo::new(stream), service);
-            // Either way the connection is closed when this task ends.
-            let _ = tokio::time::timeout(limits.connection_timeout, connection).await;
-            drop(slot);
-        });
+        let ticket = admission.admit(peer.ip());
+        tokio::spawn(serve(stream, ticket, Arc::clone(&metrics), limits));
+        // Let the connection just accepted read the request it most likely already holds
+        // before accepting the next: a burst of connections cannot push a probe out (it would
+        // have to be the oldest) before it was even read.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// One connection, until its exchange ends, a bound closes it or the table makes room with it.
+async fn serve(
+    stream: tokio::net::TcpStream,
+    mut ticket: Ticket,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+) {
+    let head_read = Arc::clone(&ticket.head_read);
+    let service = service_fn(move |request| {
+        head_read.store(true, Relaxed);
+        let response = respond(&metrics, &request);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let mut http = http1::Builder::new();
+    // The head's deadline is ours (below, from the accept, counted); hyper's would only start
+    // at its first read and go uncounted.
+    http.header_read_timeout(None)
+        .max_buf_size(limits.max_head_bytes.max(HYPER_MIN_BUF))
+        .keep_alive(false);
+    let connection = http.serve_connection(TokioIo::new(stream), service);
+    let head_read = Arc::clone(&ticket.head_read);
+    let head_deadline = async move {
+        tokio::time::sleep(limits.head_timeout).await;
+        if head_read.load(Relaxed) {
+            future::pending::<()>().await;
+        }
+    };
+    // Either way the connection is closed when this task ends (the stream is dropped).
+    let timed_out = tokio::select! {
+        _ = connection => None,
+        // Closed to make room, already counted.
+        _ = &mut ticket.closed => None,
+        () = head_deadline => Some(Closed::HeadTimeout),
+        () = tokio::time::sleep(limits.connection_timeout) => Some(Closed::ExchangeTimeout),
+    };
+    if let Some(reason) = timed_out {
+        ticket.close(reason);
     }
 }
 
@@ -197,8 +207,12 @@ mod tests {
     use super::*;
 
     fn start(limits: Limits) -> SocketAddr {
+        start_with(&Arc::new(Metrics::default()), limits)
+    }
+
+    fn start_with(metrics: &Arc<Metrics>, limits: Limits) -> SocketAddr {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        spawn(any, Arc::new(Metrics::default()), limits).expect("serve on an ephemeral port")
+        spawn(any, Arc::clone(metrics), limits).expect("serve on an ephemeral port")
     }
 
     /// Sends `request` and reads until the server closes; the client gives up after `patience`.
@@ -301,47 +315,85 @@ mod tests {
     }
 
     #[test]
-    fn connections_beyond_the_cap_are_closed_at_once() {
-        // Given a server of 2 connections, both held by idle clients
+    fn a_slow_client_is_closed_and_counted_after_the_head_timeout() {
+        // Given a server that waits 300 ms for a request head
+        let metrics = Arc::new(Metrics::default());
         let limits = Limits {
-            max_connections: 2,
+            head_timeout: Duration::from_millis(300),
             ..Limits::default()
         };
-        let address = start(limits);
-        let held: Vec<TcpStream> = (0..2)
-            .map(|_| TcpStream::connect(address).expect("connect"))
-            .collect();
-        // When a third client asks for metrics, then it gets no answer: closed on accept
-        let refused = exchange(
-            address,
-            b"GET /healthz HTTP/1.1\r\n\r\n",
-            Duration::from_secs(30),
-        );
-        assert!(
-            refused.as_ref().map_or_else(
-                |e| !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
-                String::is_empty
-            ),
-            "{refused:?}"
-        );
-        // And once the idle clients leave, the next one is served
-        drop(held);
-        let served = (0..50).find_map(|_| {
-            // Until the server has seen them go, a new client may still be closed (reset).
-            let request = b"GET /healthz HTTP/1.1\r\n\r\n";
-            let answer = exchange(address, request, Duration::from_secs(10));
-            if answer
-                .as_ref()
-                .is_ok_and(|a| a.starts_with("HTTP/1.1 200 "))
-            {
-                return Some(());
-            }
-            thread::sleep(Duration::from_millis(20));
-            None
+        let address = start_with(&metrics, limits);
+        // When a client sends a few bytes of its head, one at a time, and keeps going
+        let mut slow = TcpStream::connect(address).expect("connect");
+        let mut sent = 0;
+        let started = Instant::now();
+        let kept = (0..50).all(|_| {
+            thread::sleep(Duration::from_millis(50));
+            sent += 1;
+            slow.write_all(b"G").is_ok()
         });
-        assert!(
-            served.is_some(),
-            "no connection served after the others closed"
+        // Then the server closed it (writes fail once the reset came back) and counted it
+        let stats = metrics.connection_stats();
+        eprintln!(
+            "slow client: {sent} bytes sent in {:?}; head timeouts {}",
+            started.elapsed(),
+            stats.closed(Closed::HeadTimeout)
         );
+        assert!(
+            !kept,
+            "the server kept a client that never finished its head"
+        );
+        assert_eq!(stats.closed(Closed::HeadTimeout), 1);
+        assert_eq!(stats.open(), 0);
+    }
+
+    #[test]
+    fn health_is_answered_while_slow_clients_hold_every_connection() {
+        // Given a server of 4 connections, at most 3 per peer, that would wait a minute for a
+        // head (so only the connection bounds are tested)
+        let metrics = Arc::new(Metrics::default());
+        let limits = Limits {
+            max_connections: 4,
+            max_per_peer: 3,
+            head_timeout: Duration::from_secs(60),
+            connection_timeout: Duration::from_secs(60),
+            ..Limits::default()
+        };
+        let address = start_with(&metrics, limits);
+        // And 20 clients that each sent half a request line and wait
+        let slow: Vec<TcpStream> = (0..20)
+            .map(|_| {
+                let mut stream = TcpStream::connect(address).expect("connect");
+                stream.write_all(b"GET /hea").expect("write");
+                stream
+            })
+            .collect();
+        // When probes come from the same address, each allowed 1 s for its answer
+        for _ in 0..10 {
+            let answer = exchange(
+                address,
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                Duration::from_secs(1),
+            );
+            // Then each is answered
+            let answer = answer.expect("a probe answered within 1 s");
+            assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        }
+        let scrape = get(address, "/metrics");
+        assert!(scrape.starts_with("HTTP/1.1 200 "), "{scrape}");
+        // And the slow ones made room, counted
+        let stats = metrics.connection_stats();
+        let peer_limit = stats.closed(Closed::PeerLimit);
+        eprintln!(
+            "accepted {}, closed for the peer limit {peer_limit}, open {}",
+            stats.accepted(),
+            stats.open()
+        );
+        assert!(peer_limit >= 17, "{peer_limit}");
+        assert!(
+            scrape.contains("ember_relay_metrics_connections_closed_total{reason=\"peer_limit\"}"),
+            "{scrape}"
+        );
+        drop(slow);
     }
 }
