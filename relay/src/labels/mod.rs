@@ -14,6 +14,8 @@
 //! API server, and reading it never waits for the network. The two file reads here
 //! ([`read_bounded`]: `/etc/passwd`, `/etc/machine-id`) are bounded and run before the relay
 //! drops privileges, like the config.
+//! Names under [`RESERVED_PREFIXES`] are the relay's and the cluster's: a process never sets
+//! them ([`resource`] states the trust order).
 //! Labels whose name starts with `__` are meta labels: visible to relabel rules, removed after
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.

@@ -10,8 +10,10 @@
 //! that on any error the entire value is discarded and an error reported: an entry without `=`,
 //! with an empty key, or with a `%` not followed by two hex digits makes the parse fail
 //! ([`MalformedAttributes`]: the entry's position and the reason), and the process gets none of
-//! its attributes (its `OTEL_SERVICE_NAME`, a separate variable, still counts). Pure: no I/O; the
-//! labels stage logs and counts the error once per process.
+//! its attributes (its `OTEL_SERVICE_NAME`, a separate variable, still counts). Names only the
+//! relay or the cluster may set ([`super::is_reserved`]) are never labels: they come back apart,
+//! as claims. Pure: no I/O; the labels stage logs and counts the error and the claims once per
+//! process.
 
 use super::{keys, Labels};
 
