@@ -142,6 +142,7 @@ impl Pipeline {
     pub fn stats(&self) -> RelayStats {
         let t = &self.totals;
         let sessions = self.sessions.values();
+        let labels = self.labels.stats();
         RelayStats {
             connections: t.connections,
             connections_total: t.connections_total,
@@ -164,6 +165,8 @@ impl Pipeline {
             files_symbols_only: self.cache.symbols_only,
             files_too_large: self.cache.too_large,
             files_panicked: self.cache.panicked,
+            labels_over_limit: labels.labels_over_limit,
+            label_claims_dropped: labels.claims_dropped,
             sampler: (t.batches > 0).then_some(self.last_losses),
             last_batch: t.last_batch,
             interval: t.interval,
@@ -460,6 +463,7 @@ impl Pipeline {
             samples_dropped = stats.samples_dropped,
             labels_over_limit = stats.labels_over_limit,
             env_attributes_discarded = stats.env_attributes_discarded,
+            claims_dropped = stats.claims_dropped,
             services_unknown = stats.services_unknown,
             "labels stage: processes left out (process filter, relabel drop) and labels trimmed"
         );

@@ -1947,3 +1947,334 @@ fn attack13_slow_clients_do_not_stop_health_probes() {
         warned.len()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 11. Labels forged by the process they describe
+
+/// Runs `exe 60` as `who` with `env`, through `sh -c` when `shell` is given (its script runs
+/// as the attacker, then `exec`s the workload: same pid). `enter` is a `cgroup.procs` file the
+/// child moves itself into while still root, as systemd places a user's manager in her
+/// delegated cgroup.
+fn spawn_as_attacker(
+    who: Attacker,
+    exe: &Path,
+    env: &[(&str, String)],
+    shell: Option<&str>,
+    enter: Option<&Path>,
+) -> ChildGuard {
+    let mut command = match shell {
+        Some(script) => {
+            let mut c = Command::new("/bin/sh");
+            c.args(["-c", script, "sh"]).arg(exe);
+            c
+        }
+        None => {
+            let mut c = Command::new(exe);
+            c.arg("60");
+            c
+        }
+    };
+    command
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(procs) = enter {
+        let path = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+        // Registered before run_as's, so it runs first, as root. "0" moves the writer itself.
+        // SAFETY: open, write and close are async-signal-safe; the path lives in the closure.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let error = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(error);
+                }
+                Ok(())
+            });
+        }
+    }
+    run_as(&mut command, who.uid, who.gid);
+    ChildGuard::spawn(&exe.display().to_string(), &mut command)
+}
+
+/// Records `pid` for 3 s exporting OTLP v1.10, and returns the resource attributes of the
+/// profiles whose executable is `executable`, with the record's log.
+fn record_resources(pid: u32, executable: &str) -> (Vec<BTreeMap<String, String>>, String) {
+    let receiver = otlp::Receiver::grpc(None);
+    let url = receiver.url();
+    let pid = pid.to_string();
+    let recorded = record(
+        &[
+            "--duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--otlp-endpoint",
+            &url,
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-proto-version",
+            "1.10",
+            "--log-format",
+            "json",
+        ],
+        RECORD_TIMEOUT,
+    );
+    let resources: Vec<BTreeMap<String, String>> = receiver
+        .received()
+        .iter()
+        .flat_map(|r| otlp::decode("1.10", &r.body).unwrap().resources)
+        .map(|r| r.attributes)
+        .filter(|a| a.get("process.executable.name").map(String::as_str) == Some(executable))
+        .collect();
+    assert!(
+        !resources.is_empty(),
+        "no profile of {executable} arrived:\n{}",
+        tail(&recorded.stderr, 60)
+    );
+    for attributes in &resources {
+        eprintln!(
+            "{executable}: {} attributes: {attributes:?}",
+            attributes.len()
+        );
+    }
+    (resources, recorded.stderr)
+}
+
+/// Attack 11a: a user's process names itself nginx, claims to be kube-system's coredns-0
+/// through `OTEL_RESOURCE_ATTRIBUTES`, and adds 30 filler attributes so that the label cap
+/// pushes out what the relay observed (today: exported without `process.owner`,
+/// `process.executable.path` and `host.id`, with the `k8s.*` claims). It may name itself (the
+/// OpenTelemetry specification lets it), but its owner, path and host stay, the claims are
+/// gone and counted.
+#[test]
+fn attack11a_a_process_cannot_forge_its_labels_through_its_environment() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let dir = attacker_dir(who, "ember-attack11a-");
+    let exe = dir.path().join("attack11a");
+    fs::copy(&workloads().spinner, &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    let machine_id = fs::read_to_string("/etc/machine-id")
+        .expect("this test checks host.id: /etc/machine-id must exist")
+        .trim()
+        .to_owned();
+    // Given the attacker's process with a forged environment
+    let mut attributes: Vec<String> = vec![
+        "k8s.namespace.name=kube-system".into(),
+        "k8s.pod.name=coredns-0".into(),
+    ];
+    attributes.extend((0..30).map(|i| format!("filler.{i:02}=x")));
+    let env = [
+        ("OTEL_SERVICE_NAME", "nginx".to_owned()),
+        ("OTEL_RESOURCE_ATTRIBUTES", attributes.join(",")),
+    ];
+    let workload = spawn_as_attacker(who, &exe, &env, None, None);
+    thread::sleep(Duration::from_millis(300));
+    // When it is recorded
+    let (resources, log) = record_resources(workload.pid(), "attack11a");
+    drop(workload);
+    // Then every profile of it carries what the relay observed, with the observed values
+    let owner = who.uid.to_string();
+    for attributes in &resources {
+        let get = |key: &str| attributes.get(key).map(String::as_str);
+        assert_eq!(get("process.owner"), Some(owner.as_str()), "{attributes:?}");
+        assert_eq!(
+            get("process.executable.path"),
+            exe.to_str(),
+            "{attributes:?}"
+        );
+        assert_eq!(get("host.id"), Some(machine_id.as_str()), "{attributes:?}");
+        // And it named itself, as a process may (its owner keeps its series its own)
+        assert_eq!(get("service.name"), Some("nginx"), "{attributes:?}");
+        // And none of its claims to another pod stands
+        let claims: Vec<&String> = attributes
+            .keys()
+            .filter(|k| k.starts_with("k8s.") || k.starts_with("k8s_"))
+            .collect();
+        assert!(claims.is_empty(), "forged Kubernetes labels: {claims:?}");
+        assert!(
+            attributes.len() < 30,
+            "{} attributes: over Pyroscope's limit",
+            attributes.len()
+        );
+    }
+    // And the relay counted the two claims it dropped
+    let counted = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| message(v).starts_with("labels stage"))
+        .filter_map(|v| field_u64(&v, "claims_dropped"))
+        .max();
+    eprintln!("claims_dropped in the labels stage line: {counted:?}");
+    assert!(
+        counted.is_some_and(|n| n >= 2),
+        "no labels stage line counting the dropped claims:\n{}",
+        tail(&log, 40)
+    );
+}
+
+/// A cgroup subtree delegated to the attacker as systemd delegates `user@UID.service` to every
+/// user (directory and `cgroup.procs` chowned to her), under a slice of this test, in the
+/// hierarchy systemd places processes in (cgroup v2, or v1's `name=systemd`). Every directory
+/// under it, the attacker's own included, is removed on drop (processes moved to the root
+/// first).
+struct DelegatedCgroup {
+    root: std::path::PathBuf,
+    /// Top to bottom: the test's slice, the user's slice, her manager's delegated cgroup.
+    made: Vec<std::path::PathBuf>,
+}
+
+impl DelegatedCgroup {
+    fn create(who: Attacker) -> Self {
+        let base = Path::new("/sys/fs/cgroup");
+        let root = if base.join("cgroup.controllers").exists() {
+            base.to_owned()
+        } else {
+            base.join("systemd")
+        };
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no cgroup hierarchy for systemd at {} (this test needs cgroup v2 or v1's \
+             name=systemd)",
+            root.display()
+        );
+        eprintln!("cgroup hierarchy: {}", root.display());
+        let slice = root.join(format!("ember-attack11-{}.slice", std::process::id()));
+        let user_slice = slice.join(format!("user-{}.slice", who.uid));
+        let manager = user_slice.join(format!("user@{}.service", who.uid));
+        fs::create_dir_all(&manager)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", manager.display()));
+        let made = vec![slice, user_slice, manager.clone()];
+        for path in [
+            manager.clone(),
+            manager.join("cgroup.procs"),
+            manager.join("tasks"),
+        ] {
+            if path.exists() {
+                std::os::unix::fs::chown(&path, Some(who.uid), Some(who.gid))
+                    .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+            }
+        }
+        Self { root, made }
+    }
+
+    fn manager(&self) -> &Path {
+        &self.made[2]
+    }
+}
+
+impl Drop for DelegatedCgroup {
+    fn drop(&mut self) {
+        // Deepest first: what the attacker made under her manager, then ours.
+        let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+        let mut stack = vec![self.manager().to_owned()];
+        while let Some(dir) = stack.pop() {
+            if let Ok(entries) = fs::read_dir(&dir) {
+                stack.extend(
+                    entries
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(dir);
+        }
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        dirs.extend(self.made.iter().rev().skip(1).cloned());
+        for dir in dirs {
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines() {
+                let _ = fs::write(self.root.join("cgroup.procs"), pid);
+            }
+            if let Err(err) = fs::remove_dir(&dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
+    }
+}
+
+/// Attack 11b: in the cgroup subtree systemd delegates to her manager, a user makes
+/// `nginx.service/docker-<64 hex>.scope` and moves her process into it (today: exported as
+/// `systemd.unit="nginx.service"` with that `container.id`, which `--kubernetes` would join to
+/// another pod's labels). Her own names give user-scoped labels only.
+#[test]
+fn attack11b_a_process_cannot_forge_its_labels_through_a_delegated_cgroup() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let dir = attacker_dir(who, "ember-attack11b-");
+    let exe = dir.path().join("attack11b");
+    fs::copy(&workloads().spinner, &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    // Given her delegated cgroup, where she makes a unit and a container scope of her own
+    const ID: &str = "3f4b7a1c9e2d8f6a0b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a";
+    let cgroup = DelegatedCgroup::create(who);
+    let manager = cgroup.manager().to_owned();
+    let script = format!(
+        "set -e; d={}/nginx.service/docker-{ID}.scope; mkdir -p \"$d\"; \
+         echo 0 > \"$d/cgroup.procs\"; exec \"$1\" 60",
+        manager.display()
+    );
+    let mut workload = spawn_as_attacker(
+        who,
+        &exe,
+        &[],
+        Some(&script),
+        Some(&manager.join("cgroup.procs")),
+    );
+    let pid = workload.pid();
+    let expected = format!("user@{}.service/nginx.service/docker-{ID}.scope", who.uid);
+    wait_until(Duration::from_secs(10), || {
+        fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| t.contains(&expected))
+            && fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the attacker did not move into her forged scope (exited: {:?}): {}",
+            workload.try_wait(),
+            fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+        )
+    });
+    eprintln!(
+        "attacker's /proc/{pid}/cgroup:\n{}",
+        fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+    );
+    // When it is recorded
+    let (resources, _) = record_resources(pid, "attack11b");
+    drop(workload);
+    drop(cgroup);
+    // Then no container id and no system unit come from her names: her manager is the unit,
+    // what she made is hers, by its user-scoped name
+    let manager_unit = format!("user@{}.service", who.uid);
+    let owner = who.uid.to_string();
+    for attributes in &resources {
+        let get = |key: &str| attributes.get(key).map(String::as_str);
+        assert_eq!(get("container.id"), None, "{attributes:?}");
+        assert_eq!(get("container.runtime"), None, "{attributes:?}");
+        assert_eq!(
+            get("systemd.unit"),
+            Some(manager_unit.as_str()),
+            "{attributes:?}"
+        );
+        assert_eq!(
+            get("systemd.user_unit"),
+            Some("nginx.service"),
+            "{attributes:?}"
+        );
+        assert_eq!(get("process.owner"), Some(owner.as_str()), "{attributes:?}");
+    }
+}

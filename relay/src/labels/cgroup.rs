@@ -10,6 +10,18 @@
 //! line, `0::` (v2) or `name=systemd` (v1): the `0::` line wins unless it is the root while a
 //! `name=systemd` line is not (a hybrid host whose unified hierarchy systemd does not use).
 //!
+//! Delegation: systemd gives every user's manager a cgroup subtree of her own,
+//! `user@UID.service` (rootless Podman and Docker live there too), and she may create any
+//! directory under it with any name. So a path is split at its first `user@UID.service`
+//! segment: the segments up to and including it were named by root (systemd chose that name),
+//! the ones below it by the user. `container.id`, `container.runtime`, `systemd.unit` and
+//! `systemd.slice` come only from root's segments; a unit and slice below the delegation point
+//! are the user's own names, `systemd.user_unit` and `systemd.user_slice`, and a container id
+//! there is none (hers could copy another pod's and join its Kubernetes labels). The relay may
+//! not see the host's cgroupfs (a sidecar in Kubernetes), so the rule reads the path alone; a
+//! subtree delegated otherwise (a system unit with `Delegate=yes` and a non-root `User=`) is
+//! not recognised (SECURITY.md states this limit).
+//!
 //! Pure string work, no I/O. Invariants: a container id is exactly 64 lowercase hex digits (what
 //! every runtime here generates), so session scopes, user slices and pod slices never pass for
 //! one; the `conmon` monitor scopes of CRI-O and Podman are not containers.
@@ -53,8 +65,9 @@ pub struct SystemdUnit {
     pub slice: Option<String>,
 }
 
-/// The labels of a cgroup: container id and runtime, systemd unit and slice, and the path itself
-/// as the meta label `__meta_process_cgroup`.
+/// The labels of a cgroup: container id and runtime, systemd unit and slice (root's segments
+/// only), the user's own unit and slice (below a delegation point), and the path itself as the
+/// meta label `__meta_process_cgroup`.
 pub fn labels(cgroup: &str) -> Labels {
     let mut labels = Labels::new();
     labels.set(
@@ -71,7 +84,32 @@ pub fn labels(cgroup: &str) -> Labels {
         labels.set(keys::SYSTEMD_UNIT, unit.unit);
         labels.set(keys::SYSTEMD_SLICE, unit.slice.unwrap_or_default());
     }
+    if let Some(unit) = user_unit(cgroup) {
+        labels.set(keys::SYSTEMD_USER_UNIT, unit.unit);
+        labels.set(keys::SYSTEMD_USER_SLICE, unit.slice.unwrap_or_default());
+    }
     labels
+}
+
+/// Whether a segment is a user manager's delegated cgroup, `user@UID.service`.
+fn is_user_manager(segment: &str) -> bool {
+    segment
+        .strip_prefix("user@")
+        .and_then(|rest| rest.strip_suffix(".service"))
+        .is_some_and(|uid| !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A path's segments, split after its first `user@UID.service`: root's segments (the delegation
+/// point included), and the user's below it (`None`: nothing of the path is delegated).
+fn split_delegated(path: &str) -> (Vec<&str>, Option<Vec<&str>>) {
+    let mut segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segments.iter().position(|s| is_user_manager(s)) {
+        Some(at) => {
+            let user = segments.split_off(at + 1);
+            (segments, Some(user))
+        }
+        None => (segments, None),
+    }
 }
 
 /// The paths in `cgroup`: each line's path (after `hierarchy:controllers:` when present).
@@ -108,13 +146,13 @@ fn preferred_path(cgroup: &str) -> Option<&str> {
     }
 }
 
-/// The container a cgroup names, searching every hierarchy's path from the leaf up.
+/// The container a cgroup names, searching every hierarchy's path from the leaf up, in the
+/// segments root named only (never below a delegation point).
 pub fn container(cgroup: &str) -> Option<Container> {
-    paths(cgroup).find_map(|(_, path)| container_in_path(path))
+    paths(cgroup).find_map(|(_, path)| container_in(&split_delegated(path).0))
 }
 
-fn container_in_path(path: &str) -> Option<Container> {
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+fn container_in(segments: &[&str]) -> Option<Container> {
     segments.iter().enumerate().rev().find_map(|(i, segment)| {
         let segment = segment.strip_suffix(".scope").unwrap_or(segment);
         if is_container_id(segment) {
@@ -147,12 +185,28 @@ fn is_container_id(text: &str) -> bool {
 }
 
 /// The innermost systemd unit (`.service`, or a `.scope` that is not a container's) of the
-/// unified path, with the slice it sits in.
+/// unified path that root named (a user's manager, `user@UID.service`, at the deepest), with
+/// the slice it sits in.
 pub fn systemd_unit(cgroup: &str) -> Option<SystemdUnit> {
-    let path = preferred_path(cgroup)?;
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    unit_in(&split_delegated(preferred_path(cgroup)?).0)
+}
+
+/// The innermost unit, with its slice, that a user made below her delegation point
+/// (`user@UID.service/app.slice/nginx.service` -> `nginx.service` in `app.slice`).
+pub fn user_unit(cgroup: &str) -> Option<SystemdUnit> {
+    unit_in(&split_delegated(preferred_path(cgroup)?).1?)
+}
+
+/// The unit that names the process's service: below a delegation point the user's own unit
+/// (a name she chose, like her `OTEL_SERVICE_NAME`), never her manager's; else root's.
+pub fn naming_unit(cgroup: &str) -> Option<SystemdUnit> {
+    let (host, user) = split_delegated(preferred_path(cgroup)?);
+    unit_in(user.as_deref().unwrap_or(&host))
+}
+
+fn unit_in(segments: &[&str]) -> Option<SystemdUnit> {
     let (at, unit) = segments.iter().enumerate().rev().find(|(_, s)| {
-        s.ends_with(".service") || (s.ends_with(".scope") && container_in_path(s).is_none())
+        s.ends_with(".service") || (s.ends_with(".scope") && container_in(&[s]).is_none())
     })?;
     let slice = segments
         .get(..at)
@@ -184,8 +238,6 @@ mod tests {
             format!("/docker/{ID}"),
             // Kubernetes with dockershim and the systemd driver.
             format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8695_a4b3c2d1e0f9.slice/docker-{ID}.scope"),
-            // Rootless Docker under the user's manager.
-            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope"),
         ] {
             assert_eq!(found(&path), Some((ID.to_owned(), Some("docker"))), "{path}");
         }
@@ -229,7 +281,6 @@ mod tests {
             format!("0::/machine.slice/libpod-{ID}.scope"),
             // A container with its own cgroup namespace / systemd inside: one level deeper.
             format!("/machine.slice/libpod-{ID}.scope/container"),
-            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
             format!("3:cpu,cpuacct:/libpod_parent/libpod-{ID}"),
         ] {
             assert_eq!(
@@ -264,6 +315,74 @@ mod tests {
     }
 
     #[test]
+    fn a_users_delegated_subtree_names_no_container_and_no_system_unit() {
+        // Given paths below a user's manager, where she names every directory: rootless Docker
+        // and Podman, and a forged unit holding a forged container scope (cgroup v2, and v1's
+        // systemd and controller lines, relative to a sampler's cgroup namespace too)
+        for text in [
+            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope"),
+            format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
+            format!("0::/user.slice/user-1001.slice/user@1001.service/nginx.service/docker-{ID}.scope"),
+            format!("0::/../../user.slice/user-1001.slice/user@1001.service/nginx.service/{ID}"),
+            format!("4:memory:/user.slice/user-1001.slice/user@1001.service/docker/{ID}\n\
+                     1:name=systemd:/user.slice/user-1001.slice/user@1001.service/nginx.service/docker-{ID}.scope"),
+        ] {
+            // Then no container id, no system unit of hers: her manager's unit and slice
+            assert_eq!(found(&text), None, "{text}");
+            let labels = labels(&text);
+            assert_eq!(labels.get(keys::CONTAINER_ID), None, "{text}");
+            assert_eq!(labels.get(keys::CONTAINER_RUNTIME), None, "{text}");
+            let unit = labels.get(keys::SYSTEMD_UNIT).unwrap_or_default();
+            assert!(
+                unit.starts_with("user@") && unit.ends_with(".service"),
+                "{text}: {labels}"
+            );
+            assert!(
+                labels
+                    .get(keys::SYSTEMD_SLICE)
+                    .is_some_and(|s| s.starts_with("user-")),
+                "{text}: {labels}"
+            );
+        }
+        // And the unit she made is hers, by its user-scoped name, naming her service
+        let forged = format!(
+            "0::/user.slice/user-1001.slice/user@1001.service/nginx.service/docker-{ID}.scope"
+        );
+        let labels = labels(&forged);
+        assert_eq!(labels.get(keys::SYSTEMD_UNIT), Some("user@1001.service"));
+        assert_eq!(labels.get(keys::SYSTEMD_USER_UNIT), Some("nginx.service"));
+        assert_eq!(labels.get(keys::SYSTEMD_USER_SLICE), None);
+        assert_eq!(
+            naming_unit(&forged).map(|u| u.unit).as_deref(),
+            Some("nginx.service")
+        );
+        // Her manager itself (init.scope) names no service; a system unit still does
+        let manager = "0::/user.slice/user-1001.slice/user@1001.service/init.scope";
+        assert_eq!(
+            naming_unit(manager).map(|u| u.unit).as_deref(),
+            Some("init.scope")
+        );
+        assert_eq!(
+            naming_unit("0::/system.slice/nginx.service")
+                .map(|u| u.unit)
+                .as_deref(),
+            Some("nginx.service")
+        );
+        // Only `user@<digits>.service` delegates: look-alikes are ordinary segments
+        for path in [
+            format!("/system.slice/user@.service/docker-{ID}.scope"),
+            format!("/system.slice/user@x1.service/docker-{ID}.scope"),
+            format!("/system.slice/xuser@1.service/docker-{ID}.scope"),
+        ] {
+            assert_eq!(
+                found(&path),
+                Some((ID.to_owned(), Some("docker"))),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
     fn systemd_units_and_slices() {
         let unit = |path: &str| systemd_unit(path).map(|u| (u.unit, u.slice));
         let some = |u: &str, s: &str| Some((u.to_owned(), Some(s.to_owned())));
@@ -279,14 +398,21 @@ mod tests {
             unit("/user.slice/user-1000.slice/session-2.scope"),
             some("session-2.scope", "user-1000.slice")
         );
+        // Below a user's manager: the manager is the system unit, what she made is hers
+        let user = |path: &str| user_unit(path).map(|u| (u.unit, u.slice));
+        let terminal = "/user.slice/user-1000.slice/user@1000.service/app.slice/app-org.gnome.Terminal.slice/vte-spawn-1b2c.scope";
+        assert_eq!(unit(terminal), some("user@1000.service", "user-1000.slice"));
         assert_eq!(
-            unit("/user.slice/user-1000.slice/user@1000.service/app.slice/app-org.gnome.Terminal.slice/vte-spawn-1b2c.scope"),
+            user(terminal),
             some("vte-spawn-1b2c.scope", "app-org.gnome.Terminal.slice")
         );
+        let syncthing = "/user.slice/user-1000.slice/user@1000.service/app.slice/syncthing.service";
         assert_eq!(
-            unit("/user.slice/user-1000.slice/user@1000.service/app.slice/syncthing.service"),
-            some("syncthing.service", "app.slice")
+            unit(syncthing),
+            some("user@1000.service", "user-1000.slice")
         );
+        assert_eq!(user(syncthing), some("syncthing.service", "app.slice"));
+        assert_eq!(user("/system.slice/nginx.service"), None);
         // A service's own delegated sub-cgroup still belongs to the service.
         assert_eq!(
             unit("/system.slice/buildkitd.service/worker"),

@@ -14,6 +14,8 @@
 //! API server, and reading it never waits for the network. The two file reads here
 //! ([`read_bounded`]: `/etc/passwd`, `/etc/machine-id`) are bounded and run before the relay
 //! drops privileges, like the config.
+//! Names under [`RESERVED_PREFIXES`] are the relay's and the cluster's: a process never sets
+//! them ([`resource`] states the trust order).
 //! Labels whose name starts with `__` are meta labels: visible to relabel rules, removed after
 //! them ([`Labels::strip_meta`]). An empty value is the same as no label (Prometheus' rule), so
 //! [`Labels::set`] with `""` removes the label.
@@ -55,6 +57,10 @@ pub mod keys {
     /// Not in the semantic conventions (yet): the systemd unit and the slice holding it.
     pub const SYSTEMD_UNIT: &str = "systemd.unit";
     pub const SYSTEMD_SLICE: &str = "systemd.slice";
+    /// The unit and slice a user made in the cgroup subtree delegated to her (below
+    /// `user@UID.service`): her own names, never taken for `systemd.unit` or a container.
+    pub const SYSTEMD_USER_UNIT: &str = "systemd.user_unit";
+    pub const SYSTEMD_USER_SLICE: &str = "systemd.user_slice";
     /// The process's path in systemd's tree (the cgroup v2 `0::` line, or v1's `name=systemd`),
     /// for relabel rules; removed after them.
     pub const META_PROCESS_CGROUP: &str = "__meta_process_cgroup";
@@ -66,6 +72,39 @@ pub const META_PREFIX: &str = "__";
 /// Whether `name` is a meta label.
 pub fn is_meta(name: &str) -> bool {
     name.starts_with(META_PREFIX)
+}
+
+/// Attribute namespaces that only the relay and the cluster fill: what the kernel, the host and
+/// the Kubernetes API say about a process. A process's own claim to a name in them (through
+/// `OTEL_RESOURCE_ATTRIBUTES`) is dropped and counted ([`is_reserved`]). Compared as Pyroscope
+/// sees names (every character outside `[A-Za-z0-9]` as `_`, any case), so `k8s_pod_name` or
+/// `Host.Id` reserve as much as `k8s.pod.name` and `host.id`.
+pub const RESERVED_PREFIXES: [&str; 8] = [
+    "k8s_",
+    "container_",
+    "host_",
+    "os_",
+    "process_",
+    "systemd_",
+    "thread_",
+    META_PREFIX,
+];
+
+/// Whether `name` is one only the relay or the cluster may set (see [`RESERVED_PREFIXES`]);
+/// also `service_name` spelled otherwise than `service.name`, which Pyroscope would take for it.
+pub fn is_reserved(name: &str) -> bool {
+    let seen: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    RESERVED_PREFIXES.iter().any(|p| seen.starts_with(p))
+        || (seen == "service_name" && name != keys::SERVICE_NAME)
 }
 
 /// A set of labels: attribute name -> value, iterated in name order, no empty values.
@@ -191,6 +230,43 @@ mod tests {
         assert_eq!(labels.get("b"), Some("2"));
         labels.strip_meta();
         assert_eq!(labels.to_string(), r#"{b="2"}"#);
+    }
+
+    #[test]
+    fn reserved_names_as_pyroscope_sees_them() {
+        for name in [
+            "k8s.namespace.name",
+            "k8s_pod_name",
+            "K8S.Pod.Name",
+            "container.id",
+            "host.id",
+            "host-name",
+            "os.type",
+            "process.owner",
+            "process.executable.path",
+            "systemd.unit",
+            "systemd.user_unit",
+            "thread.name",
+            "__meta_process_cgroup",
+            "..meta",
+            "service_name",
+            "Service.Name",
+        ] {
+            assert!(is_reserved(name), "{name}");
+        }
+        for name in [
+            "service.name",
+            "service.version",
+            "service.namespace",
+            "deployment.environment.name",
+            "team",
+            "k8s",
+            "hostname",
+            "processor",
+            "_meta",
+        ] {
+            assert!(!is_reserved(name), "{name}");
+        }
     }
 
     #[test]

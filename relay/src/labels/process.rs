@@ -1,4 +1,5 @@
-//! Process and thread labels: `process.pid`, `process.executable.{name,path}`, `process.owner`,
+//! Process and thread labels: `process.pid`, `process.executable.{name,path}`, `process.owner`
+//! (always: the uid's name, else its number, else [`UNKNOWN_OWNER`]),
 //! optional `process.command_line`, the cgroup's labels ([`super::cgroup`]), and the per-sample
 //! `thread.name` / `thread.id`.
 //!
@@ -41,14 +42,23 @@ pub fn labels(facts: &ProcessFacts, users: &UserNames) -> Labels {
         keys::PROCESS_EXECUTABLE_PATH,
         facts.executable_path.as_str(),
     );
-    if let Some(uid) = facts.uid {
-        labels.set(keys::PROCESS_OWNER, users.name(uid));
-    }
+    // Always there: it keeps apart the series of two users whose processes name themselves
+    // alike (the resource stage ignores the claims of a process whose uid is unknown).
+    labels.set(
+        keys::PROCESS_OWNER,
+        facts
+            .uid
+            .map_or_else(|| UNKNOWN_OWNER.to_owned(), |uid| users.name(uid)),
+    );
     if let Some(command_line) = &facts.command_line {
         labels.set(keys::PROCESS_COMMAND_LINE, command_line.as_str());
     }
     labels
 }
+
+/// `process.owner` of a process whose uid the sampler could not read (it exited first, or the
+/// sampler is older than the uid field).
+pub const UNKNOWN_OWNER: &str = "unknown";
 
 /// `process.command_line` from `/proc/PID/cmdline`'s bytes as the sampler forwarded them (with
 /// `--command-line`): the NULs ending each argument become spaces (the last one dropped),

@@ -4,10 +4,13 @@
 //! series with the lowest-priority labels dropped and counted, and no per-sample label
 //! (`thread.id`, `thread.name`) promoted to a series label.
 //!
-//! Priority (highest first): `service.name`; the labels the user pinned (static tags, relabel
-//! targets); the workload's names ([`NAMED`]); every other label; identifiers of one machine or
-//! process ([`DETAIL`]); per-process values ([`VOLATILE`]). Ties go by name, so the same labels
-//! always keep the same series. Pure: no I/O.
+//! Priority (highest first): `service.name`; `process.owner` (it keeps two users' processes
+//! that name themselves alike in series of their own); the labels the user pinned (static tags,
+//! relabel targets); the workload's names ([`NAMED`]); every other label; identifiers of one
+//! machine or process ([`DETAIL`]); per-process values ([`VOLATILE`]); last, the labels whose
+//! values the process chose itself (its `OTEL_RESOURCE_ATTRIBUTES`, the unit it made in its
+//! delegated cgroup): however many it declares, they never push out what the relay observed.
+//! Ties go by name, so the same labels always keep the same series. Pure: no I/O.
 
 use std::collections::BTreeMap;
 
@@ -40,11 +43,10 @@ pub const NAMED: [&str; 13] = [
     keys::CONTAINER_RUNTIME,
 ];
 /// Identifiers: kept while there is room.
-pub const DETAIL: [&str; 7] = [
+pub const DETAIL: [&str; 6] = [
     keys::CONTAINER_ID,
     "k8s.pod.uid",
     keys::SYSTEMD_SLICE,
-    keys::PROCESS_OWNER,
     keys::HOST_ID,
     keys::HOST_ARCH,
     keys::OS_TYPE,
@@ -109,30 +111,35 @@ pub fn is_valid_label_name(name: &str) -> bool {
 }
 
 /// The rank of an attribute: lower is kept first.
-fn rank(name: &str, pinned: &[&str]) -> u8 {
+fn rank(name: &str, pinned: &[&str], supplied: &[&str]) -> u8 {
     if name == keys::SERVICE_NAME {
         0
-    } else if pinned.contains(&name) {
+    } else if name == keys::PROCESS_OWNER {
         1
-    } else if NAMED.contains(&name) {
+    } else if pinned.contains(&name) {
         2
-    } else if DETAIL.contains(&name) {
-        4
-    } else if VOLATILE.contains(&name) {
-        5
-    } else {
+    } else if supplied.contains(&name) {
+        7
+    } else if NAMED.contains(&name) {
         3
+    } else if DETAIL.contains(&name) {
+        5
+    } else if VOLATILE.contains(&name) {
+        6
+    } else {
+        4
     }
 }
 
 /// The series labels of a process's `labels` (meta and sample-only labels are skipped);
-/// `pinned` names rank right after `service.name`.
-pub fn series(labels: &Labels, pinned: &[&str]) -> Series {
+/// `pinned` names rank right after `service.name` and `process.owner`, `supplied` ones (their
+/// values chosen by the process) after everything else.
+pub fn series(labels: &Labels, pinned: &[&str], supplied: &[&str]) -> Series {
     let mut candidates: Vec<(&str, &str)> = labels
         .iter()
         .filter(|(name, _)| !is_meta(name) && !SAMPLE_ONLY.contains(name))
         .collect();
-    candidates.sort_by_key(|&(name, _)| (rank(name, pinned), name));
+    candidates.sort_by_key(|&(name, _)| (rank(name, pinned, supplied), name));
     let budget = MAX_LABEL_NAMES_PER_SERIES - ADDED_BY_PYROSCOPE;
     let mut series = Series::default();
     for (attribute, value) in candidates {
@@ -193,7 +200,7 @@ mod tests {
             labels.set(name, value);
         }
         // When it is checked for Pyroscope, with one custom label pinned by the user
-        let series = series(&labels, &["custom.39"]);
+        let series = series(&labels, &["custom.39"], &[]);
         // Then 29 of ours fit beside __name__, by priority
         assert_eq!(
             series.labels.len(),
@@ -219,6 +226,53 @@ mod tests {
     }
 
     #[test]
+    fn what_a_process_supplies_goes_first_and_never_displaces_an_observation() {
+        // Given observed labels and 30 fillers of the process's own, one colliding with
+        // process.owner once mapped
+        let mut labels: Labels = (0..30).map(|i| (format!("filler.{i:02}"), "x")).collect();
+        labels.set("process_owner", "root");
+        let observed = [
+            (keys::SERVICE_NAME, "nginx"),
+            (keys::PROCESS_OWNER, "eve"),
+            (keys::PROCESS_EXECUTABLE_PATH, "/home/eve/nginx"),
+            (keys::PROCESS_EXECUTABLE_NAME, "nginx"),
+            (keys::HOST_ID, "4c4c4544004d3510804bb4c04f4e3732"),
+            (keys::HOST_NAME, "node-1"),
+            (keys::CONTAINER_ID, "abc"),
+        ];
+        for (name, value) in observed {
+            labels.set(name, value);
+        }
+        let supplied: Vec<String> = labels
+            .iter()
+            .map(|(n, _)| n.to_owned())
+            .filter(|n| n.starts_with("filler") || n == "process_owner")
+            .collect();
+        let supplied: Vec<&str> = supplied.iter().map(String::as_str).collect();
+        // When the series is made
+        let series = series(&labels, &[], &supplied);
+        // Then every observed label is in it, with its own value, and only fillers went
+        for (name, value) in observed {
+            assert_eq!(
+                series.labels.get(&label_name(name)).map(String::as_str),
+                Some(value),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            series.labels.len(),
+            MAX_LABEL_NAMES_PER_SERIES - ADDED_BY_PYROSCOPE
+        );
+        assert!(series
+            .dropped
+            .iter()
+            .all(|(n, _)| supplied.contains(&n.as_str())));
+        assert!(series
+            .dropped
+            .contains(&("process_owner".to_owned(), DropReason::NameCollision)));
+    }
+
+    #[test]
     fn collisions_and_long_values() {
         let labels: Labels = [
             ("team.name", "a"),
@@ -228,7 +282,7 @@ mod tests {
         .into_iter()
         .map(|(n, v)| (n.to_owned(), v.to_owned()))
         .collect();
-        let series = series(&labels, &[]);
+        let series = series(&labels, &[], &[]);
         // Same rank: `team.name` sorts first and keeps the name.
         assert_eq!(
             series.labels.get("team_name").map(String::as_str),

@@ -10,8 +10,10 @@
 //! that on any error the entire value is discarded and an error reported: an entry without `=`,
 //! with an empty key, or with a `%` not followed by two hex digits makes the parse fail
 //! ([`MalformedAttributes`]: the entry's position and the reason), and the process gets none of
-//! its attributes (its `OTEL_SERVICE_NAME`, a separate variable, still counts). Pure: no I/O; the
-//! labels stage logs and counts the error once per process.
+//! its attributes (its `OTEL_SERVICE_NAME`, a separate variable, still counts). Names only the
+//! relay or the cluster may set ([`super::is_reserved`]) are never labels: they come back apart,
+//! as claims. Pure: no I/O; the labels stage logs and counts the error and the claims once per
+//! process.
 
 use super::{keys, Labels};
 
@@ -70,14 +72,29 @@ impl ResourceAttributes {
     }
 
     /// The attributes as labels, `service.name` left out (it goes through
-    /// [`super::service::service_name`]'s precedence instead), and meta names (`__...`) too: a
-    /// process must not hand relabel rules a fact the relay did not observe.
-    pub fn labels(&self) -> Labels {
-        self.attributes
+    /// [`super::service::service_name`]'s precedence instead), and the names only the relay or
+    /// the cluster may set ([`super::is_reserved`]: `k8s.*`, `container.*`, `host.*`,
+    /// `process.*`, meta names, ...) too: those are returned apart, sorted and once each, as
+    /// the process's claims to drop and count. A process must not pass for another pod,
+    /// container, host or user, nor hand relabel rules a fact the relay did not observe.
+    pub fn labels(&self) -> (Labels, Vec<String>) {
+        let mut claims: Vec<String> = Vec::new();
+        let labels = self
+            .attributes
             .iter()
-            .filter(|(k, _)| k != keys::SERVICE_NAME && !super::is_meta(k))
+            .filter(|(k, _)| k != keys::SERVICE_NAME)
+            .filter(|(k, _)| {
+                let reserved = super::is_reserved(k);
+                if reserved {
+                    claims.push(k.clone());
+                }
+                !reserved
+            })
             .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect()
+            .collect();
+        claims.sort_unstable();
+        claims.dedup();
+        (labels, claims)
     }
 }
 
@@ -165,8 +182,16 @@ mod tests {
         let parsed = ResourceAttributes::parse(text).expect("well formed");
         assert_eq!(parsed.service_name(), Some("checkout"));
         assert_eq!(
-            parsed.labels().to_string(),
-            r#"{deployment.environment.name="prod", team="payments"}"#
+            parsed.labels(),
+            (
+                [
+                    ("deployment.environment.name", "prod"),
+                    ("team", "payments")
+                ]
+                .into_iter()
+                .collect(),
+                Vec::new()
+            )
         );
         assert_eq!(pairs(""), Vec::new());
     }
@@ -224,6 +249,34 @@ mod tests {
         let long = "x".repeat(500);
         let err = ResourceAttributes::parse(&long).expect_err("no '='");
         assert_eq!(err.entry.len(), ENTRY_SHOWN_BYTES);
+    }
+
+    #[test]
+    fn reserved_names_are_claims_apart_from_the_labels() {
+        // Given a value claiming another pod, container, host and owner, twice for one name,
+        // among attributes of the application's own
+        let parsed = ResourceAttributes::parse(
+            "k8s.namespace.name=kube-system,k8s.pod.name=coredns-0,container.id=abc,\
+             host_id=0000,process.owner=root,team=web,__meta_x=1,k8s.pod.name=again,\
+             service.name=nginx,service.version=2",
+        )
+        .expect("well formed");
+        // When turned into labels
+        let (labels, claims) = parsed.labels();
+        // Then the application's own attributes stay, the claims are listed once each
+        assert_eq!(labels.to_string(), r#"{service.version="2", team="web"}"#);
+        assert_eq!(
+            claims,
+            [
+                "__meta_x",
+                "container.id",
+                "host_id",
+                "k8s.namespace.name",
+                "k8s.pod.name",
+                "process.owner"
+            ]
+        );
+        assert_eq!(parsed.service_name(), Some("nginx"));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! relabel rules (a `drop`/`keep` may drop the process), [`resource::restore_service_name`], the
 //! removal of `process.pid` (rules can read it; it is never a resource label), and
 //! Pyroscope's series limits ([`pyroscope::series`]: the lowest-priority labels beyond 30 are
-//! removed and counted). A dropped process's samples are not exported; they are counted.
+//! removed and counted, what the process supplied itself first). A dropped process's samples
+//! are not exported; they are counted, and so are the reserved names a process claimed
+//! (`claims_dropped`: never a label, see [`resource`]).
 //!
 //! The session calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
 //! (exec, or a reused pid), so labels follow exec; a config reload replaces the settings whole
@@ -95,6 +97,10 @@ pub struct LabelStats {
     pub labels_over_limit: u64,
     /// Processes whose `OTEL_RESOURCE_ATTRIBUTES` was malformed, hence discarded whole.
     pub env_attributes_discarded: u64,
+    /// Reserved attributes (`k8s.*`, `container.*`, `host.*`, `process.*`, ...) processes
+    /// claimed in their `OTEL_RESOURCE_ATTRIBUTES`: dropped, each counted once per computation
+    /// of its process's labels.
+    pub claims_dropped: u64,
     /// Processes that nothing named (no facts, no executable name): `unknown_service` or
     /// `--service-name`.
     pub services_unknown: u64,
@@ -148,6 +154,8 @@ impl ProcessRecord {
             facts: ProcessFacts {
                 pid,
                 kernel_thread: pid == 0,
+                // The idle task is the kernel's; any other pid's owner is unknown.
+                uid: (pid == 0).then_some(0),
                 ..ProcessFacts::default()
             },
             env: ProcessEnv::default(),
@@ -341,6 +349,23 @@ fn compute(
     if let Some(pods) = pods {
         kubernetes::join(pods, &mut labels, report.service_name_source, &shared.tags);
     }
+    if !report.claims_dropped.is_empty() {
+        stats.claims_dropped = stats
+            .claims_dropped
+            .saturating_add(report.claims_dropped.len() as u64);
+        // Debug, not warn: a pod that copies its own k8s.* names into the variable (a common
+        // downward-API habit) would log at every start; the count is in the labels stage line
+        // and the metrics.
+        tracing::debug!(
+            pid = process.facts.pid,
+            executable = process.facts.executable_name.as_str(),
+            owner = labels.get(keys::PROCESS_OWNER).unwrap_or_default(),
+            claims = ?report.claims_dropped,
+            "a process claimed attributes only the relay or the cluster may set in its \
+             OTEL_RESOURCE_ATTRIBUTES; they were dropped (the relay fills k8s.*, container.*, \
+             host.*, process.* itself)"
+        );
+    }
     if let Some(malformed) = &report.discarded_attributes {
         stats.env_attributes_discarded += 1;
         // Once per process: its labels are computed once (again only on new facts or a reload).
@@ -363,7 +388,8 @@ fn compute(
     // processes into resources of their own. Per sample it is opt-in (`sample_attributes`).
     labels.remove(keys::PROCESS_PID);
     let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
-    for (name, _) in pyroscope::series(&labels, &pinned).dropped {
+    let supplied: Vec<&str> = report.supplied.iter().map(String::as_str).collect();
+    for (name, _) in pyroscope::series(&labels, &pinned, &supplied).dropped {
         labels.remove(&name);
         stats.labels_over_limit += 1;
     }
@@ -559,6 +585,52 @@ mod tests {
         assert_eq!(labels.get(keys::SERVICE_NAME), Some("big"));
         assert_eq!(labels.get(keys::PROCESS_PID), None);
         assert!(stage.stats().labels_over_limit > 10);
+        // And what the relay observed stayed: the process's own attributes went instead
+        assert_eq!(labels.get(keys::PROCESS_OWNER), Some("0"));
+        assert_eq!(labels.get(keys::PROCESS_EXECUTABLE_PATH), Some("/opt/app"));
+        assert_eq!(labels.get(keys::OS_TYPE), Some("linux"));
+    }
+
+    #[test]
+    fn forged_labels_are_dropped_counted_and_displace_nothing() {
+        // Given a user's process naming itself nginx, claiming a kube-system pod and carrying
+        // 30 fillers, and the machine's id known
+        let mut attributes: Vec<String> = (0..30).map(|i| format!("filler.{i:02}=x")).collect();
+        attributes.push("k8s.namespace.name=kube-system".into());
+        attributes.push("k8s.pod.name=coredns-0".into());
+        let env = ProcessEnv {
+            otel_service_name: Some("nginx".into()),
+            otel_resource_attributes: Some(attributes.join(",")),
+        };
+        let mut stage = LabelStage::new(
+            LabelSettings::default(),
+            UserNames::parse("eve:x:1001:1001::/:/bin/sh\n"),
+            Some("0123456789abcdef0123456789abcdef".into()),
+        );
+        let mut process = record(21, 1, "nginx", env);
+        process.facts.uid = Some(1001);
+        process.facts.cgroup = "0::/user.slice/user-1001.slice/session-4.scope".into();
+        // When labelled
+        let labels = stage.resource("node", &process).expect("kept");
+        // Then it keeps its name, and every observed attribute is there: its owner, path, host
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("nginx"));
+        assert_eq!(labels.get(keys::PROCESS_OWNER), Some("eve"), "{labels}");
+        assert_eq!(
+            labels.get(keys::PROCESS_EXECUTABLE_PATH),
+            Some("/opt/nginx")
+        );
+        assert_eq!(
+            labels.get(keys::HOST_ID),
+            Some("0123456789abcdef0123456789abcdef")
+        );
+        assert_eq!(labels.get(keys::SYSTEMD_UNIT), Some("session-4.scope"));
+        // And no claim stands; the two are counted, the fillers over the cap too
+        assert!(
+            !labels.iter().any(|(n, _)| n.starts_with("k8s.")),
+            "{labels}"
+        );
+        assert_eq!(stage.stats().claims_dropped, 2);
+        assert!(stage.stats().labels_over_limit > 0);
     }
 
     #[test]

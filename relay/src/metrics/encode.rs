@@ -69,6 +69,8 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_files_symbols_only", "Binaries named from their symbol table only: their links to separate debug info lead where the relay does not trust (the relay's INFO log says why, per file).", Kind::Counter, |s| s.files_symbols_only),
     ("symbolizer_files_too_large", "Binaries left unnamed: the relay may not reopen them and they exceed --max-copy-bytes.", Kind::Counter, |s| s.files_too_large),
     ("symbolizer_files_panicked", "Binaries left unnamed because parsing them panicked inside blazesym (a malformed or hostile file).", Kind::Counter, |s| s.files_panicked),
+    ("labels_over_limit", "Labels removed to fit Pyroscope's 30 labels per series, what a process supplied itself (OTEL_RESOURCE_ATTRIBUTES) first; counted each time a process's labels are computed.", Kind::Counter, |s| s.labels_over_limit),
+    ("label_claims_dropped", "Attributes a process claimed in OTEL_RESOURCE_ATTRIBUTES under a name only the relay or the cluster sets (k8s.*, container.*, host.*, os.*, process.*, systemd.*, thread.*, service_name, __*): dropped; counted each time a process's labels are computed.", Kind::Counter, |s| s.label_claims_dropped),
 ];
 
 /// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.

@@ -184,6 +184,10 @@ pub(crate) struct RelayStats {
     pub files_symbols_only: u64,
     pub files_too_large: u64,
     pub files_panicked: u64,
+    /// Labels removed to fit Pyroscope's series limits, and reserved attributes processes
+    /// claimed in their environment (both from the labels stage).
+    pub labels_over_limit: u64,
+    pub label_claims_dropped: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.

@@ -334,7 +334,7 @@ fn whole_chain_providers_rules_cache_pyroscope() {
         start_time_unix_ns: 1,
         executable_path: format!("/usr/bin/{name}"),
         executable_name: name.into(),
-        uid: None,
+        uid: Some(1000),
         cgroup: cgroup.into(),
         command_line: None,
         kernel_thread: false,
@@ -381,7 +381,7 @@ fn whole_chain_providers_rules_cache_pyroscope() {
     for kept in [&nginx, &ledger, &tool].into_iter().flatten() {
         assert!(!kept.iter().any(|(n, _)| n.starts_with("__")), "{kept}");
         assert_eq!(kept.get("env"), Some("prod"));
-        let series = pyroscope::series(kept, &["env"]);
+        let series = pyroscope::series(kept, &["env"], &[]);
         assert!(series.labels.contains_key("service_name"));
         assert!(series.dropped.is_empty(), "{series:?}");
     }

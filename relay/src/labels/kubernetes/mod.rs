@@ -22,8 +22,10 @@
 //!   labels as `k8s.pod.label.<key>` and annotations as the meta labels
 //!   `__meta_k8s_pod_annotation_<key>` (key sanitized as Prometheus does: every character
 //!   outside `[A-Za-z0-9_]` becomes `_`), visible to relabel rules and removed after them.
-//!   What the relay observes wins over a process's `OTEL_RESOURCE_ATTRIBUTES`; the operator's
-//!   static tags win over it.
+//!   A process's `OTEL_RESOURCE_ATTRIBUTES` cannot set any `k8s.*` name (reserved: dropped and
+//!   counted), and the join reads only the `container.id` observed in cgroup segments root
+//!   named (never below a user's delegation point, [`super::cgroup`]); the operator's static
+//!   tags win over it.
 
 #[cfg(feature = "kubernetes")]
 pub mod pod;

@@ -493,3 +493,38 @@ fn kubernetes_join_cost() {
         with.saturating_sub(without) / 1000
     );
 }
+
+#[test]
+fn a_forged_container_id_joins_no_pod() {
+    // Given the index holding the checkout pod's app container
+    let pods = Pods::new();
+    let found = Arc::new(super::ContainerLabels {
+        labels: [(k::NAMESPACE, "shop"), (k::POD_NAME, "checkout-0")]
+            .into_iter()
+            .collect(),
+        container_name: "app".into(),
+        ..super::ContainerLabels::default()
+    });
+    pods.apply("pod-uid", vec![(CHECKOUT_APP.to_owned(), found)]);
+    let mut stage = stage(&pods, "[]");
+    // When a user's process claims that container: by the cgroup she made in her delegated
+    // subtree, and by her environment
+    let delegated = process(
+        10,
+        "eve",
+        &format!("0::/user.slice/user-1001.slice/user@1001.service/app.slice/cri-containerd-{CHECKOUT_APP}.scope"),
+    );
+    let mut claimed = process(11, "eve", "0::/user.slice/user-1001.slice/session-2.scope");
+    claimed.env.otel_resource_attributes = Some(format!("container.id={CHECKOUT_APP}"));
+    // Then neither gets the pod's labels, nor the container id
+    for record in [&delegated, &claimed] {
+        let labels = labels_of(&mut stage, record);
+        assert_eq!(k8s_labels(&labels), [], "{labels}");
+        assert_eq!(labels.get(keys::CONTAINER_ID), None, "{labels}");
+        assert_eq!(labels.get(keys::SERVICE_NAME), Some("eve"), "{labels}");
+    }
+    // While the container's own process, in root's cgroup, does
+    let real = process(12, "app", &systemd_driver_path("pod-uid", CHECKOUT_APP));
+    let labels = labels_of(&mut stage, &real);
+    assert_eq!(labels.get(k::POD_NAME), Some("checkout-0"), "{labels}");
+}
