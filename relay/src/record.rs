@@ -164,7 +164,14 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         .run(&events, &mut policy)?;
     policy.progress.finish_and_clear();
     let exit = wait_child(&mut child);
-    finish(ended, policy.sampler_error, &exit, config.export_timeout)?;
+    let verbose = config.log_level != "warn";
+    finish(
+        ended,
+        policy.sampler_error,
+        &exit,
+        config.export_timeout,
+        verbose,
+    )?;
     opener.open();
     Ok(())
 }
@@ -238,6 +245,7 @@ fn finish(
     sampler_error: Option<String>,
     exit: &str,
     export_timeout: Duration,
+    verbose: bool,
 ) -> anyhow::Result<()> {
     let Ended {
         window: profile,
@@ -252,7 +260,7 @@ fn finish(
     }
     sinks.finish(&profile, export_timeout, &mut |report| {
         match report? {
-            SinkReport::Files(paths) => print_summary(&profile, &paths, &losses),
+            SinkReport::Files(paths) => print_summary(&profile, &paths, &losses, verbose),
             SinkReport::Otlp(finished) => print_export_summary(&finished, export_timeout),
             SinkReport::Quiet => {}
         }
@@ -496,20 +504,33 @@ fn print_unwind_summary(losses: &Losses) {
     );
 }
 
-fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses) {
+/// What `record` prints at the end: what was recorded, what was lost and why in words, the
+/// files, the top functions; with `-v` also how the user stacks were unwound (internals).
+fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose: bool) {
     let total = profile.total_samples();
     println!(
         "recorded {total} samples at {} Hz over {:.1}s",
         profile.frequency_hz,
         profile.end_unix_ns.saturating_sub(profile.start_unix_ns) as f64 / 1e9
     );
-    if losses.user_stack_lost + losses.kernel_stack_lost + losses.counts_full > 0 {
+    if losses.user_stack_lost + losses.kernel_stack_lost > 0 {
         println!(
-            "lost: {} user stacks, {} kernel stacks, {} samples (counts map full)",
-            losses.user_stack_lost, losses.kernel_stack_lost, losses.counts_full
+            "lost: the user stack of {} samples and the kernel stack of {} (the kernel's stack \
+             table was full or two stacks collided in it); those samples are kept, marked \
+             [lost stack]",
+            losses.user_stack_lost, losses.kernel_stack_lost
         );
     }
-    print_unwind_summary(losses);
+    if losses.counts_full > 0 {
+        println!(
+            "lost: {} samples: more distinct stacks came in one interval than the sampler's \
+             in-kernel table holds (a lower --frequency or a shorter --interval helps)",
+            losses.counts_full
+        );
+    }
+    if verbose {
+        print_unwind_summary(losses);
+    }
     println!("wrote:");
     for path in paths {
         println!("  {}", path.display());
