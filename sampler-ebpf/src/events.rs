@@ -1,4 +1,4 @@
-//! Process events (issue 11): the first sample of a process the program has not reported yet
+//! Process events: the first sample of a process the program has not reported yet
 //! goes to the sampler at once on a ring buffer, so it reads the process's facts while the
 //! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
 //! processes right (an exec'd image and a reused pid are reported again).

@@ -146,7 +146,7 @@ unsafe impl aya::Pod for MappingEntry {}
 // SAFETY: as above: u32 + explicit u32 pad + an array of `MappingEntry`.
 unsafe impl aya::Pod for ProcMappings {}
 
-/// What the program tells the sampler at once, on the `PROCESS_EVENTS` ring buffer (issue 11):
+/// What the program tells the sampler at once, on the `PROCESS_EVENTS` ring buffer:
 /// a process it had not sampled before (or not since its last exec) was just sampled, so its
 /// facts can be read while it still runs.
 #[repr(C)]

@@ -49,7 +49,7 @@ mod program {
     pub(crate) static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::LEN, 0);
-    /// Unwind tables checked by the sampler (issue 10). Sized by the loader: one entry each
+    /// Unwind tables checked by the sampler. Sized by the loader: one entry each
     /// with `--unwind fp`, `--unwind-memory-bytes / 16` rows at most with `--unwind dwarf`.
     /// Memory-mappable: the sampler stores rows with plain writes (`sampler/src/rows.rs`).
     #[map]

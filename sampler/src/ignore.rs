@@ -1,4 +1,4 @@
-//! The relay's process filter, pushed down (issue 9, item 4): the processes the relay asked the
+//! The relay's process filter, pushed down: the processes the relay asked the
 //! sampler to ignore, each verified, kept in the program's `IGNORED` map so that their samples
 //! are dropped (and counted) before any stack walk.
 //!

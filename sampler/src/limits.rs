@@ -1,7 +1,7 @@
 //! Every bound the sampler puts on what a process it looks at can make it read, hold or send, in
 //! one place. Each process is hostile: without these, one process with many long mappings made
 //! a single `process` datagram of 4.7 MB that no socket would take, and profiling stopped for
-//! everyone (issue 7, attack 1). With them a process can lose only its own facts.
+//! everyone (attack 1 in SECURITY.md). With them a process can lose only its own facts.
 
 /// Most bytes of `/proc/PID/maps` read; only complete lines count. 4096 executable mappings with
 /// 1 KiB paths fit, and a read of the whole file cannot grow without bound.

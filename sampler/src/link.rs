@@ -5,7 +5,7 @@
 //!
 //! A datagram the kernel refuses as such (EMSGSIZE: larger than the socket can ever take;
 //! ENOBUFS) is dropped and counted, never retried: retrying it by reconnecting would resend the
-//! same snapshot forever and stop all profiling (issue 7, attack 1). An inherited connection is
+//! same snapshot forever and stop all profiling (attack 1 in SECURITY.md). An inherited connection is
 //! never reconnected: when it ends, the sampler ends.
 
 use std::{

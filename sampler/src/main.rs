@@ -583,7 +583,7 @@ impl Sampler {
     fn log_status(&mut self, losses: &Losses) {
         let (events_sent, events_dropped, execs) = self.loaded.events.counters();
         // Since the last status line: how long after a process's first sample its facts were
-        // read (issue 11).
+        // read.
         let latency = self.loaded.events.take_latencies();
         tracing::info!(
             samples = self.sent_samples,

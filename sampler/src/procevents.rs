@@ -1,4 +1,4 @@
-//! Reads the program's process events (issue 11): the first sample of each process arrives on
+//! Reads the program's process events: the first sample of each process arrives on
 //! a ring buffer at once, so the drain loop reads the process's facts (and opens its mapped
 //! binaries) while it still runs, instead of at the next drain when a short-lived process is
 //! long gone. Also measures how long after that first sample the facts were read.

@@ -415,7 +415,7 @@ mod tests {
     #[test]
     fn a_process_with_1200_long_mappings_fits_in_bounded_datagrams() {
         // Given a process with 1,200 executable mappings of distinct files under 3.9 KB paths
-        // (attack 1 of issue 7)
+        // (attack 1 in SECURITY.md)
         let dir = format!("/{}", "d".repeat(3_900));
         let mut maps = String::new();
         for i in 0..1_200u64 {

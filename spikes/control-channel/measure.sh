@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures the control-channel spikes of issue 13 and prints one Markdown table, a column per
+# Measures the control-channel spikes and prints one Markdown table, a column per
 # server present: (b) plain capnp messages on SOCK_SEQPACKET (msg-server/, the one kept) and, if
 # restored from the commit that added this spike, (a) capnp-rpc on a Unix stream socket
 # (rpc-server/; its client half is in that commit's client/src/main.rs too). RESULTS.md holds

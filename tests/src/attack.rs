@@ -1,4 +1,4 @@
-//! Support for the attack regression tests (tests/attacks.rs, issue 7): an unprivileged attacker
+//! Support for the attack regression tests (tests/attacks.rs): an unprivileged attacker
 //! uid picked at run time, the attacker programs of tests/workloads/attack_*.c compiled at test
 //! time, running them as that uid, attacker-owned directories, `ember-relay record` / `run`
 //! with extra limits or environment, and what the tests measure of the relay from /proc

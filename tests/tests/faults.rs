@@ -1,4 +1,4 @@
-//! The crash and restart matrix (issue 11, part 3): each case runs the real sampler on a known
+//! The crash and restart matrix: each case runs the real sampler on a known
 //! workload (the spinner, one busy thread) into a real `ember-relay run`, injects one fault, and
 //! counts samples end to end. Two ledgers must balance:
 //!

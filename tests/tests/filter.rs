@@ -1,4 +1,4 @@
-//! The process filter pushed down to the sampler (issue 9, item 4), with the real sampler and
+//! The process filter pushed down to the sampler, with the real sampler and
 //! eBPF program. Root only; every test holds `ebpf_lock()`.
 //!
 //! 1. Two CPU burners, `keeper` and `skipme`, under `ember-relay run --process-filter` that keeps

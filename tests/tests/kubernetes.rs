@@ -1,4 +1,4 @@
-//! Kubernetes labels end to end (issue 9): two copies of the `spinner` workload moved into
+//! Kubernetes labels end to end: two copies of the `spinner` workload moved into
 //! container-shaped cgroups (the kubelet's systemd-driver layout under cgroup v2, with
 //! containerd's `cri-containerd-<id>.scope`), profiled by the real sampler, and
 //! `ember-relay run --kubernetes` against an API server in this test that serves the recorded

@@ -1,4 +1,4 @@
-//! Labels end to end (issue 9): real processes through the real sampler and `ember-relay record`
+//! Labels end to end: real processes through the real sampler and `ember-relay record`
 //! into a real OTLP receiver, checked from the decoded requests (our decoders for both wire
 //! generations, and the official Python `opentelemetry-proto` when scripts/setup.sh installed
 //! it). Root only (eBPF); every test holds `ebpf_lock()`.

@@ -1,4 +1,4 @@
-//! Reloading the label settings end to end (issue 9): the real sampler profiles a workload for a
+//! Reloading the label settings end to end: the real sampler profiles a workload for a
 //! real `ember-relay run --config FILE` exporting to an OTLP receiver; the file is rewritten while
 //! it runs. Root only (eBPF); holds `ebpf_lock()`.
 //!

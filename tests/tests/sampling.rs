@@ -1,5 +1,5 @@
 //! The sampler's in-kernel side under pressure, and binaries that are hard to reach, with the
-//! real eBPF program and real workloads (issue 15's untested paths):
+//! real eBPF program and real workloads (the paths no other test reached):
 //!
 //! - a counts map too small for the workload: every sample it could not keep is counted
 //!   (`counts_full`), and recorded + counted add up to what the workload earned;

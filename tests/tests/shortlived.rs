@@ -1,4 +1,4 @@
-//! Short-lived processes (issue 11): processes that live 50-80 ms are described while they run
+//! Short-lived processes: processes that live 50-80 ms are described while they run
 //! (the program reports each process's first sample on a ring buffer and the sampler reads its
 //! facts at once), so their samples are symbolized, not only counted.
 //!

@@ -1,4 +1,4 @@
-//! The process filter, pushed down (issue 9, item 4): the processes the labels stage's
+//! The process filter, pushed down: the processes the labels stage's
 //! `--process-filter` left out are sent to the sampler that described them, as
 //! `ignoreProcesses` on its connection, so it stops sampling them (it checks each one; see
 //! sampler/src/ignore.rs). Not a label provider: the one place in `labels` that writes a socket.

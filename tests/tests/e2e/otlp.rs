@@ -1511,7 +1511,7 @@ fn check_with_python(chain: &Chain, version: &str, other: &str) {
             );
             // Attributes and where they sit: the process on the resource, the thread on the
             // sample, nothing on the scope or the profile.
-            // The labels stage (issue 9) adds host.arch, os.type, process.owner, and host.id
+            // The labels stage adds host.arch, os.type, process.owner, and host.id
             // where the machine has a machine id.
             let resource = &p["resource_attributes"];
             let mut resource_keys = keys(resource);

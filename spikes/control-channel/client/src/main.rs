@@ -1,5 +1,5 @@
 //! The relay side of the spike: drives the server with the workloads measure.sh times and prints
-//! figures. Its capnp-rpc half went with the capnp-rpc server (issue 13's decision; both are in
+//! figures. Its capnp-rpc half went with the capnp-rpc server (plain messages were chosen, see SECURITY.md; both are in
 //! the commit that added this spike). Usage: spike-client msg PATH latency|load100|flood N|hostile
 use std::{
     ffi::CString,
