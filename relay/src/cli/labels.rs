@@ -24,7 +24,7 @@ pub struct LabelArgs {
     #[arg(long, value_name = "K=V;...")]
     pub tags: Option<String>,
     /// The service name of processes nothing else names (before the executable name; see the
-    /// README's "Labels" precedence table).
+    /// docs/labels.md's precedence table).
     #[arg(long, value_name = "NAME")]
     pub service_name: Option<String>,
     /// Export only processes whose executable name matches this regex (fully anchored; RE2

@@ -28,7 +28,7 @@ use opentelemetry_proto::tonic::{
 use super::request::{self, Request, SampleAttributes};
 use crate::model::{Profile, SampleRef};
 
-/// The OTLP profiles wire generation a receiver speaks (see the README's compatibility matrix).
+/// The OTLP profiles wire generation a receiver speaks (see docs/otlp.md's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
 pub enum ProtoVersion {
     /// Pyroscope 1.18.x and 1.19.x, OpenTelemetry Collector <= 0.147.
