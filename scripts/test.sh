@@ -2,8 +2,8 @@
 # Sets up what ember needs (idempotent), then runs every check and test: formatting, clippy,
 # unit tests and the end-to-end tests that load the real eBPF program (these need root).
 #
-# Then each fuzz target for a few seconds (scripts/fuzz.sh), and last, a time-capped mutation
-# test of the changed Rust code (scripts/mutants.sh --ci).
+# Then each fuzz target for a few seconds (scripts/fuzz.sh), and last, in CI (or with
+# EMBER_MUTANTS=1), a time-capped mutation test of the changed Rust code (scripts/mutants.sh --ci).
 #
 # Nothing is skipped in silence: this script sets EMBER_REQUIRE_ALL=1, so a test that cannot run
 # here (not root, a tool or the Python decoders missing) fails. `EMBER_REQUIRE_ALL=0
@@ -13,22 +13,35 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 start=$(date +%s)
+stage_start=$start
+stage_name=""
+# Prints how long the stage before took, then the next stage's name.
+stage() {
+    local now
+    now=$(date +%s)
+    [ -z "$stage_name" ] || echo "== $stage_name took $((now - stage_start))s"
+    stage_name=$1
+    stage_start=$now
+    [ -z "$1" ] || echo "== $1"
+}
+stage "setup"
 bash scripts/setup.sh
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 cargo check --locked -p ember-relay --no-default-features  # the relay without Kubernetes support
 cargo clippy --locked -p ember-relay --features fuzzing -- -D warnings  # the fuzz targets' entry points
-echo "== cargo build"
+stage "cargo build"
 cargo build --locked
-echo "== cargo test"
+stage "cargo test"
 export EMBER_REQUIRE_ALL="${EMBER_REQUIRE_ALL:-1}"
 export EMBER_TEST_RECORD="$root/target/ember-test-record.txt"
 rm -f "$EMBER_TEST_RECORD"
 # End-to-end tests share the CPUs and the eBPF sampler: run them one at a time.
 status=0
 cargo test --locked -- --test-threads=1 || status=$?
+stage ""
 # One line per test that ran as root or was skipped (several lines for one test count once).
 count() {
     awk -F '\t' -v kind="$1" '$1 == kind { print $2 }' "$EMBER_TEST_RECORD" 2>/dev/null |
@@ -53,8 +66,12 @@ if [ "${EMBER_FUZZ_SECONDS:-10}" != 0 ]; then
 fi
 # Mutation testing of the Rust code changed since the base commit (scripts/mutants.sh --ci):
 # capped at EMBER_MUTANTS_TIMEOUT (15m); lists the mutants no test caught, and fails on them
-# only with EMBER_MUTANTS_STRICT=1. EMBER_MUTANTS=0 leaves it out.
-if [ "${EMBER_MUTANTS:-1}" != 0 ]; then
+# only with EMBER_MUTANTS_STRICT=1. On by default in CI (a throwaway clone, mutated in place);
+# elsewhere it would build a second copy of the tree from scratch, so it runs only with
+# EMBER_MUTANTS=1. EMBER_MUTANTS=0 leaves it out everywhere.
+mutants_default=0
+[ -z "${CI:-}" ] || mutants_default=1
+if [ "${EMBER_MUTANTS:-$mutants_default}" != 0 ]; then
     echo "== cargo mutants (changed code only)"
     mutants_start=$(date +%s)
     bash scripts/mutants.sh --ci
