@@ -1,5 +1,6 @@
 //! Flamegraph sink: an interactive SVG of a [`Profile`], drawn by inferno (the Rust port of
-//! flamegraph.pl) from the folded lines of [`super::folded`], so both show the same names.
+//! flamegraph.pl) from the folded lines of [`super::folded`], so both show the same names;
+//! drawn top-down, the root first, so the browser opens on the widest frames.
 //!
 //! Invariants: every profile gives a valid SVG; one without samples (which inferno refuses)
 //! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
@@ -8,7 +9,7 @@
 use super::FoldedRoot;
 use std::io;
 
-use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
+use inferno::flamegraph::{self, color::MultiPalette, Direction, Options, Palette};
 
 use super::folded;
 use crate::model::Profile;
@@ -39,6 +40,10 @@ pub fn render_with(profile: &Profile, root: FoldedRoot) -> Result<Vec<u8>, Flame
     options.title = TITLE.to_owned();
     options.subtitle = Some(subtitle);
     options.count_name = "samples".to_owned();
+    // Drawn top-down (an icicle graph: the root at the top, each function's callees below it):
+    // a whole machine's stacks make an SVG thousands of pixels tall, and drawn bottom-up a
+    // browser opens it on an empty first screen far above the graph's base.
+    options.direction = Direction::Inverted;
     // The built-in palette that tells kernel frames (`_[k]`, orange) from user code (C++/Rust
     // `::` names yellow, others red).
     options.colors = Palette::Multi(MultiPalette::Perl);
@@ -168,6 +173,29 @@ mod tests {
         assert!(
             svg.contains("7 samples at 99 Hz, from 2023-11-14 22:13:20 to 2023-11-14 22:14:20 UTC")
         );
+    }
+
+    /// The `y` of the rectangle drawn for the frame titled `name`.
+    fn frame_y(svg: &str, name: &str) -> f64 {
+        let at = svg
+            .find(&format!("<title>{name} ("))
+            .unwrap_or_else(|| panic!("no frame {name}"));
+        let rect = &svg[at..];
+        let y = &rect[rect.find(" y=\"").unwrap() + 4..];
+        y[..y.find('"').unwrap()].parse().unwrap()
+    }
+
+    #[test]
+    fn the_root_is_drawn_first_so_the_first_screen_shows_the_graph() {
+        // When a stack main -> compute -> do_syscall_64 is drawn
+        let svg = render(&profile()).unwrap();
+        let svg = text(&svg);
+        // Then the root is at the top and each callee below its caller
+        let ys: Vec<f64> = ["all", "app", "main", "compute&lt;T&gt;", "do_syscall_64"]
+            .iter()
+            .map(|name| frame_y(svg, name))
+            .collect();
+        assert!(ys.windows(2).all(|w| w[0] < w[1]), "{ys:?}");
     }
 
     #[test]
