@@ -395,13 +395,32 @@ impl Tables {
     /// only when it is the only mapping.
     fn main_mapping_first(&mut self, executable: Option<&str>) {
         let filename = |m: &proto::Mapping| self.strings[m.filename as usize].as_str();
-        let main = executable
-            .and_then(|exe| self.mappings.iter().position(|m| filename(m) == exe))
-            .or_else(|| {
-                self.mappings
-                    .iter()
-                    .position(|m| filename(m) != KERNEL_MAPPING)
-            });
+        let of_executable =
+            executable.and_then(|exe| self.mappings.iter().position(|m| filename(m) == exe));
+        if let (None, Some(executable)) = (of_executable, executable) {
+            // No sample ran in the executable itself (a JVM's time is in libjvm and JIT
+            // code): a mapping naming it still leads, so readers title the profile by it.
+            let named = proto::Mapping {
+                filename: self.string(executable),
+                ..proto::Mapping::default()
+            };
+            self.mappings.insert(0, named);
+            for (index, mapping) in self.mappings.iter_mut().enumerate() {
+                mapping.id = index as u64 + 1;
+            }
+            for location in self.locations.iter_mut().filter(|l| l.mapping_id != 0) {
+                location.mapping_id += 1;
+            }
+            self.mapping_ids.clear();
+            return;
+        }
+        // Without a known executable: a file of the process before anonymous memory (`[anon]`,
+        // JIT code), the kernel last.
+        let main = of_executable.or_else(|| {
+            (self.mappings.iter())
+                .position(|m| !filename(m).starts_with('['))
+                .or_else(|| (self.mappings.iter()).position(|m| filename(m) != KERNEL_MAPPING))
+        });
         let Some(main) = main.filter(|&i| i > 0) else {
             return;
         };
@@ -729,6 +748,48 @@ mod tests {
             string(&rendered, rendered.mapping[0].filename),
             "/usr/lib/libc.so.6"
         );
+        // And when no sample ran in the executable (a JVM: libjvm and anonymous JIT code), a
+        // mapping naming the executable still leads and every location keeps its own mapping
+        let mut jvm = Profile::new(100);
+        let mut java = thread(30, 31);
+        java.executable_path = "/usr/lib/jvm/bin/java".into();
+        let jit = Arc::new(Module {
+            path: "[anon]".into(),
+            build_id: None,
+            start: 0x7e00_0000_0000,
+            end: 0x7e00_0010_0000,
+            file_offset: 0,
+        });
+        jvm.add(
+            SymbolizedSample {
+                thread: java,
+                stack: vec![
+                    native(UNKNOWN, 0x7e00_0000_1000, &jit),
+                    native("write", 0x7f00_0000_1000, &lib),
+                ]
+                .into(),
+                count: 1,
+            },
+            START,
+            END,
+        );
+        let rendered = render(&jvm);
+        let names: Vec<&str> = (rendered.mapping.iter())
+            .map(|m| string(&rendered, m.filename))
+            .collect();
+        assert_eq!(
+            names,
+            ["/usr/lib/jvm/bin/java", "[anon]", "/usr/lib/libc.so.6"]
+        );
+        for location in &rendered.location {
+            let mapping = &rendered.mapping[location.mapping_id as usize - 1];
+            let expected = if location.address == 0x7e00_0000_1000 {
+                "[anon]"
+            } else {
+                "/usr/lib/libc.so.6"
+            };
+            assert_eq!(string(&rendered, mapping.filename), expected);
+        }
     }
 
     #[test]
