@@ -62,7 +62,7 @@ const METRICS_PORT: u16 = 17471;
 /// The relay's descriptor limit where a deployment sets one.
 const RELAY_NOFILE: &str = "65536";
 
-/// Where the units expect the binaries (docs/running.md, "Deployments").
+/// Where the units expect the binaries (docs/running.md, Deployments).
 const INSTALL_DIR: &str = "/usr/local/bin/";
 
 /// kubernetes-validate's schema versions the manifests are checked against: the oldest
@@ -270,7 +270,7 @@ fn systemd_units_verify_and_are_confined() {
         let installed = format!("{INSTALL_DIR}{program}");
         assert!(
             exec.starts_with(&format!("{installed} ")),
-            "{name}: ExecStart= should run {installed} (docs/running.md, "Deployments"), not {exec:?}"
+            "{name}: ExecStart= should run {installed} (docs/running.md, Deployments), not {exec:?}"
         );
         let copy = tmp.path().join(name);
         let replaced = unit.replace(&installed, &binary.display().to_string());
