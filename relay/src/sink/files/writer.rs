@@ -199,7 +199,9 @@ const MAX_LINKS: u32 = 40;
 /// owns, or her own link in /tmp) is refused, so `record` run as root never writes where she
 /// points it.
 fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    // O_PATH while walking: passing through a directory needs search permission only, as a
+    // path lookup by the kernel would; the output directory itself is opened for reading last.
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let trusted = |uid: u32| {
         uid == 0 || uid == Uid::effective().as_raw() || owner.is_some_and(|o| o.uid.as_raw() == uid)
     };
@@ -273,7 +275,13 @@ fn open_dir(dir: &Path, owner: Option<Owner>) -> Result<OwnedFd, OutputError> {
         }
         walked = here;
     }
-    Ok(current)
+    fcntl::openat(
+        &current,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(call("open", &walked))
 }
 
 /// The names to walk in `path`, `..` included (resolved by the kernel against the directory
