@@ -16,7 +16,11 @@
 //! fits (counted): the program stamps a tick on each table it uses
 //! (`UnwindTableInfo::last_sampled`). An evicted table's entry is deleted before its rows are
 //! reused, so its file's frames fall back to frame pointers, never to another table's rows.
-//! A table larger than the whole row array is refused. A hostile relay can therefore make the
+//! A table larger than the whole row array is refused. The hello tells the relay the sizes of
+//! both maps: an honest relay sends no more than they hold, within a fair share per file owner,
+//! and drops tables itself (`dropUnwindTable`) to make room, so eviction here happens only when
+//! free rows are fragmented. Tables are all dropped when a new relay connects: it starts its
+//! account from nothing. A hostile relay can therefore make the
 //! sampler hold at most one table in memory and fill the fixed-size maps; wrong tables can only
 //! give wrong stacks.
 
@@ -313,6 +317,11 @@ impl Tables {
             self.release(first, count);
             self.loaded_rows -= u64::from(count);
         }
+    }
+
+    /// Forgets every table (a new relay connection: that relay decides afresh what is loaded).
+    pub fn drop_all(&mut self, maps: &mut dyn TableMaps) {
+        self.retain_known(|_| false, maps);
     }
 
     /// Forgets the tables of files the sampler no longer holds.

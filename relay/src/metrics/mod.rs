@@ -182,6 +182,13 @@ pub(crate) struct RelayStats {
     pub files_symbols_only: u64,
     pub files_too_large: u64,
     pub files_panicked: u64,
+    /// Unwind tables not sent: over a quarter of the sampler's rows (for good), or over their
+    /// file owner's fair share (for now); tables the relay had the sampler drop to make room
+    /// within the shares; tables offered again (`unwind/budget.rs`).
+    pub unwind_tables_too_large: u64,
+    pub unwind_tables_over_share: u64,
+    pub unwind_tables_withdrawn: u64,
+    pub unwind_tables_reoffered: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.

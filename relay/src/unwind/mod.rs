@@ -25,6 +25,7 @@
 //! Layout: `elf` reads the file, `cfi` evaluates and classifies, `table` sorts, fills gaps and
 //! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
 
+pub(crate) mod budget;
 pub mod cache;
 mod cfi;
 mod elf;
