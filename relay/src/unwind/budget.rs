@@ -12,7 +12,8 @@
 //!   own. With `n` owners holding tables (the new one included) each may hold `1/n` of the rows
 //!   and of the table entries. While there is room anyone may use more; when there is not, a
 //!   table within its owner's share displaces the least recently sampled tables of owners over
-//!   theirs, and a table over it displaces only its owner's own (least recently sampled first).
+//!   theirs, and a table over it displaces only its owner's own (least recently sampled first,
+//!   the largest first among those sampled in the same batch).
 //!   An owner within her share is never displaced by another. A table that even all of its
 //!   owner's own tables cannot make room for is refused (counted) and offered again later.
 //! - Tables displaced this way are dropped in the sampler (`dropUnwindTable`) before the new one
@@ -196,13 +197,14 @@ impl Budget {
                     .max_by_key(|(&o, u)| (u.1 - share_tables, std::cmp::Reverse(o)))
                     .map(|(&o, _)| o)
             };
-            // The least recently sampled table of that owner (ties: the lower file id).
+            // The least recently sampled table of that owner; of those sampled in the same
+            // batch the largest (it frees the most room), then the lower file id.
             let victim = from.and_then(|o| {
                 loaded
                     .iter()
                     .enumerate()
                     .filter(|(_, l)| l.0 == o)
-                    .min_by_key(|(_, l)| (l.2, l.3))
+                    .min_by_key(|(_, l)| (l.2, std::cmp::Reverse(l.1), l.3))
                     .map(|(i, _)| i)
             });
             let Some(index) = victim else {
@@ -442,6 +444,24 @@ mod tests {
         assert!(b.after_batch(&[1], 3, t0).is_empty());
         assert_eq!(b.after_batch(&[2], 3, t0), vec![2]);
         assert_eq!(b.rows_of(ROOT), 200, "still charged while resent");
+    }
+
+    #[test]
+    fn of_tables_sampled_in_the_same_batch_the_largest_goes_first() {
+        // Given root's small table (low id) and a big one, both sampled in the last batch.
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        b.admit(1, ROOT, 10, t0);
+        b.admit(2, ROOT, 250, t0);
+        b.admit(3, ROOT, 250, t0);
+        b.admit(4, ROOT, 250, t0);
+        let now = t0 + Duration::from_secs(1);
+        b.after_batch(&[1, 2, 3, 4], 0, now);
+        // When root needs room, Then a big one goes, not the small one with the lowest id.
+        assert_eq!(
+            b.admit(5, ROOT, 250, now),
+            Admission::Send { drop: vec![2] }
+        );
     }
 
     #[test]
