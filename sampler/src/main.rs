@@ -617,6 +617,7 @@ impl Sampler {
             ignore_refused = self.ignored.refused,
             ignore_released = self.ignored.released,
             unwind_tables_evicted = losses.unwind_tables_evicted,
+            unwind_compactions = self.tables.compactions,
             unwind_read_failed = losses.unwind_read_failed,
             unwind_fp_no_table = losses.unwind_fp_no_table,
             process_events = events_sent,
