@@ -1324,8 +1324,8 @@ fn attack8d_the_sampler_dies_with_record() {
 const ATTACK12_FUNCTIONS: usize = 4000;
 /// Copies of it, each its own file owned by the attacker (one table each).
 const ATTACK12_COPIES: usize = 6;
-/// The sampler's `--unwind-memory-bytes`: about 0.9 M rows, so each copy (~190 k rows) is under a
-/// quarter of them and six are more than all of them.
+/// The sampler's `--unwind-memory-bytes`: about 0.9 M rows, so each copy (~190 k rows) is under
+/// half of them (the most one table may take) and six are more than all of them.
 const ATTACK12_BUDGET: &str = "16777216";
 /// Windows (`run --window`) watched after the attack starts.
 const ATTACK12_WINDOWS: usize = 5;

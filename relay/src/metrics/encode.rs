@@ -68,7 +68,7 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_files_symbols_only", "Binaries named from their symbol table only: their links to separate debug info lead where the relay does not trust (the relay's INFO log says why, per file).", Kind::Counter, |s| s.files_symbols_only),
     ("symbolizer_files_too_large", "Binaries left unnamed: the relay may not reopen them and they exceed --max-copy-bytes.", Kind::Counter, |s| s.files_too_large),
     ("symbolizer_files_panicked", "Binaries left unnamed because parsing them panicked inside blazesym (a malformed or hostile file).", Kind::Counter, |s| s.files_panicked),
-    ("unwind_tables_too_large", "Unwind tables never sent: over a quarter of the sampler's rows (--unwind-memory-bytes); their binaries unwind by frame pointers.", Kind::Counter, |s| s.unwind_tables_too_large),
+    ("unwind_tables_too_large", "Unwind tables never sent: over half of the sampler's rows (--unwind-memory-bytes); their binaries unwind by frame pointers.", Kind::Counter, |s| s.unwind_tables_too_large),
     ("unwind_tables_over_share", "Unwind tables not sent for now: their file owner's fair share of the sampler's rows was full (offered again when sampled).", Kind::Counter, |s| s.unwind_tables_over_share),
     ("unwind_tables_withdrawn", "Unwind tables the relay had the sampler drop to make room for another within the fair shares.", Kind::Counter, |s| s.unwind_tables_withdrawn),
     ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),

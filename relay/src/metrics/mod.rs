@@ -182,7 +182,7 @@ pub(crate) struct RelayStats {
     pub files_symbols_only: u64,
     pub files_too_large: u64,
     pub files_panicked: u64,
-    /// Unwind tables not sent: over a quarter of the sampler's rows (for good), or over their
+    /// Unwind tables not sent: over half of the sampler's rows (for good), or over their
     /// file owner's fair share (for now); tables the relay had the sampler drop to make room
     /// within the shares; tables offered again (`unwind/budget.rs`).
     pub unwind_tables_too_large: u64,

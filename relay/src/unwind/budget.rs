@@ -34,8 +34,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// A table may take at most this fraction (1/`FILE_SHARE`) of the sampler's rows.
-pub(crate) const FILE_SHARE: u64 = 4;
+/// A table may take at most this fraction (1/`FILE_SHARE`) of the sampler's rows: half, the
+/// share of each owner as soon as two hold tables, so that one table never outgrows it.
+pub(crate) const FILE_SHARE: u64 = 2;
 /// A file whose table is absent from the sampler is offered again at most this often.
 pub(crate) const REOFFER_EVERY: Duration = Duration::from_secs(2);
 
@@ -329,8 +330,7 @@ mod tests {
         for id in 1..=3 {
             assert_eq!(b.admit(id, ROOT, 100, t0), Admission::Send { drop: vec![] });
         }
-        // When an attacker sends tables of 250 rows (the most one file may take), one after
-        // another.
+        // When an attacker sends tables of 250 rows, one after another.
         let mut sent = 0;
         for id in 10..20 {
             let now = t0 + Duration::from_millis(id);
@@ -350,12 +350,12 @@ mod tests {
         assert!(b.rows_of(ATTACKER) <= 500, "{}", b.rows_of(ATTACKER));
         assert_eq!(sent, 10);
         assert_eq!(b.counters.withdrawn.load(Ordering::Relaxed), 8);
-        // And a table over a quarter of the rows is refused for good.
+        // And a table over half of the rows is refused for good.
         assert_eq!(
-            b.admit(30, ATTACKER, 251, t0),
+            b.admit(30, ATTACKER, 501, t0),
             Admission::TooLarge {
-                rows: 251,
-                limit: 250
+                rows: 501,
+                limit: 500
             }
         );
         assert_eq!(b.counters.too_large.load(Ordering::Relaxed), 1);

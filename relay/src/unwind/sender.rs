@@ -236,7 +236,7 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
                         owner,
                         rows,
                         limit,
-                        "an unwind table larger than a quarter of the sampler's rows is not \
+                        "an unwind table larger than half of the sampler's rows is not \
                          sent: its binary unwinds by frame pointers (counted in \
                          ember_relay_unwind_tables_too_large_total; raise the sampler's \
                          --unwind-memory-bytes if such binaries matter)"
