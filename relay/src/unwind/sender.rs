@@ -476,6 +476,59 @@ mod tests {
     }
 
     #[test]
+    fn a_table_that_displaces_another_is_sent_after_the_drop_of_that_one() {
+        // Given a sampler whose table map holds one table, and two files (this test binary
+        // twice) offered one after the other.
+        let (ours, theirs) = transport::pair().expect("socketpair");
+        let control = Arc::new(ours);
+        let budget = Arc::new(Mutex::new(Budget::new(u32::MAX, 1, Arc::default())));
+        let files: Vec<Arc<OwnedFd>> = (0..2)
+            .map(|_| {
+                Arc::new(OwnedFd::from(
+                    File::open("/proc/self/exe").expect("own exe"),
+                ))
+            })
+            .collect();
+        let mut sender = TableSender::spawn(None).expect("worker");
+        for (file_id, fd) in [5u64, 6].into_iter().zip(&files) {
+            sender.offer(Job {
+                control: Arc::clone(&control),
+                file_id,
+                file: Arc::downgrade(fd),
+                budget: Arc::clone(&budget),
+            });
+        }
+        // When the peer reads until the second table's last chunk.
+        let mut seen = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let transport::Received::Message { len, .. } =
+                transport::recv(theirs.as_fd(), &mut buf).expect("recv")
+            else {
+                panic!("connection ended early");
+            };
+            let message = ember_protocol::decode_relay_message(
+                &buf[..len],
+                &ember_protocol::Limits::default(),
+            )
+            .expect("decodes");
+            match message {
+                RelayMessage::UnwindTableChunk(c) if c.chunk + 1 == c.chunks => {
+                    seen.push(format!("table {}", c.file_id));
+                    if c.file_id == 6 {
+                        break;
+                    }
+                }
+                RelayMessage::UnwindTableChunk(_) => {}
+                RelayMessage::DropUnwindTable { file_id } => seen.push(format!("drop {file_id}")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Then the first table was dropped before the second was sent.
+        assert_eq!(seen, ["table 5", "drop 5", "table 6"]);
+    }
+
+    #[test]
     fn a_queued_job_does_not_keep_a_closed_file_open() {
         // Given a job queued for a file, When the session closes that file before the worker
         // reaches it, Then the descriptor is closed at once (the job holds no duplicate) and
