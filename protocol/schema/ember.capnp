@@ -31,6 +31,11 @@ struct Hello {
   kallsymsFd @4 :Int32;
   # Only this process is sampled; 0 means all processes.
   targetPid @5 :UInt32;
+  # Rows and table entries the sampler's unwind maps hold (`--unwind-memory-bytes`); 0 with
+  # `--unwind fp` or from an older sampler. The relay sends no more than this, each file owner
+  # within a fair share.
+  unwindRows @6 :UInt32;
+  unwindTables @7 :UInt32;
 }
 
 # Mapped files, each opened once per (device, inode) by the sampler and passed as an fd. A file

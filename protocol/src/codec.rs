@@ -228,6 +228,8 @@ fn write_hello(mut b: hello::Builder<'_>, hello: &Hello) {
     b.set_frequency_hz(hello.frequency_hz);
     b.set_kallsyms_fd(hello.kallsyms_fd);
     b.set_target_pid(hello.target_pid);
+    b.set_unwind_rows(hello.unwind_rows);
+    b.set_unwind_tables(hello.unwind_tables);
 }
 
 fn read_hello(r: hello::Reader<'_>) -> Result<Hello, DecodeError> {
@@ -238,6 +240,8 @@ fn read_hello(r: hello::Reader<'_>) -> Result<Hello, DecodeError> {
         frequency_hz: r.get_frequency_hz(),
         kallsyms_fd: r.get_kallsyms_fd(),
         target_pid: r.get_target_pid(),
+        unwind_rows: r.get_unwind_rows(),
+        unwind_tables: r.get_unwind_tables(),
     })
 }
 
@@ -697,6 +701,8 @@ mod tests {
                 frequency_hz: 97,
                 kallsyms_fd: 0,
                 target_pid: 0,
+                unwind_rows: 3_000_000,
+                unwind_tables: 10_000,
             }),
             SamplerMessage::Files(vec![FileInfo {
                 file_id: 1,

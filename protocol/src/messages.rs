@@ -44,6 +44,10 @@ pub struct Hello {
     pub frequency_hz: u32,
     pub kallsyms_fd: FdIndex,
     pub target_pid: u32,
+    /// Rows of the sampler's unwind row array; 0 when it has none or did not say.
+    pub unwind_rows: u32,
+    /// Entries of the sampler's unwind table map; 0 when it has none or did not say.
+    pub unwind_tables: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

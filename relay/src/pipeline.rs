@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     os::fd::OwnedFd,
-    sync::Arc,
+    sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -22,7 +22,10 @@ use crate::{
     session::{FileLimits, Session, SymbolStats},
     source::{ConnectionId, SourceEvent},
     symbolize::{sigbus, ElfCache},
-    unwind::sender::{Job, TableSender},
+    unwind::{
+        budget::{Budget, BudgetCounters},
+        sender::{lock, Job, TableSender},
+    },
 };
 
 /// Resolvers unused this long are closed.
@@ -71,6 +74,10 @@ pub(crate) struct Pipeline {
     unwind: Option<TableSender>,
     /// Each connection's sending side, kept only with `unwind` (dropped when it closes).
     controls: HashMap<ConnectionId, Arc<OwnedFd>>,
+    /// Each connection's account of its sampler's unwind budget (from its hello, with `unwind`).
+    budgets: HashMap<ConnectionId, Arc<Mutex<Budget>>>,
+    /// The budgets' counters, over all connections.
+    budget_counters: Arc<BudgetCounters>,
     /// Sends the processes the process filter left out to their sampler (`labels::pushdown`).
     ignore: IgnoreSender,
     /// Totals for the metrics that outlive the sessions they come from.
@@ -167,6 +174,10 @@ impl Pipeline {
             files_panicked: self.cache.panicked,
             labels_over_limit: labels.labels_over_limit,
             label_claims_dropped: labels.claims_dropped,
+            unwind_tables_too_large: self.budget_counters.too_large.load(Ordering::Relaxed),
+            unwind_tables_over_share: self.budget_counters.over_share.load(Ordering::Relaxed),
+            unwind_tables_withdrawn: self.budget_counters.withdrawn.load(Ordering::Relaxed),
+            unwind_tables_reoffered: self.budget_counters.reoffered.load(Ordering::Relaxed),
             sampler: (t.batches > 0).then_some(self.last_losses),
             last_batch: t.last_batch,
             interval: t.interval,
@@ -229,6 +240,7 @@ impl Pipeline {
             SourceEvent::Closed { conn, error } => {
                 self.totals.connections = self.totals.connections.saturating_sub(1);
                 self.controls.remove(&conn);
+                self.budgets.remove(&conn);
                 self.ignore.closed(conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
@@ -274,6 +286,20 @@ impl Pipeline {
                      extra one), or give each host its own hostname if these are several hosts"
                 );
             }
+            if self.unwind.is_some() && self.controls.contains_key(&conn) {
+                let budget = Budget::new(
+                    hello.unwind_rows,
+                    hello.unwind_tables,
+                    Arc::clone(&self.budget_counters),
+                );
+                tracing::info!(
+                    connection = conn,
+                    unwind_rows = hello.unwind_rows,
+                    unwind_tables = hello.unwind_tables,
+                    "unwind tables sent within the sampler's maps, a fair share per file owner"
+                );
+                self.budgets.insert(conn, Arc::new(Mutex::new(budget)));
+            }
             let session = Session::new(hello, fds).with_max_open_files(self.limits.max_open_files);
             self.sessions.insert(conn, session);
             return Handled::Nothing;
@@ -287,9 +313,12 @@ impl Pipeline {
             SamplerMessage::Files(files) => {
                 let ids: Vec<u64> = files.iter().map(|f| f.file_id).collect();
                 session.add_files(files, fds);
-                if let (Some(sender), Some(control)) = (&mut self.unwind, self.controls.get(&conn))
-                {
-                    offer_tables(sender, control, session, &ids);
+                if let (Some(sender), Some(control), Some(budget)) = (
+                    &mut self.unwind,
+                    self.controls.get(&conn),
+                    self.budgets.get(&conn),
+                ) {
+                    offer_tables(sender, control, budget, session, &ids);
                 }
                 Handled::Nothing
             }
@@ -338,6 +367,23 @@ impl Pipeline {
         let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
         session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
         self.ignore.send(conn, self.labels.take_filtered_out());
+        if let (Some(sender), Some(control), Some(budget)) = (
+            &mut self.unwind,
+            self.controls.get(&conn),
+            self.budgets.get(&conn),
+        ) {
+            // Tables evicted, refused for now or skipped by a full queue go again (rate-limited).
+            let again = {
+                let mut budget = lock(budget);
+                budget.retain(|id| session.holds_file(id));
+                budget.after_batch(
+                    &session.files_sampled_last(),
+                    batch.losses.unwind_tables_evicted,
+                    Instant::now(),
+                )
+            };
+            offer_tables(sender, control, budget, session, &again);
+        }
         let samples = batch.sample_count();
         self.samples += samples;
         self.last_losses = *batch.losses;
@@ -512,6 +558,7 @@ impl Pipeline {
 fn offer_tables(
     sender: &mut TableSender,
     control: &Arc<OwnedFd>,
+    budget: &Arc<Mutex<Budget>>,
     session: &Session,
     file_ids: &[u64],
 ) {
@@ -523,6 +570,7 @@ fn offer_tables(
             control: Arc::clone(control),
             file_id,
             file,
+            budget: Arc::clone(budget),
         });
     }
 }

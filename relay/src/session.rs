@@ -247,6 +247,20 @@ impl Session {
             .map(Arc::downgrade)
     }
 
+    /// The files a frame of the last symbolized batch fell in (their descriptors still open).
+    pub(crate) fn files_sampled_last(&self) -> Vec<u64> {
+        self.files
+            .iter()
+            .filter(|(_, f)| f.fd.is_some() && f.last_used.get() == self.tick)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Whether the sampler still holds the file (it has not closed it).
+    pub(crate) fn holds_file(&self, file_id: u64) -> bool {
+        self.files.contains_key(&file_id)
+    }
+
     /// Closes the files the sampler closed. Ids the session does not hold are ignored.
     pub fn close_files(&mut self, ids: &[u64]) {
         for id in ids {

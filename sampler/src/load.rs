@@ -181,6 +181,29 @@ impl TableMaps for UnwindMaps {
             .map_err(|err| err.to_string())
     }
 
+    fn move_table(&mut self, file_id: u64, from: u32, to: u32, count: u32) -> Result<(), String> {
+        let mut info = self
+            .tables
+            .get(&file_id, 0)
+            .map_err(|err| format!("the table entry to move: {err}"))?;
+        // Hidden while its rows move; `to < from`, and each part is read whole before it is
+        // written, so no row is overwritten before it was copied.
+        self.remove_info(file_id);
+        let part = crate::unwind::ROWS_PER_WRITE as u32;
+        for offset in (0..count).step_by(part as usize) {
+            let n = part.min(count - offset);
+            let rows = match &self.mapped {
+                Some(mapped) => mapped.read(self.rows.map().fd().as_fd(), from + offset, n)?,
+                None => (from + offset..from + offset + n)
+                    .map(|i| self.rows.get(&i, 0).map_err(|err| err.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
+            self.write_rows(to + offset, &rows)?;
+        }
+        info.first_row = to;
+        self.set_info(file_id, info)
+    }
+
     fn remove_info(&mut self, file_id: u64) {
         // Absent is fine: the table was never fully written.
         let _ = self.tables.remove(&file_id);

@@ -187,6 +187,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         Some(fd) => (Target::Inherited, Some(unsafe { Link::inherit(fd) })),
         None => (Target::Path(config.socket.clone()), None),
     };
+    let unwind_sizes = loaded.unwind.sizes;
+    let dwarf = config.unwind == Unwind::Dwarf;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         sampler_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -194,8 +196,9 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         frequency_hz: config.frequency_hz,
         kallsyms_fd: if kallsyms.is_some() { 0 } else { NO_FD },
         target_pid: config.target_pid,
+        unwind_rows: if dwarf { unwind_sizes.rows } else { 0 },
+        unwind_tables: if dwarf { unwind_sizes.tables } else { 0 },
     };
-    let unwind_sizes = loaded.unwind.sizes;
     let sampler = Sampler {
         inherited: inherited.is_some(),
         link: Link::new(target, inherited, config.backlog_max_bytes, relay),
@@ -337,8 +340,11 @@ impl Sampler {
     /// `finishing` when this is the last one (stop signal, or the inherited connection ended).
     fn wait_for_tick(&mut self, next_tick: Instant) -> Option<bool> {
         if self.link.maybe_connect() == Event::Connected {
-            // A table the last relay left half-sent is refused, never continued by this one.
+            // A table the last relay left half-sent is refused, never continued by this one; the
+            // tables it sent are dropped: the new relay accounts for what it sends itself
+            // (its fair shares), so the sampler holds nothing it does not know of.
             self.tables.abandon();
+            self.tables.drop_all(&mut self.loaded.unwind);
             self.ignored.clear(&mut self.loaded.ignored);
             let mut snapshot = vec![self.hello.clone()];
             snapshot.extend(self.tracker.snapshot());
@@ -611,6 +617,7 @@ impl Sampler {
             ignore_refused = self.ignored.refused,
             ignore_released = self.ignored.released,
             unwind_tables_evicted = losses.unwind_tables_evicted,
+            unwind_compactions = self.tables.compactions,
             unwind_read_failed = losses.unwind_read_failed,
             unwind_fp_no_table = losses.unwind_fp_no_table,
             process_events = events_sent,

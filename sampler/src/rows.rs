@@ -87,6 +87,49 @@ impl MappedRows {
     }
 }
 
+impl MappedRows {
+    /// Reads `count` rows at indices `first..` of the array behind `fd` (to move a table when
+    /// the free rows are compacted); refused beyond the array.
+    pub fn read(
+        &self,
+        fd: BorrowedFd<'_>,
+        first: u32,
+        count: u32,
+    ) -> Result<Vec<UnwindRow>, String> {
+        let end = (first as usize).checked_add(count as usize);
+        if end.is_none_or(|end| end > self.entries as usize) {
+            return Err(format!(
+                "rows {first}..+{count} beyond the row array ({} rows)",
+                self.entries
+            ));
+        }
+        let mut out = Vec::with_capacity(count as usize);
+        let mut index = first as usize;
+        let mut left = count as usize;
+        while left > 0 {
+            let part = left.min(WINDOW_BYTES / STRIDE);
+            let offset = index * STRIDE / self.page * self.page;
+            let len = ((index + part) * STRIDE - offset).next_multiple_of(self.page);
+            let window = Window::map(fd, offset, len)
+                .map_err(|err| format!("mapping the row array: {err}"))?;
+            for slot in (index * STRIDE - offset..).step_by(STRIDE).take(part) {
+                // SAFETY: slot + STRIDE <= len (as in `write`): the slot is inside the window.
+                out.push(unsafe {
+                    window
+                        .base
+                        .as_ptr()
+                        .add(slot)
+                        .cast::<UnwindRow>()
+                        .read_unaligned()
+                });
+            }
+            index += part;
+            left -= part;
+        }
+        Ok(out)
+    }
+}
+
 /// `len` bytes of the array from `offset` (both page multiples), mapped read-write and shared
 /// with the kernel; unmapped when dropped.
 struct Window {
@@ -225,6 +268,14 @@ mod tests {
         for (index, want) in (3..).zip(&rows) {
             assert_eq!(array.get(&index, 0).expect("read back"), *want);
         }
+        // And reading through the mapping gives them back, across windows too.
+        assert_eq!(mapped.read(fd, 3, 600).expect("in range"), rows);
+        assert_eq!(
+            mapped.read(fd, big_first, 900_000).expect("in range"),
+            big,
+            "the big table read back"
+        );
+        assert!(mapped.read(fd, ENTRIES - 1, 2).is_err(), "beyond the array");
         assert_eq!(array.get(&(ENTRIES - 1), 0).expect("read back"), row(77));
         // Every 997th row of the big table, its ends, and the rows at each window boundary.
         let per_window = (WINDOW_BYTES / STRIDE) as u32;

@@ -1,4 +1,4 @@
-//! Unwind tables sent by the relay (issue 10): chunks are assembled per file, each table is
+//! Unwind tables sent by the relay: chunks are assembled per file, each table is
 //! checked whole, and only a table that passes every check is written into the BPF maps
 //! (`UNWIND_ROWS`, then its `UNWIND_TABLES` entry, so the program never sees half a table); a
 //! bad one is refused and counted, never partly used. No ELF or DWARF is parsed here: the relay compiled the table, the
@@ -16,7 +16,11 @@
 //! fits (counted): the program stamps a tick on each table it uses
 //! (`UnwindTableInfo::last_sampled`). An evicted table's entry is deleted before its rows are
 //! reused, so its file's frames fall back to frame pointers, never to another table's rows.
-//! A table larger than the whole row array is refused. A hostile relay can therefore make the
+//! A table larger than the whole row array is refused. The hello tells the relay the sizes of
+//! both maps: an honest relay sends no more than they hold, within a fair share per file owner,
+//! and drops tables itself (`dropUnwindTable`) to make room, so eviction here happens only when
+//! free rows are fragmented. Tables are all dropped when a new relay connects: it starts its
+//! account from nothing. A hostile relay can therefore make the
 //! sampler hold at most one table in memory and fill the fixed-size maps; wrong tables can only
 //! give wrong stacks.
 
@@ -36,6 +40,9 @@ pub trait TableMaps {
     fn set_info(&mut self, file_id: u64, info: UnwindTableInfo) -> Result<(), String>;
     /// Hides the table of `file_id` (before its rows are reused).
     fn remove_info(&mut self, file_id: u64);
+    /// Moves the `count` rows of `file_id`'s table from `from` down to `to` (`to < from`),
+    /// hidden while they move, and shows it again there. On error the table stays hidden.
+    fn move_table(&mut self, file_id: u64, from: u32, to: u32, count: u32) -> Result<(), String>;
     /// The tick the program last used the table of `file_id` at (`None`: not in the map).
     fn last_sampled(&self, file_id: u64) -> Option<u32>;
     /// The current tick (`ember_sampler_ebpf::tick` of CLOCK_MONOTONIC).
@@ -107,7 +114,7 @@ const ROW_BYTES: usize = 12;
 
 /// Rows decoded and written at a time: the decoded copy of a table held at once (768 KiB),
 /// beside its encoded bytes. The table map entry is set only after all are written.
-const ROWS_PER_WRITE: usize = 1 << 16;
+pub const ROWS_PER_WRITE: usize = 1 << 16;
 
 /// One checked table: its encoded rows, decoded [`ROWS_PER_WRITE`] at a time as they are written.
 #[derive(Debug, PartialEq, Eq)]
@@ -169,6 +176,8 @@ pub struct Tables {
     pub accepted: u64,
     /// Tables evicted to make room for newer ones, since start.
     pub evicted: u64,
+    /// Times the loaded tables were moved together to join the free rows, since start.
+    pub compactions: u64,
     /// Tables (or stray chunks) refused, since start.
     pub refused: u64,
     warnings: RefusalLog,
@@ -186,6 +195,7 @@ impl Tables {
             capacity_tables: capacity_tables as usize,
             accepted: 0,
             evicted: 0,
+            compactions: 0,
             refused: 0,
             warnings: RefusalLog::new(Instant::now()),
         }
@@ -315,6 +325,11 @@ impl Tables {
         }
     }
 
+    /// Forgets every table (a new relay connection: that relay decides afresh what is loaded).
+    pub fn drop_all(&mut self, maps: &mut dyn TableMaps) {
+        self.retain_known(|_| false, maps);
+    }
+
     /// Forgets the tables of files the sampler no longer holds.
     pub fn retain_known(&mut self, known: impl Fn(u64) -> bool, maps: &mut dyn TableMaps) {
         let gone: Vec<u64> = self
@@ -339,6 +354,13 @@ impl Tables {
                 if let Some(first) = self.allocate(count) {
                     return Some(first);
                 }
+                // Enough rows are free, in pieces: the tables move together, nobody is evicted.
+                if u64::from(self.capacity_rows) - self.loaded_rows >= u64::from(count) {
+                    self.compact(maps);
+                    if let Some(first) = self.allocate(count) {
+                        return Some(first);
+                    }
+                }
             }
             // Ties (same tick) go to the lower file id: any order is correct.
             let oldest = self
@@ -355,6 +377,43 @@ impl Tables {
                 "unwind table evicted (least recently sampled)"
             );
         }
+    }
+
+    /// Moves every table down to the start of the row array, in order, so that the free rows
+    /// are one range at the end. A table that fails to move is dropped (counted as evicted).
+    fn compact(&mut self, maps: &mut dyn TableMaps) {
+        let mut tables: Vec<(u32, u32, u64)> = self
+            .loaded
+            .iter()
+            .map(|(&id, &(first, count))| (first, count, id))
+            .collect();
+        tables.sort_unstable();
+        let mut cursor = 0u32;
+        for (first, count, id) in tables {
+            if first != cursor {
+                if let Err(err) = maps.move_table(id, first, cursor, count) {
+                    tracing::warn!(file_id = id, %err, "moving an unwind table failed: dropped");
+                    maps.remove_info(id);
+                    self.loaded.remove(&id);
+                    self.loaded_rows -= u64::from(count);
+                    self.evicted += 1;
+                    continue;
+                }
+                self.loaded.insert(id, (cursor, count));
+            }
+            cursor += count;
+        }
+        self.free = if cursor < self.capacity_rows {
+            vec![(cursor, self.capacity_rows - cursor)]
+        } else {
+            Vec::new()
+        };
+        self.compactions += 1;
+        tracing::debug!(
+            compactions = self.compactions,
+            tables = self.loaded.len(),
+            "unwind tables compacted to join the free rows"
+        );
     }
 
     /// First fit: the first free range that holds `count` rows.
@@ -531,6 +590,22 @@ mod tests {
         }
         fn remove_info(&mut self, file_id: u64) {
             self.infos.remove(&file_id);
+        }
+        fn move_table(
+            &mut self,
+            file_id: u64,
+            from: u32,
+            to: u32,
+            count: u32,
+        ) -> Result<(), String> {
+            let mut info = self.infos.remove(&file_id).ok_or("no entry")?;
+            for i in 0..count {
+                let row = self.rows.remove(&(from + i)).ok_or("no row")?;
+                self.rows.insert(to + i, row);
+            }
+            info.first_row = to;
+            self.infos.insert(file_id, info);
+            Ok(())
         }
         fn last_sampled(&self, file_id: u64) -> Option<u32> {
             self.infos.get(&file_id).map(|i| i.last_sampled)
@@ -787,6 +862,38 @@ mod tests {
         }
         assert_eq!(two.evicted, 1);
         assert!(!maps.infos.contains_key(&7) && maps.infos.contains_key(&10));
+    }
+
+    #[test]
+    fn free_rows_in_pieces_are_joined_by_moving_tables_not_by_evicting_them() {
+        // Given room for 18 rows, three 6-row tables, the first and last then dropped: 12 rows
+        // free, in two pieces around table 8.
+        let good = table(0x1000, 64, &good_rows());
+        let known = |_| true;
+        let mut maps = FakeMaps::default();
+        let mut tables = Tables::new(18, 100);
+        for id in [7, 8, 9] {
+            for c in chunks(id, &good, 1000) {
+                tables.chunk(c, known, &mut maps);
+            }
+        }
+        tables.retain_known(|id| id == 8, &mut maps);
+        assert_eq!(tables.free, vec![(0, 6), (12, 6)]);
+        // When a 12-row table arrives.
+        let rows: Vec<Vec<u8>> = (0..12u32)
+            .map(|i| row(i * 4, 8 + 8 * (i % 2) as i32, 0, 1, 0))
+            .collect();
+        let mut done = None;
+        for c in chunks(10, &table(0x2000, 48, &rows), 1000) {
+            done = tables.chunk(c, known, &mut maps);
+        }
+        assert_eq!(done, Some(10));
+        // Then table 8 moved to the start, whole, and the new one follows; nothing evicted.
+        assert_eq!((tables.evicted, tables.compactions), (0, 1));
+        assert_eq!(maps.infos[&8].first_row, 0);
+        assert_eq!(maps.infos[&10].first_row, 6);
+        assert_eq!(maps.rows[&1].b, -16, "table 8's second row moved with it");
+        assert!(tables.free.is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Regression tests for issue 7: each attack an unprivileged local user demonstrated against
-//! ember (attacks 1-8 of the issue), replayed by an attacker uid the test picks (an unused uid in
+//! Regression tests: each attack an unprivileged local user (or root's own mistake)
+//! demonstrated against ember (the numbered rows of SECURITY.md's attack table), replayed by an attacker uid the test picks (an unused uid in
 //! 45000..46000, no passwd entry, no groups, no capabilities), asserting what must hold once it
 //! is fixed: an unrelated workload profiled at the same time keeps >= 90% of its expected
 //! samples (its own CPU time x the sampling frequency), the relay stays alive with bounded memory
@@ -491,7 +491,7 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     );
 }
 
-/// Whether this sampler drops root for a user of its own (`--user`, issue 7): then a separately
+/// Whether this sampler drops root for a user of its own (`--user`): then a separately
 /// started sampler connects to a `run` relay as that user, not as root.
 fn sampler_drops_to_nobody() -> bool {
     let help = Command::new(sampler_bin())
@@ -620,7 +620,7 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
 // ---------------------------------------------------------------------------------------------
 // 10. A debug link to a FIFO
 
-/// Attack 10 (found after issue 7): the attacker's binary carries split debug info the way
+/// Attack 10 (found by a later review): the attacker's binary carries split debug info the way
 /// distributions ship it, a `.gnu_debuglink` to `fifo_spin.debug` beside it, and that file is a
 /// FIFO. blazesym opens what a debug link names, and opening a FIFO with no writer blocks: the
 /// relay stopped in `open` for ever, and with it symbolization for every process (a 5 s record
@@ -2277,4 +2277,302 @@ fn attack11b_a_process_cannot_forge_its_labels_through_a_delegated_cgroup() {
         );
         assert_eq!(get("process.owner"), Some(owner.as_str()), "{attributes:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// attack12_one_users_unwind_tables_cannot_evict_everyones
+
+/// Functions of the generated attacker binary: eight calls each of a ten-argument function, whose
+/// four stack arguments are pushed with no frame pointer, give about 47 CFI rows per function.
+const ATTACK12_FUNCTIONS: usize = 4000;
+/// Copies of it, each its own file owned by the attacker (one table each).
+const ATTACK12_COPIES: usize = 6;
+/// The sampler's `--unwind-memory-bytes`: about 0.9 M rows, so each copy (~190 k rows) is under
+/// half of them (the most one table may take) and six are more than all of them.
+const ATTACK12_BUDGET: &str = "16777216";
+/// Windows (`run --window`) watched after the attack starts.
+const ATTACK12_WINDOWS: usize = 6;
+
+/// C source of a binary with `functions` functions of ~47 CFI rows each, which calls all of them
+/// in turn for `argv[1]` seconds.
+fn cfi_heavy_source(functions: usize) -> String {
+    let mut out = String::from(
+        "#include <stdlib.h>\n#include <time.h>\nvolatile int sink;\n\
+         __attribute__((noinline)) int h(int a, int b, int c, int d, int e, int f, int g, \
+         int i, int j, int k) { sink += a + k; return sink; }\n",
+    );
+    let calls: String = (0..8)
+        .map(|k| format!("r += h(r, a, b, {k}, a, b, r, a, {k}, b); "))
+        .collect();
+    for n in 0..functions {
+        out.push_str(&format!(
+            "__attribute__((noinline)) int f{n}(int a, int b) {{ int r = {n}; {calls}return r; }}\n"
+        ));
+    }
+    out.push_str("typedef int (*fn)(int, int);\nstatic fn table[] = {");
+    out.push_str(
+        &(0..functions)
+            .map(|n| format!("f{n}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    out.push_str(&format!(
+        "}};\nint main(int argc, char **argv) {{\n  time_t end = time(NULL) + \
+         (argc > 1 ? atoi(argv[1]) : 10);\n  for (unsigned long k = 0; time(NULL) < end; k++)\n    \
+         sink += table[k % {functions}](k, k >> 1);\n  return 0;\n}}\n"
+    ));
+    out
+}
+
+/// Samples of `process` whose leaf is one of groundtruth's three work functions, and how many
+/// of them are whole: from the outermost frame `_start` through libc to `main`, then the chain
+/// to that leaf (only the witness's and libc's DWARF tables recover it: no frame pointers).
+fn witness_full_stacks(folded: &str, process: &str) -> (u64, u64) {
+    const CHAIN: [&str; 4] = ["main", "outer_work", "middle_work", "inner_work"];
+    let (mut total, mut full) = (0, 0);
+    for stack in parse_folded(folded) {
+        if !stack.process.starts_with(process) {
+            continue;
+        }
+        let user: Vec<&str> = stack.user_frames().collect();
+        let Some(depth) = user
+            .last()
+            .and_then(|leaf| CHAIN.iter().position(|c| c == leaf))
+            .filter(|&d| d > 0)
+        else {
+            continue;
+        };
+        total += stack.count;
+        let tail = user.iter().position(|f| *f == "main").map(|m| &user[m..]);
+        if user.first() == Some(&"_start") && tail.is_some_and(|t| t == &CHAIN[..=depth]) {
+            full += stack.count;
+        }
+    }
+    (total, full)
+}
+
+/// Attack 12: one user's binaries with huge (valid) CFI evicted everyone's unwind tables, for
+/// good: six attacker-owned binaries of ~190 k rows each, against a sampler whose maps hold
+/// ~0.9 M, while a root process without frame pointers runs. Once the sampler loaded six more
+/// tables after the attack started (today: all of the attacker's, evicting the least recently
+/// sampled, ties to the lowest file id: root's), the root witness must keep >= 90% of its stacks
+/// whole (`_start` -> main -> ... -> leaf, which needs its and libc's tables) in each of six
+/// 4-s windows (those with >= 30 of its samples, at least three); the attacker's tables beyond its fair share are refused or withdrawn (counted in
+/// the relay's metrics), never root's, and the sampler evicts none on its own.
+#[test]
+fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
+    if !privileged() {
+        return;
+    }
+    let _lock = ebpf_lock();
+    let who = attacker();
+    let wdir = tempfile::Builder::new()
+        .prefix("ember-attack12-root-")
+        .tempdir()
+        .expect("temp dir");
+    fs::set_permissions(wdir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let witness_bin = compile_workload(
+        wdir.path(),
+        "groundtruth",
+        "nofp_witness",
+        &["-fomit-frame-pointer", "-fasynchronous-unwind-tables"],
+    );
+    let adir = attacker_dir(who, "ember-attack12-");
+    let source = adir.path().join("cfi_heavy.c");
+    fs::write(&source, cfi_heavy_source(ATTACK12_FUNCTIONS)).expect("writing the source");
+    let built = adir.path().join("cfi_heavy");
+    let out = Command::new("cc")
+        .args([
+            "-O1",
+            "-fomit-frame-pointer",
+            "-fasynchronous-unwind-tables",
+            "-o",
+        ])
+        .arg(&built)
+        .arg(&source)
+        .output()
+        .expect("running cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let copies: Vec<std::path::PathBuf> = (0..ATTACK12_COPIES)
+        .map(|n| {
+            let path = adir.path().join(format!("cfi_heavy{n}"));
+            fs::copy(&built, &path).expect("copying the binary");
+            std::os::unix::fs::chown(&path, Some(who.uid), Some(who.gid)).expect("chown");
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+            path
+        })
+        .collect();
+
+    // Given the root witness profiled with a small unwind budget, its tables loaded.
+    let mut witness = ChildGuard::spawn(
+        "nofp_witness",
+        Command::new(&witness_bin)
+            .arg("300")
+            .stdout(Stdio::null())
+            .stdin(Stdio::null()),
+    );
+    let out_dir = wdir.path().join("out");
+    let socket = wdir.path().join("relay.sock");
+    let mut relay = spawn_relay_run(
+        "relay attack12",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--output-dir",
+            out_dir.to_str().expect("utf-8 path"),
+            "--window",
+            "4s",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ],
+    );
+    let metrics = metrics_address(&relay);
+    let (_sampler, sampler_log) = spawn_sampler(
+        "sampler attack12",
+        &socket,
+        &[
+            "--unwind",
+            "dwarf",
+            "--frequency",
+            "199",
+            "--unwind-memory-bytes",
+            ATTACK12_BUDGET,
+            "--log-format",
+            "json",
+        ],
+    );
+    let folded_path = out_dir.join("stacks.folded");
+    let modified = || fs::metadata(&folded_path).and_then(|m| m.modified()).ok();
+    let mut seen = modified();
+    let mut next_window = || {
+        wait_until(Duration::from_secs(60), || {
+            let now = modified();
+            let changed = now.is_some() && now != seen;
+            if changed {
+                seen = now;
+            }
+            changed
+        })
+        .unwrap_or_else(|| panic!("no new window:\n{}", tail(&sampler_log.text(), 40)));
+        fs::read_to_string(&folded_path).expect("stacks.folded")
+    };
+    let mut before = (0, 0);
+    for _ in 0..8 {
+        before = witness_full_stacks(&next_window(), "nofp_witness");
+        if before.0 > 0 && before.1 as f64 >= MIN_SHARE * before.0 as f64 {
+            break;
+        }
+    }
+    eprintln!(
+        "before the attack: witness {} of {} stacks whole",
+        before.1, before.0
+    );
+    assert!(
+        before.0 > 0 && before.1 as f64 >= MIN_SHARE * before.0 as f64,
+        "the witness never unwound whole before the attack ({before:?}):\n{}",
+        tail(&relay.log.text(), 40)
+    );
+
+    // When the attacker runs its six binaries.
+    let attackers: Vec<AttackProcess> = copies
+        .iter()
+        .map(|path| spawn_attacker(who, path, &["120"]))
+        .collect();
+    // Once the sampler loaded six more tables (all of the attacker's, or as many as its share
+    // allows and those withdrawn and offered again), the windows are watched.
+    let loaded = |log: &LogReader| {
+        log.matching(is_batch)
+            .iter()
+            .filter_map(|(_, line)| field_u64(line, "unwind_tables_loaded"))
+            .max()
+            .unwrap_or(0)
+    };
+    let loaded_before = loaded(&relay.log);
+    wait_until(Duration::from_secs(240), || {
+        loaded(&relay.log) >= loaded_before + ATTACK12_COPIES as u64
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the sampler did not load the attacker's tables:\n{}",
+            tail(&relay.log.text(), 40)
+        )
+    });
+    next_window();
+    let mut shares = Vec::new();
+    let mut sample = String::new();
+    for _ in 0..ATTACK12_WINDOWS {
+        let folded = next_window();
+        if sample.is_empty() {
+            sample = folded
+                .lines()
+                .filter(|l| l.starts_with("nofp_witness"))
+                .max_by_key(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+                .unwrap_or_default()
+                .to_owned();
+        }
+        shares.push(witness_full_stacks(&folded, "nofp_witness"));
+    }
+    let (_, body) = http_get(&metrics, "/metrics");
+    let counter = |name: &str| metric_value(&body, name).unwrap_or(0.0) as u64;
+    let over_share = counter("ember_relay_unwind_tables_over_share_total");
+    let withdrawn = counter("ember_relay_unwind_tables_withdrawn_total");
+    let too_large = counter("ember_relay_unwind_tables_too_large_total");
+    let reoffered = counter("ember_relay_unwind_tables_reoffered_total");
+    drop(attackers);
+    witness.kill();
+    relay.child.signal(Signal::SIGTERM);
+    relay
+        .child
+        .wait_timeout(LOG_TIMEOUT)
+        .expect("the relay stopped");
+    let batches = relay.log.matching(is_batch);
+    let last = |key: &str| {
+        batches
+            .iter()
+            .filter_map(|(_, line)| field_u64(line, key))
+            .max()
+            .unwrap_or(0)
+    };
+
+    // Then the witness unwound whole in every window, and the attacker's extra tables were
+    // refused or withdrawn (counted), the sampler evicting nothing on its own.
+    eprintln!(
+        "attack: witness (whole, of) per {}-window: {:?}; relay: over_share {over_share}, \
+         withdrawn {withdrawn}, too_large {too_large}, reoffered {reoffered}; sampler: loaded \
+         {}, evicted {}, refused {}",
+        4,
+        shares.iter().map(|(t, f)| (*f, *t)).collect::<Vec<_>>(),
+        last("unwind_tables_loaded"),
+        last("unwind_tables_evicted"),
+        last("unwind_tables_refused"),
+    );
+    eprintln!("the witness's most common stack: {sample}");
+    // A window the relay completed while catching up with a backlog may hold few samples: it
+    // says nothing either way.
+    let counted = shares.iter().filter(|(total, _)| *total >= 30).count();
+    assert!(
+        counted >= 3,
+        "only {counted} windows with >= 30 witness samples: {shares:?}"
+    );
+    for (i, (total, full)) in shares.iter().enumerate().filter(|(_, s)| s.0 >= 30) {
+        assert!(
+            *full as f64 >= MIN_SHARE * *total as f64,
+            "window {i} of the attack: the root witness unwound whole in only {full} of its \
+             {total} stacks (per window: {shares:?})"
+        );
+    }
+    assert!(
+        over_share + withdrawn > 0,
+        "the attacker's tables beyond its share were neither refused nor withdrawn"
+    );
+    assert_eq!(
+        last("unwind_tables_evicted"),
+        0,
+        "the sampler evicted tables on its own"
+    );
 }

@@ -1078,6 +1078,7 @@ fn hello(protocol_version: u32) -> SamplerMessage {
         frequency_hz: 99,
         kallsyms_fd: NO_FD,
         target_pid: 0,
+        ..Hello::default()
     })
 }
 

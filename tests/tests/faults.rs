@@ -1058,6 +1058,7 @@ fn hostile_hello() -> Vec<u8> {
             frequency_hz: 99,
             kallsyms_fd: ember_protocol::NO_FD,
             target_pid: 0,
+            ..ember_protocol::Hello::default()
         },
     ))
 }

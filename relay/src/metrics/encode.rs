@@ -71,6 +71,10 @@ const RELAY: &[RelaySeries] = &[
     ("symbolizer_files_panicked", "Binaries left unnamed because parsing them panicked inside blazesym (a malformed or hostile file).", Kind::Counter, |s| s.files_panicked),
     ("labels_over_limit", "Labels removed to fit Pyroscope's 30 labels per series, what a process supplied itself (OTEL_RESOURCE_ATTRIBUTES) first; counted each time a process's labels are computed.", Kind::Counter, |s| s.labels_over_limit),
     ("label_claims_dropped", "Attributes a process claimed in OTEL_RESOURCE_ATTRIBUTES under a name only the relay or the cluster sets (k8s.*, container.*, host.*, os.*, process.*, systemd.*, thread.*, service_name, __*): dropped; counted each time a process's labels are computed.", Kind::Counter, |s| s.label_claims_dropped),
+    ("unwind_tables_too_large", "Unwind tables never sent: over half of the sampler's rows (--unwind-memory-bytes); their binaries unwind by frame pointers.", Kind::Counter, |s| s.unwind_tables_too_large),
+    ("unwind_tables_over_share", "Unwind tables not sent for now: their file owner's fair share of the sampler's rows was full (offered again when sampled).", Kind::Counter, |s| s.unwind_tables_over_share),
+    ("unwind_tables_withdrawn", "Unwind tables the relay had the sampler drop to make room for another within the fair shares.", Kind::Counter, |s| s.unwind_tables_withdrawn),
+    ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),
 ];
 
 /// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.
@@ -751,6 +755,10 @@ mod tests {
                 files_symbols_only: 3,
                 files_too_large: 4,
                 files_panicked: 5,
+                unwind_tables_too_large: 6,
+                unwind_tables_over_share: 7,
+                unwind_tables_withdrawn: 8,
+                unwind_tables_reoffered: 9,
                 ..RelayStats::default()
             },
             latency,
@@ -773,6 +781,15 @@ mod tests {
         assert_eq!(parsed.types["ember_relay_processes"], "gauge");
         for (files, value) in [("symbols_only", 3.0), ("too_large", 4.0), ("panicked", 5.0)] {
             let name = format!("ember_relay_symbolizer_files_{files}_total");
+            assert_eq!(v(&name), Some(value), "{name}");
+        }
+        for (what, value) in [
+            ("too_large", 6.0),
+            ("over_share", 7.0),
+            ("withdrawn", 8.0),
+            ("reoffered", 9.0),
+        ] {
+            let name = format!("ember_relay_unwind_tables_{what}_total");
             assert_eq!(v(&name), Some(value), "{name}");
         }
         assert_eq!(

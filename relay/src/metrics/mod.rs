@@ -188,6 +188,13 @@ pub(crate) struct RelayStats {
     /// claimed in their environment (both from the labels stage).
     pub labels_over_limit: u64,
     pub label_claims_dropped: u64,
+    /// Unwind tables not sent: over half of the sampler's rows (for good), or over their
+    /// file owner's fair share (for now); tables the relay had the sampler drop to make room
+    /// within the shares; tables offered again (`unwind/budget.rs`).
+    pub unwind_tables_too_large: u64,
+    pub unwind_tables_over_share: u64,
+    pub unwind_tables_withdrawn: u64,
+    pub unwind_tables_reoffered: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.

@@ -1,4 +1,4 @@
-//! The unwind-table compiler (issue 10, step 1): from a binary handed over as a file, the CFI of
+//! The unwind-table compiler: from a binary handed over as a file, the CFI of
 //! `.eh_frame` (or `.debug_frame` when there is no `.eh_frame`) evaluated into a compact, sorted
 //! row table for x86-64 that an eBPF unwinder can binary-search: per address range, where the
 //! CFA is (rsp+N, rbp+N, the PLT expression, the signal trampoline), the return address at
@@ -25,6 +25,7 @@
 //! Layout: `elf` reads the file, `cfi` evaluates and classifies, `table` sorts, fills gaps and
 //! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
 
+pub(crate) mod budget;
 pub mod cache;
 mod cfi;
 mod elf;

@@ -1,15 +1,20 @@
-//! Sends unwind tables to the sampler (issue 10, step 2): with `--unwind dwarf`, every
+//! Sends unwind tables to the sampler: with `--unwind dwarf`, every
 //! executable file a sampler passes is compiled ([`super::compile`]) on one worker thread and
 //! its encoded table sent back on that sampler's connection as `unwindTableChunk` messages of at
 //! most [`MAX_UNWIND_CHUNK_BYTES`], in order, one table after another.
 //!
 //! The worker runs off the driver's thread (compiling libc takes tens of milliseconds) and takes
-//! jobs from a bounded queue: when it falls behind, further files are skipped (counted), never
-//! queued without bound. It sends blocking: a sampler that reads slowly slows only this thread.
+//! jobs from a bounded queue: when it falls behind, further files are skipped (counted) and
+//! offered again later, never queued without bound. It sends blocking: a sampler that reads slowly slows only this thread.
 //! Each job holds the connection and only a `Weak` handle on the session's descriptor of the
 //! file: a queued job never keeps open a file the session has closed (up to [`QUEUE`] jobs wait,
 //! and each used to hold a duplicate). A job whose file is gone when the worker reaches it is
 //! skipped and counted (`files_gone`); the descriptor is held only while its table is built.
+//!
+//! Before a table is sent, the connection's [`Budget`] decides whether it fits the sampler's
+//! rows within its file owner's fair share, and which tables the sampler must drop first
+//! (`dropUnwindTable`, sent ahead of it on the same connection); a file the queue had no room
+//! for is offered again at the next batch, not forgotten (`budget.rs`).
 //!
 //! With a state directory, tables come from the on-disk [`Cache`] (verified against the file's
 //! CFI by SHA-256, see `cache.rs`) and new ones are stored there, so a restarted relay does not
@@ -19,12 +24,16 @@
 
 use std::{
     fs::File,
-    os::fd::{AsFd, OwnedFd},
+    os::{
+        fd::{AsFd, OwnedFd},
+        unix::fs::MetadataExt as _,
+    },
     sync::{
         mpsc::{self, Receiver, SyncSender, TrySendError},
-        Arc, Weak,
+        Arc, Mutex, PoisonError, Weak,
     },
     thread,
+    time::Instant,
 };
 
 use ember_protocol::{
@@ -32,6 +41,7 @@ use ember_protocol::{
 };
 
 use super::{
+    budget::{Admission, Budget},
     cache::{Cache, Outcome},
     compile, Limits, UnwindTable,
 };
@@ -118,6 +128,8 @@ pub(crate) struct Job {
     pub file_id: u64,
     /// The session's descriptor of the file; dead once the session closed it.
     pub file: Weak<OwnedFd>,
+    /// The connection's account of what the sampler holds (`budget.rs`).
+    pub budget: Arc<Mutex<Budget>>,
 }
 
 /// The driver's handle on the worker.
@@ -137,13 +149,20 @@ impl TableSender {
         Ok(Self { jobs, skipped: 0 })
     }
 
-    /// Queues a file unless the worker is behind.
+    /// Queues a file unless the worker is behind; then the budget offers it again at the
+    /// connection's next batch.
     pub(crate) fn offer(&mut self, job: Job) {
+        let (file_id, budget) = (job.file_id, Arc::clone(&job.budget));
+        lock(&budget).queued(file_id);
         match self.jobs.try_send(job) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                lock(&budget).skipped(file_id, Instant::now());
                 self.skipped += 1;
-                tracing::debug!(skipped = self.skipped, "unwind worker behind: file skipped");
+                tracing::debug!(
+                    skipped = self.skipped,
+                    "unwind worker behind: file offered again at the next batch"
+                );
             }
         }
     }
@@ -163,6 +182,7 @@ pub(crate) struct CacheStats {
 
 fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
     let limits = Limits::default();
+    let (mut logged_too_large, mut logged_over_share) = (false, false);
     let mut stats = CacheStats::default();
     let mut logged = stats;
     loop {
@@ -192,11 +212,70 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
             continue;
         };
         let built = table_for(job.file_id, &file, cache, &limits, &mut stats);
+        // Charged to the file's owner as the kernel reports it; unknown owners share one part.
+        let owner = file.metadata().map_or(u32::MAX, |m| m.uid());
         drop(file);
         let Some((table, vaddr_minus_offset)) = built else {
+            lock(&job.budget).no_table(job.file_id);
             continue;
         };
-        send_table(&job, &table, vaddr_minus_offset);
+        let rows = table.rows().len() as u64;
+        let admission = lock(&job.budget).admit(job.file_id, owner, rows, Instant::now());
+        match admission {
+            Admission::Send { drop } => {
+                for file_id in drop {
+                    tracing::debug!(file_id, owner, "unwind table withdrawn to make room");
+                    send(&job, &RelayMessage::DropUnwindTable { file_id });
+                }
+                send_table(&job, &table, vaddr_minus_offset);
+            }
+            Admission::TooLarge { rows, limit } => {
+                if !std::mem::replace(&mut logged_too_large, true) {
+                    tracing::warn!(
+                        file_id = job.file_id,
+                        owner,
+                        rows,
+                        limit,
+                        "an unwind table larger than half of the sampler's rows is not \
+                         sent: its binary unwinds by frame pointers (counted in \
+                         ember_relay_unwind_tables_too_large_total; raise the sampler's \
+                         --unwind-memory-bytes if such binaries matter)"
+                    );
+                }
+            }
+            Admission::OverShare { owner, rows, share } => {
+                if !std::mem::replace(&mut logged_over_share, true) {
+                    tracing::warn!(
+                        file_id = job.file_id,
+                        owner,
+                        rows,
+                        share,
+                        "an unwind table does not fit its file owner's fair share of the \
+                         sampler's rows: not sent now, offered again when its binary is sampled \
+                         (counted in ember_relay_unwind_tables_over_share_total; raise the \
+                         sampler's --unwind-memory-bytes if this is not one user flooding it)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The budget, also when a thread panicked while holding it (its state is still consistent:
+/// every change is one map update).
+pub(crate) fn lock(budget: &Mutex<Budget>) -> std::sync::MutexGuard<'_, Budget> {
+    budget.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sends one message on the job's connection; false when that failed.
+fn send(job: &Job, message: &RelayMessage) -> bool {
+    let datagram = encode_relay_message(message);
+    match transport::send(job.control.as_fd(), &datagram, &[], false) {
+        Ok(_) => true,
+        Err(err) => {
+            tracing::debug!(file_id = job.file_id, %err, "sending to the sampler failed");
+            false
+        }
     }
 }
 
@@ -278,9 +357,7 @@ fn send_table(job: &Job, table: &UnwindTable, vaddr_minus_offset: i64) {
     let messages = chunks(job.file_id, &bytes, vaddr_minus_offset);
     let parts = messages.len();
     for message in messages {
-        let datagram = encode_relay_message(&message);
-        if let Err(err) = transport::send(job.control.as_fd(), &datagram, &[], false) {
-            tracing::debug!(file_id = job.file_id, %err, "sending an unwind table failed");
+        if !send(job, &message) {
             break;
         }
     }
@@ -359,16 +436,19 @@ mod tests {
         let closed_handle = Arc::downgrade(&closed);
         drop(closed);
         let mut sender = TableSender::spawn(None).expect("worker");
+        let budget = Arc::new(Mutex::new(Budget::new(0, 0, Arc::default())));
         // A job whose file the session closed while it waited comes first: it is skipped.
         sender.offer(Job {
             control: Arc::clone(&control),
             file_id: 4,
             file: closed_handle,
+            budget: Arc::clone(&budget),
         });
         sender.offer(Job {
             control,
             file_id: 5,
             file: Arc::downgrade(&session_fd),
+            budget,
         });
         let mut joined = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
@@ -396,6 +476,59 @@ mod tests {
     }
 
     #[test]
+    fn a_table_that_displaces_another_is_sent_after_the_drop_of_that_one() {
+        // Given a sampler whose table map holds one table, and two files (this test binary
+        // twice) offered one after the other.
+        let (ours, theirs) = transport::pair().expect("socketpair");
+        let control = Arc::new(ours);
+        let budget = Arc::new(Mutex::new(Budget::new(u32::MAX, 1, Arc::default())));
+        let files: Vec<Arc<OwnedFd>> = (0..2)
+            .map(|_| {
+                Arc::new(OwnedFd::from(
+                    File::open("/proc/self/exe").expect("own exe"),
+                ))
+            })
+            .collect();
+        let mut sender = TableSender::spawn(None).expect("worker");
+        for (file_id, fd) in [5u64, 6].into_iter().zip(&files) {
+            sender.offer(Job {
+                control: Arc::clone(&control),
+                file_id,
+                file: Arc::downgrade(fd),
+                budget: Arc::clone(&budget),
+            });
+        }
+        // When the peer reads until the second table's last chunk.
+        let mut seen = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let transport::Received::Message { len, .. } =
+                transport::recv(theirs.as_fd(), &mut buf).expect("recv")
+            else {
+                panic!("connection ended early");
+            };
+            let message = ember_protocol::decode_relay_message(
+                &buf[..len],
+                &ember_protocol::Limits::default(),
+            )
+            .expect("decodes");
+            match message {
+                RelayMessage::UnwindTableChunk(c) if c.chunk + 1 == c.chunks => {
+                    seen.push(format!("table {}", c.file_id));
+                    if c.file_id == 6 {
+                        break;
+                    }
+                }
+                RelayMessage::UnwindTableChunk(_) => {}
+                RelayMessage::DropUnwindTable { file_id } => seen.push(format!("drop {file_id}")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Then the first table was dropped before the second was sent.
+        assert_eq!(seen, ["table 5", "drop 5", "table 6"]);
+    }
+
+    #[test]
     fn a_queued_job_does_not_keep_a_closed_file_open() {
         // Given a job queued for a file, When the session closes that file before the worker
         // reaches it, Then the descriptor is closed at once (the job holds no duplicate) and
@@ -409,6 +542,7 @@ mod tests {
             control: Arc::new(control),
             file_id: 9,
             file: Arc::downgrade(&fd),
+            budget: Arc::new(Mutex::new(Budget::new(0, 0, Arc::default()))),
         };
         let mut stats = CacheStats::default();
         assert!(

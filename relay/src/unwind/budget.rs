@@ -1,0 +1,488 @@
+//! The relay's account of one sampler's unwind-row budget: which tables it sent, who each is
+//! charged to, and a fair share per owner, so that one user's binaries cannot evict everyone's
+//! tables.
+//!
+//! The sampler announces its row array and table map sizes in its hello
+//! (`--unwind-memory-bytes`); the relay never sends more than they hold, so the sampler has no
+//! reason to evict on its own. Before a table is sent, [`Budget::admit`] decides:
+//! - A table over [`FILE_SHARE`] of the rows is refused for good (counted): its binary unwinds
+//!   by frame pointers.
+//! - A table is charged to the owner of its file, as the kernel reports it for the descriptor the
+//!   sampler passed (`fstat`): root-owned system files share root's part, each other user has her
+//!   own. With `n` owners holding tables (the new one included) each may hold `1/n` of the rows
+//!   and of the table entries. While there is room anyone may use more; when there is not, a
+//!   table within its owner's share displaces the least recently sampled tables of owners over
+//!   theirs, and a table over it displaces only its owner's own (least recently sampled first,
+//!   the largest first among those sampled in the same batch).
+//!   An owner within her share is never displaced by another. A table that even all of its
+//!   owner's own tables cannot make room for is refused (counted) and offered again later.
+//! - Tables displaced this way are dropped in the sampler (`dropUnwindTable`) before the new one
+//!   is sent, and offered again when their binary is sampled again, at most once per
+//!   [`REOFFER_EVERY`] per file.
+//! - A file the compile queue had no room for is offered again at the next batch.
+//!
+//! If the sampler evicts on its own all the same (its free rows are fragmented, or it predates
+//! the hello's sizes), its eviction counter grows: every table is then taken as unsure and sent
+//! again when its binary is next sampled (rate-limited the same way).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+/// A table may take at most this fraction (1/`FILE_SHARE`) of the sampler's rows: half, the
+/// share of each owner as soon as two hold tables, so that one table never outgrows it.
+pub(crate) const FILE_SHARE: u64 = 2;
+/// A file whose table is absent from the sampler is offered again at most this often.
+pub(crate) const REOFFER_EVERY: Duration = Duration::from_secs(2);
+
+/// The budget's counters, summed over all connections (relay metrics).
+#[derive(Debug, Default)]
+pub(crate) struct BudgetCounters {
+    /// Tables refused for good: larger than 1/[`FILE_SHARE`] of the rows.
+    pub too_large: AtomicU64,
+    /// Tables refused for now: their owner's share could not make room.
+    pub over_share: AtomicU64,
+    /// Tables the relay told the sampler to drop to make room within the fair shares.
+    pub withdrawn: AtomicU64,
+    /// Tables offered again (evicted, refused for now, skipped by a full compile queue, unsure).
+    pub reoffered: AtomicU64,
+}
+
+impl BudgetCounters {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a file's table stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Handed to the compile queue; not decided yet.
+    Queued,
+    /// Sent to the sampler; `unsure` once the sampler evicted tables on its own.
+    Held {
+        owner: u32,
+        rows: u64,
+        used: Instant,
+        unsure: bool,
+    },
+    /// Not in the sampler: offered again from `after` on, only once sampled if `needs_sample`.
+    Absent { after: Instant, needs_sample: bool },
+    /// Never offered again: no table could be built, or it is too large.
+    Never,
+}
+
+/// What to do with a compiled table.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Send it after telling the sampler to drop these tables, in order.
+    Send { drop: Vec<u64> },
+    /// Larger than 1/[`FILE_SHARE`] of the rows: never sent.
+    TooLarge { rows: u64, limit: u64 },
+    /// Its owner's share cannot make room now: offered again later.
+    OverShare { owner: u32, rows: u64, share: u64 },
+}
+
+/// One sampler connection's account of its unwind budget.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    /// Rows and table entries the sampler holds; `None` when it did not say (all is sent).
+    capacity: Option<(u64, u64)>,
+    files: HashMap<u64, State>,
+    /// The sampler's eviction counter when last seen.
+    sampler_evicted: u64,
+    counters: Arc<BudgetCounters>,
+}
+
+impl Budget {
+    /// A budget for a sampler with `rows` rows and `tables` table entries (0: not said).
+    pub(crate) fn new(rows: u32, tables: u32, counters: Arc<BudgetCounters>) -> Self {
+        let capacity = (rows > 0 && tables > 0).then_some((u64::from(rows), u64::from(tables)));
+        Self {
+            capacity,
+            files: HashMap::new(),
+            sampler_evicted: 0,
+            counters,
+        }
+    }
+
+    /// The file was handed to the compile queue.
+    pub(crate) fn queued(&mut self, file_id: u64) {
+        self.files.insert(file_id, State::Queued);
+    }
+
+    /// The compile queue was full: the file is offered again at the next batch.
+    pub(crate) fn skipped(&mut self, file_id: u64, now: Instant) {
+        self.files.insert(
+            file_id,
+            State::Absent {
+                after: now,
+                needs_sample: false,
+            },
+        );
+    }
+
+    /// No table could be built for the file: it is not offered again.
+    pub(crate) fn no_table(&mut self, file_id: u64) {
+        self.files.insert(file_id, State::Never);
+    }
+
+    /// Forgets the files `known` no longer holds (closed by the sampler).
+    pub(crate) fn retain(&mut self, known: impl Fn(u64) -> bool) {
+        self.files.retain(|&id, _| known(id));
+    }
+
+    /// Decides whether the table of `file_id` (`rows` rows, its file owned by `owner`) is sent,
+    /// and which tables must be dropped first (see the module header).
+    pub(crate) fn admit(&mut self, file_id: u64, owner: u32, rows: u64, now: Instant) -> Admission {
+        let held = State::Held {
+            owner,
+            rows,
+            used: now,
+            unsure: false,
+        };
+        let Some((capacity_rows, capacity_tables)) = self.capacity else {
+            self.files.insert(file_id, held);
+            return Admission::Send { drop: Vec::new() };
+        };
+        let limit = capacity_rows / FILE_SHARE;
+        if rows > limit {
+            self.files.insert(file_id, State::Never);
+            BudgetCounters::add(&self.counters.too_large);
+            return Admission::TooLarge { rows, limit };
+        }
+        // The file's own earlier table is replaced (the sampler drops it first).
+        self.files.remove(&file_id);
+        let mut loaded: Vec<(u32, u64, Instant, u64)> = self
+            .files
+            .iter()
+            .filter_map(|(&id, state)| match *state {
+                State::Held {
+                    owner, rows, used, ..
+                } => Some((owner, rows, used, id)),
+                _ => None,
+            })
+            .collect();
+        let mut usage: HashMap<u32, (u64, u64)> = HashMap::new();
+        usage.entry(owner).or_default();
+        for &(o, r, _, _) in &loaded {
+            let entry = usage.entry(o).or_default();
+            entry.0 += r;
+            entry.1 += 1;
+        }
+        let owners = usage.len() as u64;
+        let (share_rows, share_tables) = (capacity_rows / owners, capacity_tables / owners);
+        let mut used_rows: u64 = loaded.iter().map(|l| l.1).sum();
+        let mut used_tables = loaded.len() as u64;
+        let mut drop = Vec::new();
+        while used_rows + rows > capacity_rows || used_tables + 1 > capacity_tables {
+            let own = usage.get(&owner).copied().unwrap_or_default();
+            let from = if own.0 + rows > share_rows || own.1 + 1 > share_tables {
+                Some(owner)
+            } else if used_rows + rows > capacity_rows {
+                // The other owner furthest over its share of rows.
+                usage
+                    .iter()
+                    .filter(|(&o, u)| o != owner && u.0 > share_rows)
+                    .max_by_key(|(&o, u)| (u.0 - share_rows, std::cmp::Reverse(o)))
+                    .map(|(&o, _)| o)
+            } else {
+                usage
+                    .iter()
+                    .filter(|(&o, u)| o != owner && u.1 > share_tables)
+                    .max_by_key(|(&o, u)| (u.1 - share_tables, std::cmp::Reverse(o)))
+                    .map(|(&o, _)| o)
+            };
+            // The least recently sampled table of that owner; of those sampled in the same
+            // batch the largest (it frees the most room), then the lower file id.
+            let victim = from.and_then(|o| {
+                loaded
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.0 == o)
+                    .min_by_key(|(_, l)| (l.2, std::cmp::Reverse(l.1), l.3))
+                    .map(|(i, _)| i)
+            });
+            let Some(index) = victim else {
+                self.files.insert(
+                    file_id,
+                    State::Absent {
+                        after: now + REOFFER_EVERY,
+                        needs_sample: true,
+                    },
+                );
+                BudgetCounters::add(&self.counters.over_share);
+                return Admission::OverShare {
+                    owner,
+                    rows,
+                    share: share_rows,
+                };
+            };
+            let (o, r, _, id) = loaded.swap_remove(index);
+            if let Some(u) = usage.get_mut(&o) {
+                u.0 -= r;
+                u.1 -= 1;
+            }
+            used_rows -= r;
+            used_tables -= 1;
+            drop.push(id);
+        }
+        for &id in &drop {
+            self.files.insert(
+                id,
+                State::Absent {
+                    after: now + REOFFER_EVERY,
+                    needs_sample: true,
+                },
+            );
+            BudgetCounters::add(&self.counters.withdrawn);
+        }
+        self.files.insert(file_id, held);
+        Admission::Send { drop }
+    }
+
+    /// After a batch: `sampled` are the files its stacks touched, `sampler_evicted` the
+    /// sampler's eviction counter. Returns the files to offer again (each taken as queued):
+    /// those the compile queue skipped, and sampled ones whose table is absent or unsure, at
+    /// most once per [`REOFFER_EVERY`] each.
+    pub(crate) fn after_batch(
+        &mut self,
+        sampled: &[u64],
+        sampler_evicted: u64,
+        now: Instant,
+    ) -> Vec<u64> {
+        if sampler_evicted > self.sampler_evicted {
+            self.sampler_evicted = sampler_evicted;
+            for state in self.files.values_mut() {
+                if let State::Held { unsure, .. } = state {
+                    *unsure = true;
+                }
+            }
+        }
+        let mut again = Vec::new();
+        for &id in sampled {
+            match self.files.get_mut(&id) {
+                Some(State::Held { used, unsure, .. }) => {
+                    *used = now;
+                    if std::mem::take(unsure) {
+                        again.push(id);
+                    }
+                }
+                Some(State::Absent { after, .. }) if *after <= now => again.push(id),
+                _ => {}
+            }
+        }
+        for (&id, state) in &self.files {
+            if let State::Absent {
+                after,
+                needs_sample: false,
+            } = *state
+            {
+                if after <= now && !again.contains(&id) {
+                    again.push(id);
+                }
+            }
+        }
+        for &id in &again {
+            // A held (unsure) table stays charged until the new copy is admitted.
+            if !matches!(self.files.get(&id), Some(State::Held { .. })) {
+                self.files.insert(id, State::Queued);
+            }
+            BudgetCounters::add(&self.counters.reoffered);
+        }
+        again
+    }
+
+    /// Rows charged to `owner` now.
+    #[cfg(test)]
+    fn rows_of(&self, owner: u32) -> u64 {
+        self.files
+            .values()
+            .map(|s| match *s {
+                State::Held { owner: o, rows, .. } if o == owner => rows,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROOT: u32 = 0;
+    const ATTACKER: u32 = 45_000;
+
+    fn budget(rows: u32, tables: u32) -> Budget {
+        Budget::new(rows, tables, Arc::default())
+    }
+
+    #[test]
+    fn one_users_tables_cannot_displace_anothers_within_its_share() {
+        // Given 1000 rows, root holding 3 tables of 100 rows.
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        for id in 1..=3 {
+            assert_eq!(b.admit(id, ROOT, 100, t0), Admission::Send { drop: vec![] });
+        }
+        // When an attacker sends tables of 250 rows, one after another.
+        let mut sent = 0;
+        for id in 10..20 {
+            let now = t0 + Duration::from_millis(id);
+            match b.admit(id, ATTACKER, 250, now) {
+                Admission::Send { drop } => {
+                    sent += 1;
+                    assert!(
+                        drop.iter().all(|d| *d >= 10),
+                        "root's table displaced: {drop:?}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Then root keeps all three, the attacker at most its half, its own oldest going first.
+        assert_eq!(b.rows_of(ROOT), 300);
+        assert!(b.rows_of(ATTACKER) <= 500, "{}", b.rows_of(ATTACKER));
+        assert_eq!(sent, 10);
+        assert_eq!(b.counters.withdrawn.load(Ordering::Relaxed), 8);
+        // And a table over half of the rows is refused for good.
+        assert_eq!(
+            b.admit(30, ATTACKER, 501, t0),
+            Admission::TooLarge {
+                rows: 501,
+                limit: 500
+            }
+        );
+        assert_eq!(b.counters.too_large.load(Ordering::Relaxed), 1);
+        assert!(b
+            .after_batch(&[30], 0, t0 + Duration::from_secs(60))
+            .is_empty());
+    }
+
+    #[test]
+    fn a_user_under_its_share_displaces_the_one_over_it() {
+        // Given an attacker alone holding all 1000 rows (it may while nobody else needs them).
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        for id in 10..14 {
+            b.admit(id, ATTACKER, 250, t0 + Duration::from_millis(id));
+        }
+        assert_eq!(b.rows_of(ATTACKER), 1000);
+        // When root's table arrives, Then the attacker's least recently sampled table goes.
+        b.after_batch(&[10, 12, 13], 0, t0 + Duration::from_secs(1));
+        let admitted = b.admit(1, ROOT, 200, t0 + Duration::from_secs(1));
+        assert_eq!(admitted, Admission::Send { drop: vec![11] });
+        assert_eq!((b.rows_of(ROOT), b.rows_of(ATTACKER)), (200, 750));
+    }
+
+    #[test]
+    fn a_table_over_its_owners_share_with_nothing_to_give_back_is_refused_and_offered_later() {
+        // Given 5 owners each holding 200 of 1000 rows.
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        for owner in 1..=5u32 {
+            b.admit(u64::from(owner), owner, 200, t0);
+        }
+        // When a sixth owner's table of 200 rows arrives (its share is 166).
+        let refused = b.admit(9, 6, 200, t0);
+        // Then it is refused, counted, nobody's table dropped.
+        assert_eq!(
+            refused,
+            Admission::OverShare {
+                owner: 6,
+                rows: 200,
+                share: 166
+            }
+        );
+        assert_eq!(b.counters.over_share.load(Ordering::Relaxed), 1);
+        // And offered again when sampled, not before REOFFER_EVERY, then once per period.
+        assert!(b
+            .after_batch(&[9], 0, t0 + Duration::from_millis(100))
+            .is_empty());
+        let later = t0 + REOFFER_EVERY;
+        assert_eq!(b.after_batch(&[9], 0, later), vec![9]);
+        assert!(b.after_batch(&[9], 0, later).is_empty(), "queued already");
+    }
+
+    #[test]
+    fn a_displaced_table_comes_back_when_sampled_and_a_skipped_file_at_the_next_batch() {
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        b.admit(1, ATTACKER, 250, t0);
+        b.admit(2, ATTACKER, 250, t0 + Duration::from_millis(1));
+        b.admit(3, ATTACKER, 250, t0 + Duration::from_millis(2));
+        b.admit(4, ATTACKER, 250, t0 + Duration::from_millis(3));
+        // Root needs room: 1 (least recent) is dropped.
+        assert_eq!(
+            b.admit(5, ROOT, 250, t0 + Duration::from_millis(4)),
+            Admission::Send { drop: vec![1] }
+        );
+        b.skipped(6, t0);
+        // Not sampled: only the skipped file comes back; sampled after the period: 1 too.
+        assert_eq!(
+            b.after_batch(&[], 0, t0 + Duration::from_millis(5)),
+            vec![6]
+        );
+        let later = t0 + REOFFER_EVERY + Duration::from_millis(5);
+        assert_eq!(b.after_batch(&[1], 0, later), vec![1]);
+        assert_eq!(b.counters.reoffered.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_sampler_eviction_makes_every_sampled_table_go_again_once() {
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        b.admit(1, ROOT, 100, t0);
+        b.admit(2, ROOT, 100, t0);
+        assert!(b.after_batch(&[1, 2], 0, t0).is_empty());
+        assert_eq!(b.after_batch(&[1], 3, t0), vec![1]);
+        assert!(b.after_batch(&[1], 3, t0).is_empty());
+        assert_eq!(b.after_batch(&[2], 3, t0), vec![2]);
+        assert_eq!(b.rows_of(ROOT), 200, "still charged while resent");
+    }
+
+    #[test]
+    fn of_tables_sampled_in_the_same_batch_the_largest_goes_first() {
+        // Given root's small table (low id) and a big one, both sampled in the last batch.
+        let t0 = Instant::now();
+        let mut b = budget(1000, 100);
+        b.admit(1, ROOT, 10, t0);
+        b.admit(2, ROOT, 250, t0);
+        b.admit(3, ROOT, 250, t0);
+        b.admit(4, ROOT, 250, t0);
+        let now = t0 + Duration::from_secs(1);
+        b.after_batch(&[1, 2, 3, 4], 0, now);
+        // When root needs room, Then a big one goes, not the small one with the lowest id.
+        assert_eq!(
+            b.admit(5, ROOT, 250, now),
+            Admission::Send { drop: vec![2] }
+        );
+    }
+
+    #[test]
+    fn the_table_map_is_shared_fairly_too_and_an_unsized_sampler_gets_everything() {
+        let t0 = Instant::now();
+        let mut b = budget(1000, 4);
+        b.admit(1, ROOT, 1, t0);
+        b.admit(2, ROOT, 1, t0);
+        b.admit(3, ATTACKER, 1, t0);
+        b.admit(4, ATTACKER, 1, t0);
+        assert_eq!(
+            b.admit(5, ATTACKER, 1, t0),
+            Admission::Send { drop: vec![3] }
+        );
+        let mut open = budget(0, 0);
+        assert_eq!(
+            open.admit(1, ATTACKER, u64::from(u32::MAX), t0),
+            Admission::Send { drop: vec![] }
+        );
+        // Forgotten once closed.
+        b.retain(|id| id != 1);
+        assert_eq!(b.rows_of(ROOT), 1);
+    }
+}
