@@ -513,12 +513,19 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose:
         profile.frequency_hz,
         profile.end_unix_ns.saturating_sub(profile.start_unix_ns) as f64 / 1e9
     );
-    if losses.user_stack_lost + losses.kernel_stack_lost > 0 {
+    let stacks: Vec<String> = [
+        ("user", losses.user_stack_lost),
+        ("kernel", losses.kernel_stack_lost),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(kind, n)| format!("the {kind} stack of {n} samples"))
+    .collect();
+    if !stacks.is_empty() {
         println!(
-            "lost: the user stack of {} samples and the kernel stack of {} (the kernel's stack \
-             table was full or two stacks collided in it); those samples are kept, marked \
-             [lost stack]",
-            losses.user_stack_lost, losses.kernel_stack_lost
+            "lost: {} (two stacks collided in the kernel's stack table, or it was full); the \
+             samples are kept, their stacks marked [lost stack]",
+            stacks.join(" and ")
         );
     }
     if losses.counts_full > 0 {
