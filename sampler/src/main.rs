@@ -214,11 +214,31 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         sequence: 0,
         interval_start: now_unix_ns(),
         sent_samples: 0,
-        reused: std::collections::HashSet::new(),
-        deferred: Vec::new(),
+        deferral: procevents::Deferral::default(),
         config,
     };
     sampler.drain_loop()
+}
+
+/// The parts of interval `sequence` as messages to queue, and their samples.
+fn batch_messages(sequence: u64, batches: Vec<ember_protocol::Batch>) -> (Vec<Outgoing>, u64) {
+    let mut samples = 0;
+    let messages = batches
+        .into_iter()
+        .map(|batch| {
+            let mark = BatchMark {
+                sequence,
+                samples: batch.sample_count(),
+            };
+            samples += mark.samples;
+            Outgoing {
+                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
+                fds: Vec::new(),
+                batch: Some(mark),
+            }
+        })
+        .collect();
+    (messages, samples)
 }
 
 /// Becomes `--user` (joining the relay's group when `--relay-uid` is set) with only the
@@ -290,10 +310,8 @@ struct Sampler {
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
-    /// Pids whose facts now describe another process than at the last drain (pid reuse), and
-    /// the messages with those facts, held until the older process's rows are queued.
-    reused: std::collections::HashSet<u32>,
-    deferred: Vec<Outgoing>,
+    /// Facts of reused pids, held until the older process's rows are queued.
+    deferral: procevents::Deferral,
 }
 
 /// Longest wait of the drain loop while connected: first-sample events, relay messages, room
@@ -388,16 +406,16 @@ impl Sampler {
         self.describe_new_processes();
         let since = self.drainer.drained_since_ns();
         let events = &self.loaded.events;
-        let (drained, newer) =
-            procevents::split_reused(drained, &self.reused, |pid| events.exited_since(pid, since));
+        let (drained, newer) = procevents::split_reused(drained, self.deferral.reused(), |pid| {
+            events.exited_since(pid, since)
+        });
         tracing::debug!(
-            reused = ?self.reused,
+            reused = ?self.deferral.reused(),
             older_rows = drained.rows.len(),
             newer_rows = newer.rows.len(),
             newer_pids = ?newer.rows.iter().map(|(k, _)| k.tgid).collect::<std::collections::BTreeSet<_>>(),
             "drain split at reused pids"
         );
-        self.reused.clear();
         for message in self.tracker.observe(&drained, sequence) {
             self.link.enqueue(message);
         }
@@ -412,11 +430,12 @@ impl Sampler {
         };
         // A reused pid: the older process's rows, then the newer one's facts, then its rows.
         let (older, newer) = build_batches_in_two(&drained, &newer, &header, MAX_BATCH_BYTES);
-        let samples = self.enqueue_batches(sequence, older);
-        for message in std::mem::take(&mut self.deferred) {
+        let (older, older_samples) = batch_messages(sequence, older);
+        let (newer, newer_samples) = batch_messages(sequence, newer);
+        for message in self.deferral.interval(older, newer) {
             self.link.enqueue(message);
         }
-        let samples = samples + self.enqueue_batches(sequence, newer);
+        let samples = older_samples + newer_samples;
         self.tracker.notice_exits(sequence);
         self.sequence += 1;
         self.interval_start = interval_end;
@@ -447,24 +466,6 @@ impl Sampler {
         Ok(losses)
     }
 
-    /// Queues the parts of interval `sequence`; returns their samples.
-    fn enqueue_batches(&mut self, sequence: u64, batches: Vec<ember_protocol::Batch>) -> u64 {
-        let mut samples = 0;
-        for batch in batches {
-            let mark = BatchMark {
-                sequence,
-                samples: batch.sample_count(),
-            };
-            samples += mark.samples;
-            self.link.enqueue(Outgoing {
-                bytes: encode_sampler_message(&SamplerMessage::Batch(batch)),
-                fds: Vec::new(),
-                batch: Some(mark),
-            });
-        }
-        samples
-    }
-
     /// Reads the facts of the processes the program reported since the last call (their first
     /// samples), at once, and queues them ahead of the batch that will hold those samples.
     fn describe_new_processes(&mut self) {
@@ -474,22 +475,20 @@ impl Sampler {
                 pid = event.tgid,
                 read = described.read,
                 reused = described.reused,
-                deferred = described.reused || self.reused.contains(&event.tgid),
+                deferred = described.reused || self.deferral.reused().contains(&event.tgid),
                 messages = described.messages.len(),
                 "process described at its first sample"
             );
             if described.read {
                 self.loaded.events.facts_read(event.ktime_ns);
             }
-            if described.reused || self.reused.contains(&event.tgid) {
-                // The pid's older process may have samples not yet in a batch: these facts go
-                // after them (`interval`).
-                self.reused.insert(event.tgid);
-                self.deferred.extend(described.messages);
-            } else {
-                for message in described.messages {
-                    self.link.enqueue(message);
-                }
+            // The pid's older process may have samples not yet in a batch: reused facts go after
+            // them (`interval`).
+            let now = self
+                .deferral
+                .route(event.tgid, described.reused, described.messages);
+            for message in now {
+                self.link.enqueue(message);
             }
         }
     }

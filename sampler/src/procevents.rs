@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use ember_sampler_ebpf::{event_counter, ProcessEvent, REUSED_TGID_BIT};
 
-use crate::drain::Drained;
+use crate::{drain::Drained, link::Outgoing};
 
 /// Most events taken per call, so a flood cannot starve the rest of the loop (the rest stays in
 /// the ring buffer for the next call).
@@ -161,6 +161,43 @@ pub fn split_reused(
     (drained, after)
 }
 
+/// The pids whose facts now describe another process than at the last drain (pid reuse), and
+/// the messages with those facts, held until the older process's rows are queued: the relay
+/// symbolizes a row with the facts it holds for the pid when the row arrives.
+#[derive(Default)]
+pub struct Deferral {
+    reused: HashSet<u32>,
+    held: Vec<Outgoing>,
+}
+
+impl Deferral {
+    /// The messages describing `pid` at its first sample that may go now: all of them, or none
+    /// when they are held, because they replace another process's facts (`reused`) or the
+    /// pid's facts were already held this interval.
+    pub fn route(&mut self, pid: u32, reused: bool, messages: Vec<Outgoing>) -> Vec<Outgoing> {
+        if reused || self.reused.contains(&pid) {
+            self.reused.insert(pid);
+            self.held.extend(messages);
+            return Vec::new();
+        }
+        messages
+    }
+
+    /// Pids whose rows [`split_reused`] divides this interval.
+    pub fn reused(&self) -> &HashSet<u32> {
+        &self.reused
+    }
+
+    /// One interval's batch parts and the held facts in sending order: the older processes'
+    /// parts (`older`), the held facts, then the newer processes' parts. Starts the next
+    /// interval with nothing reused.
+    pub fn interval(&mut self, older: Vec<Outgoing>, newer: Vec<Outgoing>) -> Vec<Outgoing> {
+        self.reused.clear();
+        let held = std::mem::take(&mut self.held);
+        older.into_iter().chain(held).chain(newer).collect()
+    }
+}
+
 fn parse(bytes: &[u8]) -> Option<ProcessEvent> {
     if bytes.len() != size_of::<ProcessEvent>() {
         return None;
@@ -246,6 +283,64 @@ mod tests {
         // Given no reuse the sampler knows of: tagged rows still go after, untagged
         let (before, after) = split_reused(drained(), &HashSet::new(), |_| true);
         assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+    }
+
+    fn message(text: &str) -> Outgoing {
+        Outgoing {
+            bytes: text.as_bytes().to_vec(),
+            fds: Vec::new(),
+            batch: None,
+        }
+    }
+
+    fn texts(messages: &[Outgoing]) -> Vec<&str> {
+        messages
+            .iter()
+            .map(|m| std::str::from_utf8(&m.bytes).expect("text"))
+            .collect()
+    }
+
+    #[test]
+    fn a_reused_pids_facts_wait_for_the_older_processs_rows() {
+        // Given pid 7's first process described when first sampled, then pid 7 taken by a new
+        // process (its facts read twice this interval), and pid 8 new
+        let mut deferral = Deferral::default();
+        let now = deferral.route(7, false, vec![message("facts 7 old")]);
+        assert_eq!(texts(&now), ["facts 7 old"]);
+        let interval = deferral.interval(vec![message("rows 7 old")], Vec::new());
+        assert_eq!(texts(&interval), ["rows 7 old"]);
+        // When the new process's facts and pid 8's arrive before the drain
+        let reused = deferral.route(7, true, vec![message("facts 7 new")]);
+        let again = deferral.route(7, false, vec![message("facts 7 newer")]);
+        let other = deferral.route(8, false, vec![message("facts 8")]);
+        // Then only pid 8's go now; pid 7's are held, and its rows are split
+        assert!(reused.is_empty(), "{:?}", texts(&reused));
+        assert!(again.is_empty(), "{:?}", texts(&again));
+        assert_eq!(texts(&other), ["facts 8"]);
+        assert_eq!(deferral.reused(), &HashSet::from([7]));
+        // When the interval's parts are queued
+        let interval = deferral.interval(
+            vec![message("rows 7 old, rows 8")],
+            vec![message("rows 7 new")],
+        );
+        // Then the older process's rows go first, then the new process's facts, then its rows
+        assert_eq!(
+            texts(&interval),
+            [
+                "rows 7 old, rows 8",
+                "facts 7 new",
+                "facts 7 newer",
+                "rows 7 new"
+            ]
+        );
+        // And the next interval starts with nothing reused or held
+        assert!(deferral.reused().is_empty());
+        let next = deferral.route(7, false, vec![message("facts 7 later")]);
+        assert_eq!(texts(&next), ["facts 7 later"]);
+        assert_eq!(
+            texts(&deferral.interval(vec![message("rows")], Vec::new())),
+            ["rows"]
+        );
     }
 
     #[test]

@@ -359,10 +359,18 @@ fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
 // ---------------------------------------------------------------------------------------------
 // 3. Descriptors
 
+/// `--max-open-files` of attack 3: far below the 1,100 files and the 1024 descriptors.
+const ATTACK3_MAX_OPEN_FILES: usize = 100;
+
 /// Attack 3: 1,100 distinct executable-mapped files against a relay whose RLIMIT_NOFILE is
-/// 1024 (soft = hard, so it cannot raise it). The relay stays alive, says once that descriptors
-/// were truncated (MSG_CTRUNC) and how to fix it, the witness keeps its samples, and the relay's
-/// descriptors stay bounded and fall after the attacker exits.
+/// 1024 (soft = hard, so it cannot raise it) and whose `--max-open-files` is 100. The files are
+/// mapped before the sampler starts, so that its first look at the attacker passes all it may
+/// (1,024 per process; a process described while still mapping would pass only those mapped
+/// so far). The relay stays alive, the witness keeps its samples, and while the attacker still
+/// maps every file, once the relay has taken in what it was passed, it holds at most
+/// `--max-open-files` passed descriptors more than before the sampler connected (plus a small
+/// slack); they fall after the attacker exits. (Its peak meanwhile is bounded only by its
+/// RLIMIT_NOFILE: the descriptors waiting in its intake queue are open too.)
 #[test]
 fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     if !privileged() {
@@ -376,6 +384,7 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     let socket = tmp.path().join("ember.sock");
     let out = tmp.path().join("out");
     let sampler_uid = if sampler_drops_to_nobody() { NOBODY } else { 0 }.to_string();
+    let max_open_files = ATTACK3_MAX_OPEN_FILES.to_string();
     let mut relay = spawn_relay_limited(
         "relay (nofile 1024)",
         &socket,
@@ -384,12 +393,29 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
             out.to_str().unwrap(),
             "--sampler-uid",
             &sampler_uid,
+            "--max-open-files",
+            &max_open_files,
         ],
         Some(1024),
         None,
     );
     let relay_pid = relay.child.pid();
     let watch = Watch::start(relay_pid, None);
+    let baseline = fd_count(relay_pid).expect("relay fd count");
+    // The attacker keeps its files mapped (so the sampler keeps holding them) for up to 60 s,
+    // until it is stopped below.
+    let mut attack = spawn_attacker(
+        who,
+        &programs.mappings,
+        &[
+            "distinct",
+            files.path().to_str().unwrap(),
+            "1100",
+            "0",
+            "60",
+        ],
+    );
+    attack.wait_ready(Duration::from_secs(30));
     let freq = FREQUENCY.to_string();
     let mut sampler_args = vec!["--frequency", freq.as_str()];
     if sampler_drops_to_nobody() {
@@ -401,16 +427,37 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     relay
         .log
         .expect(0, FIRST_BATCH_TIMEOUT, "first \"batch received\"", is_batch);
-    thread::sleep(Duration::from_secs(2));
-    let baseline = fd_count(relay_pid).expect("relay fd count");
-
-    let witness = Witness::start(6);
-    let mut attack = spawn_attacker(
-        who,
-        &programs.mappings,
-        &["distinct", files.path().to_str().unwrap(), "1100", "0", "4"],
+    // (10 s: the attacker spins beside it the whole time.)
+    let witness = Witness::start(10);
+    let mapped = now_unix_ns();
+    // Two batches recorded wholly after the first: the attacker's descriptors were passed and
+    // taken in, while it still maps them.
+    let mut from = 0;
+    for _ in 0..2 {
+        let (i, _) = relay.log.expect(
+            from,
+            Duration::from_secs(30),
+            "a batch recorded after the attacker mapped its files",
+            |v| is_batch(v) && field_u64(v, "interval_start_unix_ns").is_some_and(|t| t > mapped),
+        );
+        from = i + 1;
+    }
+    // Once what the connection's thread took in has reached the pipeline (the intake queue,
+    // up to 64 datagrams of 250 descriptors, is what lets the peak reach the limit), at most
+    // --max-open-files passed descriptors stay open, the attacker's and the host's other
+    // processes' (the least recently used closed), plus 32 for the connection, memfd copies
+    // and log files. Without the eviction the relay keeps about 1,000 (its limit).
+    let bound = baseline + ATTACK3_MAX_OPEN_FILES + 32;
+    let mut held = fd_count(relay_pid).unwrap_or(usize::MAX);
+    let settled = wait_until(Duration::from_secs(15), || {
+        held = fd_count(relay_pid).unwrap_or(usize::MAX);
+        held <= bound
+    });
+    assert!(
+        attack.child.try_wait().is_none(),
+        "the attacker exited before the relay's descriptors were measured with its files mapped"
     );
-    attack.wait_ready(Duration::from_secs(30));
+    attack.child.signal(Signal::SIGTERM);
     let _ = attack.child.wait_timeout(Duration::from_secs(30));
     let cpu = witness.cpu_time();
     let gone = now_unix_ns();
@@ -428,14 +475,16 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
             None => break,
         }
     }
+    // (The host's other processes' files stay, at most --max-open-files of them.)
     let dropped = wait_until(Duration::from_secs(15), || {
-        fd_count(relay_pid).is_some_and(|n| n <= baseline + 64)
+        fd_count(relay_pid).is_some_and(|n| n <= baseline + ATTACK3_MAX_OPEN_FILES + 64)
     });
     let seen = watch.stop();
     let now = fd_count(relay_pid);
     eprintln!(
-        "relay fds: {baseline} before the attack, at most {} during it, {now:?} after it; \
-         {after} batches after the attacker exited",
+        "relay fds: {baseline} before the sampler connected, {held} settled while the attacker \
+         mapped its files (at most {} in all), {now:?} after it; {after} batches after the \
+         attacker exited",
         seen.max_fds
     );
     let alive = relay.child.try_wait().is_none();
@@ -481,9 +530,20 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
         tail(&relay.log.text(), 40)
     );
     assert!(
-        seen.max_fds <= 1024,
-        "the relay held {} descriptors",
-        seen.max_fds
+        settled.is_some(),
+        "the relay holds {held} descriptors with the attacker's files passed and mapped: more \
+         than {baseline} before the sampler connected + --max-open-files \
+         {ATTACK3_MAX_OPEN_FILES} + 32"
+    );
+    let evicted = relay.log.matching(|v| {
+        level(v) == "WARN"
+            && v.to_string()
+                .contains("more files passed than --max-open-files")
+    });
+    assert!(
+        !evicted.is_empty(),
+        "the relay never said it closed descriptors over --max-open-files:\n{}",
+        tail(&relay.log.text(), 40)
     );
     assert!(
         dropped.is_some(),

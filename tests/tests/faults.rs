@@ -1090,30 +1090,50 @@ fn footprint(pid: u32) -> (usize, u64) {
     )
 }
 
+/// What [`flood`] did.
+struct Flooded {
+    /// The connection, still open (the relay holds its files until it closes).
+    connection: std::os::fd::OwnedFd,
+    /// Descriptors sent.
+    sent: usize,
+    /// The relay's peak descriptor count meanwhile.
+    peak: usize,
+    /// The send error that ended it.
+    ended: Option<nix::errno::Errno>,
+}
+
 /// Connects, says Hello and sends 400 datagrams of `bytes(round)` each carrying `fds` (or
-/// until the relay closes the connection); returns the descriptors sent, the relay's peak
-/// descriptor count meanwhile, and the send error that ended it.
+/// until the relay closes the connection).
 fn flood(
     relay: &RunningRelay,
     socket: &Path,
     fds: &[std::os::fd::BorrowedFd<'_>],
     bytes: impl Fn(u64) -> Vec<u8>,
-) -> (usize, usize, Option<nix::errno::Errno>) {
+) -> Flooded {
     let pid = relay.child.pid();
-    let sock = hostile_connection(relay, socket);
-    let (mut sent, mut peak) = (0, attack_fd_count(pid));
+    let connection = hostile_connection(relay, socket);
+    let (mut sent, mut peak, mut ended) = (0, attack_fd_count(pid), None);
     for round in 0..400u64 {
         let message = bytes(round);
-        if let Err(err) =
-            ember_protocol::transport::send(std::os::fd::AsFd::as_fd(&sock), &message, fds, false)
-        {
-            return (sent, peak, Some(err));
+        let to = std::os::fd::AsFd::as_fd(&connection);
+        if let Err(err) = ember_protocol::transport::send(to, &message, fds, false) {
+            ended = Some(err);
+            break;
         }
         sent += fds.len();
         peak = peak.max(attack_fd_count(pid));
     }
-    (sent, peak, None)
+    Flooded {
+        connection,
+        sent,
+        peak,
+        ended,
+    }
 }
+
+/// `--max-open-files` of the relay the hostile client floods: far below the 100,000 descriptors
+/// of the flood and the relay's RLIMIT_NOFILE.
+const FLOOD_MAX_OPEN_FILES: usize = 1000;
 
 fn nofile_soft_limit(pid: u32) -> usize {
     fs::read_to_string(format!("/proc/{pid}/limits"))
@@ -1133,8 +1153,9 @@ fn attack_fd_count(pid: u32) -> usize {
 /// SCM_RIGHTS descriptors, first unreferenced, then named by Files messages), while a real
 /// sampler profiles a workload through the same relay. Each bad message closes its connection
 /// with an ERROR line naming the reason; the flood neither exhausts the relay's descriptors nor
-/// stops the real sampler's batches; afterwards the relay's descriptor count and RSS are back
-/// within a small bound of their values before the attack.
+/// stops the real sampler's batches; while the flooding connection stays open the relay holds at
+/// most `--max-open-files` of its descriptors; afterwards the relay's descriptor count and RSS
+/// are back within a small bound of their values before the attack.
 ///
 /// Deeply nested messages: the schema has no recursive type, so no reader follows pointers
 /// deeper than the schema (and the codec's nesting limit is 16); the bombs here are pointer
@@ -1147,6 +1168,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
     let _lock = ebpf_lock();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ember.sock");
+    let max_open_files = FLOOD_MAX_OPEN_FILES.to_string();
     let relay = spawn_relay_run(
         "relay",
         &socket,
@@ -1157,6 +1179,8 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
             "65534",
             "--metrics-address",
             "off",
+            "--max-open-files",
+            &max_open_files,
         ],
     );
     let workload = spawn_workload(&workloads().spinner, 600);
@@ -1196,10 +1220,13 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         eprintln!("{what} ({} bytes): {error}", bytes.len());
     }
 
-    // The descriptor flood: datagrams each carrying the protocol's maximum of descriptors.
-    let null = fs::File::open("/dev/null").unwrap();
+    // The descriptor flood: datagrams each carrying the protocol's maximum of descriptors, of a
+    // regular file (the relay closes a device's at once, so those would never be held).
+    let regular = dir.path().join("flooded");
+    fs::write(&regular, b"not an ELF file").unwrap();
+    let regular = fs::File::open(&regular).unwrap();
     let copies: Vec<std::os::fd::OwnedFd> = (0..ember_protocol::transport::MAX_FDS_PER_MESSAGE)
-        .map(|_| std::os::fd::OwnedFd::from(null.try_clone().unwrap()))
+        .map(|_| std::os::fd::OwnedFd::from(regular.try_clone().unwrap()))
         .collect();
     let borrowed: Vec<std::os::fd::BorrowedFd<'_>> =
         copies.iter().map(std::os::fd::AsFd::as_fd).collect();
@@ -1208,7 +1235,12 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
     let unreferenced = ember_protocol::encode_sampler_message(
         &ember_protocol::SamplerMessage::FilesClosed(Vec::new()),
     );
-    let (sent, peak1, ended) = flood(&relay, &socket, &borrowed, |_| unreferenced.clone());
+    let Flooded {
+        sent,
+        peak: peak1,
+        ended,
+        ..
+    } = flood(&relay, &socket, &borrowed, |_| unreferenced.clone());
     let (_, error) = relay.log.expect(
         flood_start,
         LOG_TIMEOUT,
@@ -1235,7 +1267,12 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
             .collect();
         ember_protocol::encode_sampler_message(&ember_protocol::SamplerMessage::Files(files))
     };
-    let (sent, peak2, ended) = flood(&relay, &socket, &borrowed, named);
+    let Flooded {
+        connection,
+        sent,
+        peak: peak2,
+        ended,
+    } = flood(&relay, &socket, &borrowed, named);
     let flood_end = relay.log.len();
     let soft_limit = nofile_soft_limit(relay_pid);
     eprintln!(
@@ -1243,12 +1280,11 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
          (before {}, soft limit {soft_limit})",
         before.0
     );
-    // The relay's own bound: the per-connection cap of open files (--max-open-files, 8192 by
-    // default), the intake queue between the connection threads and the pipeline (64 messages,
-    // each up to 250 descriptors) and the datagram being read. Measured: about 17.3 k of a
-    // 20 k RLIMIT_NOFILE, so the kernel may have to drop some (MSG_CTRUNC, counted as absent
-    // files) before the queue drains.
-    let bound = before.0 + 8192 + 64 * 250 + 250;
+    // The relay's own bound: the per-connection cap of open files (--max-open-files), the
+    // intake queue between the connection threads and the pipeline (64 messages, each up to 250
+    // descriptors) and the datagram being read; the kernel may have to drop some (MSG_CTRUNC,
+    // counted as absent files) before the queue drains.
+    let bound = before.0 + FLOOD_MAX_OPEN_FILES + 64 * 250 + 250;
     assert!(
         peak1.max(peak2) <= bound.min(soft_limit),
         "the flood took the relay to {} descriptors, over its bound {bound} or its limit \
@@ -1259,6 +1295,24 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         peak1 < before.0 + 2 * borrowed.len(),
         "unreferenced descriptors piled up in the relay ({peak1}) before it closed the connection"
     );
+    // Once the intake queue has drained, with the flooding connection still open: at most
+    // --max-open-files of its descriptors stay (the least recently used closed), plus one
+    // datagram's being read and 32 for sockets and logs. Without the eviction the relay keeps
+    // every descriptor it took in, up to its limit.
+    assert_eq!(ended, None, "the relay closed the named flood's connection");
+    let held_bound = before.0 + FLOOD_MAX_OPEN_FILES + 250 + 32;
+    let mut held = attack_fd_count(relay_pid);
+    let settled = wait_until(Duration::from_secs(30), || {
+        held = attack_fd_count(relay_pid);
+        held <= held_bound
+    });
+    assert!(
+        settled.is_some(),
+        "with the flooding connection open the relay holds {held} descriptors, over {} before + \
+         --max-open-files {FLOOD_MAX_OPEN_FILES} + 282",
+        before.0
+    );
+    drop(connection);
     // The real sampler is still served after all that.
     relay.log.expect(
         flood_end,

@@ -738,6 +738,213 @@ mod tests {
     }
 
     #[test]
+    fn every_counter_and_gauge_is_read_from_its_own_field() {
+        // Given a snapshot in which every field of the relay's stats, the sampler's losses and
+        // an exporter's counters holds a value no other field holds
+        let metrics = Metrics::default();
+        let relay = RelayStats {
+            connections: 2001,
+            connections_total: 2002,
+            batches: 2003,
+            samples_received: 2004,
+            samples_symbolized: 2005,
+            samples_filtered: 2006,
+            samples_without_process: 2007,
+            frames: 2008,
+            unknown_frames: 2009,
+            processes: 2010,
+            files: 2011,
+            resolvers: 2012,
+            symbolizer: crate::symbolize::elf::CacheSize {
+                files: 2013,
+                entries: 2014,
+                bytes: 2015,
+                file_bytes: 2016,
+            },
+            symbolizer_hits: 2017,
+            symbolizer_misses: 2018,
+            resolvers_opened: 2019,
+            resolvers_evicted: 2020,
+            copied_bytes: 2021,
+            files_symbols_only: 2022,
+            files_too_large: 2023,
+            files_panicked: 2024,
+            labels_over_limit: 2025,
+            label_claims_dropped: 2026,
+            unwind_tables_too_large: 2027,
+            unwind_tables_over_share: 2028,
+            unwind_tables_withdrawn: 2029,
+            unwind_tables_reoffered: 2030,
+            sampler: Some(distinct_losses()),
+            ..RelayStats::default()
+        };
+        metrics.publish(&Published {
+            relay,
+            ..Published::default()
+        });
+        let stats = Arc::new(Stats::default());
+        let exporter: [&AtomicU64; 13] = [
+            &stats.profiles,
+            &stats.requests_sent,
+            &stats.samples_sent,
+            &stats.bytes_sent,
+            &stats.http_body_bytes_sent,
+            &stats.retries,
+            &stats.server_error_retries,
+            &stats.split_requests,
+            &stats.partial_success,
+            &stats.rejected_profiles,
+            &stats.queue_bytes,
+            &stats.queue_high_water,
+            &stats.queue_requests,
+        ];
+        for (i, counter) in exporter.into_iter().enumerate() {
+            counter.store(3000 + i as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        // (reason i: i + 1 requests of 100 + i samples each)
+        for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+            for _ in 0..=i {
+                stats.dropped(reason, 100 + i as u64);
+            }
+        }
+        metrics.watch_exporter(stats);
+        // When it is scraped
+        let parsed = scraped(&metrics);
+        // Then each series, looked up by its name, carries the value of the field it names
+        // (written out here rather than taken from the tables above, so that two series
+        // swapped in a table, or one reading its neighbour's field, fail here)
+        let relay = [
+            ("ember_relay_samplers_connected", 2001),
+            ("ember_relay_sampler_connections_total", 2002),
+            ("ember_relay_batches_received_total", 2003),
+            ("ember_relay_samples_received_total", 2004),
+            ("ember_relay_samples_symbolized_total", 2005),
+            ("ember_relay_samples_filtered_total", 2006),
+            ("ember_relay_samples_without_process_total", 2007),
+            ("ember_relay_frames_total", 2008),
+            ("ember_relay_unknown_frames_total", 2009),
+            ("ember_relay_processes", 2010),
+            ("ember_relay_files", 2011),
+            ("ember_relay_symbolizer_resolvers", 2012),
+            ("ember_relay_symbolizer_cache_entries", 2014),
+            ("ember_relay_symbolizer_cache_bytes", 2015),
+            ("ember_relay_symbolizer_cache_file_bytes", 2016),
+            ("ember_relay_symbolizer_cache_hits_total", 2017),
+            ("ember_relay_symbolizer_cache_misses_total", 2018),
+            ("ember_relay_symbolizer_resolvers_opened_total", 2019),
+            ("ember_relay_symbolizer_resolvers_evicted_total", 2020),
+            ("ember_relay_symbolizer_copied_bytes_total", 2021),
+            ("ember_relay_symbolizer_files_symbols_only_total", 2022),
+            ("ember_relay_symbolizer_files_too_large_total", 2023),
+            ("ember_relay_symbolizer_files_panicked_total", 2024),
+            ("ember_relay_labels_over_limit_total", 2025),
+            ("ember_relay_label_claims_dropped_total", 2026),
+            ("ember_relay_unwind_tables_too_large_total", 2027),
+            ("ember_relay_unwind_tables_over_share_total", 2028),
+            ("ember_relay_unwind_tables_withdrawn_total", 2029),
+            ("ember_relay_unwind_tables_reoffered_total", 2030),
+        ];
+        // (in the order of the fields of `Losses`, which `distinct_losses` numbers from 1000)
+        let sampler = [
+            "samples",
+            "idle_samples",
+            "filtered_samples",
+            "user_stacks_lost",
+            "kernel_stacks_lost",
+            "counts_map_full_samples",
+            "backlog_dropped_batches",
+            "backlog_dropped_samples",
+            "proc_errors",
+            "facts_dropped",
+            "facts_truncated",
+            "files_unopened",
+            "unwind_tables_loaded",
+            "unwind_tables_refused",
+            "unwind_stopped",
+            "unwind_cut",
+            "unwind_map_full",
+            "unwind_outermost",
+            "unwind_stop_cfa_register",
+            "unwind_stop_cfa_expression",
+            "unwind_stop_offset_range",
+            "unwind_stop_return_address_rule",
+            "unwind_stop_rbp_rule",
+            "unwind_stop_malformed",
+            "unwind_stop_budget",
+            "unwind_read_failed",
+            "unwind_zero_end",
+            "unwind_fp_no_mapping",
+            "unwind_fp_no_table",
+            "unwind_fp_gap",
+            "unwind_no_process",
+            "unwind_tables_evicted",
+        ];
+        let sampler = sampler
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (format!("ember_sampler_{name}_total"), 1000 + i as u64));
+        let export = [
+            ("profiles_total", 3000),
+            ("requests_total", 3001),
+            ("samples_total", 3002),
+            ("bytes_total", 3003),
+            ("http_body_bytes_total", 3004),
+            ("retries_total", 3005),
+            ("server_error_retries_total", 3006),
+            ("split_requests_total", 3007),
+            ("partial_successes_total", 3008),
+            ("rejected_profiles_total", 3009),
+            ("queue_bytes", 3010),
+            ("queue_high_water_bytes", 3011),
+            ("queue_requests", 3012),
+        ];
+        let export = export
+            .iter()
+            .map(|(name, value)| (format!("ember_relay_export_{name}"), *value));
+        let dropped = DropReason::ALL
+            .into_iter()
+            .enumerate()
+            .flat_map(|(i, reason)| {
+                let (i, reason) = (i as u64, reason.as_str());
+                [
+                    (
+                        format!("ember_relay_export_dropped_requests_total{{reason=\"{reason}\"}}"),
+                        i + 1,
+                    ),
+                    (
+                        format!("ember_relay_export_dropped_samples_total{{reason=\"{reason}\"}}"),
+                        (i + 1) * (100 + i),
+                    ),
+                ]
+            });
+        let expected: Vec<(String, u64)> = relay
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), *value))
+            .chain(sampler)
+            .chain(export)
+            .chain(dropped)
+            .collect();
+        for (name, value) in &expected {
+            assert_eq!(
+                parsed.values.get(name).copied(),
+                Some(*value as f64),
+                "{name}"
+            );
+        }
+        // And every series of these families is one of those checked
+        let checked: std::collections::BTreeSet<&str> =
+            expected.iter().map(|(name, _)| name.as_str()).collect();
+        let families = ["ember_sampler_", "ember_relay_export_"];
+        for name in parsed.values.keys() {
+            if families.iter().any(|f| name.starts_with(f)) {
+                assert!(checked.contains(name.as_str()), "unchecked: {name}");
+            }
+        }
+        let relay_fields = RELAY.len();
+        assert_eq!(relay.len(), relay_fields, "a RELAY series unchecked here");
+    }
+
+    #[test]
     fn relay_series_have_conventional_names_types_and_help() {
         // Given a relay that received batches and an OTLP exporter that dropped one request
         let metrics = Metrics::default();

@@ -90,19 +90,54 @@ fn check(fd: &OwnedFd, path: &str) -> Result<(), Refusal> {
         return Ok(());
     }
     let st = nix::sys::stat::fstat(fd).map_err(|errno| Refusal::Unreadable(errno.to_string()))?;
-    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+    decide(&links, (st.st_uid, st.st_mode), Path::new(path), &Host)
+}
+
+/// What the decision reads of the file system: the host's, or a made-up one in tests (so the
+/// decision is tested for files and directories of owners the test cannot create).
+trait FileSystem {
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf>;
+    /// Owner uid and mode of `path` itself (a symbolic link is not followed).
+    fn owner_and_mode(&self, path: &Path) -> std::io::Result<(u32, u32)>;
+}
+
+/// The host's file system.
+struct Host;
+
+impl FileSystem for Host {
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+        std::fs::canonicalize(path)
+    }
+
+    fn owner_and_mode(&self, path: &Path) -> std::io::Result<(u32, u32)> {
+        let meta = std::fs::symlink_metadata(path)?;
+        Ok((meta.uid(), meta.permissions().mode()))
+    }
+}
+
+/// The decision for a file with `links`, whose owner and mode are `(uid, mode)`, reached at
+/// `path`.
+fn decide(
+    links: &[Link],
+    (uid, mode): (u32, u32),
+    path: &Path,
+    fs: &impl FileSystem,
+) -> Result<(), Refusal> {
+    if uid != 0 || mode & 0o022 != 0 {
         return Err(Refusal::Writable {
-            uid: st.st_uid,
-            mode: st.st_mode & 0o7777,
+            uid,
+            mode: mode & 0o7777,
         });
     }
-    let own = std::fs::canonicalize(path).map_err(|err| Refusal::NoPath(err.to_string()))?;
+    let own = fs
+        .canonicalize(path)
+        .map_err(|err| Refusal::NoPath(err.to_string()))?;
     let mut dirs: Vec<PathBuf> = DEBUG_DIRS.iter().map(PathBuf::from).collect();
     dirs.extend(own.parent().map(Path::to_path_buf));
-    for link in &links {
+    for link in links {
         dirs.extend(link.check()?);
     }
-    dirs.iter().try_for_each(|dir| trusted_dir(dir))
+    dirs.iter().try_for_each(|dir| trusted_dir(dir, fs))
 }
 
 /// One link section's target as the file states it.
@@ -198,14 +233,14 @@ fn links(path: &str) -> Result<Vec<Link>, Refusal> {
 /// `dir` (or, when it does not exist, its nearest existing ancestor, which decides who may
 /// create it) resolves to a directory that only root may change, and so does every directory
 /// above it.
-fn trusted_dir(dir: &Path) -> Result<(), Refusal> {
+fn trusted_dir(dir: &Path, fs: &impl FileSystem) -> Result<(), Refusal> {
     let refuse = |dir: &Path, why: String| Refusal::Directory {
         dir: dir.display().to_string(),
         why,
     };
     let mut probe = dir;
     let canonical = loop {
-        match probe.canonicalize() {
+        match fs.canonicalize(probe) {
             Ok(canonical) => break canonical,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => match probe.parent() {
                 Some(parent) => probe = parent,
@@ -215,13 +250,13 @@ fn trusted_dir(dir: &Path) -> Result<(), Refusal> {
         }
     };
     for ancestor in canonical.ancestors() {
-        let meta =
-            std::fs::symlink_metadata(ancestor).map_err(|err| refuse(ancestor, err.to_string()))?;
-        let mode = meta.permissions().mode();
-        if meta.uid() != 0 || mode & 0o022 != 0 {
+        let (uid, mode) = fs
+            .owner_and_mode(ancestor)
+            .map_err(|err| refuse(ancestor, err.to_string()))?;
+        if uid != 0 || mode & 0o022 != 0 {
             return Err(refuse(
                 ancestor,
-                format!("owner uid {}, mode {:o}", meta.uid(), mode & 0o7777),
+                format!("owner uid {uid}, mode {:o}", mode & 0o7777),
             ));
         }
     }
@@ -405,9 +440,130 @@ mod tests {
 
     #[test]
     fn directories_others_may_write_are_not_trusted() {
-        assert_eq!(trusted_dir(Path::new("/usr/lib")), Ok(()));
+        assert_eq!(trusted_dir(Path::new("/usr/lib"), &Host), Ok(()));
         // /tmp is sticky and world-writable: anyone may create a file in it.
-        assert!(trusted_dir(Path::new("/tmp")).is_err());
-        assert!(trusted_dir(Path::new("/tmp/no/such/dir")).is_err());
+        assert!(trusted_dir(Path::new("/tmp"), &Host).is_err());
+        assert!(trusted_dir(Path::new("/tmp/no/such/dir"), &Host).is_err());
+    }
+
+    /// A made-up file system: each path's owner uid and mode; no symbolic links.
+    struct Made(std::collections::BTreeMap<PathBuf, (u32, u32)>);
+
+    impl Made {
+        /// Root's `/`, `/usr/lib/debug`, `/lib` (no `/lib/debug`: its parent decides),
+        /// `/opt/app/bin` and `/srv/dwz`, all mode 755, with `changes` applied.
+        fn with(changes: &[(&str, (u32, u32))]) -> Self {
+            let mut paths: std::collections::BTreeMap<PathBuf, (u32, u32)> = [
+                "/",
+                "/usr",
+                "/usr/lib",
+                "/usr/lib/debug",
+                "/lib",
+                "/opt",
+                "/opt/app",
+                "/opt/app/bin",
+                "/srv",
+                "/srv/dwz",
+            ]
+            .into_iter()
+            .map(|path| (PathBuf::from(path), (0, 0o755)))
+            .collect();
+            for (path, owner_and_mode) in changes {
+                paths.insert(PathBuf::from(path), *owner_and_mode);
+            }
+            Self(paths)
+        }
+    }
+
+    impl FileSystem for Made {
+        fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+            if self.0.contains_key(path) {
+                Ok(path.to_path_buf())
+            } else {
+                Err(std::io::ErrorKind::NotFound.into())
+            }
+        }
+
+        fn owner_and_mode(&self, path: &Path) -> std::io::Result<(u32, u32)> {
+            self.0
+                .get(path)
+                .copied()
+                .ok_or_else(|| std::io::ErrorKind::NotFound.into())
+        }
+    }
+
+    #[test]
+    fn a_root_owned_file_is_followed_only_from_directories_only_root_may_write() {
+        // Given a root-owned binary /opt/app/bin, mode 755, with a debug link to a plain name,
+        // and one with an alternate link into /srv/dwz
+        let link = |section, name: &str| Link {
+            section,
+            name: name.as_bytes().to_vec(),
+        };
+        let debuglink = [link(DEBUGLINK, "bin.debug")];
+        let altlink = [
+            link(DEBUGLINK, "bin.debug"),
+            link(ALTLINK, "/srv/dwz/x.debug"),
+        ];
+        let root_file = (0, 0o100_755);
+        let bin = Path::new("/opt/app/bin");
+        let refused_dir = |fs: &Made, links: &[Link]| match decide(links, root_file, bin, fs) {
+            Err(Refusal::Directory { dir, .. }) => Some(dir),
+            other => {
+                assert_eq!(
+                    other,
+                    Ok(()),
+                    "neither followed nor refused for a directory"
+                );
+                None
+            }
+        };
+        // When every directory searched, and every one above, is root's and mode 755
+        // Then its links are followed
+        assert_eq!(refused_dir(&Made::with(&[]), &debuglink), None);
+        assert_eq!(refused_dir(&Made::with(&[]), &altlink), None);
+        // When the file's own directory, a directory above it, a debug directory (or, when it
+        // does not exist, the directory that decides who may create it) or the alternate
+        // link's directory may be written by others (sticky or not, by group or by all), or
+        // is another user's
+        let cases = [
+            ("/opt/app", (0, 0o1777), &debuglink[..], "/opt/app"),
+            ("/opt/app", (0, 0o777), &debuglink[..], "/opt/app"),
+            ("/opt/app", (0, 0o775), &debuglink[..], "/opt/app"),
+            ("/opt/app", (1000, 0o755), &debuglink[..], "/opt/app"),
+            ("/opt", (0, 0o1777), &debuglink[..], "/opt"),
+            ("/", (0, 0o777), &debuglink[..], "/"),
+            (
+                "/usr/lib/debug",
+                (0, 0o1777),
+                &debuglink[..],
+                "/usr/lib/debug",
+            ),
+            ("/lib", (1000, 0o755), &debuglink[..], "/lib"),
+            ("/srv/dwz", (0, 0o1777), &altlink[..], "/srv/dwz"),
+        ];
+        for (path, owner_and_mode, links, dir) in cases {
+            let fs = Made::with(&[(path, owner_and_mode)]);
+            // Then they are refused, naming that directory
+            assert_eq!(
+                refused_dir(&fs, links).as_deref(),
+                Some(dir),
+                "{path}: uid {}, mode {:o}",
+                owner_and_mode.0,
+                owner_and_mode.1
+            );
+        }
+        // And a file others may write, or another user's, is refused before any directory
+        for owner_and_mode in [(0, 0o100_775), (0, 0o100_757), (1000, 0o100_755)] {
+            assert!(
+                matches!(
+                    decide(&debuglink, owner_and_mode, bin, &Made::with(&[])),
+                    Err(Refusal::Writable { .. })
+                ),
+                "uid {}, mode {:o}",
+                owner_and_mode.0,
+                owner_and_mode.1
+            );
+        }
     }
 }
