@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat, UsageError};
+use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
     metrics::{MetricsAddress, MetricsSettings},
@@ -16,6 +16,7 @@ use crate::{
         otlp::{transport::Protocol, ProtoVersion},
     },
     unwind::sender::UnwindMode,
+    usage::UsageError,
 };
 
 #[derive(clap::Args, Debug)]
