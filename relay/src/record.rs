@@ -44,7 +44,7 @@ use crate::{
     symbolize,
     unwind::sender::UnwindMode,
 };
-use crate::{cli::labels::LabelConfig, usage::UsageError};
+use crate::{config::labels::LabelConfig, usage::UsageError};
 
 pub struct RecordConfig {
     pub duration: Duration,

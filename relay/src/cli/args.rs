@@ -312,7 +312,7 @@ impl RunArgs {
                 symbolizer_cache_files: self.symbolizer_cache_files,
                 symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
-            labels: self.labels.resolve(self.export.config.as_deref())?,
+            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
             metrics: self
@@ -402,7 +402,7 @@ impl RecordArgs {
                 symbolizer_cache_files: self.symbolizer_cache_files,
                 symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
-            labels: self.labels.resolve(self.export.config.as_deref())?,
+            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
             command_line: self.command_line,
             metrics: self
