@@ -32,6 +32,7 @@ pub(crate) mod sink;
 pub(crate) mod source;
 pub(crate) mod symbolize;
 pub mod unwind;
+pub(crate) mod usage;
 
 pub use cli::main;
 /// The global allocator the executable installs (see `symbolize::alloc`).

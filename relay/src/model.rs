@@ -2,11 +2,12 @@
 //! of an interval that sinks write out, and how a frame is named in text outputs
 //! ([`Frame::text_name`]), so every sink and `record`'s summary name frames alike.
 //!
-//! Flow: `RawBatch` (protocol) -> [`SymbolizedSample`] (symbolize) -> [`Profile`] (aggregate)
-//! -> sinks. A frame that could not be named is still a frame (`[unknown]` with its module), so
-//! no sample is ever dropped between stages. Every output names it alike, by its module
-//! (`[unknown] libfoo.so`), one name per module and not per address, so flame graphs aggregate
-//! it; the address stays where an output has a field for it (pprof and OTLP locations).
+//! Flow: `RawBatch` (protocol) -> frames (symbolize), added to a [`Profile`] in place
+//! ([`Profile::add_frames`]) -> sinks. A frame that could not be named is still a frame
+//! (`[unknown]` with its module), so no sample is ever dropped between stages. Every output
+//! names it alike, by its module (`[unknown] libfoo.so`), one name per module and not per
+//! address, so flame graphs aggregate it; the address stays where an output has a field for it
+//! (pprof and OTLP locations).
 
 use std::{
     collections::HashMap,
@@ -264,8 +265,10 @@ pub fn container_id(cgroup: &str) -> Option<&str> {
 /// A stack, leaf first, shared between samples.
 pub type Stack = Arc<[Frame]>;
 
-/// One aggregated row as a stage hands it over: a thread, a stack (leaf first) and how many
-/// times it was sampled.
+/// One aggregated row held whole: a thread, a stack (leaf first) and how many times it was
+/// sampled. The pipeline adds its rows to a [`Profile`] without one ([`Profile::add_frames`]);
+/// this is how the unit tests and the end-to-end tests (through `ember_relay::testing`) build a
+/// profile ([`Profile::add`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SymbolizedSample {
     pub thread: Thread,

@@ -409,6 +409,7 @@ impl Pipeline {
             frames = session.stats.frames,
             files_closed = session.stats.files_closed,
             files_swept = session.stats.files_swept,
+            mappings_omitted = session.stats.mappings_omitted,
             sampler_samples = batch.losses.samples,
             idle_samples = batch.losses.idle,
             filtered_samples = batch.losses.filtered,

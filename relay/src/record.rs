@@ -25,7 +25,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use ember_common::LogFormat;
 
-use crate::cli::{labels::LabelConfig, UsageError};
 use crate::{
     browser::{self, Opener},
     config::Exporters,
@@ -45,6 +44,7 @@ use crate::{
     symbolize,
     unwind::sender::UnwindMode,
 };
+use crate::{config::labels::LabelConfig, usage::UsageError};
 
 pub struct RecordConfig {
     pub duration: Duration,

@@ -60,17 +60,40 @@ pub(crate) fn read(path: &Path) -> anyhow::Result<proto::Profile> {
 /// `-sample_index`), else `samples` when the profile has it (ember's do), else the profile's
 /// default type, else its last.
 pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyhow::Result<Top> {
-    let string = |id: i64| {
-        usize::try_from(id)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .map_or("", String::as_str)
-    };
+    let index = value_index(profile, sample_index)?;
+    let locations = printed_locations(profile);
+    let (rows, total) = rows(profile, &locations, index);
+    let sample_type = profile
+        .sample_type
+        .get(index)
+        .map(|t| {
+            let (kind, unit) = (string(profile, t.r#type), string(profile, t.unit));
+            text_safe(&format!("{kind}/{unit}"))
+        })
+        .unwrap_or_default();
+    Ok(Top {
+        sample_type,
+        total,
+        rows,
+    })
+}
+
+/// The string `id` of the profile's string table ("" when out of range).
+fn string(profile: &proto::Profile, id: i64) -> &str {
+    usize::try_from(id)
+        .ok()
+        .and_then(|i| profile.string_table.get(i))
+        .map_or("", String::as_str)
+}
+
+/// Which of each sample's values [`top`] counts (see there); an error naming the profile's
+/// types when `sample_index` names none of them.
+fn value_index(profile: &proto::Profile, sample_index: Option<&str>) -> anyhow::Result<usize> {
     let by_name = |name: &str| {
         profile
             .sample_type
             .iter()
-            .find(|t| string(t.r#type) == name)
+            .find(|t| string(profile, t.r#type) == name)
             .map(|t| t.r#type)
     };
     let wanted = match sample_index {
@@ -90,20 +113,24 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
         let types: Vec<&str> = profile
             .sample_type
             .iter()
-            .map(|t| string(t.r#type))
+            .map(|t| string(profile, t.r#type))
             .collect();
         bail!("no sample type {sample_index:?} in the profile; it has {types:?}");
     };
+    Ok(index)
+}
+
+/// Each location's names as printed, innermost first: made safe for a terminal once here (the
+/// profile may come from anywhere; a name must not drive the terminal that shows it), with no
+/// flame-graph annotation of its own: `_[k]` marks kernel frames in ember's other text outputs,
+/// so no name here may end in one.
+fn printed_locations(profile: &proto::Profile) -> HashMap<u64, Vec<String>> {
     let functions: HashMap<u64, &str> = profile
         .function
         .iter()
-        .map(|f| (f.id, string(f.name)))
+        .map(|f| (f.id, string(profile, f.name)))
         .collect();
-    // Each location's names as printed, innermost first: made safe for a terminal once here
-    // (the profile may come from anywhere; a name must not drive the terminal that shows it),
-    // with no flame-graph annotation of its own: `_[k]` marks kernel frames in ember's other
-    // text outputs, so no name here may end in one.
-    let locations: HashMap<u64, Vec<String>> = profile
+    profile
         .location
         .iter()
         .map(|l| {
@@ -119,7 +146,16 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
                 .collect();
             (l.id, names)
         })
-        .collect();
+        .collect()
+}
+
+/// Every function's flat (leaf) and cumulative (anywhere in the stack, once per sample) sum of
+/// value `index`, heaviest first, and the sum over all samples.
+fn rows(
+    profile: &proto::Profile,
+    locations: &HashMap<u64, Vec<String>>,
+    index: usize,
+) -> (Vec<Row>, i64) {
     let mut counts: HashMap<&str, (i64, i64)> = HashMap::new();
     let mut total = 0i64;
     for sample in &profile.sample {
@@ -160,16 +196,7 @@ pub(crate) fn top(profile: &proto::Profile, sample_index: Option<&str>) -> anyho
             .then(b.cum.cmp(&a.cum))
             .then_with(|| a.name.cmp(&b.name))
     });
-    let sample_type = profile
-        .sample_type
-        .get(index)
-        .map(|t| text_safe(&format!("{}/{}", string(t.r#type), string(t.unit))))
-        .unwrap_or_default();
-    Ok(Top {
-        sample_type,
-        total,
-        rows,
-    })
+    (rows, total)
 }
 
 /// `ember-relay report`: prints the top `count` functions of the profile at `path`.

@@ -9,7 +9,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
 
-use crate::cli::labels::LabelConfig;
+use crate::config::labels::LabelConfig;
 use crate::{
     config::{reload::Reloader, Exporters},
     driver::{self, Driver, Flow, Policy, Tick},

@@ -66,6 +66,9 @@ pub struct SymbolStats {
     pub files_evicted: u64,
     /// Frames whose file offset would have wrapped (hostile or broken mapping facts).
     pub bad_offsets: u64,
+    /// Executable mappings the sampler left out of the process facts it sent (its per-process
+    /// cap, `mappingsOmitted`), summed over every facts message: frames in them are unknown.
+    pub mappings_omitted: u64,
 }
 
 /// Per-file limits of the relay (`--max-copy-bytes`, `--max-open-files`).
@@ -296,6 +299,17 @@ impl Session {
     /// Records the facts of a process, replacing what was known of its pid: newer facts of the
     /// same process, or (another start time) a new process that reused the pid.
     pub fn set_process(&mut self, info: ProcessInfo) {
+        if info.mappings_omitted > 0 {
+            self.stats.mappings_omitted += u64::from(info.mappings_omitted);
+            tracing::debug!(
+                pid = info.pid,
+                name = %info.executable_name,
+                mappings = info.mappings.len(),
+                omitted = info.mappings_omitted,
+                "the sampler left out executable mappings of this process (its per-process cap): \
+                 frames in them stay unknown"
+            );
+        }
         let modules = info
             .mappings
             .iter()
@@ -894,5 +908,27 @@ mod tests {
         assert!(!session.append_mappings(7, 101, vec![mapping(0xa000, 4)]));
         assert!(!session.append_mappings(8, 100, vec![mapping(0xa000, 4)]));
         assert_eq!(session.processes[&7].info.mappings.len(), 3);
+    }
+
+    #[test]
+    fn mappings_the_sampler_left_out_are_counted() {
+        // Given process facts whose mappings the sampler cut at its cap, sent twice (a change)
+        let mut session = Session::new(Hello::default(), Vec::new());
+        for _ in 0..2 {
+            session.set_process(ProcessInfo {
+                pid: 7,
+                mappings: vec![mapping(0x5000, 1)],
+                mappings_omitted: 3,
+                ..ProcessInfo::default()
+            });
+        }
+        // And facts of another process with none left out
+        session.set_process(ProcessInfo {
+            pid: 8,
+            mappings: vec![mapping(0x5000, 1)],
+            ..ProcessInfo::default()
+        });
+        // Then every message's omitted mappings are counted
+        assert_eq!(session.stats.mappings_omitted, 6);
     }
 }

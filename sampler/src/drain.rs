@@ -1,20 +1,25 @@
-//! Drains the in-kernel sample counts without losing samples that arrive meanwhile, and turns
-//! them into protocol batches. Never panics; every loss is counted.
+//! Drains the in-kernel sample counts without losing samples that arrive meanwhile, splits a
+//! drained generation at reused pids, and turns it into protocol batches. Never panics; every
+//! loss is counted.
 //!
 //! The program writes to generation `CONTROL[0]`. A drain flips it, waits for program runs that
 //! already read the old value to finish (a run takes microseconds), then reads and clears the old
 //! generation's counts and stacks, which nothing writes to any more.
 
-use std::{collections::HashMap, thread, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    thread,
+    time::Duration,
+};
 
 use aya::maps::MapError;
 use ember_protocol::{Batch, IgnoreStats, Losses, Row, StackRef};
-use ember_sampler_ebpf::{counter, SampleKey};
+use ember_sampler_ebpf::{counter, SampleKey, REUSED_TGID_BIT};
 
 /// "No such entry": the stack the key names is not in the map.
 const ERRNO_ENOENT: i32 = 2;
 
-use crate::load::Loaded;
+use crate::{clock::monotonic_ns, load::Loaded};
 
 /// How long a flip waits for in-flight program runs on the old generation.
 const FLIP_GRACE: Duration = Duration::from_millis(5);
@@ -39,7 +44,7 @@ impl Drainer {
     pub fn new() -> Self {
         Self {
             generation: 0,
-            started_ns: [crate::procevents::monotonic_ns(), 0],
+            started_ns: [monotonic_ns(), 0],
         }
     }
 
@@ -54,7 +59,7 @@ impl Drainer {
         let new = 1 - old;
         loaded.control.set(0, new, 0)?;
         self.generation = new;
-        self.started_ns[new as usize] = crate::procevents::monotonic_ns();
+        self.started_ns[new as usize] = monotonic_ns();
         thread::sleep(FLIP_GRACE);
 
         let mut drained = Drained::default();
@@ -171,6 +176,43 @@ fn adopt_walked(drained: &mut Drained, walked: HashMap<u64, Vec<u64>>) {
                 .map_or(-ERRNO_ENOENT, |&id| id as i32);
         }
     }
+}
+
+/// Splits one drained generation at a reused pid: the rows of the process that had the pid
+/// before (`before`, symbolized with its facts) and those of the process that has it now
+/// (`after`, symbolized with its facts, which the sampler sends between the two). The program
+/// tags the newer process's rows when the older one's leader exited in this very generation;
+/// untagged rows of a `reused` pid are the older process's when it exited after this
+/// generation began (`exited_here`), else the newer one's. Untags every
+/// row. Both halves carry the stacks.
+pub fn split_reused(
+    mut drained: Drained,
+    reused: &HashSet<u32>,
+    exited_here: impl Fn(u32) -> bool,
+) -> (Drained, Drained) {
+    let tagged = drained
+        .rows
+        .iter()
+        .any(|(key, _)| key.tgid & REUSED_TGID_BIT != 0);
+    if !tagged && reused.is_empty() {
+        return (drained, Drained::default());
+    }
+    let mut after = Drained {
+        stacks: drained.stacks.clone(),
+        ..Drained::default()
+    };
+    let rows = std::mem::take(&mut drained.rows);
+    for (mut key, count) in rows {
+        let newer = key.tgid & REUSED_TGID_BIT != 0
+            || (reused.contains(&key.tgid) && !exited_here(key.tgid));
+        key.tgid &= !REUSED_TGID_BIT;
+        if newer {
+            after.rows.push((key, count));
+        } else {
+            drained.rows.push((key, count));
+        }
+    }
+    (drained, after)
 }
 
 /// The fixed part of every batch built from one drain.
@@ -408,5 +450,40 @@ mod tests {
         assert_eq!(parts[0].rows[0].user_stack, StackRef::Missing(libc::ENOENT));
         assert_eq!(parts[0].rows[0].kernel_stack, StackRef::Missing(17));
         assert_eq!(parts[0].rows[0].count, 3);
+    }
+
+    fn row(tgid: u32) -> (SampleKey, u64) {
+        let key = SampleKey {
+            tgid,
+            tid: tgid & !REUSED_TGID_BIT,
+            user_stack_id: 1,
+            kernel_stack_id: -14,
+            comm: [0; 16],
+            user_stack_hash: 0,
+        };
+        (key, 1)
+    }
+
+    fn pids(drained: &Drained) -> Vec<u32> {
+        drained.rows.iter().map(|(k, _)| k.tgid).collect()
+    }
+
+    #[test]
+    fn a_reused_pid_splits_its_rows_between_the_two_processes() {
+        let drained = || Drained {
+            rows: vec![row(7), row(7 | REUSED_TGID_BIT), row(8)],
+            ..Drained::default()
+        };
+        let reused = HashSet::from([7]);
+        // Given the older process of pid 7 exited in this generation: its rows stay before, the
+        // tagged ones (the newer process's) go after, untagged
+        let (before, after) = split_reused(drained(), &reused, |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+        // Given it exited in an earlier generation: every row of pid 7 is the newer process's
+        let (before, after) = split_reused(drained(), &reused, |_| false);
+        assert_eq!((pids(&before), pids(&after)), (vec![8], vec![7, 7]));
+        // Given no reuse the sampler knows of: tagged rows still go after, untagged
+        let (before, after) = split_reused(drained(), &HashSet::new(), |_| true);
+        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
     }
 }

@@ -7,14 +7,15 @@
 //! besides the `ppoll` the drain loop already makes (its descriptor is polled with the relay
 //! socket's).
 
-use std::os::fd::{AsFd as _, BorrowedFd};
-
-use std::collections::HashSet;
+use std::{
+    collections::HashSet,
+    os::fd::{AsFd as _, BorrowedFd},
+};
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
-use ember_sampler_ebpf::{event_counter, ProcessEvent, REUSED_TGID_BIT};
+use ember_sampler_ebpf::{event_counter, ProcessEvent};
 
-use crate::{drain::Drained, link::Outgoing};
+use crate::{clock::monotonic_ns, link::Outgoing};
 
 /// Most events taken per call, so a flood cannot starve the rest of the loop (the rest stays in
 /// the ring buffer for the next call).
@@ -124,43 +125,6 @@ impl ProcessEvents {
     }
 }
 
-/// Splits one drained generation at a reused pid: the rows of the process that had the pid
-/// before (`before`, symbolized with its facts) and those of the process that has it now
-/// (`after`, symbolized with its facts, which the sampler sends between the two). The program
-/// tags the newer process's rows when the older one's leader exited in this very generation;
-/// untagged rows of a `reused` pid are the older process's when it exited after this
-/// generation began (`exited_here`), else the newer one's. Untags every
-/// row. Both halves carry the stacks.
-pub fn split_reused(
-    mut drained: Drained,
-    reused: &HashSet<u32>,
-    exited_here: impl Fn(u32) -> bool,
-) -> (Drained, Drained) {
-    let tagged = drained
-        .rows
-        .iter()
-        .any(|(key, _)| key.tgid & REUSED_TGID_BIT != 0);
-    if !tagged && reused.is_empty() {
-        return (drained, Drained::default());
-    }
-    let mut after = Drained {
-        stacks: drained.stacks.clone(),
-        ..Drained::default()
-    };
-    let rows = std::mem::take(&mut drained.rows);
-    for (mut key, count) in rows {
-        let newer = key.tgid & REUSED_TGID_BIT != 0
-            || (reused.contains(&key.tgid) && !exited_here(key.tgid));
-        key.tgid &= !REUSED_TGID_BIT;
-        if newer {
-            after.rows.push((key, count));
-        } else {
-            drained.rows.push((key, count));
-        }
-    }
-    (drained, after)
-}
-
 /// The pids whose facts now describe another process than at the last drain (pid reuse), and
 /// the messages with those facts, held until the older process's rows are queued: the relay
 /// symbolizes a row with the facts it holds for the pid when the row arrives.
@@ -229,60 +193,36 @@ fn percentiles(values: &mut [u64]) -> Latencies {
     }
 }
 
-/// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to the pointer, which is valid for the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
-        return 0;
-    }
-    let secs = u64::try_from(now.tv_sec).unwrap_or(0);
-    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
-    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
-}
-
 #[cfg(test)]
 mod tests {
-    use ember_sampler_ebpf::SampleKey;
-
     use super::*;
 
-    fn row(tgid: u32) -> (SampleKey, u64) {
-        let key = SampleKey {
-            tgid,
-            tid: tgid & !REUSED_TGID_BIT,
-            user_stack_id: 1,
-            kernel_stack_id: -14,
-            comm: [0; 16],
-            user_stack_hash: 0,
-        };
-        (key, 1)
-    }
-
-    fn pids(drained: &Drained) -> Vec<u32> {
-        drained.rows.iter().map(|(k, _)| k.tgid).collect()
+    #[test]
+    fn an_event_is_parsed_from_its_bytes_and_other_sizes_are_refused() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&42u32.to_ne_bytes());
+        bytes.extend_from_slice(&1u32.to_ne_bytes());
+        bytes.extend_from_slice(&7_000u64.to_ne_bytes());
+        assert_eq!(
+            parse(&bytes),
+            Some(ProcessEvent {
+                tgid: 42,
+                kind: 1,
+                ktime_ns: 7_000
+            })
+        );
+        assert_eq!(parse(&bytes[..12]), None);
     }
 
     #[test]
-    fn a_reused_pid_splits_its_rows_between_the_two_processes() {
-        let drained = || Drained {
-            rows: vec![row(7), row(7 | REUSED_TGID_BIT), row(8)],
-            ..Drained::default()
-        };
-        let reused = HashSet::from([7]);
-        // Given the older process of pid 7 exited in this generation: its rows stay before, the
-        // tagged ones (the newer process's) go after, untagged
-        let (before, after) = split_reused(drained(), &reused, |_| true);
-        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
-        // Given it exited in an earlier generation: every row of pid 7 is the newer process's
-        let (before, after) = split_reused(drained(), &reused, |_| false);
-        assert_eq!((pids(&before), pids(&after)), (vec![8], vec![7, 7]));
-        // Given no reuse the sampler knows of: tagged rows still go after, untagged
-        let (before, after) = split_reused(drained(), &HashSet::new(), |_| true);
-        assert_eq!((pids(&before), pids(&after)), (vec![7, 8], vec![7]));
+    fn percentiles_are_nearest_rank() {
+        let mut values: Vec<u64> = (1..=200).rev().collect();
+        let l = percentiles(&mut values);
+        assert_eq!(
+            (l.count, l.p50_ns, l.p99_ns, l.max_ns),
+            (200, 100, 198, 200)
+        );
+        assert_eq!(percentiles(&mut []), Latencies::default());
     }
 
     fn message(text: &str) -> Outgoing {
@@ -341,33 +281,5 @@ mod tests {
             texts(&deferral.interval(vec![message("rows")], Vec::new())),
             ["rows"]
         );
-    }
-
-    #[test]
-    fn an_event_is_parsed_from_its_bytes_and_other_sizes_are_refused() {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&42u32.to_ne_bytes());
-        bytes.extend_from_slice(&1u32.to_ne_bytes());
-        bytes.extend_from_slice(&7_000u64.to_ne_bytes());
-        assert_eq!(
-            parse(&bytes),
-            Some(ProcessEvent {
-                tgid: 42,
-                kind: 1,
-                ktime_ns: 7_000
-            })
-        );
-        assert_eq!(parse(&bytes[..12]), None);
-    }
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let mut values: Vec<u64> = (1..=200).rev().collect();
-        let l = percentiles(&mut values);
-        assert_eq!(
-            (l.count, l.p50_ns, l.p99_ns, l.max_ns),
-            (200, 100, 198, 200)
-        );
-        assert_eq!(percentiles(&mut []), Latencies::default());
     }
 }

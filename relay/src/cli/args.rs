@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat, UsageError};
+use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
     config::{self, Exporters, OtlpFlags},
     metrics::{MetricsAddress, MetricsSettings},
@@ -16,6 +16,7 @@ use crate::{
         otlp::{transport::Protocol, ProtoVersion},
     },
     unwind::sender::UnwindMode,
+    usage::UsageError,
 };
 
 #[derive(clap::Args, Debug)]
@@ -311,7 +312,7 @@ impl RunArgs {
                 symbolizer_cache_files: self.symbolizer_cache_files,
                 symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
-            labels: self.labels.resolve(self.export.config.as_deref())?,
+            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
             metrics: self
@@ -401,7 +402,7 @@ impl RecordArgs {
                 symbolizer_cache_files: self.symbolizer_cache_files,
                 symbolizer_cache_bytes: self.symbolizer_cache_bytes,
             },
-            labels: self.labels.resolve(self.export.config.as_deref())?,
+            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
             unwind: self.unwind,
             command_line: self.command_line,
             metrics: self

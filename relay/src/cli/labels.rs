@@ -1,20 +1,7 @@
-//! The label flags of `run` and `record` (one clap struct, flattened into both) and their
-//! resolution with the config file's `labels:`, `process_filter:` and `relabel_configs:` into
-//! what the labels stage and the files sink run with. Runs before privileges are dropped
-//! ([`LabelConfig::stage`] reads `/etc/passwd` and the machine id).
+//! The label flags of `run` and `record`: one clap struct, flattened into both, handed on as
+//! plain [`LabelFlags`] for `config::labels` to merge with the config file.
 
-use std::path::{Path, PathBuf};
-
-use anyhow::Context as _;
-
-use crate::{
-    config::RelayConfig,
-    labels::{
-        stage::{process_filter, LabelSettings, LabelStage},
-        tags,
-    },
-    sink::files::FoldedRoot,
-};
+use crate::{config::labels::LabelFlags, sink::files::FoldedRoot};
 
 /// Labels and filtering: flags of `run` and `record`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -37,139 +24,14 @@ pub struct LabelArgs {
     pub folded_root: FoldedRoot,
 }
 
-/// The resolved label configuration.
-#[derive(Clone, Debug, Default)]
-pub struct LabelConfig {
-    pub settings: LabelSettings,
-    pub folded_root: FoldedRoot,
-    /// Where the settings came from, to resolve them again on a reload.
-    pub source: LabelSource,
-}
-
-/// The label flags and the config file they are merged over: what a reload reads again.
-#[derive(Clone, Debug, Default)]
-pub struct LabelSource {
-    pub args: LabelArgs,
-    pub config: Option<PathBuf>,
-}
-
-impl LabelSource {
-    /// The settings as the file now says, with the flags merged over them (as at start).
-    pub fn settings(&self) -> anyhow::Result<LabelSettings> {
-        Ok(self.args.resolve(self.config.as_deref())?.settings)
-    }
-}
-
-impl LabelConfig {
-    /// This machine's labels stage (reads `/etc/passwd` and the machine id, bounded).
-    pub fn stage(&self) -> LabelStage {
-        LabelStage::local(self.settings.clone())
-    }
-}
-
 impl LabelArgs {
-    /// Resolves the flags with the config file at `config` (if any): flags win.
-    pub fn resolve(&self, config: Option<&Path>) -> anyhow::Result<LabelConfig> {
-        let file = match config {
-            Some(path) => crate::config::load(path)?,
-            None => RelayConfig::default(),
-        };
-        let mut resolved = self.resolve_with(&file)?;
-        resolved.source.config = config.map(Path::to_owned);
-        Ok(resolved)
-    }
-
-    /// [`LabelArgs::resolve`] with a parsed file.
-    pub fn resolve_with(&self, file: &RelayConfig) -> anyhow::Result<LabelConfig> {
-        let mut settings = file_settings(file)?;
-        if let Some(text) = &self.tags {
-            settings.tags.merge(&tags::parse(text)?);
-        }
-        if let Some(pattern) = &self.process_filter {
-            settings.process_filter = Some(
-                process_filter(pattern).with_context(|| format!("--process-filter {pattern:?}"))?,
-            );
-        }
-        settings.default_service_name = self
-            .service_name
-            .clone()
-            .filter(|name| !name.trim().is_empty());
-        Ok(LabelConfig {
-            settings,
+    /// The flags as given, for [`LabelFlags::resolve`].
+    pub fn flags(&self) -> LabelFlags {
+        LabelFlags {
+            tags: self.tags.clone(),
+            service_name: self.service_name.clone(),
+            process_filter: self.process_filter.clone(),
             folded_root: self.folded_root,
-            source: LabelSource {
-                args: self.clone(),
-                config: None,
-            },
-        })
-    }
-}
-
-/// The file's label settings (see [`LabelSettings::from_file`]).
-pub fn file_settings(file: &RelayConfig) -> anyhow::Result<LabelSettings> {
-    LabelSettings::from_file(
-        &file.labels,
-        file.process_filter.as_deref(),
-        &file.relabel_configs,
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(yaml: &str) -> RelayConfig {
-        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn flags_win_over_the_file() {
-        let file = file(
-            "labels: { team: a, env: prod }\nprocess_filter: 'app.*'\n\
-             relabel_configs:\n  - source_labels: [service.name]\n    target_label: svc\n",
-        );
-        let args = LabelArgs {
-            tags: Some("team=b".into()),
-            process_filter: Some("worker".into()),
-            service_name: Some("fallback".into()),
-            folded_root: FoldedRoot::Service,
-        };
-        let config = args.resolve_with(&file).expect("resolves");
-        let settings = &config.settings;
-        assert_eq!(settings.tags.get("team"), Some("b"));
-        assert_eq!(settings.tags.get("env"), Some("prod"));
-        let filter = settings.process_filter.as_ref().expect("a filter");
-        assert!(filter.is_match("worker") && !filter.is_match("worker2"));
-        assert_eq!(settings.rules.len(), 1);
-        assert_eq!(settings.default_service_name.as_deref(), Some("fallback"));
-        assert_eq!(config.folded_root, FoldedRoot::Service);
-    }
-
-    #[test]
-    fn bad_rules_are_reported_with_index_and_reason() {
-        let file = file(
-            "relabel_configs:\n  - action: keep\n  - action: hashmod\n    target_label: x\n  \
-             - regex: '('\n",
-        );
-        let err = format!("{:#}", file_settings(&file).expect_err("bad rules"));
-        assert!(
-            err.contains("relabel_configs[1]") && err.contains("relabel_configs[2]"),
-            "{err}"
-        );
-        assert!(!err.contains("relabel_configs[0]"), "{err}");
-        // And the config file is refused when parsed (validate, run, record)
-        let text = "relabel_configs:\n  - regex: '('\n";
-        let err = crate::config::parse(text, "bad.yaml").expect_err("refused");
-        assert!(err.to_string().contains("relabel_configs[0]"), "{err}");
-        let err = format!(
-            "{:#}",
-            LabelArgs {
-                tags: Some("novalue".into()),
-                ..LabelArgs::default()
-            }
-            .resolve_with(&RelayConfig::default())
-            .expect_err("bad tag")
-        );
-        assert!(err.contains("--tags"), "{err}");
+        }
     }
 }

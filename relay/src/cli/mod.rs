@@ -10,13 +10,16 @@ mod args;
 pub(crate) mod kubernetes;
 pub(crate) mod labels;
 
-use std::{fmt, process::ExitCode};
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 pub(crate) use ember_common::{init_logging_at, parse_duration, LogFormat};
 
 use self::args::{RecordArgs, ReportArgs, RunArgs, ValidateArgs};
-use crate::{config, record, report, run};
+use crate::{
+    config, record, report, run,
+    usage::{UsageError, USAGE_EXIT},
+};
 
 /// ember's unprivileged relay: receives stacks from ember-sampler, symbolizes them through the
 /// file descriptors the sampler passed, and writes profiles (pprof, folded stacks, flamegraph).
@@ -67,23 +70,6 @@ enum Command {
     /// file) by self and total samples, as `go tool pprof -top` does, without a Go toolchain.
     Report(ReportArgs),
 }
-
-/// A command line that cannot work (a process that does not exist, an output directory that
-/// cannot be written): refused before anything starts, with exit status 2 as clap's own usage
-/// errors. The message names the flag and the fix.
-#[derive(Debug)]
-pub(crate) struct UsageError(pub(crate) String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// Exit status of a refused command line (clap uses the same for its own usage errors).
-const USAGE_EXIT: u8 = 2;
 
 /// The relay's entry point: parses the command line, sets up logging, runs the command and
 /// logs its error, if any.

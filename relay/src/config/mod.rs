@@ -23,7 +23,7 @@
 //!   address: 0.0.0.0:17471    # HOST:PORT or off
 //! ```
 //!
-//! The label sections are resolved by the command line (`cli::labels`); `run` reloads them on
+//! The label sections are resolved with the label flags in [`labels`]; `run` reloads them on
 //! SIGHUP and when the file changes ([`reload`]).
 //!
 //! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
@@ -31,6 +31,7 @@
 //! precedence flag > file > environment > default). Resolution reads the TLS files named here,
 //! so it runs before the relay drops privileges.
 
+pub mod labels;
 pub mod layers;
 pub mod reload;
 
