@@ -7,8 +7,7 @@
 //! line and is the executable's whole [`main`].
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
-//! is [`main`] and [`testing`] (what the end-to-end tests drive directly); `unwind` stays
-//! public until all of it is wired in (its on-disk table cache is not used yet).
+//! is [`main`] and [`testing`] (what the end-to-end tests drive directly).
 
 pub(crate) mod browser;
 pub(crate) mod cli;
@@ -31,7 +30,7 @@ pub(crate) mod session;
 pub(crate) mod sink;
 pub(crate) mod source;
 pub(crate) mod symbolize;
-pub mod unwind;
+pub(crate) mod unwind;
 pub(crate) mod usage;
 
 pub use cli::main;

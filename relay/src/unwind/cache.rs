@@ -29,9 +29,7 @@ use std::{
 
 use ring::digest::{Context, SHA256};
 
-use super::{
-    compile_input, elf, row::ROW_BYTES, table::HEADER_BYTES, Compiled, Error, Limits, UnwindTable,
-};
+use super::{compile_input, elf, row::ROW_BYTES, table::HEADER_BYTES, Error, Limits, UnwindTable};
 
 /// Bumped whenever the compiler's output for the same input changes.
 const COMPILER_VERSION: u32 = 1;
@@ -53,7 +51,6 @@ pub enum Outcome {
     /// Compiled now; `stored` says whether the cache kept it, and `replaced_bad` whether an
     /// unusable cache file (corrupt, or from other input) was there before.
     Compiled {
-        compiled: Box<Compiled>,
         stored: io::Result<()>,
         replaced_bad: bool,
     },
@@ -126,7 +123,6 @@ impl Cache {
             key,
             vaddr_minus_offset: compiled.vaddr_minus_offset,
             outcome: Outcome::Compiled {
-                compiled: Box::new(compiled),
                 stored,
                 replaced_bad,
             },

@@ -38,11 +38,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use self::{
-    elf::CfiSection,
-    row::{Cfa, Rbp, Row, Rule, StopReason, ROW_BYTES},
-    table::UnwindTable,
-};
+#[cfg(test)]
+use self::row::{Cfa, Rbp, Rule, StopReason};
+pub use self::{elf::CfiSection, table::UnwindTable};
 
 /// Bounds on what one compilation may read, do and produce.
 ///
@@ -165,8 +163,6 @@ pub enum Error {
 pub struct Compiled {
     pub table: UnwindTable,
     pub stats: Stats,
-    /// The file's GNU build id, if any (a name, never a proof of content).
-    pub build_id: Option<Vec<u8>>,
     /// `p_vaddr - p_offset` of the executable segment: table address = mapped address -
     /// mapping start + mapping file offset + this.
     pub vaddr_minus_offset: i64,
@@ -204,7 +200,6 @@ fn compile_input(input: &elf::Input, limits: &Limits) -> Compiled {
     Compiled {
         table,
         stats,
-        build_id: input.build_id.clone(),
         vaddr_minus_offset: input.vaddr_minus_offset,
     }
 }

@@ -130,15 +130,7 @@ pub enum Rule {
     Stop(StopReason),
 }
 
-impl Rule {
-    /// The stop reason, for stop rows.
-    pub fn stop_reason(self) -> Option<StopReason> {
-        match self {
-            Self::Stop(reason) => Some(reason),
-            _ => None,
-        }
-    }
-}
+impl Rule {}
 
 /// One decoded row: `rule` holds from `pc` (an offset from the table base) to the next row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

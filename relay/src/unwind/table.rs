@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use super::{
     cfi::Span,
-    row::{Row, Rule, StopReason, ROW_BYTES},
+    row::{Row, Rule, ROW_BYTES},
 };
 
 /// Size of the encoded header.
@@ -105,11 +105,13 @@ impl UnwindTable {
     }
 
     /// The lowest address covered (an ELF virtual address).
+    #[cfg(test)]
     pub fn base(&self) -> u64 {
         self.base
     }
 
     /// One past the highest address covered.
+    #[cfg(test)]
     pub fn end(&self) -> u64 {
         self.base + u64::from(self.len)
     }
@@ -119,6 +121,7 @@ impl UnwindTable {
     }
 
     /// The rule for `address`, `None` outside the table's range.
+    #[cfg(test)]
     pub fn lookup(&self, address: u64) -> Option<Rule> {
         let offset = u32::try_from(address.checked_sub(self.base)?).ok()?;
         if offset >= self.len {
@@ -130,8 +133,9 @@ impl UnwindTable {
     }
 
     /// How many stop rows there are per reason (reasons with none left out).
-    pub fn stop_counts(&self) -> Vec<(StopReason, u64)> {
-        StopReason::ALL
+    #[cfg(test)]
+    pub fn stop_counts(&self) -> Vec<(super::row::StopReason, u64)> {
+        super::row::StopReason::ALL
             .into_iter()
             .map(|reason| {
                 let n = self.rows.iter().filter(|r| r.rule == Rule::Stop(reason));
@@ -191,7 +195,7 @@ impl UnwindTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::row::{Cfa, Rbp};
+    use crate::unwind::row::{Cfa, Rbp, StopReason};
 
     const RSP8: Rule = Rule::Frame {
         cfa: Cfa::Rsp(8),
