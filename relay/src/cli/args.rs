@@ -107,6 +107,57 @@ impl ExportArgs {
     }
 }
 
+/// The flags `run` and `record` share for what the relay keeps of the sampler's files.
+#[derive(clap::Args, Debug)]
+pub(super) struct FileLimitArgs {
+    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
+    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
+    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
+    max_copy_bytes: u64,
+    /// Most passed file descriptors kept open per sampler connection (never above the soft
+    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
+    /// stay unnamed.
+    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
+    max_open_files: usize,
+    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
+    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
+    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
+    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
+    /// bound the relay's memory on hosts running many large binaries at once.
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
+    symbolizer_cache_files: usize,
+    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
+    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
+    /// least recently used binaries are closed after each batch (the one used last stays,
+    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
+    /// so the working set is not parsed again every batch. Raise it when the same large binaries
+    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
+    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
+    symbolizer_cache_bytes: u64,
+}
+
+impl FileLimitArgs {
+    fn file_limits(&self) -> session::FileLimits {
+        session::FileLimits {
+            max_copy_bytes: self.max_copy_bytes,
+            max_open_files: self.max_open_files,
+            symbolizer_cache_files: self.symbolizer_cache_files,
+            symbolizer_cache_bytes: self.symbolizer_cache_bytes,
+        }
+    }
+}
+
+/// `--unwind`, the same for `run` and `record`.
+#[derive(clap::Args, Debug)]
+pub(super) struct UnwindArgs {
+    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
+    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
+    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
+    /// with the same --unwind.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
+    unwind: UnwindMode,
+}
+
 #[derive(clap::Args, Debug)]
 pub(super) struct RunArgs {
     /// Unix socket to listen on (SOCK_SEQPACKET).
@@ -134,30 +185,10 @@ pub(super) struct RunArgs {
     /// Largest message accepted from a sampler; larger ones close the connection.
     #[arg(long, default_value_t = 4 << 20)]
     max_message_bytes: usize,
-    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
-    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
-    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
-    max_copy_bytes: u64,
-    /// Most passed file descriptors kept open per sampler connection (never above the soft
-    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
-    /// stay unnamed.
-    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
-    max_open_files: usize,
-    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
-    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
-    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
-    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
-    /// bound the relay's memory on hosts running many large binaries at once.
-    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
-    symbolizer_cache_files: usize,
-    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
-    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
-    /// least recently used binaries are closed after each batch (the one used last stays,
-    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
-    /// so the working set is not parsed again every batch. Raise it when the same large binaries
-    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
-    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
-    symbolizer_cache_bytes: u64,
+    #[command(flatten)]
+    file_limits: FileLimitArgs,
+    #[command(flatten)]
+    unwind: UnwindArgs,
     /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
     #[arg(long)]
     allow_root: bool,
@@ -171,12 +202,6 @@ pub(super) struct RunArgs {
         value_delimiter = ','
     )]
     sampler_uid: Vec<u32>,
-    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
-    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
-    /// with the same --unwind.
-    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
-    unwind: UnwindMode,
     /// Serve the relay's own metrics (/metrics, Prometheus text) and health (/healthz: the loop
     /// is alive; /readyz: a sampler is connected and sent a batch within 3 intervals) over HTTP
     /// on HOST:PORT, or `off`. Default 127.0.0.1:17471 (this host only); in a pod, use
@@ -242,39 +267,13 @@ pub(super) struct RecordArgs {
     /// Largest message accepted from the sampler.
     #[arg(long, default_value_t = 4 << 20)]
     max_message_bytes: usize,
-    /// Largest file copied into the relay's memory (a sealed memfd) when the relay may not
-    /// reopen it, e.g. a root-only binary; larger files stay unnamed, with a logged reason.
-    #[arg(long, default_value_t = session::FileLimits::default().max_copy_bytes, value_name = "BYTES")]
-    max_copy_bytes: u64,
-    /// Most passed file descriptors kept open per sampler connection (never above the soft
-    /// RLIMIT_NOFILE minus 256); beyond, the least recently used are closed and their frames
-    /// stay unnamed.
-    #[arg(long, default_value_t = session::FileLimits::default().max_open_files, value_name = "N")]
-    max_open_files: usize,
-    /// Most binaries whose parsed symbol and line tables the symbolizer keeps at once (each
-    /// from a few KiB to tens of MiB for a large binary with debug info); beyond, the least
-    /// recently used is closed and parsed again when next needed. Resolvers unused for 2
-    /// minutes, or for 10 s once no process maps their file, are closed as well. Lower it to
-    /// bound the relay's memory on hosts running many large binaries at once.
-    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_files, value_name = "N")]
-    symbolizer_cache_files: usize,
-    /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
-    /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
-    /// least recently used binaries are closed after each batch (the one used last stays,
-    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
-    /// so the working set is not parsed again every batch. Raise it when the same large binaries
-    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
-    #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
-    symbolizer_cache_bytes: u64,
+    #[command(flatten)]
+    file_limits: FileLimitArgs,
+    #[command(flatten)]
+    unwind: UnwindArgs,
     /// At the end, wait at most this long for the OTLP export queue to drain.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     export_timeout: Duration,
-    /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
-    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
-    /// with the same --unwind.
-    #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
-    unwind: UnwindMode,
     /// Start the sampler with --command-line: each process's command line (at most 4 KiB) is
     /// exported as `process.command_line`. Off by default: arguments can hold secrets.
     #[arg(long)]
@@ -306,15 +305,10 @@ impl RunArgs {
             max_message_bytes: self.max_message_bytes,
             allow_root: self.allow_root,
             sampler_uids: self.sampler_uid,
-            file_limits: session::FileLimits {
-                max_copy_bytes: self.max_copy_bytes,
-                max_open_files: self.max_open_files,
-                symbolizer_cache_files: self.symbolizer_cache_files,
-                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
-            },
+            file_limits: self.file_limits.file_limits(),
             labels: self.labels.flags().resolve(self.export.config.as_deref())?,
             kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
-            unwind: self.unwind,
+            unwind: self.unwind.unwind,
             metrics: self
                 .export
                 .metrics(self.metrics_address, MetricsAddress::run_default())?,
@@ -396,14 +390,9 @@ impl RecordArgs {
             log_format,
             log_level,
             export_timeout: self.export_timeout,
-            file_limits: session::FileLimits {
-                max_copy_bytes: self.max_copy_bytes,
-                max_open_files: self.max_open_files,
-                symbolizer_cache_files: self.symbolizer_cache_files,
-                symbolizer_cache_bytes: self.symbolizer_cache_bytes,
-            },
+            file_limits: self.file_limits.file_limits(),
             labels: self.labels.flags().resolve(self.export.config.as_deref())?,
-            unwind: self.unwind,
+            unwind: self.unwind.unwind,
             command_line: self.command_line,
             metrics: self
                 .export
