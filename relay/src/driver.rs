@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use ember_protocol::Losses;
 
 use crate::{
+    labels::stage::LabelSettings,
     metrics::{Metrics, Published},
     model::Profile,
     pipeline::{Handled, Pipeline},
@@ -67,6 +68,12 @@ pub(crate) trait Policy {
     /// After each event or quiet poll period: go on or stop. `samples` counts every sample
     /// symbolized since start. An error ends the loop with that error (sinks unfinished).
     fn check(&mut self, tick: &Tick, samples: u64) -> anyhow::Result<Flow>;
+
+    /// Between two events: new label settings to use from now on (`run` reloads them on
+    /// SIGHUP or a changed config file), or `None` to keep the current ones.
+    fn reload(&mut self, _now: Instant) -> Option<LabelSettings> {
+        None
+    }
 }
 
 /// How the loop ended: the last window, the sinks still to finish.
@@ -92,8 +99,6 @@ pub(crate) struct Driver {
     /// Samples of the window so far (whether or not it keeps them).
     window_samples: u64,
     window_started: Instant,
-    /// `run`: reloads the label settings on SIGHUP or a changed config file, between events.
-    reload: Option<crate::config::reload::Reloader>,
     /// What the metrics endpoint serves: published by the loop, never waited on.
     metrics: Arc<Metrics>,
     published: Published,
@@ -112,16 +117,9 @@ impl Driver {
             window: Profile::default(),
             window_length: window,
             window_started: Instant::now(),
-            reload: None,
             metrics: Arc::default(),
             published: Published::default(),
         }
-    }
-
-    /// Reloads the label settings when `reloader` says so (checked between events).
-    pub(crate) fn with_reload(mut self, reloader: crate::config::reload::Reloader) -> Self {
-        self.reload = Some(reloader);
-        self
     }
 
     /// Publishes the loop's heartbeat and counters to `metrics` (served by `metrics::server`).
@@ -174,7 +172,7 @@ impl Driver {
             }
             // Between two events: every sample before the swap has the old labels, every later
             // one the new.
-            if let Some(settings) = self.reload.as_mut().and_then(|r| r.poll(Instant::now())) {
+            if let Some(settings) = policy.reload(Instant::now()) {
                 self.pipeline.reload_labels(settings);
             }
             self.rotate_window();

@@ -4,12 +4,17 @@
 //! refusing root, the stop and reload signals, the window length, the drain timeout. SIGHUP and a
 //! changed `--config` file reload the label settings ([`crate::config::reload`]).
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context as _};
 use ember_protocol::Limits;
 
 use crate::config::labels::LabelConfig;
+use crate::labels::stage::LabelSettings;
 use crate::{
     config::{reload::Reloader, Exporters},
     driver::{self, Driver, Flow, Policy, Tick},
@@ -115,10 +120,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
     };
     let driver = Driver::new(sinks, config.file_limits, Some(config.window))
         .with_labels(labels)
-        .with_reload(reloader)
         .with_unwind(config.unwind, state_dir.as_deref())?
         .with_metrics(metrics);
-    let ended = driver.run(&events, &mut Service)?;
+    let ended = driver.run(&events, &mut Service { reloader })?;
     ended
         .sinks
         .finish(&ended.window, EXPORT_DRAIN_TIMEOUT, &mut |report| {
@@ -137,8 +141,11 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         })
 }
 
-/// `run`'s policy: serve until the stop signal; the listener must never go away.
-struct Service;
+/// `run`'s policy: serve until the stop signal (the listener must never go away), reloading
+/// the label settings when asked.
+struct Service {
+    reloader: Reloader,
+}
 
 impl Policy for Service {
     fn poll_period(&self) -> Duration {
@@ -154,5 +161,9 @@ impl Policy for Service {
             return Ok(Flow::Stop);
         }
         Ok(Flow::Continue)
+    }
+
+    fn reload(&mut self, now: Instant) -> Option<LabelSettings> {
+        self.reloader.poll(now)
     }
 }
