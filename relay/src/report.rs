@@ -249,28 +249,11 @@ mod tests {
     #[test]
     fn self_goes_to_the_leaf_and_total_once_to_every_function_of_the_stack() {
         // Given main -> work (3 samples), main -> work -> work (recursion, 2) and main (1)
-        let mut profile = Profile::new(100);
-        let stacks: [(&[&str], u64); 3] = [
+        let profile = profile_of(&[
             (&["work", "main"], 3),
             (&["work", "work", "main"], 2),
             (&["main"], 1),
-        ];
-        for (stack, count) in stacks {
-            let stack: Vec<Frame> = stack
-                .iter()
-                .enumerate()
-                .map(|(i, f)| frame(f, 0x1000 * (i as u64 + 1)))
-                .collect();
-            profile.add(
-                SymbolizedSample {
-                    thread: thread(),
-                    stack: stack.into(),
-                    count,
-                },
-                1,
-                2,
-            );
-        }
+        ]);
         // When its pprof rendering is summed up
         let top = top(&crate::sink::files::pprof::render(&profile), None).expect("top");
         // Then work has 5 self and 5 total (the recursive sample once), main 1 self and 6 total
@@ -292,27 +275,15 @@ mod tests {
     fn names_are_escaped_before_they_reach_the_terminal() {
         // Given a profile whose function names carry an OSC title, an OSC 52 clipboard write,
         // a colour and a bidi override
-        let mut profile = Profile::new(100);
-        let names = [
-            "\u{1b}]0;pwned\u{7}",
-            "\u{1b}]52;c;ZWNobw==\u{7}",
-            "\u{1b}[31mred",
-            "main\u{202e}",
-        ];
-        let stack: Vec<Frame> = names
-            .iter()
-            .enumerate()
-            .map(|(i, f)| frame(f, 0x1000 * (i as u64 + 1)))
-            .collect();
-        profile.add(
-            SymbolizedSample {
-                thread: thread(),
-                stack: stack.into(),
-                count: 1,
-            },
+        let profile = profile_of(&[(
+            &[
+                "\u{1b}]0;pwned\u{7}",
+                "\u{1b}]52;c;ZWNobw==\u{7}",
+                "\u{1b}[31mred",
+                "main\u{202e}",
+            ],
             1,
-            2,
-        );
+        )]);
         // When summed up for printing
         let top = top(&crate::sink::files::pprof::render(&profile), None).expect("top");
         // Then no printed name holds a control or bidi character, and each shows its escapes
@@ -328,6 +299,28 @@ mod tests {
         }
         assert!(printed.contains(&"\\u{1b}]0:pwned\\u{7}"), "{printed:?}");
         assert!(printed.contains(&"main\\u{202e}"), "{printed:?}");
+    }
+
+    /// A profile of one thread with these stacks (leaf first) and counts.
+    fn profile_of(stacks: &[(&[&str], u64)]) -> Profile {
+        let mut profile = Profile::new(100);
+        for &(stack, count) in stacks {
+            let stack: Vec<Frame> = stack
+                .iter()
+                .enumerate()
+                .map(|(i, f)| frame(f, 0x1000 * (i as u64 + 1)))
+                .collect();
+            profile.add(
+                SymbolizedSample {
+                    thread: thread(),
+                    stack: stack.into(),
+                    count,
+                },
+                1,
+                2,
+            );
+        }
+        profile
     }
 
     fn top_of(profile: &Profile, index: &str) -> Top {

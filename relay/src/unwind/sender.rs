@@ -453,16 +453,7 @@ mod tests {
         let mut joined = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let transport::Received::Message { len, .. } =
-                transport::recv(theirs.as_fd(), &mut buf).expect("recv")
-            else {
-                panic!("connection ended early");
-            };
-            let message = ember_protocol::decode_relay_message(
-                &buf[..len],
-                &ember_protocol::Limits::default(),
-            )
-            .expect("decodes");
+            let message = recv_relay_message(&theirs, &mut buf);
             let RelayMessage::UnwindTableChunk(chunk) = message else {
                 panic!("not a chunk");
             };
@@ -502,16 +493,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let transport::Received::Message { len, .. } =
-                transport::recv(theirs.as_fd(), &mut buf).expect("recv")
-            else {
-                panic!("connection ended early");
-            };
-            let message = ember_protocol::decode_relay_message(
-                &buf[..len],
-                &ember_protocol::Limits::default(),
-            )
-            .expect("decodes");
+            let message = recv_relay_message(&theirs, &mut buf);
             match message {
                 RelayMessage::UnwindTableChunk(c) if c.chunk + 1 == c.chunks => {
                     seen.push(format!("table {}", c.file_id));
@@ -567,5 +549,17 @@ mod tests {
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
             .filter(|target| target == path)
             .count()
+    }
+
+    /// The next message the peer end `theirs` receives, decoded; panics when the connection
+    /// ended first.
+    fn recv_relay_message(theirs: &OwnedFd, buf: &mut [u8]) -> RelayMessage {
+        let transport::Received::Message { len, .. } =
+            transport::recv(theirs.as_fd(), buf).expect("recv")
+        else {
+            panic!("connection ended early");
+        };
+        ember_protocol::decode_relay_message(&buf[..len], &ember_protocol::Limits::default())
+            .expect("decodes")
     }
 }
