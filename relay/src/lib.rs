@@ -17,6 +17,7 @@ pub(crate) mod driver;
 pub mod fuzzing;
 pub(crate) mod invoker_files;
 pub(crate) mod labels;
+pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod model;
 pub(crate) mod pipeline;
@@ -45,9 +46,13 @@ static TEST_ALLOCATOR: symbolize::alloc::Counting = symbolize::alloc::Counting;
 /// and encoder with their settings and counters, the config resolution that builds those
 /// settings, and the profile model they take. One place, so the rest stays crate-private.
 pub mod testing {
-    /// The relay config file and its resolution into exporter settings.
+    /// The relay config file and the resolution of its `exporters:` section into exporter
+    /// settings.
     pub mod config {
-        pub use crate::config::{parse, resolve, ConfigError, OtlpFlags};
+        pub use crate::{
+            config::parse, layers::ConfigError, sink::exporters::resolve,
+            sink::otlp::config::OtlpFlags,
+        };
     }
 
     /// The symbolized profile the sinks take.

@@ -27,7 +27,6 @@ use ember_common::LogFormat;
 
 use crate::{
     browser::{self, Opener},
-    config::Exporters,
     driver::{self, Driver, Ended, Flow, Policy, Tick},
     metrics::{self, Metrics, MetricsSettings},
     model::Profile,
@@ -35,7 +34,7 @@ use crate::{
     privileges, sampler_binary,
     session::FileLimits,
     sink::{
-        exporters::{self, OtlpFinished},
+        exporters::{self, Exporters, OtlpFinished},
         files::{writer::FLAMEGRAPH, FilesSink, OutputFormat},
         otlp::{stats::DropReason, Drained},
         SinkReport, Sinks,

@@ -16,13 +16,13 @@ use ember_protocol::Limits;
 use crate::config::labels::LabelConfig;
 use crate::labels::stage::LabelSettings;
 use crate::{
-    config::{reload::Reloader, Exporters},
+    config::reload::Reloader,
     driver::{self, Driver, Flow, Policy, Tick},
     metrics::{self, Metrics, MetricsSettings},
     privileges,
     session::FileLimits,
     sink::{
-        exporters,
+        exporters::{self, Exporters},
         files::{FilesSink, OutputFormat},
         SinkReport, Sinks,
     },

@@ -8,12 +8,17 @@ use anyhow::Context as _;
 
 use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
-    config::{self, Exporters, OtlpFlags},
+    config,
     metrics::{MetricsAddress, MetricsSettings},
     record, run, session,
     sink::{
+        exporters::{self, Exporters},
         files::OutputFormat,
-        otlp::{transport::Protocol, ProtoVersion},
+        otlp::{
+            config::{parse_header_flag, OtlpFlags},
+            transport::Protocol,
+            ProtoVersion,
+        },
     },
     unwind::sender::UnwindMode,
     usage::UsageError,
@@ -61,7 +66,7 @@ pub(super) struct ExportArgs {
     #[arg(long, value_name = "VERSION")]
     otlp_proto_version: Option<ProtoVersion>,
     /// Extra request header (gRPC metadata), e.g. X-Scope-OrgID=tenant. Repeatable.
-    #[arg(long = "otlp-header", value_name = "K=V", value_parser = config::parse_header_flag)]
+    #[arg(long = "otlp-header", value_name = "K=V", value_parser = parse_header_flag)]
     otlp_headers: Vec<(String, String)>,
     /// Plaintext (h2c/http) for an endpoint given without a scheme.
     #[arg(long)]
@@ -82,12 +87,13 @@ impl ExportArgs {
             headers: self.otlp_headers.clone(),
             insecure: self.otlp_insecure,
         };
-        let exporters = config::resolve(&file, &flags, &|name| std::env::var(name).ok())
-            .context("resolving the exporter settings")?;
-        for line in config::describe(&exporters) {
+        let exporters =
+            exporters::resolve(&file.exporters, &flags, &|name| std::env::var(name).ok())
+                .context("resolving the exporter settings")?;
+        for line in exporters::describe(&exporters) {
             tracing::info!("exporter {line}");
         }
-        for warning in config::warnings(&exporters) {
+        for warning in exporters::warnings(&exporters) {
             tracing::warn!("{warning}");
         }
         Ok(exporters)

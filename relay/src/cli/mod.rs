@@ -18,6 +18,7 @@ pub(crate) use ember_common::{init_logging_at, parse_duration, LogFormat};
 use self::args::{RecordArgs, ReportArgs, RunArgs, ValidateArgs};
 use crate::{
     config, record, report, run,
+    sink::{exporters, otlp::config::OtlpFlags},
     usage::{UsageError, USAGE_EXIT},
 };
 
@@ -102,14 +103,14 @@ pub fn main() -> ExitCode {
 /// it configures.
 fn validate(args: &ValidateArgs) -> anyhow::Result<()> {
     let file = config::load(&args.config)?;
-    let exporters = config::resolve(&file, &config::OtlpFlags::default(), &|name| {
+    let exporters = exporters::resolve(&file.exporters, &OtlpFlags::default(), &|name| {
         std::env::var(name).ok()
     })?;
     println!("{}: OK", args.config.display());
-    for line in config::describe(&exporters) {
+    for line in exporters::describe(&exporters) {
         println!("  {line}");
     }
-    for warning in config::warnings(&exporters) {
+    for warning in exporters::warnings(&exporters) {
         println!("  WARNING: {warning}");
     }
     Ok(())

@@ -1,6 +1,5 @@
 //! The relay's YAML config file (`--config FILE`), shaped like an OpenTelemetry Collector
-//! config: the schema's root, and the resolution of each sink's section with the flags and the
-//! environment into what the relay runs with ([`Exporters`]).
+//! config: the schema's root, which gathers the sections their owners define and resolve.
 //!
 //! ```yaml
 //! exporters:
@@ -26,25 +25,20 @@
 //! The label sections are resolved with the label flags in [`labels`]; `run` reloads them on
 //! SIGHUP and when the file changes ([`reload`]).
 //!
-//! Each sink owns its section's type and resolution ([`crate::sink::otlp::config`],
-//! [`crate::sink::debug::config`]); [`layers`] holds what they share (errors, durations, the
-//! precedence flag > file > environment > default). Resolution reads the TLS files named here,
-//! so it runs before the relay drops privileges.
+//! Each sink owns its section's type and resolution: `exporters:` is
+//! [`crate::sink::exporters`], over [`crate::sink::otlp::config`] and
+//! [`crate::sink::debug::config`]; [`crate::layers`] holds what every section shares (errors,
+//! durations, the precedence flag > file > environment > default). The command layer (`cli`)
+//! hands each owner its section.
 
 pub mod labels;
-pub mod layers;
 pub mod reload;
 
 use std::path::Path;
 
 use serde::Deserialize;
 
-pub use self::layers::ConfigError;
-pub use crate::sink::otlp::config::{parse_header_flag, OtlpConfig, OtlpFlags};
-use crate::sink::{
-    debug::{self, DebugConfig, DebugSettings},
-    otlp::{self, exporter::Settings},
-};
+use crate::{layers::ConfigError, sink::exporters::ExportersConfig};
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -67,15 +61,6 @@ pub struct RelayConfig {
     /// The relay's own metrics and health endpoint (`address: HOST:PORT | off`).
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportersConfig {
-    /// OTLP profiles exporter (Pyroscope, OpenTelemetry Collector). Present = enabled.
-    pub otlp: Option<OtlpConfig>,
-    /// Prints what the OTLP exporter would send. Present = enabled.
-    pub debug: Option<DebugConfig>,
 }
 
 /// Parses a config file's text; `path` names it in errors.
@@ -112,65 +97,28 @@ pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
     parse(&text, &path.display().to_string())
 }
 
-/// What the relay exports to, resolved.
-#[derive(Clone, Debug, Default)]
-pub struct Exporters {
-    pub otlp: Option<Settings>,
-    pub debug: Option<DebugSettings>,
-}
-
-/// Resolves `config`, `flags` and the environment (`env` looks a variable up) into exporter
-/// settings, reading the TLS files it names.
-pub fn resolve(
-    config: &RelayConfig,
-    flags: &OtlpFlags,
-    env: layers::Env<'_>,
-) -> Result<Exporters, ConfigError> {
-    let otlp_file = config.exporters.otlp.as_ref();
-    // The debug exporter shows the requests the OTLP exporter would send: same shape.
-    let encoding = otlp::config::encode_settings(otlp_file, flags)?;
-    Ok(Exporters {
-        otlp: otlp::config::resolve(otlp_file, flags, env, encoding)?,
-        debug: config
-            .exporters
-            .debug
-            .as_ref()
-            .map(|d| debug::config::resolve(d, encoding)),
-    })
-}
-
-/// One line per exporter describing what it resolved to, for logs and `validate`.
-pub fn describe(exporters: &Exporters) -> Vec<String> {
-    vec![
-        exporters
-            .otlp
-            .as_ref()
-            .map_or_else(|| "otlp: off".to_owned(), otlp::config::describe),
-        exporters
-            .debug
-            .as_ref()
-            .map_or_else(|| "debug: off".to_owned(), debug::config::describe),
-    ]
-}
-
-/// Warnings about resolved exporters, for logs and `validate` (credentials in plaintext).
-pub fn warnings(exporters: &Exporters) -> Vec<String> {
-    exporters
-        .otlp
-        .as_ref()
-        .map(otlp::config::warnings)
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::sink::{
-        debug::Verbosity,
-        otlp::{transport::Protocol, ProtoVersion},
+    use crate::{
+        layers::Env,
+        sink::{
+            debug::Verbosity,
+            exporters::{self, describe, warnings, Exporters},
+            otlp::{config::OtlpFlags, transport::Protocol, ProtoVersion},
+        },
     };
+
+    /// The file's exporters resolved, as the command line does it.
+    fn resolve(
+        config: &RelayConfig,
+        flags: &OtlpFlags,
+        env: Env<'_>,
+    ) -> Result<Exporters, ConfigError> {
+        exporters::resolve(&config.exporters, flags, env)
+    }
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let vars: Vec<(String, String)> = vars
@@ -378,8 +326,8 @@ exporters:
             assert!(text.contains("http://***@collector:4317"), "{text}");
         }
         // TLS, or nothing secret: no warning.
-        assert!(super::warnings(&with("https://c:4317", Protocol::Grpc, secret)).is_empty());
-        assert!(super::warnings(&with("http://c:4317", Protocol::Grpc, Vec::new())).is_empty());
+        assert!(exporters::warnings(&with("https://c:4317", Protocol::Grpc, secret)).is_empty());
+        assert!(exporters::warnings(&with("http://c:4317", Protocol::Grpc, Vec::new())).is_empty());
         // A bad endpoint's error does not echo its userinfo.
         let err = resolve(
             &RelayConfig::default(),

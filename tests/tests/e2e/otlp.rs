@@ -233,7 +233,7 @@ fn try_settings(
         headers: vec![("X-Scope-OrgID".into(), "ember-test".into())],
         insecure: false,
     };
-    Ok(config::resolve(&file, &flags, &|_| None)?
+    Ok(config::resolve(&file.exporters, &flags, &|_| None)?
         .otlp
         .expect("otlp enabled"))
 }

@@ -20,7 +20,7 @@ use super::{
     transport::{self, Protocol, TlsMaterial, TransportSettings},
     EncodeSettings, ProtoVersion, SampleAttributes, DEFAULT_MAX_REQUEST_BYTES, HTTP_PATH,
 };
-use crate::config::layers::{invalid, pick, read_file, ConfigError, DurationText, Env};
+use crate::layers::{invalid, pick, read_file, ConfigError, DurationText, Env};
 
 /// `exporters.otlp`. Every field is optional; see the module docs for precedence.
 #[derive(Clone, Debug, Default, Deserialize)]

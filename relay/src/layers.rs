@@ -1,6 +1,8 @@
-//! What every sink's config resolution shares: the error type, durations written as text, and
-//! the precedence of the layers a setting can come from (flag > file > environment > default).
-//! Knows no sink: each sink's `config` module uses these to resolve its own section.
+//! What every config section's resolution shares: the error type, durations written as text,
+//! and the precedence of the layers a setting can come from (flag > file > environment >
+//! default). Knows no section and no command: the config file's root (`config`) and each sink's
+//! own section (`sink::otlp::config`) use these alike, so a sink never reaches up into the
+//! command layer for them.
 
 use std::{fmt, path::Path, time::Duration};
 
