@@ -9,6 +9,7 @@
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
 //! is [`main`] and [`testing`] (what the end-to-end tests drive directly).
 
+pub(crate) mod assembly;
 pub(crate) mod browser;
 pub(crate) mod cli;
 pub(crate) mod config;

@@ -3,7 +3,9 @@
 //! requested time (Ctrl-C ends early), and writes the flamegraph, pprof and folded files (or what
 //! `--format` chooses), then with `--open` shows the flamegraph in a browser. With
 //! exporters configured it also exports every interval, and exits only once the OTLP queue has
-//! drained or `export_timeout` has passed, saying which.
+//! drained or `export_timeout` has passed, saying which. The parts are built by
+//! [`crate::assembly`]; `record` owns its policy: the sampler it starts, the privilege drop, its
+//! duration and progress line, the summary, the browser.
 
 use std::{
     collections::HashSet,
@@ -12,72 +14,65 @@ use std::{
         fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::process::CommandExt as _,
     },
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Arc,
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, bail, Context as _};
-use ember_protocol::{transport, Limits, Losses, SamplerMessage};
+use ember_common::LogFormat;
+use ember_protocol::{transport, Losses, SamplerMessage};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use ember_common::LogFormat;
-
 use crate::{
+    assembly::{self, OutputUnwritable, Settings},
     browser::{self, Opener},
-    driver::{self, Driver, Ended, Flow, Policy, Tick},
-    metrics::{self, Metrics, MetricsSettings},
+    driver::{Ended, Flow, Policy, Tick},
     model::Profile,
     pipeline::Handled,
-    privileges, sampler_binary,
-    session::FileLimits,
+    privileges::{self, Target},
+    sampler_binary,
     sink::{
-        exporters::{self, Exporters, OtlpFinished},
-        files::{writer::FLAMEGRAPH, FilesSink, OutputFormat},
+        exporters::OtlpFinished,
+        files::writer::FLAMEGRAPH,
         otlp::{stats::DropReason, Drained},
-        SinkReport, Sinks,
+        SinkReport,
     },
     source::{self, SourceEvent},
-    symbolize,
     unwind::sender::UnwindMode,
+    usage::UsageError,
 };
-use crate::{config::labels::LabelConfig, usage::UsageError};
 
 pub struct RecordConfig {
     pub duration: Duration,
-    pub output: PathBuf,
-    /// `--format`: which files `output` gets.
-    pub formats: Vec<OutputFormat>,
     /// `--open`: show flamegraph.svg in a browser at the end (svg is in `formats`).
     pub open: bool,
-    pub frequency_hz: u32,
-    pub pid: Option<u32>,
     /// `--user`; None: the `ember` account, else a picked unused uid.
     pub user: Option<String>,
-    pub sampler: Option<PathBuf>,
-    pub interval: Duration,
-    pub max_message_bytes: usize,
-    pub log_format: LogFormat,
+    /// How the sampler is started.
+    pub sampler: SamplerLaunch,
     /// The log level chosen for the command line (`warn`, or more with -v), handed to the
     /// sampler as `EMBER_LOG` unless the environment already sets a filter.
     pub log_level: &'static str,
-    /// Resolved before privileges are dropped (TLS files are read then).
-    pub exporters: Exporters,
     /// How long to wait for the OTLP queue to drain at the end.
     pub export_timeout: Duration,
-    pub file_limits: FileLimits,
-    /// Tags, relabel rules, process filter, folded root.
-    pub labels: LabelConfig,
-    /// `--unwind`, also passed to the sampler.
-    pub unwind: UnwindMode,
+    /// The relay's parts: `-o` and `--format`, the exporters (resolved before privileges are
+    /// dropped: TLS files are read then), metrics, labels, unwinding (`--unwind` is also passed
+    /// to the sampler). No window: one for the whole recording.
+    pub parts: Settings,
+}
+
+/// `record`'s flags for the sampler it starts.
+pub struct SamplerLaunch {
+    /// `--sampler`: the binary; `None`: next to this executable, then `$PATH`.
+    pub binary: Option<PathBuf>,
+    pub frequency_hz: u32,
+    pub pid: Option<u32>,
+    pub interval: Duration,
+    pub log_format: LogFormat,
     /// `--command-line`, passed to the sampler (which decides what leaves it).
     pub command_line: bool,
-    /// `--metrics-address` (off unless asked for).
-    pub metrics: MetricsSettings,
-    /// `--state-dir`: where compiled unwind tables are cached (none by default).
-    pub state_dir: Option<PathBuf>,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -101,66 +96,32 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
              (the relay itself drops to an unprivileged user before it reads anything)"
         );
     }
-    ember_common::install_stop_handlers()?;
     // Chosen while root (the choice reads every process's status), before the sampler starts.
     let user = privileges::choose_user(config.user.as_deref())?;
-    symbolize::sigbus::install().context("installing the SIGBUS guard")?;
-    source::raise_nofile_limit();
-    // Created as root (in a directory the invoking user may own), written after the drop; a
-    // directory that cannot be made is refused before the sampler starts.
-    let files = FilesSink::create(&config.output, &config.formats)
-        .map_err(|err| {
-            UsageError(format!(
-                "--output {}: cannot create the output files there ({err:#}); choose a \
-                 writable directory with -o DIR",
-                config.output.display()
-            ))
-        })?
-        .with_folded_root(config.labels.folded_root);
-    // Reads /etc/passwd and the machine id (bounded) before the drop.
-    let labels = config.labels.stage();
+    let unwind = config.parts.unwind;
+    let flamegraph = config
+        .parts
+        .output_dir
+        .as_ref()
+        .map(|dir| dir.join(FLAMEGRAPH));
+    // As root: the output files are created in a directory the invoking user may own (written
+    // after the drop), and one that cannot be made is refused before the sampler starts.
+    let prepared = assembly::prepare(config.parts).map_err(output_refused)?;
     // As root, before the drop and before any thread: the opener becomes the invoking user.
-    let opener = opener(&config);
-    let (ours, mut child) = start_sampler(&config)?;
+    let opener = opener(config.open, flamegraph.as_deref());
+    let (ours, mut child) = start_sampler(&config.sampler, unwind, config.log_level)?;
 
     privileges::drop_to(&user)?;
-    let status = privileges::status();
-    tracing::info!(
-        user = %user.name,
-        why = user.reason.as_str(),
-        uid = %status.uid,
-        gid = %status.gid,
-        groups = %status.groups,
-        cap_eff = %status.cap_eff,
-        cap_prm = %status.cap_prm,
-        cap_bnd = %status.cap_bnd,
-        no_new_privs = %status.no_new_privs,
-        "relay privileges dropped"
-    );
-
+    log_dropped(&user);
     let control = ours.try_clone().context("duplicating the sampler socket")?;
-    let limits = Limits {
-        max_message_bytes: config.max_message_bytes,
-    };
-    let (events_tx, events) = driver::intake();
+    // Started unprivileged: threads created earlier would keep root's capabilities.
+    let (relay, intake) = prepared.start()?;
     thread::Builder::new()
         .name("sampler-conn".into())
-        .spawn(move || source::serve_connection(1, ours, limits, events_tx))
+        .spawn(move || source::serve_connection(1, ours, intake.limits, intake.events))
         .context("starting the connection thread")?;
-
-    let mut sinks = Sinks::default();
-    sinks.push(Box::new(files));
-    // Started unprivileged: threads created earlier would keep root's capabilities.
-    // Served unprivileged too (the listening socket and its thread are created here).
-    let metrics = Arc::new(Metrics::default());
-    metrics::serve(config.metrics, &metrics)?;
-    sinks.extend(exporters::start(config.exporters, &metrics)?);
     let mut policy = Recording::new(config.duration, control);
-    let ended = Driver::new(sinks, config.file_limits, None)
-        .with_labels(labels)
-        .with_unwind(config.unwind, config.state_dir.as_deref())?
-        .with_metrics(metrics)
-        .run(&events, &mut policy)?;
+    let ended = relay.run(&mut policy)?;
     policy.progress.finish_and_clear();
     let exit = wait_child(&mut child);
     let verbose = config.log_level != "warn";
@@ -175,25 +136,57 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `--open`, the waiting browser opener for flamegraph.svg (see [`browser`]).
-fn opener(config: &RecordConfig) -> Opener {
-    if !config.open {
-        return Opener::Off;
+/// An output directory that cannot be made is a usage error naming the flag to change.
+fn output_refused(err: anyhow::Error) -> anyhow::Error {
+    match err.downcast::<OutputUnwritable>() {
+        Ok(OutputUnwritable { dir, source }) => UsageError(format!(
+            "--output {}: cannot create the output files there ({source:#}); choose a \
+             writable directory with -o DIR",
+            dir.display()
+        ))
+        .into(),
+        Err(err) => err,
     }
-    browser::prepare(&config.output.join(FLAMEGRAPH), &|name| {
-        std::env::var(name).ok()
-    })
+}
+
+/// The user the relay became, and with what it is left, for the log.
+fn log_dropped(user: &Target) {
+    let status = privileges::status();
+    tracing::info!(
+        user = %user.name,
+        why = user.reason.as_str(),
+        uid = %status.uid,
+        gid = %status.gid,
+        groups = %status.groups,
+        cap_eff = %status.cap_eff,
+        cap_prm = %status.cap_prm,
+        cap_bnd = %status.cap_bnd,
+        no_new_privs = %status.no_new_privs,
+        "relay privileges dropped"
+    );
+}
+
+/// With `--open`, the waiting browser opener for flamegraph.svg (see [`browser`]).
+fn opener(open: bool, flamegraph: Option<&Path>) -> Opener {
+    match flamegraph {
+        Some(file) if open => browser::prepare(file, &|name| std::env::var(name).ok()),
+        _ => Opener::Off,
+    }
 }
 
 /// Starts ember-sampler on one end of a socketpair (inherited as `--fd`); returns our end.
-fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
+fn start_sampler(
+    config: &SamplerLaunch,
+    unwind: UnwindMode,
+    log_level: &'static str,
+) -> anyhow::Result<(OwnedFd, Child)> {
     let (ours, theirs) = transport::pair().context("creating the sampler socketpair")?;
     nix::fcntl::fcntl(
         &theirs,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )
     .context("letting the sampler inherit its socket")?;
-    let named = sampler_path(config.sampler.clone());
+    let named = sampler_path(config.binary.clone());
     let search_path = std::env::var("PATH").unwrap_or_default();
     let sampler = sampler_binary::trusted(&named, &search_path).map_err(|err| {
         UsageError(format!(
@@ -215,7 +208,7 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         .arg("--log-format")
         .arg(config.log_format.as_str())
         .arg("--unwind")
-        .arg(config.unwind.as_str())
+        .arg(unwind.as_str())
         .stdin(Stdio::null());
     if let Some(pid) = config.pid {
         command.arg("--pid").arg(pid.to_string());
@@ -224,7 +217,7 @@ fn start_sampler(config: &RecordConfig) -> anyhow::Result<(OwnedFd, Child)> {
         command.arg("--command-line");
     }
     if !ember_common::log_filter_in_env() {
-        command.env(ember_common::LOG_ENV, config.log_level);
+        command.env(ember_common::LOG_ENV, log_level);
     }
     die_with_parent(&mut command);
     let child = command.spawn().with_context(|| {

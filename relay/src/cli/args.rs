@@ -1,14 +1,19 @@
 //! The clap definitions of `run`, `record` and `validate`, and their conversion into the plain
-//! config structs of [`run`] and [`record`]. Flags only: the config file and the environment are
-//! resolved by [`config`] ([`ExportArgs::resolve`]).
+//! config structs of [`run`] and [`record`]. The flags both commands take are one group,
+//! [`PartsArgs`] (itself made of groups), which becomes the [`assembly::Settings`] of the relay's
+//! parts; the config file and the environment are resolved by their owners (`config`,
+//! `sink::exporters`, `metrics`) as it does so.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 
 use super::{kubernetes::KubernetesArgs, labels::LabelArgs, parse_duration, LogFormat};
 use crate::{
-    config,
+    assembly, config,
     metrics::{MetricsAddress, MetricsSettings},
     record, run, session,
     sink::{
@@ -98,19 +103,6 @@ impl ExportArgs {
         }
         Ok(exporters)
     }
-
-    /// `--metrics-address` over the file's `metrics.address` over the command's `default`.
-    fn metrics(
-        &self,
-        flag: Option<MetricsAddress>,
-        default: MetricsAddress,
-    ) -> anyhow::Result<MetricsSettings> {
-        let file = match (&self.config, flag) {
-            (Some(path), None) => config::load(path)?.metrics.address,
-            _ => None,
-        };
-        Ok(MetricsSettings::resolve(flag, file, default))
-    }
 }
 
 /// The flags `run` and `record` share for what the relay keeps of the sampler's files.
@@ -153,29 +145,31 @@ impl FileLimitArgs {
     }
 }
 
-/// `--unwind`, the same for `run` and `record`.
+/// `--unwind` and where its tables are cached, the same for `run` and `record`.
 #[derive(clap::Args, Debug)]
 pub(super) struct UnwindArgs {
     /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
     /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). Start the sampler
-    /// with the same --unwind.
+    /// before use) or `fp` (frame pointers only: nothing compiled or sent). `record` passes it
+    /// to the sampler it starts; with `run`, start the sampler with the same --unwind.
     #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
     unwind: UnwindMode,
+    /// Where compiled unwind tables are cached (in `unwind-cache/`, at most 256 MiB, verified by
+    /// SHA-256 against each binary before use), so the same binaries are not compiled again
+    /// after a restart; used with --unwind dwarf only. Default: for `run`, `$STATE_DIRECTORY`
+    /// (systemd's StateDirectory=), else /var/lib/ember-relay if writable, else no cache; for
+    /// `record`, no cache.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
+/// The flags of the relay's parts, the same for `run` and `record`: together they become the
+/// [`assembly::Settings`] both commands build their parts from.
 #[derive(clap::Args, Debug)]
-pub(super) struct RunArgs {
-    /// Unix socket to listen on (SOCK_SEQPACKET).
-    #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
-    socket: PathBuf,
-    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here (or what --format chooses),
-    /// covering one window (see --window): written when the window closes and when the relay
-    /// stops, never per batch.
-    #[arg(long)]
-    output_dir: Option<PathBuf>,
-    /// Which files --output-dir gets: a comma-separated list of the values below (or the flag
-    /// repeated).
+pub(super) struct PartsArgs {
+    /// Which files to write in the output directory (`run --output-dir`, `record -o`): a
+    /// comma-separated list of the values below (or the flag repeated). Only those are written
+    /// (and `record`'s summary lists them).
     #[arg(
         long = "format",
         value_name = "LIST",
@@ -184,20 +178,78 @@ pub(super) struct RunArgs {
         default_value = "svg,pprof,folded"
     )]
     formats: Vec<OutputFormat>,
-    /// Length of the window the output files cover: when it closes they are rewritten with it,
-    /// and a new window starts empty.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    window: Duration,
-    /// Largest message accepted from a sampler; larger ones close the connection.
-    #[arg(long, default_value_t = 4 << 20)]
+    /// Largest message accepted from a sampler, in bytes; a larger one closes that sampler's
+    /// connection, with a logged reason. ember-sampler's messages stay under 128 KiB, so the
+    /// default (4 MiB) leaves room; each connection holds a receive buffer of this size.
+    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
     #[command(flatten)]
     file_limits: FileLimitArgs,
     #[command(flatten)]
     unwind: UnwindArgs,
-    /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
-    #[arg(long)]
-    allow_root: bool,
+    /// Serve the relay's own metrics (/metrics, Prometheus text) and health (/healthz: the loop
+    /// is alive; /readyz: a sampler is connected and sent a batch within 3 intervals) over HTTP
+    /// on HOST:PORT, or `off`. Default: for `run`, 127.0.0.1:17471 (this host only; in a pod,
+    /// use 0.0.0.0:17471 so the kubelet's probes reach it); for `record`, off. Config file:
+    /// `metrics.address`.
+    #[arg(long, value_name = "HOST:PORT|off")]
+    metrics_address: Option<MetricsAddress>,
+    #[command(flatten)]
+    export: ExportArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
+}
+
+impl PartsArgs {
+    /// The parts' settings, with the config file and the environment resolved: the exporters,
+    /// the labels, Kubernetes (`run`'s flags, when given), the metrics address (over the
+    /// command's `metrics_default`). `output_dir` and `window` are the command's own flags.
+    fn settings(
+        self,
+        output_dir: Option<PathBuf>,
+        window: Option<Duration>,
+        metrics_default: MetricsAddress,
+        kubernetes: Option<&KubernetesArgs>,
+    ) -> anyhow::Result<assembly::Settings> {
+        let config = self.export.config.as_deref();
+        Ok(assembly::Settings {
+            exporters: self.export.resolve()?,
+            labels: self.labels.flags().resolve(config)?,
+            kubernetes: match kubernetes {
+                Some(args) => args.resolve(config)?,
+                None => None,
+            },
+            metrics: self.metrics(config, metrics_default)?,
+            output_dir,
+            formats: self.formats,
+            window,
+            max_message_bytes: self.max_message_bytes,
+            file_limits: self.file_limits.file_limits(),
+            unwind: self.unwind.unwind,
+            state_dir: self.unwind.state_dir,
+        })
+    }
+
+    /// `--metrics-address` over the file's `metrics.address` over the command's `default`.
+    fn metrics(
+        &self,
+        config: Option<&Path>,
+        default: MetricsAddress,
+    ) -> anyhow::Result<MetricsSettings> {
+        let flag = self.metrics_address;
+        let file = match (config, flag) {
+            (Some(path), None) => config::load(path)?.metrics.address,
+            _ => None,
+        };
+        Ok(MetricsSettings::resolve(flag, file, default))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct RunArgs {
+    /// Unix socket to listen on (SOCK_SEQPACKET).
+    #[arg(long, default_value = "/run/ember/ember.sock", env = "EMBER_SOCKET")]
+    socket: PathBuf,
     /// Only samplers running as this uid may connect; others are refused with a logged reason.
     /// Default 65534: ember-sampler connects after it has left uid 0 for its --user (nobody).
     /// Repeat the flag (or separate uids with commas) to accept several.
@@ -208,22 +260,20 @@ pub(super) struct RunArgs {
         value_delimiter = ','
     )]
     sampler_uid: Vec<u32>,
-    /// Serve the relay's own metrics (/metrics, Prometheus text) and health (/healthz: the loop
-    /// is alive; /readyz: a sampler is connected and sent a batch within 3 intervals) over HTTP
-    /// on HOST:PORT, or `off`. Default 127.0.0.1:17471 (this host only); in a pod, use
-    /// 0.0.0.0:17471 so the kubelet's probes reach it. Config file: `metrics.address`.
-    #[arg(long, value_name = "HOST:PORT|off")]
-    metrics_address: Option<MetricsAddress>,
-    /// Where compiled unwind tables are cached (in `unwind-cache/`, at most 256 MiB, verified by
-    /// SHA-256 against each binary before use), so a restart does not recompile them. Default:
-    /// `$STATE_DIRECTORY` (systemd's StateDirectory=), else /var/lib/ember-relay if writable,
-    /// else no cache.
-    #[arg(long, value_name = "DIR")]
-    state_dir: Option<PathBuf>,
+    /// Allow running as root (not recommended: the relay parses untrusted ELF/DWARF).
+    #[arg(long)]
+    allow_root: bool,
+    /// Write stacks.folded, profile.pb.gz and flamegraph.svg here (or what --format chooses),
+    /// covering one window (see --window): written when the window closes and when the relay
+    /// stops, never per batch.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Length of the window the output files cover: when it closes they are rewritten with it,
+    /// and a new window starts empty.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    window: Duration,
     #[command(flatten)]
-    export: ExportArgs,
-    #[command(flatten)]
-    labels: LabelArgs,
+    parts: PartsArgs,
     #[command(flatten)]
     kubernetes: KubernetesArgs,
 }
@@ -237,16 +287,6 @@ pub(super) struct RecordArgs {
     /// chooses).
     #[arg(long, short = 'o', default_value = "ember-out")]
     output: PathBuf,
-    /// Which files to write: a comma-separated list of the values below (or the flag
-    /// repeated). Only those are written, and the summary lists them.
-    #[arg(
-        long = "format",
-        value_name = "LIST",
-        value_enum,
-        value_delimiter = ',',
-        default_value = "svg,pprof,folded"
-    )]
-    formats: Vec<OutputFormat>,
     /// At the end, open flamegraph.svg in a browser ($BROWSER, else xdg-open) as the user who
     /// ran sudo (never as root), when a graphical session is visible (DISPLAY or
     /// WAYLAND_DISPLAY); otherwise say why not. Needs svg in --format.
@@ -270,55 +310,30 @@ pub(super) struct RecordArgs {
     /// How often the sampler hands over samples (progress updates at this pace).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     interval: Duration,
-    /// Largest message accepted from the sampler.
-    #[arg(long, default_value_t = 4 << 20)]
-    max_message_bytes: usize,
-    #[command(flatten)]
-    file_limits: FileLimitArgs,
-    #[command(flatten)]
-    unwind: UnwindArgs,
-    /// At the end, wait at most this long for the OTLP export queue to drain.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    export_timeout: Duration,
     /// Start the sampler with --command-line: each process's command line (at most 4 KiB) is
     /// exported as `process.command_line`. Off by default: arguments can hold secrets.
     #[arg(long)]
     command_line: bool,
-    /// Serve the relay's own metrics (/metrics) and health (/healthz, /readyz) over HTTP on
-    /// HOST:PORT while recording, e.g. 127.0.0.1:17471. Default: off (config `metrics.address`
-    /// turns it on too).
-    #[arg(long, value_name = "HOST:PORT|off")]
-    metrics_address: Option<MetricsAddress>,
-    /// Cache compiled unwind tables in this directory (in `unwind-cache/`, at most 256 MiB,
-    /// verified by SHA-256 before use). Default: no cache.
-    #[arg(long, value_name = "DIR")]
-    state_dir: Option<PathBuf>,
+    /// At the end, wait at most this long for the OTLP export queue to drain.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    export_timeout: Duration,
     #[command(flatten)]
-    export: ExportArgs,
-    #[command(flatten)]
-    labels: LabelArgs,
+    parts: PartsArgs,
 }
 
 impl RunArgs {
-    /// The flags of `run`, with the exporters resolved.
+    /// The flags of `run`, with the config file and the environment resolved.
     pub(super) fn into_config(self) -> anyhow::Result<run::RunConfig> {
         Ok(run::RunConfig {
-            exporters: self.export.resolve()?,
+            parts: self.parts.settings(
+                self.output_dir,
+                Some(self.window),
+                MetricsAddress::run_default(),
+                Some(&self.kubernetes),
+            )?,
             socket: self.socket,
-            output_dir: self.output_dir,
-            formats: self.formats,
-            window: self.window,
-            max_message_bytes: self.max_message_bytes,
             allow_root: self.allow_root,
             sampler_uids: self.sampler_uid,
-            file_limits: self.file_limits.file_limits(),
-            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
-            kubernetes: self.kubernetes.resolve(self.export.config.as_deref())?,
-            unwind: self.unwind.unwind,
-            metrics: self
-                .export
-                .metrics(self.metrics_address, MetricsAddress::run_default())?,
-            state_dir: self.state_dir,
         })
     }
 }
@@ -378,32 +393,26 @@ impl RecordArgs {
         if let Some(pid) = self.pid {
             check_pid(pid, std::path::Path::new("/proc"))?;
         }
-        if self.open && !self.formats.contains(&OutputFormat::Svg) {
+        if self.open && !self.parts.formats.contains(&OutputFormat::Svg) {
             return Err(UsageError(OPEN_NEEDS_SVG.to_owned()).into());
         }
         Ok(record::RecordConfig {
-            exporters: self.export.resolve()?,
+            parts: self
+                .parts
+                .settings(Some(self.output), None, MetricsAddress::Off, None)?,
             duration: self.duration,
-            output: self.output,
-            formats: self.formats,
             open: self.open,
-            frequency_hz: self.frequency,
-            pid: self.pid,
             user: self.user,
-            sampler: self.sampler,
-            interval: self.interval,
-            max_message_bytes: self.max_message_bytes,
-            log_format,
+            sampler: record::SamplerLaunch {
+                binary: self.sampler,
+                frequency_hz: self.frequency,
+                pid: self.pid,
+                interval: self.interval,
+                log_format,
+                command_line: self.command_line,
+            },
             log_level,
             export_timeout: self.export_timeout,
-            file_limits: self.file_limits.file_limits(),
-            labels: self.labels.flags().resolve(self.export.config.as_deref())?,
-            unwind: self.unwind.unwind,
-            command_line: self.command_line,
-            metrics: self
-                .export
-                .metrics(self.metrics_address, MetricsAddress::Off)?,
-            state_dir: self.state_dir,
         })
     }
 }

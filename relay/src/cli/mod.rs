@@ -164,10 +164,13 @@ mod tests {
             .expect("no config file: default exporters");
         // Then every flag is where run reads it
         assert_eq!(config.socket, Path::new("/tmp/e.sock"));
-        assert_eq!(config.output_dir.as_deref(), Some(Path::new("/tmp/out")));
-        assert_eq!(config.window, Duration::from_secs(90));
-        assert_eq!(config.file_limits.max_open_files, 7);
-        assert_eq!(config.file_limits.max_copy_bytes, 4096);
+        assert_eq!(
+            config.parts.output_dir.as_deref(),
+            Some(Path::new("/tmp/out"))
+        );
+        assert_eq!(config.parts.window, Some(Duration::from_secs(90)));
+        assert_eq!(config.parts.file_limits.max_open_files, 7);
+        assert_eq!(config.parts.file_limits.max_copy_bytes, 4096);
         assert_eq!(config.sampler_uids, [1, 2]);
         assert!(config.allow_root);
     }
@@ -203,11 +206,14 @@ mod tests {
         // Then every flag is where record reads it, the log format included (the sampler it
         // starts logs the same way)
         assert_eq!(config.duration, Duration::from_secs(3));
-        assert_eq!(config.output, Path::new("/tmp/o"));
-        assert_eq!(config.frequency_hz, 49);
-        assert_eq!(config.pid, Some(std::process::id()));
-        assert_eq!(config.interval, Duration::from_secs(2));
-        assert_eq!(config.log_format, LogFormat::Json);
+        assert_eq!(
+            config.parts.output_dir.as_deref(),
+            Some(Path::new("/tmp/o"))
+        );
+        assert_eq!(config.sampler.frequency_hz, 49);
+        assert_eq!(config.sampler.pid, Some(std::process::id()));
+        assert_eq!(config.sampler.interval, Duration::from_secs(2));
+        assert_eq!(config.sampler.log_format, LogFormat::Json);
     }
 
     #[test]
@@ -221,19 +227,19 @@ mod tests {
         };
         // Given no --format: today's three files, for record and for run
         let config = record(&[]).expect("defaults");
-        assert_eq!(config.formats, OutputFormat::DEFAULT);
+        assert_eq!(config.parts.formats, OutputFormat::DEFAULT);
         assert!(!config.open);
         let Command::Run(run) = parse(&["run"]).command else {
             panic!("not run")
         };
         assert_eq!(
-            run.into_config().expect("run").formats,
+            run.into_config().expect("run").parts.formats,
             OutputFormat::DEFAULT
         );
         // Given a list and a repeat: all of them, --open with svg accepted
         let config = record(&["--format", "speedscope,folded", "--format", "svg", "--open"])
             .expect("svg chosen");
-        assert_eq!(config.formats, [Speedscope, Folded, Svg]);
+        assert_eq!(config.parts.formats, [Speedscope, Folded, Svg]);
         assert!(config.open);
         // Given --open without svg: a usage error naming the fix
         let Err(err) = record(&["--format", "folded", "--open"]) else {
@@ -258,7 +264,7 @@ mod tests {
             let Command::Run(a) = parse(&[&["run"], args].concat()).command else {
                 panic!("not run")
             };
-            a.into_config().expect("run config").metrics
+            a.into_config().expect("run config").parts.metrics
         };
         let record = |args: &[&str]| {
             let Command::Record(a) = parse(&[&["record"], args].concat()).command else {
@@ -266,6 +272,7 @@ mod tests {
             };
             a.into_config(LogFormat::Text, "warn")
                 .expect("record config")
+                .parts
                 .metrics
         };
         // Given no flag: run serves 127.0.0.1:17471 (a taken port only warns), record nothing
