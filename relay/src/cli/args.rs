@@ -1,7 +1,7 @@
 //! The clap definitions of `run`, `record` and `validate`, and their conversion into the plain
-//! config structs of [`run`] and [`record`]. The flags both commands take are one group,
-//! [`PartsArgs`] (itself made of groups), which becomes the [`assembly::Settings`] of the relay's
-//! parts; the config file and the environment are resolved by their owners (`config`,
+//! config structs of [`run`] and [`record`]. The flags both commands take are flattened groups:
+//! [`PartsArgs`] (itself made of groups) and [`FormatArgs`], placed beside each command's output
+//! directory; with it they become the [`assembly::Settings`] of the relay's parts; the config file and the environment are resolved by their owners (`config`,
 //! `sink::exporters`, `metrics`) as it does so.
 
 use std::{
@@ -163,10 +163,9 @@ pub(super) struct UnwindArgs {
     state_dir: Option<PathBuf>,
 }
 
-/// The flags of the relay's parts, the same for `run` and `record`: together they become the
-/// [`assembly::Settings`] both commands build their parts from.
+/// `--format`, the same for `run` and `record`; each flattens it beside its output directory.
 #[derive(clap::Args, Debug)]
-pub(super) struct PartsArgs {
+pub(super) struct FormatArgs {
     /// Which files to write in the output directory (`run --output-dir`, `record -o`): a
     /// comma-separated list of the values below (or the flag repeated). Only those are written
     /// (and `record`'s summary lists them).
@@ -178,6 +177,12 @@ pub(super) struct PartsArgs {
         default_value = "svg,pprof,folded"
     )]
     formats: Vec<OutputFormat>,
+}
+
+/// The flags of the relay's parts, the same for `run` and `record`: with the output directory
+/// and `--format`, they become the [`assembly::Settings`] both commands build their parts from.
+#[derive(clap::Args, Debug)]
+pub(super) struct PartsArgs {
     /// Largest message accepted from a sampler, in bytes; a larger one closes that sampler's
     /// connection, with a logged reason. ember-sampler's messages stay under 128 KiB, so the
     /// default (4 MiB) leaves room; each connection holds a receive buffer of this size.
@@ -203,10 +208,12 @@ pub(super) struct PartsArgs {
 impl PartsArgs {
     /// The parts' settings, with the config file and the environment resolved: the exporters,
     /// the labels, Kubernetes (`run`'s flags, when given), the metrics address (over the
-    /// command's `metrics_default`). `output_dir` and `window` are the command's own flags.
+    /// command's `metrics_default`). `output_dir`, `format` and `window` are flags the command
+    /// places itself.
     fn settings(
         self,
         output_dir: Option<PathBuf>,
+        format: FormatArgs,
         window: Option<Duration>,
         metrics_default: MetricsAddress,
         kubernetes: Option<&KubernetesArgs>,
@@ -221,7 +228,7 @@ impl PartsArgs {
             },
             metrics: self.metrics(config, metrics_default)?,
             output_dir,
-            formats: self.formats,
+            formats: format.formats,
             window,
             max_message_bytes: self.max_message_bytes,
             file_limits: self.file_limits.file_limits(),
@@ -268,6 +275,8 @@ pub(super) struct RunArgs {
     /// stops, never per batch.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    #[command(flatten)]
+    format: FormatArgs,
     /// Length of the window the output files cover: when it closes they are rewritten with it,
     /// and a new window starts empty.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -287,6 +296,8 @@ pub(super) struct RecordArgs {
     /// chooses).
     #[arg(long, short = 'o', default_value = "ember-out")]
     output: PathBuf,
+    #[command(flatten)]
+    format: FormatArgs,
     /// At the end, open flamegraph.svg in a browser ($BROWSER, else xdg-open) as the user who
     /// ran sudo (never as root), when a graphical session is visible (DISPLAY or
     /// WAYLAND_DISPLAY); otherwise say why not. Needs svg in --format.
@@ -327,6 +338,7 @@ impl RunArgs {
         Ok(run::RunConfig {
             parts: self.parts.settings(
                 self.output_dir,
+                self.format,
                 Some(self.window),
                 MetricsAddress::run_default(),
                 Some(&self.kubernetes),
@@ -393,13 +405,17 @@ impl RecordArgs {
         if let Some(pid) = self.pid {
             check_pid(pid, std::path::Path::new("/proc"))?;
         }
-        if self.open && !self.parts.formats.contains(&OutputFormat::Svg) {
+        if self.open && !self.format.formats.contains(&OutputFormat::Svg) {
             return Err(UsageError(OPEN_NEEDS_SVG.to_owned()).into());
         }
         Ok(record::RecordConfig {
-            parts: self
-                .parts
-                .settings(Some(self.output), None, MetricsAddress::Off, None)?,
+            parts: self.parts.settings(
+                Some(self.output),
+                self.format,
+                None,
+                MetricsAddress::Off,
+                None,
+            )?,
             duration: self.duration,
             open: self.open,
             user: self.user,
