@@ -3,8 +3,9 @@
 //!
 //! Flow: `source` (socket threads) -> bounded intake -> `driver` (the one loop of `run` and
 //! `record`) -> `pipeline` (sessions, `symbolize`) -> a `model::Profile` per interval -> `sink`s
-//! (files, OTLP, debug). `run` and `record` only hold their policy; `cli` parses the command
-//! line and is the executable's whole [`main`].
+//! (files, OTLP, debug). `assembly` builds these parts for `run` and `record` from one settings
+//! struct, and the two commands only hold their policy; `cli` parses the command line and is
+//! the executable's whole [`main`].
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
 //! is [`main`] and [`testing`] (what the end-to-end tests drive directly).
