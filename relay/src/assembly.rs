@@ -177,3 +177,52 @@ impl Relay {
         self.driver.run(&self.events, policy)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::MetricsAddress;
+
+    /// No exporters, no metrics, no unwinding: only what `prepare` makes, with `output_dir`.
+    fn settings(output_dir: PathBuf) -> Settings {
+        Settings {
+            output_dir: Some(output_dir),
+            formats: OutputFormat::DEFAULT.to_vec(),
+            window: None,
+            max_message_bytes: 4 << 20,
+            file_limits: FileLimits::default(),
+            exporters: Exporters::default(),
+            metrics: MetricsSettings {
+                address: MetricsAddress::Off,
+                explicit: false,
+            },
+            labels: LabelConfig::default(),
+            kubernetes: None,
+            unwind: UnwindMode::Fp,
+            state_dir: None,
+        }
+    }
+
+    #[test]
+    fn an_output_directory_that_cannot_be_made_is_told_apart_and_shown_as_the_sink_says() {
+        // Given an output directory below a regular file: it cannot be made
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").expect("write the file");
+        let dir = file.join("out");
+        let Err(direct) = FilesSink::create(&dir, &OutputFormat::DEFAULT) else {
+            panic!("{} was created", dir.display())
+        };
+        // When the parts are prepared with it
+        let Err(err) = prepare(settings(dir.clone())) else {
+            panic!("prepared with {}", dir.display())
+        };
+        // Then the error says which directory (so `record` can name -o), and reads as the files
+        // sink's own error (what `run` has always printed)
+        let unwritable = err
+            .downcast_ref::<OutputUnwritable>()
+            .expect("an OutputUnwritable");
+        assert_eq!(unwritable.dir, dir);
+        assert_eq!(format!("{err:#}"), format!("{direct:#}"));
+    }
+}
