@@ -1,8 +1,9 @@
 //! The clap definitions of `run`, `record` and `validate`, and their conversion into the plain
 //! config structs of [`run`] and [`record`]. The flags both commands take are flattened groups:
-//! [`PartsArgs`] (itself made of groups) and [`FormatArgs`], placed beside each command's output
-//! directory; with it they become the [`assembly::Settings`] of the relay's parts; the config file and the environment are resolved by their owners (`config`,
-//! `sink::exporters`, `metrics`) as it does so.
+//! [`PartsArgs`] (itself made of groups), and [`FormatArgs`] beside each command's output
+//! directory; with that directory they become the [`assembly::Settings`] of the relay's parts.
+//! The config file and the environment are resolved by their owners (`config`,
+//! `sink::exporters`, `metrics`) on the way.
 
 use std::{
     path::{Path, PathBuf},
@@ -184,7 +185,7 @@ pub(super) struct FormatArgs {
 #[derive(clap::Args, Debug)]
 pub(super) struct PartsArgs {
     /// Largest message accepted from a sampler, in bytes; a larger one closes that sampler's
-    /// connection, with a logged reason. ember-sampler's messages stay under 128 KiB, so the
+    /// connection, with a logged reason. ember-sampler's messages are at most 128 KiB, so the
     /// default (4 MiB) leaves room; each connection holds a receive buffer of this size.
     #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
