@@ -127,27 +127,11 @@ pub fn choose_user(requested: Option<&str>) -> anyhow::Result<Target> {
 
 /// `--user USER|UID`: an account name, or a number (gid = its account's, else the number).
 fn resolve(text: &str) -> anyhow::Result<Target> {
-    if let Ok(raw) = text.parse::<u32>() {
-        let account =
-            User::from_uid(Uid::from_raw(raw)).with_context(|| format!("looking up uid {raw}"))?;
-        return Ok(Target {
-            name: account
-                .as_ref()
-                .map_or_else(|| raw.to_string(), |a| a.name.clone()),
-            uid: Uid::from_raw(raw),
-            gid: account.map_or(Gid::from_raw(raw), |a| a.gid),
-            reason: Reason::Requested,
-        });
-    }
-    let account = User::from_name(text)
-        .with_context(|| format!("looking up user `{text}`"))?
-        .ok_or_else(|| {
-            anyhow!("no user `{text}` on this system; pass --user with an existing user or a uid")
-        })?;
+    let account = ember_common::resolve_account("--user", text)?;
     Ok(Target {
         name: account.name,
-        uid: account.uid,
-        gid: account.gid,
+        uid: Uid::from_raw(account.uid),
+        gid: Gid::from_raw(account.gid),
         reason: Reason::Requested,
     })
 }
