@@ -63,6 +63,9 @@ pub struct Mapping {
     /// The mapped file's name (a string table index).
     #[prost(int64, tag = "5")]
     pub filename: i64,
+    /// Its build id (a string table index; 0 when unknown).
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

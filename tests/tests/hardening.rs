@@ -170,6 +170,22 @@ fn relay_symbolizes_a_root_only_binary_through_the_passed_fd() {
             .any(|f| f.contains("memfd:") || f.contains("/proc/self/fd")),
         "a mapping names the relay's descriptor or copy: {files:?}"
     );
+    // And the binary's mapping keeps its build id, read through the descriptor (the relay may
+    // not reopen the file by path), so a reader can also find the binary by it.
+    let readelf = Command::new("readelf").arg("-n").arg(&secret).output();
+    let expected = readelf.ok().and_then(|out| {
+        let notes = String::from_utf8_lossy(&out.stdout).into_owned();
+        let id = notes
+            .split("Build ID: ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?;
+        Some(id.to_owned())
+    });
+    if let Some(expected) = expected {
+        let first = profile.mapping.first().expect("a mapping");
+        assert_eq!(profile.string(first.build_id), expected, "{files:?}");
+    }
     let Some((top, warnings)) = go_pprof::top_symbolized(&recorded.out_dir.join("profile.pb.gz"))
     else {
         return;
