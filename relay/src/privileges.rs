@@ -196,19 +196,13 @@ pub fn drop_to(target: &Target) -> anyhow::Result<()> {
     caps::clear(None, CapSet::Permitted).context("clearing permitted capabilities")?;
     set_no_new_privs()?;
     set_non_dumpable()?;
-    let uids = nix::unistd::getresuid()?;
-    let gids = nix::unistd::getresgid()?;
-    if [uids.real, uids.effective, uids.saved] != [target.uid; 3]
-        || [gids.real, gids.effective, gids.saved] != [target.gid; 3]
-    {
-        bail!("dropping to `{}` did not take effect", target.name);
-    }
-    if !nix::unistd::getgroups()?.is_empty() {
-        bail!(
-            "supplementary groups remain after dropping to `{}`",
-            target.name
-        );
-    }
+    let identity = ember_common::Identity {
+        uid: target.uid.as_raw(),
+        gid: target.gid.as_raw(),
+        groups: Vec::new(),
+    };
+    ember_common::check_identity(&identity)
+        .with_context(|| format!("dropping to `{}` did not take effect", target.name))?;
     for set in [
         CapSet::Effective,
         CapSet::Permitted,
