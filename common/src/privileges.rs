@@ -1,7 +1,44 @@
 //! Process-wide settings both binaries make at start: `no_new_privs`, before they touch anything
-//! untrusted, and the open-file limit, since each holds one descriptor per mapped binary.
+//! untrusted, the open-file limit, since each holds one descriptor per mapped binary, and the
+//! check that a change of identity took effect whole (the sampler leaving root, `record`'s relay
+//! dropping to its user).
 
-use anyhow::Context as _;
+use anyhow::{anyhow, Context as _};
+
+/// Who a process becomes when it leaves root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    /// The supplementary groups, exactly.
+    pub groups: Vec<u32>,
+}
+
+/// Refuses to go on unless every uid (real, effective, saved), gid and supplementary group is
+/// what `identity` asks.
+pub fn check_identity(identity: &Identity) -> anyhow::Result<()> {
+    let uids = nix::unistd::getresuid()?;
+    let gids = nix::unistd::getresgid()?;
+    let mut groups: Vec<u32> = nix::unistd::getgroups()?
+        .iter()
+        .map(|g| g.as_raw())
+        .collect();
+    groups.sort_unstable();
+    let mut wanted = identity.groups.clone();
+    wanted.sort_unstable();
+    let all_uid = [uids.real, uids.effective, uids.saved]
+        .iter()
+        .all(|u| u.as_raw() == identity.uid);
+    let all_gid = [gids.real, gids.effective, gids.saved]
+        .iter()
+        .all(|g| g.as_raw() == identity.gid);
+    if !all_uid || !all_gid || groups != wanted {
+        return Err(anyhow!(
+            "after the uid change: uids {uids:?}, gids {gids:?}, groups {groups:?}; expected {identity:?}"
+        ));
+    }
+    Ok(())
+}
 
 /// Forbids gaining privileges through execve (setuid binaries, file capabilities) for this
 /// process and its children, for good; it is also what lets an unprivileged process install a

@@ -1,5 +1,6 @@
-//! The sampler <-> relay protocol: plain Rust message types, their Cap'n Proto codec and the
-//! SOCK_SEQPACKET transport that carries one message plus its file descriptors per datagram.
+//! The sampler <-> relay protocol: plain Rust message types, their Cap'n Proto codec, the
+//! SOCK_SEQPACKET transport that carries one message plus its file descriptors per datagram, and
+//! the byte encoding of the unwind tables the relay sends back ([`unwind_table`]).
 //!
 //! Nobody outside this crate touches capnp builders or readers. Decoding is bounded: a datagram
 //! larger than [`Limits::max_message_bytes`] is refused before it is parsed, and the capnp
@@ -8,7 +9,9 @@
 
 mod codec;
 mod messages;
+pub mod split;
 pub mod transport;
+pub mod unwind_table;
 
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, unused)]
 mod ember_capnp {

@@ -127,27 +127,11 @@ pub fn choose_user(requested: Option<&str>) -> anyhow::Result<Target> {
 
 /// `--user USER|UID`: an account name, or a number (gid = its account's, else the number).
 fn resolve(text: &str) -> anyhow::Result<Target> {
-    if let Ok(raw) = text.parse::<u32>() {
-        let account =
-            User::from_uid(Uid::from_raw(raw)).with_context(|| format!("looking up uid {raw}"))?;
-        return Ok(Target {
-            name: account
-                .as_ref()
-                .map_or_else(|| raw.to_string(), |a| a.name.clone()),
-            uid: Uid::from_raw(raw),
-            gid: account.map_or(Gid::from_raw(raw), |a| a.gid),
-            reason: Reason::Requested,
-        });
-    }
-    let account = User::from_name(text)
-        .with_context(|| format!("looking up user `{text}`"))?
-        .ok_or_else(|| {
-            anyhow!("no user `{text}` on this system; pass --user with an existing user or a uid")
-        })?;
+    let account = ember_common::resolve_account("--user", text)?;
     Ok(Target {
         name: account.name,
-        uid: account.uid,
-        gid: account.gid,
+        uid: Uid::from_raw(account.uid),
+        gid: Gid::from_raw(account.gid),
         reason: Reason::Requested,
     })
 }
@@ -212,19 +196,13 @@ pub fn drop_to(target: &Target) -> anyhow::Result<()> {
     caps::clear(None, CapSet::Permitted).context("clearing permitted capabilities")?;
     set_no_new_privs()?;
     set_non_dumpable()?;
-    let uids = nix::unistd::getresuid()?;
-    let gids = nix::unistd::getresgid()?;
-    if [uids.real, uids.effective, uids.saved] != [target.uid; 3]
-        || [gids.real, gids.effective, gids.saved] != [target.gid; 3]
-    {
-        bail!("dropping to `{}` did not take effect", target.name);
-    }
-    if !nix::unistd::getgroups()?.is_empty() {
-        bail!(
-            "supplementary groups remain after dropping to `{}`",
-            target.name
-        );
-    }
+    let identity = ember_common::Identity {
+        uid: target.uid.as_raw(),
+        gid: target.gid.as_raw(),
+        groups: Vec::new(),
+    };
+    ember_common::check_identity(&identity)
+        .with_context(|| format!("dropping to `{}` did not take effect", target.name))?;
     for set in [
         CapSet::Effective,
         CapSet::Permitted,

@@ -315,17 +315,7 @@ impl Session {
             .iter()
             .map(|m| {
                 let build_id = self.files.get(&m.file_id).and_then(|f| f.build_id.clone());
-                Arc::new(Module {
-                    path: Arc::from(if m.path.is_empty() {
-                        "[anon]"
-                    } else {
-                        m.path.as_str()
-                    }),
-                    build_id,
-                    start: m.start,
-                    end: m.end,
-                    file_offset: m.file_offset,
-                })
+                module_of(m, build_id)
             })
             .collect();
         let name: Arc<str> = Arc::from(info.executable_name.as_str());
@@ -463,6 +453,25 @@ impl Session {
             profile.add_frames(&thread_of(row, process, resource), stack, row.count);
         }
     }
+}
+
+/// The module of one mapping, named by the path the process mapped (as the sampler read it in
+/// `/proc/PID/maps`; `[anon]` without one). Every output names mappings from this (pprof, both
+/// OTLP generations, speedscope), so it is never the name of the descriptor the file came
+/// through: that is `/proc/self/fd/N`, and for a file the relay may not reopen, its private
+/// sealed copy (`/memfd:ember-elf`), which no reader of the profile could open.
+fn module_of(mapping: &ember_protocol::Mapping, build_id: Option<Arc<str>>) -> Arc<Module> {
+    Arc::new(Module {
+        path: Arc::from(if mapping.path.is_empty() {
+            "[anon]"
+        } else {
+            mapping.path.as_str()
+        }),
+        build_id,
+        start: mapping.start,
+        end: mapping.end,
+        file_offset: mapping.file_offset,
+    })
 }
 
 /// Who a row belongs to: its process's facts when known (else the thread's name names it), and
@@ -848,6 +857,54 @@ mod tests {
         assert_eq!(
             (session.stats.files_closed, session.stats.files_swept),
             (1, 0)
+        );
+    }
+
+    #[test]
+    fn frames_of_a_file_passed_as_a_private_copy_keep_the_path_the_process_mapped() {
+        // Given this test binary mapped by a process as /opt/app/server, and passed through a
+        // descriptor that names something else: a sealed memfd, as the relay's private copy of
+        // a file it may not reopen is
+        let marker = session_test_marker as fn() -> u64 as usize as u64;
+        let (file, exe, mut mapping) = this_binary(marker);
+        let copy = nix::sys::memfd::memfd_create("ember-elf", nix::sys::memfd::MFdFlags::empty())
+            .expect("memfd_create");
+        std::io::copy(
+            &mut std::fs::File::from(exe),
+            &mut std::fs::File::from(copy.try_clone().expect("dup the memfd")),
+        )
+        .expect("copy this binary into the memfd");
+        mapping.path = "/opt/app/server".to_owned();
+        let mut session = Session::new(Hello::default(), Vec::new());
+        session.add_files(vec![file], vec![Some(copy)]);
+        session.set_process(ProcessInfo {
+            pid: 7,
+            executable_name: "server".into(),
+            executable_path: "/opt/app/server".into(),
+            mappings: vec![mapping],
+            ..ProcessInfo::default()
+        });
+        // When a sample lands on the marker function
+        let profile = symbolize(&mut session, &batch(7, vec![marker]));
+        // Then the frame was named from the copy's bytes, and its module and the pprof mapping
+        // carry the process's path; no string of the profile names the descriptor or the copy
+        let samples = profile.samples();
+        let leaf = samples[0].stack.first().expect("one frame");
+        assert!(leaf.function.contains("session_test_marker"), "{leaf:?}");
+        let module = leaf.module.as_ref().expect("a module");
+        assert_eq!(&*module.path, "/opt/app/server");
+        let pprof = crate::sink::files::pprof::render(&profile);
+        let first = pprof.mapping.first().expect("a mapping");
+        assert_eq!(
+            pprof.string_table[first.filename as usize],
+            "/opt/app/server"
+        );
+        let leaked: Vec<&String> = (pprof.string_table.iter())
+            .filter(|s| s.contains("memfd:") || s.contains("/proc/self/fd"))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "the relay's descriptor named: {leaked:?}"
         );
     }
 

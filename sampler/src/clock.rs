@@ -1,8 +1,6 @@
-//! The two clocks the sampler reads: CLOCK_MONOTONIC, the program's clock (`bpf_ktime_get_ns`),
-//! to compare with the times the program records, and the wall clock, for the interval bounds
-//! of a batch.
-
-use std::time::{SystemTime, UNIX_EPOCH};
+//! CLOCK_MONOTONIC, the program's clock (`bpf_ktime_get_ns`), to compare with the times the
+//! program records. (The wall clock, for the interval bounds of a batch, is
+//! `ember_common::now_unix_ns`, which the relay reads too.)
 
 /// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
@@ -17,11 +15,4 @@ pub fn monotonic_ns() -> u64 {
     let secs = u64::try_from(now.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
-}
-
-/// The wall clock now, in nanoseconds since the Unix epoch (0 before it).
-pub fn now_unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }

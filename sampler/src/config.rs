@@ -26,14 +26,8 @@ pub struct SamplerConfig {
     pub command_line: bool,
 }
 
-/// How user stacks are walked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Unwind {
-    /// Frame pointers (`bpf_get_stackid`); unwind tables from the relay are refused.
-    Fp,
-    /// Unwind tables compiled by the relay from .eh_frame, checked and kept by the sampler.
-    Dwarf,
-}
+/// How user stacks are walked (`--unwind`, the relay's flag of the same name).
+pub use ember_common::UnwindMode as Unwind;
 
 impl Default for SamplerConfig {
     fn default() -> Self {

@@ -1,6 +1,6 @@
 //! Drains the in-kernel sample counts without losing samples that arrive meanwhile, splits a
-//! drained generation at reused pids, and turns it into protocol batches. Never panics; every
-//! loss is counted.
+//! drained generation at reused pids, and hands it to the protocol's batch splitter. Never
+//! panics; every loss is counted.
 //!
 //! The program writes to generation `CONTROL[0]`. A drain flips it, waits for program runs that
 //! already read the old value to finish (a run takes microseconds), then reads and clears the old
@@ -13,7 +13,10 @@ use std::{
 };
 
 use aya::maps::MapError;
-use ember_protocol::{Batch, IgnoreStats, Losses, Row, StackRef};
+use ember_protocol::{
+    split::{self, BatchHeader, SampleIn},
+    Batch, Losses,
+};
 use ember_sampler_ebpf::{counter, SampleKey, REUSED_TGID_BIT};
 
 /// "No such entry": the stack the key names is not in the map.
@@ -215,82 +218,19 @@ pub fn split_reused(
     (drained, after)
 }
 
-/// The fixed part of every batch built from one drain.
-pub struct BatchHeader {
-    pub sequence: u64,
-    pub interval_start_unix_ns: u64,
-    pub interval_end_unix_ns: u64,
-    pub frequency_hz: u32,
-    pub losses: Losses,
-    pub ignore: IgnoreStats,
-}
-
-/// Thread name from a NUL-padded `comm`.
-pub fn comm_str(comm: &[u8]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}
-
-/// Splits one drain into batches of at most about `max_bytes` encoded bytes each; every part
-/// carries the stacks its rows use. Rows whose stack id vanished keep their count with the
-/// stack reported missing (ENOENT), so no sample is dropped here.
+/// Splits one drain into batches of at most about `max_bytes` encoded bytes each
+/// ([`split::batch_parts`]): every part carries the stacks its rows use, and a row whose stack
+/// vanished keeps its count with the stack reported missing (ENOENT).
 pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) -> Vec<Batch> {
-    const ROW_BYTES: usize = 96;
-    const FRAME_BYTES: usize = 8;
-    const STACK_BYTES: usize = 16;
-    let mut parts: Vec<Batch> = Vec::new();
-    let mut current = new_part(header);
-    let mut user_index: HashMap<u32, u32> = HashMap::new();
-    let mut kernel_index: HashMap<u32, u32> = HashMap::new();
-    let mut size = 0usize;
-
-    for (key, count) in &drained.rows {
-        let mut added = ROW_BYTES + key.comm.len();
-        let user_new =
-            key.user_stack_id >= 0 && !user_index.contains_key(&(key.user_stack_id as u32));
-        let kernel_new =
-            key.kernel_stack_id >= 0 && !kernel_index.contains_key(&(key.kernel_stack_id as u32));
-        if user_new {
-            added += STACK_BYTES + FRAME_BYTES * stack_len(drained, key.user_stack_id);
-        }
-        if kernel_new {
-            added += STACK_BYTES + FRAME_BYTES * stack_len(drained, key.kernel_stack_id);
-        }
-        if size + added > max_bytes && !current.rows.is_empty() {
-            parts.push(std::mem::replace(&mut current, new_part(header)));
-            user_index.clear();
-            kernel_index.clear();
-            size = 0;
-        }
-        size += added;
-        let user_stack = stack_ref(
-            drained,
-            key.user_stack_id,
-            &mut user_index,
-            &mut current.user_stacks,
-        );
-        let kernel_stack = stack_ref(
-            drained,
-            key.kernel_stack_id,
-            &mut kernel_index,
-            &mut current.kernel_stacks,
-        );
-        current.rows.push(Row {
-            pid: key.tgid,
-            tid: key.tid,
-            comm: comm_str(&key.comm),
-            user_stack,
-            kernel_stack,
-            count: *count,
-        });
-    }
-    parts.push(current);
-    let total = parts.len() as u32;
-    for (i, part) in parts.iter_mut().enumerate() {
-        part.part = i as u32;
-        part.parts = total;
-    }
-    parts
+    let samples = drained.rows.iter().map(|(key, count)| SampleIn {
+        pid: key.tgid,
+        tid: key.tid,
+        comm: &key.comm,
+        user_stack: key.user_stack_id,
+        kernel_stack: key.kernel_stack_id,
+        count: *count,
+    });
+    split::batch_parts(samples, &drained.stacks, header, max_bytes)
 }
 
 /// [`build_batches`] of two halves of one drain, sent in this order with messages between
@@ -306,58 +246,14 @@ pub fn build_batches_in_two(
         return (a, Vec::new());
     }
     let mut b = build_batches(second, header, max_bytes);
-    let total = (a.len() + b.len()) as u32;
-    for (i, part) in a.iter_mut().chain(b.iter_mut()).enumerate() {
-        part.part = i as u32;
-        part.parts = total;
-    }
+    split::number_parts(a.iter_mut().chain(b.iter_mut()));
     (a, b)
-}
-
-fn new_part(header: &BatchHeader) -> Batch {
-    Batch {
-        sequence: header.sequence,
-        part: 0,
-        parts: 1,
-        interval_start_unix_ns: header.interval_start_unix_ns,
-        interval_end_unix_ns: header.interval_end_unix_ns,
-        frequency_hz: header.frequency_hz,
-        losses: Box::new(header.losses),
-        ignore: header.ignore,
-        ..Batch::default()
-    }
-}
-
-fn stack_len(drained: &Drained, id: i32) -> usize {
-    drained.stacks.get(&(id as u32)).map_or(0, Vec::len)
-}
-
-fn stack_ref(
-    drained: &Drained,
-    id: i32,
-    index: &mut HashMap<u32, u32>,
-    table: &mut Vec<Vec<u64>>,
-) -> StackRef {
-    if id < 0 {
-        return StackRef::Missing(-id);
-    }
-    let id = id as u32;
-    if let Some(&i) = index.get(&id) {
-        return StackRef::Index(i);
-    }
-    match drained.stacks.get(&id) {
-        Some(frames) => {
-            let i = table.len() as u32;
-            table.push(frames.clone());
-            index.insert(id, i);
-            StackRef::Index(i)
-        }
-        None => StackRef::Missing(libc::ENOENT),
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use ember_protocol::{IgnoreStats, StackRef};
+
     use super::*;
 
     fn key(tid: u32, user: i32, kernel: i32) -> SampleKey {

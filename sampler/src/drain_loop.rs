@@ -7,16 +7,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ember_common::stop_requested;
+use ember_common::{now_unix_ns, stop_requested};
 use ember_protocol::{
-    decode_relay_message, encode_sampler_message, Batch, IgnoreProcesses, Limits, Losses,
-    RelayMessage, SamplerMessage,
+    decode_relay_message, encode_sampler_message, split::BatchHeader, Batch, IgnoreProcesses,
+    Limits, Losses, RelayMessage, SamplerMessage,
 };
 
 use crate::{
-    clock::now_unix_ns,
     config::{SamplerConfig, Unwind},
-    drain::{build_batches_in_two, split_reused, BatchHeader, Drainer},
+    drain::{build_batches_in_two, split_reused, Drainer},
     ignore,
     limits::MAX_BATCH_BYTES,
     link::{BatchMark, Event, Link, Outgoing},
@@ -352,6 +351,10 @@ impl DrainLoop {
         losses
     }
 
+    /// The sampler's own state, once a minute and at the end. The loss counters each batch
+    /// carries (`Losses`, `IgnoreStats`) are not repeated here: the relay logs every one of them
+    /// in its `batch received` line, exports them as metrics and sums them in `record`'s
+    /// summary; only the backlog's drops are, which matter most while no relay receives them.
     fn log_status(&mut self, losses: &Losses) {
         let (events_sent, events_dropped, execs) = self.loaded.events.counters();
         // Since the last status line: how long after a process's first sample its facts were
@@ -361,31 +364,16 @@ impl DrainLoop {
             samples = self.sent_samples,
             processes = self.tracker.len(),
             open_files = self.tracker.files.open_count(),
-            files_unopened = self.tracker.files.unopened,
-            facts_truncated = self.tracker.truncated,
             connected = self.link.is_connected(),
             backlog_bytes = self.link.backlog_bytes(),
             queued = self.link.queued(),
-            user_stack_lost = losses.user_stack_lost,
-            kernel_stack_lost = losses.kernel_stack_lost,
-            counts_full = losses.counts_full,
             backlog_dropped_batches = losses.backlog_dropped_batches,
-            unwind_tables_loaded = losses.unwind_tables_loaded,
-            unwind_tables_refused = losses.unwind_tables_refused,
             unwind_table_bytes = self.tables.loaded_bytes(),
             unwind_processes_written = self.loaded.unwind.processes_written,
             unwind_mappings_lost = self.loaded.unwind.mappings_lost,
-            unwind_stopped = losses.unwind_stopped,
-            unwind_cut = losses.unwind_cut,
-            unwind_map_full = losses.unwind_map_full,
-            ignored_processes = self.ignored.len(),
-            ignore_accepted = self.ignored.accepted,
-            ignore_refused = self.ignored.refused,
-            ignore_released = self.ignored.released,
-            unwind_tables_evicted = losses.unwind_tables_evicted,
             unwind_compactions = self.tables.compactions,
-            unwind_read_failed = losses.unwind_read_failed,
-            unwind_fp_no_table = losses.unwind_fp_no_table,
+            ignore_accepted = self.ignored.accepted,
+            ignore_released = self.ignored.released,
             process_events = events_sent,
             process_events_dropped = events_dropped,
             process_execs = execs,

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{anyhow, Context as _};
 use caps::{CapSet, Capability, CapsHashSet};
-use ember_common::set_no_new_privs;
+use ember_common::{check_identity, set_no_new_privs};
 use nix::unistd::{Gid, Uid};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -50,14 +50,10 @@ pub const KEPT: [Capability; 3] = [
 /// Exit status when seccomp refuses a syscall (128 + SIGSYS).
 pub const SECCOMP_EXIT: i32 = 128 + libc::SIGSYS;
 
-/// Who the sampler becomes after setup.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    pub uid: u32,
-    pub gid: u32,
-    /// The supplementary groups, exactly: the relay's group (to reach its 0660 socket) or none.
-    pub groups: Vec<u32>,
-}
+/// Who the sampler becomes after setup; its supplementary groups are exactly the relay's group
+/// (to reach its 0660 socket) or none. Checked after the change by `ember_common::check_identity`,
+/// which `record`'s relay uses too.
+pub use ember_common::Identity;
 
 /// How the sampler reaches the relay; it decides whether the filter allows connecting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,31 +153,6 @@ fn keep_only_needed() -> anyhow::Result<()> {
     if effective != kept || permitted != kept {
         return Err(anyhow!(
             "capabilities after the drop are {effective:?} (permitted {permitted:?}), expected {kept:?}"
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses to go on unless every uid, gid and group is what was asked.
-fn check_identity(identity: &Identity) -> anyhow::Result<()> {
-    let uids = nix::unistd::getresuid()?;
-    let gids = nix::unistd::getresgid()?;
-    let mut groups: Vec<u32> = nix::unistd::getgroups()?
-        .iter()
-        .map(|g| g.as_raw())
-        .collect();
-    groups.sort_unstable();
-    let mut wanted = identity.groups.clone();
-    wanted.sort_unstable();
-    let all_uid = [uids.real, uids.effective, uids.saved]
-        .iter()
-        .all(|u| u.as_raw() == identity.uid);
-    let all_gid = [gids.real, gids.effective, gids.saved]
-        .iter()
-        .all(|g| g.as_raw() == identity.gid);
-    if !all_uid || !all_gid || groups != wanted {
-        return Err(anyhow!(
-            "after the uid change: uids {uids:?}, gids {gids:?}, groups {groups:?}; expected {identity:?}"
         ));
     }
     Ok(())

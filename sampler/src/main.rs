@@ -23,7 +23,8 @@ use std::{fs::File, os::fd::OwnedFd, path::PathBuf, rc::Rc, time::Duration};
 use anyhow::Context as _;
 use clap::Parser;
 use ember_common::{
-    init_logging, install_stop_handlers, parse_duration, raise_nofile_limit, LogFormat, ProcStatus,
+    init_logging, install_stop_handlers, parse_duration, raise_nofile_limit, resolve_account,
+    Account, LogFormat, ProcStatus,
 };
 use ember_protocol::{Hello, SamplerMessage, NO_FD, PROTOCOL_VERSION};
 
@@ -194,7 +195,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
 /// capabilities the loop needs, under the seccomp filter, and logs what the kernel now says.
 /// Returns the relay's uid to check on connect.
 fn confine(config: &SamplerConfig, parent: i32) -> anyhow::Result<Option<u32>> {
-    let (uid, gid) = resolve_user("--user", &config.user)?;
+    let Account { uid, gid, .. } = resolve_account("--user", &config.user)?;
     if uid == 0 {
         anyhow::bail!(
             "--user {} is root: the sampler leaves uid 0 after attaching; pass an unprivileged \
@@ -204,9 +205,9 @@ fn confine(config: &SamplerConfig, parent: i32) -> anyhow::Result<Option<u32>> {
     }
     let (relay, groups) = match &config.relay_user {
         Some(user) => {
-            let (relay_uid, relay_gid) = resolve_user("--relay-uid", user)?;
+            let relay = resolve_account("--relay-uid", user)?;
             // The relay's group, to reach its 0660 socket.
-            (Some(relay_uid), vec![relay_gid])
+            (Some(relay.uid), vec![relay.gid])
         }
         None => {
             if config.inherited_fd.is_none() {
@@ -237,44 +238,4 @@ fn confine(config: &SamplerConfig, parent: i32) -> anyhow::Result<Option<u32>> {
         "sampler confined"
     );
     Ok(relay)
-}
-
-/// Resolves a user flag (a name or a number) to a uid and its primary gid. A number without a
-/// passwd entry is taken as is, with the group of the same number (e.g. a relay run with a
-/// dedicated numeric uid in a container).
-fn resolve_user(flag: &str, user: &str) -> anyhow::Result<(u32, u32)> {
-    let (found, number) = match user.parse::<u32>() {
-        Ok(uid) => (
-            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                .with_context(|| format!("looking up uid {uid} for {flag}"))?,
-            Some(uid),
-        ),
-        Err(_) => (
-            nix::unistd::User::from_name(user)
-                .with_context(|| format!("looking up user {user} for {flag}"))?,
-            None,
-        ),
-    };
-    match (found, number) {
-        (Some(account), _) => Ok((account.uid.as_raw(), account.gid.as_raw())),
-        (None, Some(uid)) => Ok((uid, uid)),
-        (None, None) => anyhow::bail!(
-            "{flag} {user}: no such user; create it, or pass a numeric uid (its gid is the same number)"
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_numeric_user_without_passwd_entry_gets_the_same_gid() {
-        assert_eq!(
-            resolve_user("--user", "4000123").expect("resolves"),
-            (4_000_123, 4_000_123)
-        );
-        assert_eq!(resolve_user("--user", "root").expect("root"), (0, 0));
-        assert!(resolve_user("--user", "no-such-user-ember").is_err());
-    }
 }

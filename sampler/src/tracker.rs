@@ -16,8 +16,10 @@ use std::{
 };
 
 use ember_protocol::{
-    encode_sampler_message, transport::MAX_FDS_PER_MESSAGE, FileInfo, Mapping, ProcessInfo,
-    ProcessMappings, SamplerMessage,
+    encode_sampler_message,
+    split::{self, file_size, MESSAGE_OVERHEAD},
+    transport::MAX_FDS_PER_MESSAGE,
+    FileInfo, Mapping, ProcessInfo, SamplerMessage,
 };
 
 use crate::{
@@ -309,67 +311,12 @@ impl Tracker {
     }
 }
 
-/// Upper bound of the encoding overhead of a message besides its lists' elements: segment
-/// table, root pointer, union, the process header, list tags, and far pointers between the
-/// builder's segments.
-const MESSAGE_OVERHEAD: usize = 1024;
-
-/// Encoded bytes of a Text (NUL-terminated, padded to words) or Data field, plus the landing
-/// pad of a far pointer: the builder grows by segments, and a text placed in a later segment than
-/// the struct pointing at it costs one more word.
-fn text_size(len: usize) -> usize {
-    (len + 1).div_ceil(8) * 8 + 8
-}
-
-/// Encoded bytes of one list element: the struct's words and pointers, then its texts.
-fn file_size(f: &FileInfo) -> usize {
-    6 * 8 + text_size(f.path.len()) + text_size(f.open_error.len())
-}
-
-fn mapping_size(m: &Mapping) -> usize {
-    7 * 8 + text_size(m.path.len())
-}
-
-/// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`]: a `process` with
-/// its header and the mappings that fit, then `processMappings` with the rest.
+/// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`].
 fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
-    let mut first = ProcessInfo {
-        mappings: Vec::new(),
-        ..info.clone()
-    };
-    let mut size = MESSAGE_OVERHEAD
-        + text_size(info.executable_path.len())
-        + text_size(info.executable_name.len())
-        + text_size(info.cgroup.len())
-        + text_size(info.otel_service_name.as_ref().map_or(0, String::len))
-        + text_size(
-            info.otel_resource_attributes
-                .as_ref()
-                .map_or(0, String::len),
-        )
-        + text_size(info.command_line.as_ref().map_or(0, Vec::len));
-    let mut rest = info.mappings.iter().peekable();
-    while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= MAX_DATAGRAM_BYTES) {
-        size += mapping_size(mapping);
-        first.mappings.push(mapping.clone());
-    }
-    let mut out = vec![state(SamplerMessage::Process(first), Vec::new())];
-    while rest.peek().is_some() {
-        let mut more = ProcessMappings {
-            pid: info.pid,
-            start_time_unix_ns: info.start_time_unix_ns,
-            mappings: Vec::new(),
-        };
-        let mut size = MESSAGE_OVERHEAD;
-        while let Some(mapping) = rest
-            .next_if(|m| more.mappings.is_empty() || size + mapping_size(m) <= MAX_DATAGRAM_BYTES)
-        {
-            size += mapping_size(mapping);
-            more.mappings.push(mapping.clone());
-        }
-        out.push(state(SamplerMessage::ProcessMappings(more), Vec::new()));
-    }
-    out
+    split::process_messages(info, MAX_DATAGRAM_BYTES)
+        .into_iter()
+        .map(|message| state(message, Vec::new()))
+        .collect()
 }
 
 /// Whether a user address lies in one of the process's executable mappings.

@@ -4,10 +4,9 @@
 //! bad one is refused and counted, never partly used. No ELF or DWARF is parsed here: the relay compiled the table, the
 //! sampler checks only its framing and row encoding.
 //!
-//! The checks are the decoding rules of the relay's `unwind/table.rs` and `unwind/row.rs`
-//! (16-byte header `base u64, len u32, rows u32`, then 12-byte rows `pc u32, a i32, b i16,
-//! kind u8, flags u8`): first row at 0, row offsets strictly increasing and below `len`, no two
-//! adjacent rows alike, every field a row's kind does not use zero, stop codes 1..=8.
+//! The checks are [`ember_protocol::unwind_table::check`], the table encoding the relay writes
+//! with: first row at 0, row offsets strictly increasing and below `len`, no two adjacent rows
+//! alike, every field a row's kind does not use zero, stop codes 1..=8.
 //!
 //! Bounds: one table assembles at a time (the relay sends them one after another), at most
 //! [`MAX_TABLE_BYTES`] in the sampler's memory; accepted tables live only in the row array and
@@ -29,7 +28,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ember_protocol::UnwindTableChunk;
+use ember_protocol::{
+    unwind_table::{check, CheckedTable, RawRow, MAX_TABLE_BYTES, ROW_BYTES},
+    UnwindTableChunk,
+};
 use ember_sampler_ebpf::{UnwindRow, UnwindTableInfo};
 
 /// Where checked tables go: the BPF maps (`load::UnwindMaps`), or a fake in tests.
@@ -107,48 +109,35 @@ impl RefusalLog {
     }
 }
 
-/// Largest encoded table accepted (about 2.8 million rows).
-pub const MAX_TABLE_BYTES: usize = 32 << 20;
-const HEADER_BYTES: usize = 16;
-const ROW_BYTES: usize = 12;
-
 /// Rows decoded and written at a time: the decoded copy of a table held at once (768 KiB),
 /// beside its encoded bytes. The table map entry is set only after all are written.
 pub const ROWS_PER_WRITE: usize = 1 << 16;
 
-/// One checked table: its encoded rows, decoded [`ROWS_PER_WRITE`] at a time as they are written.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Table<'a> {
-    pub base: u64,
-    pub len: u32,
-    body: &'a [u8],
-}
-
-impl Table<'_> {
-    pub fn row_count(&self) -> usize {
-        self.body.len() / ROW_BYTES
-    }
-
-    /// Writes the rows at indices `first..` of the row array.
-    fn write(&self, first: u32, maps: &mut dyn TableMaps) -> Result<(), String> {
-        let mut decoded = Vec::with_capacity(self.row_count().min(ROWS_PER_WRITE));
-        // The body first: zip stops before asking for an index past the last part.
-        for (part, index) in self
-            .body
-            .chunks(ROWS_PER_WRITE * ROW_BYTES)
-            .zip((first..).step_by(ROWS_PER_WRITE))
-        {
-            decoded.clear();
-            decoded.extend(part.chunks_exact(ROW_BYTES).map(|r| UnwindRow {
-                pc: u32::from_le_bytes([r[0], r[1], r[2], r[3]]),
-                a: i32::from_le_bytes([r[4], r[5], r[6], r[7]]),
-                b: i16::from_le_bytes([r[8], r[9]]),
-                kind: r[10],
-                flags: r[11],
-            }));
-            maps.write_rows(index, &decoded)?;
+/// Writes the rows of a checked table at indices `first..` of the row array, decoded
+/// [`ROWS_PER_WRITE`] at a time.
+fn write_rows(
+    table: &CheckedTable<'_>,
+    first: u32,
+    maps: &mut dyn TableMaps,
+) -> Result<(), String> {
+    let mut decoded = Vec::with_capacity(table.row_count().min(ROWS_PER_WRITE));
+    let mut rows = table.rows().map(|r: RawRow| UnwindRow {
+        pc: r.pc,
+        a: r.a,
+        b: r.b,
+        kind: r.kind,
+        flags: r.flags,
+    });
+    let mut index = first;
+    loop {
+        decoded.clear();
+        decoded.extend(rows.by_ref().take(ROWS_PER_WRITE));
+        if decoded.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        maps.write_rows(index, &decoded)?;
+        // At most MAX_TABLE_BYTES / 12 rows: no wrap.
+        index = index.saturating_add(ROWS_PER_WRITE as u32);
     }
 }
 
@@ -298,9 +287,8 @@ impl Tables {
             // New: as recent as any table sampled now, so it is not the next one evicted.
             last_sampled: maps.now_tick(),
         };
-        let written = table
-            .write(first, maps)
-            .and_then(|()| maps.set_info(done.file_id, info));
+        let written =
+            write_rows(&table, first, maps).and_then(|()| maps.set_info(done.file_id, info));
         if let Err(err) = written {
             maps.remove_info(done.file_id);
             self.release(first, count);
@@ -481,62 +469,10 @@ impl Tables {
     }
 }
 
-/// Checks an encoded table (see the module header); the reason when it is refused.
-pub fn check(bytes: &[u8]) -> Result<Table<'_>, &'static str> {
-    let (header, body) = bytes
-        .split_first_chunk::<HEADER_BYTES>()
-        .ok_or("short header")?;
-    let base = u64::from_le_bytes(header[0..8].try_into().map_err(|_| "header")?);
-    let len = u32::from_le_bytes(header[8..12].try_into().map_err(|_| "header")?);
-    let count = u32::from_le_bytes(header[12..16].try_into().map_err(|_| "header")?) as usize;
-    if count == 0 || body.len() != count.saturating_mul(ROW_BYTES) {
-        return Err("row count does not match the length");
-    }
-    if base.checked_add(u64::from(len)).is_none() {
-        return Err("range overflows");
-    }
-    let mut previous: Option<&[u8]> = None;
-    for row in body.chunks_exact(ROW_BYTES) {
-        let pc = u32::from_le_bytes([row[0], row[1], row[2], row[3]]);
-        if !row_ok(row) {
-            return Err("row not canonical");
-        }
-        match previous {
-            None if pc != 0 => return Err("first row does not start at 0"),
-            Some(prev) if pc <= u32::from_le_bytes([prev[0], prev[1], prev[2], prev[3]]) => {
-                return Err("rows not strictly sorted")
-            }
-            Some(prev) if prev[4..] == row[4..] => return Err("adjacent rows not merged"),
-            _ => {}
-        }
-        if pc >= len {
-            return Err("row beyond the end");
-        }
-        previous = Some(row);
-    }
-    Ok(Table { base, len, body })
-}
-
-/// Whether the fields of one row are its kind's canonical encoding.
-fn row_ok(row: &[u8]) -> bool {
-    let a = i32::from_le_bytes([row[4], row[5], row[6], row[7]]);
-    let b = i16::from_le_bytes([row[8], row[9]]);
-    let (kind, flags) = (row[10], row[11]);
-    match kind {
-        // gap
-        0 => a == 0 && b == 0 && flags == 0,
-        // CFA = rsp + a / rbp + a; flag bit 0: rbp saved at CFA + b
-        1 | 2 => flags & !1 == 0 && (flags != 0 || b == 0),
-        // PLT, signal frame
-        3 | 4 => flags == 0,
-        // stop, with a known reason code
-        5 => b == 0 && flags == 0 && (1..=8).contains(&a),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use ember_protocol::unwind_table::HEADER_BYTES;
+
     use super::*;
 
     fn row(pc: u32, a: i32, b: i16, kind: u8, flags: u8) -> Vec<u8> {

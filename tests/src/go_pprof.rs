@@ -70,8 +70,21 @@ pub fn top(path: &Path) -> Option<String> {
     )
 }
 
+/// Runs `go tool pprof -top` on `path` symbolizing again what the profile left unnamed, as a
+/// user's `-symbolize=demangle=full` does: pprof opens each such mapping's file by its name and
+/// warns on stderr (`Local symbolization failed for NAME`) when it cannot. Returns (stdout,
+/// stderr); `None` when `go` is not installed (as [`read_raw`]).
+pub fn top_symbolized(path: &Path) -> Option<(String, String)> {
+    pprof_run(&["-top", "-symbolize=demangle=full"], path)
+}
+
 /// The stdout of `go tool pprof ARGS PATH`, kept from fetching anything.
 fn pprof_output(args: &[&str], path: &Path) -> Option<String> {
+    pprof_run(args, path).map(|(stdout, _)| stdout)
+}
+
+/// The stdout and stderr of `go tool pprof ARGS PATH`, kept from fetching anything.
+fn pprof_run(args: &[&str], path: &Path) -> Option<(String, String)> {
     let home = tempfile::tempdir().expect("temp HOME for go");
     let output = Command::new("go")
         .args(["tool", "pprof"])
@@ -98,14 +111,14 @@ fn pprof_output(args: &[&str], path: &Path) -> Option<String> {
         Err(err) => panic!("running `go tool pprof {args:?}`: {err}"),
     };
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(
         output.status.success(),
-        "`go tool pprof {args:?} {}` failed ({}): {}\n{stdout}",
+        "`go tool pprof {args:?} {}` failed ({}): {stderr}\n{stdout}",
         path.display(),
         output.status,
-        String::from_utf8_lossy(&output.stderr)
     );
-    Some(stdout)
+    Some((stdout, stderr))
 }
 
 /// The rows of `go tool pprof -top` (or of `ember-relay report`, which prints the same five

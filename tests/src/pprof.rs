@@ -9,6 +9,8 @@ pub struct Profile {
     pub sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
     pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]
     pub location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
@@ -52,6 +54,18 @@ pub struct Label {
     pub num: i64,
     #[prost(int64, tag = "4")]
     pub num_unit: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// The mapped file's name (a string table index).
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    /// Its build id (a string table index; 0 when unknown).
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -130,6 +144,15 @@ impl Profile {
 
     pub fn total_samples(&self) -> u64 {
         self.sample.iter().map(|s| self.sample_count(s)).sum()
+    }
+
+    /// The file names of the mappings, in order (pprof readers take the first for the main
+    /// binary).
+    pub fn mapping_files(&self) -> Vec<&str> {
+        self.mapping
+            .iter()
+            .map(|m| self.string(m.filename))
+            .collect()
     }
 
     /// Function names of a sample, leaf first (inlined frames expanded).

@@ -157,6 +157,45 @@ fn relay_symbolizes_a_root_only_binary_through_the_passed_fd() {
         "no symbolized spin_hot frames from the root-only binary:\n{}",
         recorded.folded_text()
     );
+    // The relay read the binary through its private sealed copy (a memfd), yet every mapping
+    // keeps the path the process mapped, the binary's own first: a reader of profile.pb.gz
+    // titles it by that file and finds it, never the relay's copy.
+    let profile = recorded.profile();
+    let files = profile.mapping_files();
+    println!("pprof mappings: {files:?}");
+    assert_eq!(files.first().copied(), secret.to_str(), "{files:?}");
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.contains("memfd:") || f.contains("/proc/self/fd")),
+        "a mapping names the relay's descriptor or copy: {files:?}"
+    );
+    // And the binary's mapping keeps its build id, read through the descriptor (the relay may
+    // not reopen the file by path), so a reader can also find the binary by it.
+    let readelf = Command::new("readelf").arg("-n").arg(&secret).output();
+    let expected = readelf.ok().and_then(|out| {
+        let notes = String::from_utf8_lossy(&out.stdout).into_owned();
+        let id = notes
+            .split("Build ID: ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?;
+        Some(id.to_owned())
+    });
+    if let Some(expected) = expected {
+        let first = profile.mapping.first().expect("a mapping");
+        assert_eq!(profile.string(first.build_id), expected, "{files:?}");
+    }
+    let Some((top, warnings)) = go_pprof::top_symbolized(&recorded.out_dir.join("profile.pb.gz"))
+    else {
+        return;
+    };
+    println!(
+        "go tool pprof -top -symbolize=demangle=full: {warnings}{}",
+        top.lines().next().unwrap_or("")
+    );
+    assert!(top.starts_with("File: secret-spinner"), "{top}");
+    assert!(!warnings.contains("symbolization failed"), "{warnings}");
 }
 
 /// The sampler refuses a relay listening as another uid than --relay-uid; with the right one

@@ -149,9 +149,7 @@ impl Latency {
 
     /// Observes the latency of an interval that ended at `end_unix_ns` (sampler's clock), now.
     pub(crate) fn observe_interval_end(&mut self, end_unix_ns: u64) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let now = ember_common::now_unix_ns();
         // A sampler clock ahead of ours counts as no delay rather than a negative one.
         self.observe(now.saturating_sub(end_unix_ns) as f64 / 1e9);
     }

@@ -422,7 +422,7 @@ fn private_copy(fd: &OwnedFd, cap: u64) -> Result<(OwnedFd, u64), CopyError> {
 /// `.note.stapsdt` probes are `NT_STAPSDT` = 3), so the type alone names no build id; a file
 /// without a GNU note has none (`None`), never another note's bytes.
 pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
-    let id = guarded(|| gnu_build_id(&fd_path(fd)))??;
+    let id = guarded(|| gnu_build_id(fd))??;
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     Some(Arc::from(hex))
 }
@@ -431,15 +431,17 @@ pub fn build_id(fd: &OwnedFd) -> Option<Arc<str>> {
 /// `.note.stapsdt` of large libraries some hundred KiB): a bigger section is skipped.
 const MAX_NOTE_SECTION_BYTES: u64 = 4 << 20;
 
-/// The raw GNU build id of the ELF file at `path`; `None` when absent or unreadable. Reads only
-/// the header, the section table and note sections (object's `ReadCache`, no mapping).
-fn gnu_build_id(path: &str) -> Option<Vec<u8>> {
+/// The raw GNU build id of the ELF file behind `fd`; `None` when absent or unreadable. Reads
+/// only the header, the section table and note sections (object's `ReadCache`, no mapping),
+/// through the descriptor itself: a file the relay may not reopen (a root-only binary, which it
+/// symbolizes through a private copy) keeps its build id in every output.
+fn gnu_build_id(fd: &OwnedFd) -> Option<Vec<u8>> {
     use object::{
         elf,
         read::elf::{FileHeader as _, SectionHeader as _},
         read::ReadCache,
     };
-    let cache = ReadCache::new(std::fs::File::open(path).ok()?);
+    let cache = ReadCache::new(PositionedRead { fd, position: 0 });
     let header = elf::FileHeader64::<object::LittleEndian>::parse(&cache).ok()?;
     let endian = header.endian().ok()?;
     let sections = header.sections(endian, &cache).ok()?;
@@ -459,6 +461,40 @@ fn gnu_build_id(path: &str) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// Reads a held descriptor at offsets of its own (`pread`): never through a path the relay may
+/// not open, and never moving the file offset the descriptor shares with the sampler's.
+struct PositionedRead<'fd> {
+    fd: &'fd OwnedFd,
+    position: u64,
+}
+
+impl std::io::Read for PositionedRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let offset = i64::try_from(self.position)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let read = nix::sys::uio::pread(self.fd, buf, offset)?;
+        self.position = self.position.saturating_add(read as u64);
+        Ok(read)
+    }
+}
+
+impl std::io::Seek for PositionedRead<'_> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let (from, delta) = match to {
+            std::io::SeekFrom::Start(at) => (at, 0),
+            std::io::SeekFrom::End(delta) => {
+                let size = nix::sys::stat::fstat(self.fd)?.st_size;
+                (u64::try_from(size).unwrap_or(0), delta)
+            }
+            std::io::SeekFrom::Current(delta) => (self.position, delta),
+        };
+        self.position = from
+            .checked_add_signed(delta)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        Ok(self.position)
+    }
 }
 
 impl ElfCache {
@@ -1184,6 +1220,39 @@ mod tests {
         let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
         assert_eq!(
             build_id(&fd).as_deref(),
+            Some("feedface00112233445566778899aabbccddeeff")
+        );
+    }
+
+    #[test]
+    fn a_file_the_relay_may_not_reopen_keeps_its_build_id() {
+        // Given a binary with a build id, held open, that this thread may no longer open by
+        // path: mode 000, and (when root) a filesystem uid of nobody, which also drops the
+        // capability to override file permissions, as the relay's user is
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = build_with_stapsdt(
+            dir.path(),
+            "unreadable",
+            "-Wl,--build-id=0xfeedface00112233445566778899aabbccddeeff",
+        );
+        let fd = OwnedFd::from(std::fs::File::open(&bin).expect("open fixture"));
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .expect("chmod 000");
+        let id = std::thread::spawn(move || {
+            // SAFETY: setfsuid changes only this thread's filesystem uid; the thread ends here.
+            unsafe { libc::setfsuid(65534) };
+            assert!(
+                std::fs::File::open(fd_path(&fd)).is_err(),
+                "the fixture could still be reopened: the test proves nothing"
+            );
+            // When its build id is read
+            build_id(&fd)
+        })
+        .join()
+        .expect("the reading thread");
+        // Then it is the file's own
+        assert_eq!(
+            id.as_deref(),
             Some("feedface00112233445566778899aabbccddeeff")
         );
     }

@@ -146,11 +146,11 @@ impl Budget {
             used: now,
             unsure: false,
         };
-        let Some((capacity_rows, capacity_tables)) = self.capacity else {
+        let Some(capacity) = self.capacity else {
             self.files.insert(file_id, held);
             return Admission::Send { drop: Vec::new() };
         };
-        let limit = capacity_rows / FILE_SHARE;
+        let limit = capacity.0 / FILE_SHARE;
         if rows > limit {
             self.files.insert(file_id, State::Never);
             BudgetCounters::add(&self.counters.too_large);
@@ -158,92 +158,35 @@ impl Budget {
         }
         // The file's own earlier table is replaced (the sampler drops it first).
         self.files.remove(&file_id);
-        let mut loaded: Vec<(u32, u64, Instant, u64)> = self
-            .files
-            .iter()
-            .filter_map(|(&id, state)| match *state {
-                State::Held {
-                    owner, rows, used, ..
-                } => Some((owner, rows, used, id)),
-                _ => None,
-            })
-            .collect();
-        let mut usage: HashMap<u32, (u64, u64)> = HashMap::new();
-        usage.entry(owner).or_default();
-        for &(o, r, _, _) in &loaded {
-            let entry = usage.entry(o).or_default();
-            entry.0 += r;
-            entry.1 += 1;
-        }
-        let owners = usage.len() as u64;
-        let (share_rows, share_tables) = (capacity_rows / owners, capacity_tables / owners);
-        let mut used_rows: u64 = loaded.iter().map(|l| l.1).sum();
-        let mut used_tables = loaded.len() as u64;
-        let mut drop = Vec::new();
-        while used_rows + rows > capacity_rows || used_tables + 1 > capacity_tables {
-            let own = usage.get(&owner).copied().unwrap_or_default();
-            let from = if own.0 + rows > share_rows || own.1 + 1 > share_tables {
-                Some(owner)
-            } else if used_rows + rows > capacity_rows {
-                // The other owner furthest over its share of rows.
-                usage
-                    .iter()
-                    .filter(|(&o, u)| o != owner && u.0 > share_rows)
-                    .max_by_key(|(&o, u)| (u.0 - share_rows, std::cmp::Reverse(o)))
-                    .map(|(&o, _)| o)
-            } else {
-                usage
-                    .iter()
-                    .filter(|(&o, u)| o != owner && u.1 > share_tables)
-                    .max_by_key(|(&o, u)| (u.1 - share_tables, std::cmp::Reverse(o)))
-                    .map(|(&o, _)| o)
+        let occupancy = Occupancy::of(&self.files, owner);
+        let share = occupancy.share(capacity);
+        let Some(drop) = occupancy.make_room(owner, rows, capacity, share) else {
+            self.absent_until_sampled(file_id, now);
+            BudgetCounters::add(&self.counters.over_share);
+            return Admission::OverShare {
+                owner,
+                rows,
+                share: share.0,
             };
-            // The least recently sampled table of that owner; of those sampled in the same
-            // batch the largest (it frees the most room), then the lower file id.
-            let victim = from.and_then(|o| {
-                loaded
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.0 == o)
-                    .min_by_key(|(_, l)| (l.2, std::cmp::Reverse(l.1), l.3))
-                    .map(|(i, _)| i)
-            });
-            let Some(index) = victim else {
-                self.files.insert(
-                    file_id,
-                    State::Absent {
-                        after: now + REOFFER_EVERY,
-                        needs_sample: true,
-                    },
-                );
-                BudgetCounters::add(&self.counters.over_share);
-                return Admission::OverShare {
-                    owner,
-                    rows,
-                    share: share_rows,
-                };
-            };
-            let (o, r, _, id) = loaded.swap_remove(index);
-            if let Some(u) = usage.get_mut(&o) {
-                u.0 -= r;
-                u.1 -= 1;
-            }
-            used_rows -= r;
-            used_tables -= 1;
-            drop.push(id);
-        }
+        };
         for &id in &drop {
-            self.files.insert(
-                id,
-                State::Absent {
-                    after: now + REOFFER_EVERY,
-                    needs_sample: true,
-                },
-            );
+            self.absent_until_sampled(id, now);
             BudgetCounters::add(&self.counters.withdrawn);
         }
         self.files.insert(file_id, held);
         Admission::Send { drop }
+    }
+
+    /// The file's table is not in the sampler: offered again once its binary is sampled, not
+    /// before [`REOFFER_EVERY`] from `now`.
+    fn absent_until_sampled(&mut self, file_id: u64, now: Instant) {
+        self.files.insert(
+            file_id,
+            State::Absent {
+                after: now + REOFFER_EVERY,
+                needs_sample: true,
+            },
+        );
     }
 
     /// After a batch: `sampled` are the files its stacks touched, `sampler_evicted` the
@@ -308,6 +251,135 @@ impl Budget {
                 _ => 0,
             })
             .sum()
+    }
+}
+
+/// A table the sampler holds, as [`Budget::admit`] weighs it.
+#[derive(Clone, Copy)]
+struct HeldTable {
+    owner: u32,
+    rows: u64,
+    used: Instant,
+    file_id: u64,
+}
+
+/// The tables the sampler holds when a new one is admitted, and what each owner holds of them:
+/// the working state of [`Budget::admit`] while it picks the tables to displace.
+struct Occupancy {
+    tables: Vec<HeldTable>,
+    /// (rows, tables) per owner, the new table's owner included even when she holds none.
+    usage: HashMap<u32, (u64, u64)>,
+    /// Rows and tables held in all.
+    used_rows: u64,
+    used_tables: u64,
+}
+
+impl Occupancy {
+    /// The held tables of `files`, with `owner` (the new table's) counted among the owners.
+    fn of(files: &HashMap<u64, State>, owner: u32) -> Self {
+        let tables: Vec<HeldTable> = files
+            .iter()
+            .filter_map(|(&file_id, state)| match *state {
+                State::Held {
+                    owner, rows, used, ..
+                } => Some(HeldTable {
+                    owner,
+                    rows,
+                    used,
+                    file_id,
+                }),
+                _ => None,
+            })
+            .collect();
+        let mut usage: HashMap<u32, (u64, u64)> = HashMap::new();
+        usage.entry(owner).or_default();
+        for table in &tables {
+            let entry = usage.entry(table.owner).or_default();
+            entry.0 += table.rows;
+            entry.1 += 1;
+        }
+        Self {
+            used_rows: tables.iter().map(|t| t.rows).sum(),
+            used_tables: tables.len() as u64,
+            tables,
+            usage,
+        }
+    }
+
+    /// Each owner's share of the `capacity` (rows, tables): an equal part per owner.
+    fn share(&self, capacity: (u64, u64)) -> (u64, u64) {
+        let owners = self.usage.len() as u64;
+        (capacity.0 / owners, capacity.1 / owners)
+    }
+
+    /// The tables to drop, in order, so that a table of `rows` rows of `owner` fits in
+    /// `capacity`; `None` when the fairness rule lets no more be displaced.
+    fn make_room(
+        mut self,
+        owner: u32,
+        rows: u64,
+        capacity: (u64, u64),
+        share: (u64, u64),
+    ) -> Option<Vec<u64>> {
+        let mut drop = Vec::new();
+        while self.used_rows + rows > capacity.0 || self.used_tables + 1 > capacity.1 {
+            let from = self.displaced_owner(owner, rows, capacity, share);
+            let index = from.and_then(|o| self.victim_of(o))?;
+            drop.push(self.remove(index));
+        }
+        Some(drop)
+    }
+
+    /// Whose table makes room: the new table's owner when it would put her over her share,
+    /// else the other owner furthest over hers in what is short (rows first, then tables).
+    fn displaced_owner(
+        &self,
+        owner: u32,
+        rows: u64,
+        capacity: (u64, u64),
+        share: (u64, u64),
+    ) -> Option<u32> {
+        let (share_rows, share_tables) = share;
+        let own = self.usage.get(&owner).copied().unwrap_or_default();
+        if own.0 + rows > share_rows || own.1 + 1 > share_tables {
+            Some(owner)
+        } else if self.used_rows + rows > capacity.0 {
+            // The other owner furthest over its share of rows.
+            self.usage
+                .iter()
+                .filter(|(&o, u)| o != owner && u.0 > share_rows)
+                .max_by_key(|(&o, u)| (u.0 - share_rows, std::cmp::Reverse(o)))
+                .map(|(&o, _)| o)
+        } else {
+            self.usage
+                .iter()
+                .filter(|(&o, u)| o != owner && u.1 > share_tables)
+                .max_by_key(|(&o, u)| (u.1 - share_tables, std::cmp::Reverse(o)))
+                .map(|(&o, _)| o)
+        }
+    }
+
+    /// The least recently sampled table of `owner`; of those sampled in the same batch the
+    /// largest (it frees the most room), then the lower file id.
+    fn victim_of(&self, owner: u32) -> Option<usize> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.owner == owner)
+            .min_by_key(|(_, t)| (t.used, std::cmp::Reverse(t.rows), t.file_id))
+            .map(|(i, _)| i)
+    }
+
+    /// Takes the table at `index` out of the account; returns its file id.
+    fn remove(&mut self, index: usize) -> u64 {
+        let table = self.tables.swap_remove(index);
+        if let Some(u) = self.usage.get_mut(&table.owner) {
+            u.0 -= table.rows;
+            u.1 -= 1;
+        }
+        self.used_rows -= table.rows;
+        self.used_tables -= 1;
+        table.file_id
     }
 }
 

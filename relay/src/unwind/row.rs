@@ -23,12 +23,16 @@
 //! - kind 0 (gap): no CFI covers these addresses; the unwinder may fall back to frame pointers.
 //!
 //! Decoding is strict: every field that a kind does not use must be zero, so a table has exactly
-//! one encoding and a checker (the sampler, later) can refuse anything else.
+//! one encoding and the sampler can refuse anything else. The bytes and the canonical rule are
+//! [`ember_protocol::unwind_table`]'s, the one copy both sides use; this module gives them
+//! their meaning.
 
 use std::fmt;
 
-/// Size of one encoded row.
-pub const ROW_BYTES: usize = 12;
+pub use ember_protocol::unwind_table::ROW_BYTES;
+use ember_protocol::unwind_table::{
+    RawRow, FLAG_RBP_AT_CFA, KIND_CFA_RBP, KIND_CFA_RSP, KIND_GAP, KIND_PLT, KIND_SIGNAL, KIND_STOP,
+};
 
 /// Why the unwinder must stop at a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -144,14 +148,6 @@ pub struct Row {
 #[error("bad unwind row: {0}")]
 pub struct BadRow(&'static str);
 
-const KIND_GAP: u8 = 0;
-const KIND_CFA_RSP: u8 = 1;
-const KIND_CFA_RBP: u8 = 2;
-const KIND_PLT: u8 = 3;
-const KIND_SIGNAL: u8 = 4;
-const KIND_STOP: u8 = 5;
-const FLAG_RBP_AT_CFA: u8 = 1;
-
 impl Row {
     /// The 12-byte encoding documented at the top of this module.
     pub fn encode(&self) -> [u8; ROW_BYTES] {
@@ -175,51 +171,63 @@ impl Row {
             // Codes are 1..=8: the cast cannot wrap.
             Rule::Stop(reason) => (reason.code() as i32, 0, KIND_STOP, 0),
         };
-        let mut out = [0u8; ROW_BYTES];
-        out[0..4].copy_from_slice(&self.pc.to_le_bytes());
-        out[4..8].copy_from_slice(&a.to_le_bytes());
-        out[8..10].copy_from_slice(&b.to_le_bytes());
-        out[10] = kind;
-        out[11] = flags;
-        out
+        RawRow {
+            pc: self.pc,
+            a,
+            b,
+            kind,
+            flags,
+        }
+        .to_bytes()
     }
 
-    /// Decodes one row, refusing any non-canonical encoding.
+    /// Decodes one row, refusing any non-canonical encoding (tables decode theirs through
+    /// `ember_protocol::unwind_table::check`, then [`Row::from_raw`]).
+    #[cfg(test)]
     pub fn decode(bytes: &[u8; ROW_BYTES]) -> Result<Self, BadRow> {
-        let pc = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        let a = i32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        let b = i16::from_le_bytes([bytes[8], bytes[9]]);
-        let (kind, flags) = (bytes[10], bytes[11]);
-        let frame_flags_ok = flags & !FLAG_RBP_AT_CFA == 0 && (flags != 0 || b == 0);
+        Self::from_raw(RawRow::from_bytes(bytes))
+    }
+
+    /// The meaning of one row's fields, refusing any non-canonical encoding.
+    pub fn from_raw(raw: RawRow) -> Result<Self, BadRow> {
+        if !raw.is_canonical() {
+            return Err(BadRow("not the canonical encoding of its kind"));
+        }
+        let RawRow {
+            pc,
+            a,
+            b,
+            kind,
+            flags,
+        } = raw;
         let rbp = if flags & FLAG_RBP_AT_CFA != 0 {
             Rbp::AtCfa(b)
         } else {
             Rbp::Unchanged
         };
         let rule = match kind {
-            KIND_GAP if a == 0 && b == 0 && flags == 0 => Rule::Gap,
-            KIND_CFA_RSP if frame_flags_ok => Rule::Frame {
+            KIND_GAP => Rule::Gap,
+            KIND_CFA_RSP => Rule::Frame {
                 cfa: Cfa::Rsp(a),
                 rbp,
             },
-            KIND_CFA_RBP if frame_flags_ok => Rule::Frame {
+            KIND_CFA_RBP => Rule::Frame {
                 cfa: Cfa::Rbp(a),
                 rbp,
             },
-            KIND_PLT if flags == 0 => Rule::Plt {
+            KIND_PLT => Rule::Plt {
                 rsp_offset: a,
                 threshold: b,
             },
-            KIND_SIGNAL if flags == 0 => Rule::Signal {
+            KIND_SIGNAL => Rule::Signal {
                 rsp_at: a,
                 rbp_at: b,
             },
-            KIND_STOP if b == 0 && flags == 0 => {
+            _ => {
+                // A canonical stop row's code is one of STOP_CODES.
                 let code = u32::try_from(a).map_err(|_| BadRow("negative stop reason"))?;
                 Rule::Stop(StopReason::from_code(code).ok_or(BadRow("unknown stop reason"))?)
             }
-            KIND_GAP..=KIND_STOP => return Err(BadRow("unused field not zero")),
-            _ => return Err(BadRow("unknown kind")),
         };
         Ok(Self { pc, rule })
     }
@@ -298,6 +306,16 @@ mod tests {
         assert!(Row::decode(&stop_bad_code).is_err());
         stop_bad_code[4..8].copy_from_slice(&(-1i32).to_le_bytes());
         assert!(Row::decode(&stop_bad_code).is_err());
+    }
+
+    #[test]
+    fn the_stop_codes_are_those_the_sampler_accepts() {
+        let codes: Vec<i32> = StopReason::ALL
+            .iter()
+            .map(|r| i32::try_from(r.code()).expect("small"))
+            .collect();
+        let accepted: Vec<i32> = ember_protocol::unwind_table::STOP_CODES.collect();
+        assert_eq!(codes, accepted);
     }
 
     #[test]

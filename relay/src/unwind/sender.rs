@@ -47,25 +47,7 @@ use super::{
 };
 
 /// How user stacks are walked; `dwarf` makes the relay compile and send unwind tables.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum UnwindMode {
-    /// Frame pointers only: no tables are compiled or sent.
-    Fp,
-    /// Compile each passed binary's .eh_frame into a table and send it to the sampler (the
-    /// default).
-    #[default]
-    Dwarf,
-}
-
-impl UnwindMode {
-    /// The value of the sampler's `--unwind` flag.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Fp => "fp",
-            Self::Dwarf => "dwarf",
-        }
-    }
-}
+pub(crate) use ember_common::UnwindMode;
 
 /// Most bytes of cached tables kept under the state directory (oldest used removed first).
 pub(crate) const CACHE_MAX_BYTES: u64 = 256 << 20;

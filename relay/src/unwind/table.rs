@@ -9,17 +9,18 @@
 //! - `len` fits in u32 (row offsets are u32).
 //!
 //! Encoding: a 16-byte header (`base` u64, `len` u32, row count u32, little-endian) followed by
-//! the rows of [`super::row`], 12 bytes each.
+//! the rows of [`super::row`], 12 bytes each: [`ember_protocol::unwind_table`], whose `check`
+//! the sampler holds every table to, and [`UnwindTable::decode`] too.
 
 use std::ops::Range;
+
+pub use ember_protocol::unwind_table::HEADER_BYTES;
+use ember_protocol::unwind_table::{check, encode_header};
 
 use super::{
     cfi::Span,
     row::{Row, Rule, ROW_BYTES},
 };
-
-/// Size of the encoded header.
-pub const HEADER_BYTES: usize = 16;
 
 /// A table that breaks one of the module's invariants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -153,42 +154,24 @@ impl UnwindTable {
     /// The header and rows, as documented at the top of this module.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
-        out.extend_from_slice(&self.base.to_le_bytes());
-        out.extend_from_slice(&self.len.to_le_bytes());
         // At most max_rows (far below u32::MAX) rows exist.
-        out.extend_from_slice(
-            &u32::try_from(self.rows.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
+        let rows = u32::try_from(self.rows.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&encode_header(self.base, self.len, rows));
         for row in &self.rows {
             out.extend_from_slice(&row.encode());
         }
         out
     }
 
-    /// Decodes and checks an encoded table; `bytes` must hold exactly one table.
+    /// Decodes and checks an encoded table (as the sampler checks it); `bytes` must hold
+    /// exactly one table.
     pub fn decode(bytes: &[u8]) -> Result<Self, BadTable> {
-        let header: &[u8; HEADER_BYTES] = bytes
-            .get(..HEADER_BYTES)
-            .and_then(|h| h.try_into().ok())
-            .ok_or(BadTable("short header"))?;
-        let [b0, b1, b2, b3, b4, b5, b6, b7, l0, l1, l2, l3, n0, n1, n2, n3] = *header;
-        let base = u64::from_le_bytes([b0, b1, b2, b3, b4, b5, b6, b7]);
-        let len = u32::from_le_bytes([l0, l1, l2, l3]);
-        let count = u32::from_le_bytes([n0, n1, n2, n3]) as usize;
-        let body = &bytes[HEADER_BYTES..];
-        if body.len() != count.saturating_mul(ROW_BYTES) {
-            return Err(BadTable("row count does not match the length"));
-        }
-        let rows = body
-            .chunks_exact(ROW_BYTES)
-            .map(|chunk| {
-                let chunk: &[u8; ROW_BYTES] = chunk.try_into().map_err(|_| BadTable("row"))?;
-                Row::decode(chunk).map_err(|_| BadTable("bad row"))
-            })
+        let checked = check(bytes).map_err(BadTable)?;
+        let rows = checked
+            .rows()
+            .map(|raw| Row::from_raw(raw).map_err(|_| BadTable("bad row")))
             .collect::<Result<Vec<_>, _>>()?;
-        Self::new(base, len, rows)
+        Self::new(checked.base, checked.len, rows)
     }
 }
 

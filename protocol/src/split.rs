@@ -1,0 +1,228 @@
+//! Messages cut to a size: upper bounds of the encoded size of the per-connection state
+//! messages, the split of a process's facts into messages under a datagram size, and of one
+//! interval's samples into batch parts that each carry the stacks their rows use. What a sender
+//! needs to keep every datagram under the receiver's `--max-message-bytes`, from the one crate
+//! that knows the encoding (struct words, pointers, text padding).
+//!
+//! Privilege assumptions: pure arithmetic and copies, run by the privileged sampler on the facts
+//! and samples of hostile processes: no input makes it panic, and nothing is dropped (a single
+//! mapping or sample over the bound is sent alone; paths are cut long before that matters).
+
+use std::collections::HashMap;
+
+use crate::{
+    Batch, FileInfo, IgnoreStats, Losses, Mapping, ProcessInfo, ProcessMappings, Row,
+    SamplerMessage, StackRef,
+};
+
+/// Upper bound of the encoding overhead of a message besides its lists' elements: segment
+/// table, root pointer, union, the process header, list tags, and far pointers between the
+/// builder's segments.
+pub const MESSAGE_OVERHEAD: usize = 1024;
+
+/// Encoded bytes of a Text (NUL-terminated, padded to words) or Data field, plus the landing
+/// pad of a far pointer: the builder grows by segments, and a text placed in a later segment than
+/// the struct pointing at it costs one more word.
+fn text_size(len: usize) -> usize {
+    (len + 1).div_ceil(8) * 8 + 8
+}
+
+/// Encoded bytes of one `files` list element: the struct's words and pointers, then its texts.
+pub fn file_size(f: &FileInfo) -> usize {
+    6 * 8 + text_size(f.path.len()) + text_size(f.open_error.len())
+}
+
+fn mapping_size(m: &Mapping) -> usize {
+    7 * 8 + text_size(m.path.len())
+}
+
+/// The messages describing a process, each at most `max_bytes` encoded: a `process` with its
+/// header and the mappings that fit, then `processMappings` with the rest.
+pub fn process_messages(info: &ProcessInfo, max_bytes: usize) -> Vec<SamplerMessage> {
+    let mut first = ProcessInfo {
+        mappings: Vec::new(),
+        ..info.clone()
+    };
+    let mut size = MESSAGE_OVERHEAD
+        + text_size(info.executable_path.len())
+        + text_size(info.executable_name.len())
+        + text_size(info.cgroup.len())
+        + text_size(info.otel_service_name.as_ref().map_or(0, String::len))
+        + text_size(
+            info.otel_resource_attributes
+                .as_ref()
+                .map_or(0, String::len),
+        )
+        + text_size(info.command_line.as_ref().map_or(0, Vec::len));
+    let mut rest = info.mappings.iter().peekable();
+    while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= max_bytes) {
+        size += mapping_size(mapping);
+        first.mappings.push(mapping.clone());
+    }
+    let mut out = vec![SamplerMessage::Process(first)];
+    while rest.peek().is_some() {
+        let mut more = ProcessMappings {
+            pid: info.pid,
+            start_time_unix_ns: info.start_time_unix_ns,
+            mappings: Vec::new(),
+        };
+        let mut size = MESSAGE_OVERHEAD;
+        while let Some(mapping) =
+            rest.next_if(|m| more.mappings.is_empty() || size + mapping_size(m) <= max_bytes)
+        {
+            size += mapping_size(mapping);
+            more.mappings.push(mapping.clone());
+        }
+        out.push(SamplerMessage::ProcessMappings(more));
+    }
+    out
+}
+
+/// The fixed part of every batch part of one interval.
+pub struct BatchHeader {
+    pub sequence: u64,
+    pub interval_start_unix_ns: u64,
+    pub interval_end_unix_ns: u64,
+    pub frequency_hz: u32,
+    pub losses: Losses,
+    pub ignore: IgnoreStats,
+}
+
+impl BatchHeader {
+    /// An empty part with this header.
+    fn part(&self) -> Batch {
+        Batch {
+            sequence: self.sequence,
+            part: 0,
+            parts: 1,
+            interval_start_unix_ns: self.interval_start_unix_ns,
+            interval_end_unix_ns: self.interval_end_unix_ns,
+            frequency_hz: self.frequency_hz,
+            losses: Box::new(self.losses),
+            ignore: self.ignore,
+            ..Batch::default()
+        }
+    }
+}
+
+/// One sample as [`batch_parts`] takes it: its thread, and its two stacks by their ids in the
+/// sender's stack table (negative: no stack, and the errno that said why).
+pub struct SampleIn<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's name, NUL-padded as the kernel keeps it.
+    pub comm: &'a [u8],
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub count: u64,
+}
+
+/// Splits one interval's samples into batch parts of at most about `max_bytes` encoded bytes
+/// each; every part carries the stacks its rows use (`stacks`: frames by id, leaf first). A
+/// sample whose stack id is not in `stacks` (it vanished) keeps its count with the stack reported
+/// missing (ENOENT), so no sample is dropped here.
+pub fn batch_parts<'a>(
+    samples: impl IntoIterator<Item = SampleIn<'a>>,
+    stacks: &HashMap<u32, Vec<u64>>,
+    header: &BatchHeader,
+    max_bytes: usize,
+) -> Vec<Batch> {
+    const ROW_BYTES: usize = 96;
+    const FRAME_BYTES: usize = 8;
+    const STACK_BYTES: usize = 16;
+    let stack_len = |id: i32| {
+        u32::try_from(id)
+            .ok()
+            .and_then(|id| stacks.get(&id))
+            .map_or(0, Vec::len)
+    };
+    let mut parts: Vec<Batch> = Vec::new();
+    let mut current = header.part();
+    let mut user_index: HashMap<u32, u32> = HashMap::new();
+    let mut kernel_index: HashMap<u32, u32> = HashMap::new();
+    let mut size = 0usize;
+    for sample in samples {
+        let mut added = ROW_BYTES + sample.comm.len();
+        let user_new =
+            u32::try_from(sample.user_stack).is_ok_and(|id| !user_index.contains_key(&id));
+        let kernel_new =
+            u32::try_from(sample.kernel_stack).is_ok_and(|id| !kernel_index.contains_key(&id));
+        if user_new {
+            added += STACK_BYTES + FRAME_BYTES * stack_len(sample.user_stack);
+        }
+        if kernel_new {
+            added += STACK_BYTES + FRAME_BYTES * stack_len(sample.kernel_stack);
+        }
+        if size + added > max_bytes && !current.rows.is_empty() {
+            parts.push(std::mem::replace(&mut current, header.part()));
+            user_index.clear();
+            kernel_index.clear();
+            size = 0;
+        }
+        size += added;
+        let user_stack = stack_ref(
+            sample.user_stack,
+            stacks,
+            &mut user_index,
+            &mut current.user_stacks,
+        );
+        let kernel_stack = stack_ref(
+            sample.kernel_stack,
+            stacks,
+            &mut kernel_index,
+            &mut current.kernel_stacks,
+        );
+        current.rows.push(Row {
+            pid: sample.pid,
+            tid: sample.tid,
+            comm: comm_str(sample.comm),
+            user_stack,
+            kernel_stack,
+            count: sample.count,
+        });
+    }
+    parts.push(current);
+    number_parts(&mut parts);
+    parts
+}
+
+/// Numbers `parts` as the parts of one interval, in order.
+pub fn number_parts<'b>(parts: impl IntoIterator<Item = &'b mut Batch>) {
+    let parts: Vec<&mut Batch> = parts.into_iter().collect();
+    let total = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+    for (i, part) in (0..).zip(parts) {
+        part.part = i;
+        part.parts = total;
+    }
+}
+
+/// Thread name from a NUL-padded `comm`.
+fn comm_str(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// Where a sample's stack is in the part: its index in `table` (added on first use), or why
+/// it has none.
+fn stack_ref(
+    id: i32,
+    stacks: &HashMap<u32, Vec<u64>>,
+    index: &mut HashMap<u32, u32>,
+    table: &mut Vec<Vec<u64>>,
+) -> StackRef {
+    let Ok(id) = u32::try_from(id) else {
+        return StackRef::Missing(id.saturating_neg());
+    };
+    if let Some(&i) = index.get(&id) {
+        return StackRef::Index(i);
+    }
+    match stacks.get(&id) {
+        Some(frames) => {
+            let i = u32::try_from(table.len()).unwrap_or(u32::MAX);
+            table.push(frames.clone());
+            index.insert(id, i);
+            StackRef::Index(i)
+        }
+        None => StackRef::Missing(libc::ENOENT),
+    }
+}
