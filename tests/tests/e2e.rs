@@ -29,7 +29,7 @@ use ember_protocol::{
     transport::{self, Received},
     Batch, FileInfo, Hello, Limits, SamplerMessage, NO_FD, PROTOCOL_VERSION,
 };
-use ember_tests::{attack::*, *};
+use ember_tests::{attack::*, scenario::Scenario, *};
 use nix::{
     errno::Errno,
     poll::{PollFd, PollFlags, PollTimeout},
@@ -201,17 +201,10 @@ fn ground_truth_split_matches_the_workload() {
     workload.signal(Signal::SIGSTOP);
     wait_until(LOG_TIMEOUT, || process_state(pid) == Some('T'))
         .expect("the groundtruth workload did not stop on SIGSTOP");
-    let mut record = spawn_attack_record(
-        &[
-            "--duration",
-            "20s",
-            "--frequency",
-            &FREQUENCY.to_string(),
-            "--pid",
-            &pid_arg(pid),
-        ],
-        RecordSetup::default(),
-    );
+    let mut record = Scenario::new("ground truth record")
+        .relay_args(["--duration", "20s", "--frequency", &FREQUENCY.to_string()])
+        .relay_args(["--pid", &pid_arg(pid)])
+        .record();
     // The sampler says hello only after its perf events are attached.
     record
         .log
