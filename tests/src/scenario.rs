@@ -51,6 +51,7 @@ pub struct Scenario {
     address_space: Option<u64>,
     output: Option<PathBuf>,
     output_dir: bool,
+    config: Option<String>,
 }
 
 impl Scenario {
@@ -117,6 +118,12 @@ impl Scenario {
         self
     }
 
+    /// `run --config DIR/relay.yaml`, that file holding `yaml` ([`Running::config_path`]).
+    pub fn config(mut self, yaml: impl Into<String>) -> Self {
+        self.config = Some(yaml.into());
+        self
+    }
+
     /// Starts `ember-relay record --output DIR --sampler SAMPLER --verbose --log-format json
     /// RELAY_ARGS...`. The sampler flags are not used: `record` starts its own sampler.
     pub fn record(self) -> Recording {
@@ -164,6 +171,12 @@ impl Scenario {
             args.push("--output-dir".into());
             args.push(dir.path().join("out").into());
         }
+        if let Some(yaml) = &self.config {
+            let path = dir.path().join(CONFIG_FILE);
+            fs::write(&path, yaml).expect("writing the relay's config");
+            args.push("--config".into());
+            args.push(path.into());
+        }
         let relay = start_relay(&self.name, &socket, &args, &self.env, self.limits());
         let mut running = Running {
             sampler: None,
@@ -184,6 +197,9 @@ impl Scenario {
         }
     }
 }
+
+/// The file name of [`Scenario::config`] in the scenario's temp dir.
+const CONFIG_FILE: &str = "relay.yaml";
 
 /// Resource limits set in the relay process before exec.
 #[derive(Clone, Copy, Debug, Default)]
@@ -300,6 +316,11 @@ impl Running {
         self.dir.path().join("out")
     }
 
+    /// `DIR/relay.yaml`, the relay's `--config` when [`Scenario::config`] was set.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join(CONFIG_FILE)
+    }
+
     /// The relay's JSON log.
     pub fn log(&self) -> &LogReader {
         &self.relay.log
@@ -320,6 +341,14 @@ impl Running {
     pub fn sampler(&mut self) -> &mut Sampler {
         self.sampler
             .as_mut()
+            .expect("the scenario started no sampler")
+    }
+
+    /// Hands the scenario's sampler to the test (which then stops or restarts it, and whose drop
+    /// kills it); panics when none was started.
+    pub fn take_sampler(&mut self) -> Sampler {
+        self.sampler
+            .take()
             .expect("the scenario started no sampler")
     }
 
