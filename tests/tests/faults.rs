@@ -120,7 +120,12 @@ fn exporting(config: String, workload: &ChildGuard) -> Scenario {
     Scenario::new("relay")
         .config(config)
         .relay_args(["--metrics-address", "127.0.0.1:0"])
-        .sampler_args(["--pid", &workload.pid().to_string(), "--frequency", FREQUENCY_ARG])
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
 }
 
 /// Samples in everything `receiver` accepted.
@@ -262,7 +267,12 @@ fn relay_kill_9_backlog_reaches_the_new_relay() {
     let workload = stopped_spinner();
     let mut scenario = Scenario::new("relay-1")
         .config(otlp_config(&receiver.url(), "grpc", ""))
-        .sampler_args(["--pid", &workload.pid().to_string(), "--frequency", FREQUENCY_ARG])
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
         .run();
     let Sampler {
         child: mut sampler, ..
@@ -396,10 +406,7 @@ fn sampler_kill_9_loses_at_most_its_current_interval() {
         .expect(mark, LOG_TIMEOUT, "\"sampler disconnected\"", |v| {
             message(v) == "sampler disconnected"
         });
-    assert!(
-        relay.child.pid() > 0 && is_alive(relay),
-        "the relay exited"
-    );
+    assert!(relay.child.pid() > 0 && is_alive(relay), "the relay exited");
     assert_eq!(http_get(&address, "/healthz").0, 200);
 
     let (mut sampler2, _log2) = spawn_sampler("sampler-2", socket, &sampler_args);
@@ -1110,7 +1117,12 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         .relay_args(["--sampler-uid", "0", "--sampler-uid", "65534"])
         .relay_args(["--metrics-address", "off"])
         .relay_args(["--max-open-files", &FLOOD_MAX_OPEN_FILES.to_string()])
-        .sampler_args(["--pid", &workload.pid().to_string(), "--frequency", FREQUENCY_ARG])
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
         .run();
     let (relay, socket) = (&scenario.relay, &scenario.socket);
     wait_until(FIRST_BATCH_TIMEOUT, || {
