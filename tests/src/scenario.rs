@@ -185,7 +185,7 @@ impl Scenario {
             dir,
         };
         if let Some(args) = &self.sampler_args {
-            running.start_sampler(&format!("{} sampler", self.name), args);
+            running.sampler = Some(running.start_sampler(&format!("{} sampler", self.name), args));
         }
         running
     }
@@ -326,15 +326,16 @@ impl Running {
         &self.relay.log
     }
 
-    /// Starts `ember-sampler --socket SOCKET ARGS...` (see [`spawn_sampler`]) as the scenario's
-    /// sampler, replacing (and so killing) one started before.
-    pub fn start_sampler<S: AsRef<OsStr>>(&mut self, name: &str, args: &[S]) -> &mut Sampler {
+    /// Starts another `ember-sampler --socket SOCKET ARGS...` on this scenario's relay (see
+    /// [`spawn_sampler`]): one the test starts later, or a second one. The test holds it (its
+    /// drop kills and reaps it).
+    pub fn start_sampler<S: AsRef<OsStr>>(&self, name: &str, args: &[S]) -> Sampler {
         let args: Vec<&str> = args
             .iter()
             .map(|a| a.as_ref().to_str().expect("a UTF-8 sampler flag"))
             .collect();
         let (child, log) = spawn_sampler(name, &self.socket, &args);
-        self.sampler.insert(Sampler { child, log })
+        Sampler { child, log }
     }
 
     /// The scenario's sampler; panics when none was started.

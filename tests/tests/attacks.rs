@@ -384,7 +384,7 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
             .expect("chmod socket");
         sampler_args.extend(["--user", "nobody"]);
     }
-    scenario.start_sampler("sampler", &sampler_args);
+    let _sampler = scenario.start_sampler("sampler", &sampler_args);
     let relay = &mut scenario.relay;
     relay
         .log
