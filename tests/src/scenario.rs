@@ -529,3 +529,29 @@ impl Drop for Recording {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The guarantee every converted test leans on: what a scenario started is gone, reaped (no
+    /// zombie left to /proc) and its temp dir removed once it is dropped, even by a panic.
+    #[test]
+    fn a_dropped_scenario_leaves_no_process_or_dir_behind() {
+        // Given a running relay (no sampler: no root or eBPF needed)
+        let scenario = Scenario::new("relay")
+            .relay_args(["--sampler-uid", "0", "--metrics-address", "off"])
+            .run();
+        let pid = scenario.relay.child.pid();
+        let dir = scenario.dir().to_path_buf();
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        // When the scenario is dropped
+        drop(scenario);
+        // Then the relay is reaped and its temp dir removed
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "relay {pid} is still there (running or a zombie) after the scenario was dropped"
+        );
+        assert!(!dir.exists(), "{} was not removed", dir.display());
+    }
+}
