@@ -1257,7 +1257,7 @@ fn relay_rejects_malformed_input() {
         );
         // And it keeps serving: the next client's Hello is taken.
         drop(greeted_connection(
-            &relay,
+            relay,
             &socket,
             &format!("a client after {case}"),
         ));
