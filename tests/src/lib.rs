@@ -498,6 +498,15 @@ pub struct RunningRelay {
     pub stdout: LogReader,
 }
 
+impl RunningRelay {
+    /// Stops the relay with SIGTERM (its output files are written as it stops) and waits up to
+    /// `timeout`; None when it did not exit.
+    pub fn stop(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.child.signal(Signal::SIGTERM);
+        self.child.wait_timeout(timeout)
+    }
+}
+
 /// Starts `ember-relay run --socket SOCKET --log-format json --allow-root EXTRA...` and waits
 /// for the socket file to appear.
 pub fn spawn_relay_run(name: &str, socket: &Path, extra: &[&str]) -> RunningRelay {

@@ -382,18 +382,6 @@ impl Running {
                 });
         field_text(&serving, "address").expect("the bound metrics address")
     }
-
-    /// Whether the relay is still running.
-    pub fn relay_alive(&mut self) -> bool {
-        self.relay.child.try_wait().is_none()
-    }
-
-    /// Stops the relay with SIGTERM (its output files are written as it stops) and waits up to
-    /// `timeout`; None when it did not exit.
-    pub fn stop_relay(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        self.relay.child.signal(nix::sys::signal::Signal::SIGTERM);
-        self.relay.child.wait_timeout(timeout)
-    }
 }
 
 impl Drop for Running {

@@ -466,9 +466,8 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 40));
     // The output files are written when a window closes or the relay stops (never per batch):
     // stop it, so they hold the whole run.
-    relay.child.signal(Signal::SIGTERM);
     assert!(
-        relay.child.wait_timeout(Duration::from_secs(30)).is_some(),
+        relay.stop(Duration::from_secs(30)).is_some(),
         "the relay did not stop on SIGTERM:\n{}",
         tail(&relay.log.text(), 40)
     );
@@ -2458,11 +2457,7 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
     let reoffered = counter("ember_relay_unwind_tables_reoffered_total");
     drop(attackers);
     witness.kill();
-    relay.child.signal(Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(LOG_TIMEOUT)
-        .expect("the relay stopped");
+    relay.stop(LOG_TIMEOUT).expect("the relay stopped");
     let batches = relay.log.matching(is_batch);
     let last = |key: &str| {
         batches

@@ -901,11 +901,7 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
     let (_, body) = http_get(&metrics, "/metrics");
     let withdrawn =
         metric_value(&body, "ember_relay_unwind_tables_withdrawn_total").unwrap_or(0.0) as u64;
-    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(TIMEOUT)
-        .expect("the relay stopped");
+    relay.stop(TIMEOUT).expect("the relay stopped");
     let folded = fs::read_to_string(out_dir.join("stacks.folded"))
         .unwrap_or_else(|err| panic!("no stacks.folded ({err}):\n{}", relay.log.text()));
 
@@ -1053,11 +1049,7 @@ fn profile_dwarf_after(
     }
     // The sink writes then renames: the file read is whole.
     let folded = fs::read_to_string(&path).expect("stacks.folded");
-    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(TIMEOUT)
-        .expect("the relay stopped");
+    relay.stop(TIMEOUT).expect("the relay stopped");
     (folded, relay.log.clone())
 }
 
