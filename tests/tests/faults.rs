@@ -82,6 +82,20 @@ fn stopped_spinner() -> ChildGuard {
     workload
 }
 
+/// Once the relay logs the sampler connected, lets the stopped `workload` run (SIGCONT): what
+/// it uses from here on is sampled. Returns its CPU time before.
+fn run_once_connected(relay: &RunningRelay, workload: &ChildGuard) -> Duration {
+    relay.log.expect(
+        0,
+        FIRST_BATCH_TIMEOUT,
+        "\"sampler connected\"",
+        is_connected,
+    );
+    let before = process_cpu_time(workload.pid());
+    workload.signal(Signal::SIGCONT);
+    before
+}
+
 /// Ends the workload (SIGTERM) and returns its CPU time since `since`.
 fn end_workload(workload: ChildGuard, since: Duration) -> Duration {
     let pid = workload.pid();
@@ -280,14 +294,7 @@ fn relay_kill_9_backlog_reaches_the_new_relay() {
     let config = scenario.config_path();
     let config = config.to_str().unwrap();
     let relay1 = &mut scenario.relay;
-    relay1.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let cpu0 = run_once_connected(relay1, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay1.log.matching(is_batch).len() >= 3
     })
@@ -380,14 +387,7 @@ fn sampler_kill_9_loses_at_most_its_current_interval() {
     let pid = workload.pid().to_string();
     let sampler_args = ["--pid", pid.as_str(), "--frequency", FREQUENCY_ARG];
 
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let start1 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let start1 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay.log.matching(is_batch).len() >= 3
     })
@@ -484,14 +484,7 @@ fn otlp_backend_down_then_back_delivers_the_queue_and_counts_the_rest() {
         child: mut sampler, ..
     } = scenario.take_sampler();
     let relay = &scenario.relay;
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let cpu0 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay.log.matching(is_batch).len() >= 3
     })
@@ -673,14 +666,7 @@ fn otlp_413_and_400_are_counted_as_permanent_and_never_retried() {
         child: mut sampler, ..
     } = scenario.take_sampler();
     let relay = &scenario.relay;
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let cpu0 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         server.answered(400) >= 2 && server.answered(413) >= 2
     })
