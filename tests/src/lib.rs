@@ -6,6 +6,8 @@
 //! skip goes through [`skip`] too, which prints and records it (see the `gate` module). They must
 //! not run concurrently (each loads the sampler and counts samples of the whole machine), so
 //! every one holds [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
+//! `scenario::ebpf_gate` does both (the root check and the lock), and the `scenario` builder
+//! starts a test's relay and sampler.
 //!
 //! Timeouts here only keep a broken build from hanging the suite; no test asserts how fast
 //! anything is.
