@@ -1,8 +1,8 @@
 //! Support for the attack regression tests (tests/attacks.rs): an unprivileged attacker
 //! uid picked at run time, the attacker programs of tests/workloads/attack_*.c compiled at test
-//! time, running them as that uid, attacker-owned directories, `ember-relay record` / `run`
-//! with extra limits or environment, and what the tests measure of the relay from /proc
-//! (peak memory, open descriptors, memfd copies).
+//! time, running them as that uid, attacker-owned directories, the resource limits a relay may be
+//! started under (see `scenario`), and what the tests measure of the relay from /proc (peak
+//! memory, open descriptors, memfd copies).
 //!
 //! Privileges: everything here runs as root (the tests skip otherwise). Attacker processes drop
 //! to the attacker uid in `pre_exec` (no supplementary groups, no capabilities: an ordinary
@@ -26,10 +26,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    children_of, compile_workload, process_cpu_time, read_to_string_thread, relay_bin, sampler_bin,
-    target_dir, wait_until, ChildGuard, LogReader, RunningRelay,
-};
+use crate::{compile_workload, process_cpu_time, target_dir, wait_until, ChildGuard, LogReader};
 
 // ---------------------------------------------------------------------------------------------
 // The attacker
@@ -431,210 +428,12 @@ pub fn cpu_time_at_exit(pid: u32, timeout: Duration) -> Option<Duration> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ember-relay record / run with extra settings
-
-/// How to start an `ember-relay record` for an attack test.
-#[derive(Default)]
-pub struct RecordSetup<'a> {
-    /// `--output`; default: a fresh dir under a root-owned temp dir.
-    pub output: Option<PathBuf>,
-    /// Extra environment (e.g. SUDO_UID).
-    pub env: Vec<(&'a str, String)>,
-    /// RLIMIT_NOFILE soft = hard for the record process (and so its sampler child).
-    pub nofile: Option<u64>,
-}
-
-/// A running `ember-relay record --log-format json` with its JSON log.
-pub struct AttackRecord {
-    pub child: ChildGuard,
-    pub log: LogReader,
-    pub out_dir: PathBuf,
-    stdout: Option<JoinHandle<String>>,
-    samplers: Vec<u32>,
-    _tmp: Option<tempfile::TempDir>,
-}
-
-pub fn spawn_attack_record(args: &[&str], setup: RecordSetup<'_>) -> AttackRecord {
-    let (tmp, out_dir) = match setup.output {
-        Some(dir) => (None, dir),
-        None => {
-            let tmp = tempfile::Builder::new()
-                .prefix("ember-attack-")
-                .tempdir()
-                .expect("creating a temp dir");
-            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-            let out = tmp.path().join("out");
-            (Some(tmp), out)
-        }
-    };
-    let mut command = Command::new(relay_bin());
-    command
-        .arg("record")
-        .arg("--output")
-        .arg(&out_dir)
-        .arg("--sampler")
-        .arg(sampler_bin())
-        .args(["--verbose", "--log-format", "json"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (key, value) in &setup.env {
-        command.env(key, value);
-    }
-    if let Some(limit) = setup.nofile {
-        limit_nofile(&mut command, limit);
-    }
-    eprintln!("running {command:?}");
-    let mut child = ChildGuard::spawn("ember-relay record", &mut command);
-    let stdout = read_to_string_thread(child.child_mut().stdout.take().expect("stdout"));
-    let log = LogReader::spawn("record", child.child_mut().stderr.take().expect("stderr"));
-    AttackRecord {
-        child,
-        log,
-        out_dir,
-        stdout: Some(stdout),
-        samplers: Vec::new(),
-        _tmp: tmp,
-    }
-}
-
-impl AttackRecord {
-    pub fn pid(&self) -> u32 {
-        self.child.pid()
-    }
-
-    /// Waits for the record to exit (killing it after `timeout`); returns its exit status
-    /// (None when it had to be killed) and its stdout.
-    pub fn wait(&mut self, timeout: Duration) -> (Option<std::process::ExitStatus>, String) {
-        self.note_samplers();
-        let status = self.child.wait_timeout(timeout);
-        if status.is_none() {
-            self.child.kill();
-        }
-        self.log.wait_closed(Duration::from_secs(5));
-        // An orphaned sampler child keeps record's stdout open: never wait for it for long.
-        let stdout = match self.stdout.take() {
-            Some(handle) => {
-                let _ = wait_until(Duration::from_secs(5), || handle.is_finished());
-                if handle.is_finished() {
-                    handle.join().unwrap_or_default()
-                } else {
-                    String::from("<stdout still open: a child of record outlived it>")
-                }
-            }
-            None => String::new(),
-        };
-        (status, stdout)
-    }
-
-    /// Remembers record's sampler child (to kill it if it outlives record).
-    pub fn note_samplers(&mut self) {
-        for pid in children_of(self.child.pid()) {
-            if comm_of(pid).as_deref() == Some("ember-sampler") && !self.samplers.contains(&pid) {
-                self.samplers.push(pid);
-            }
-        }
-    }
-
-    /// Record's sampler children seen so far.
-    pub fn sampler_pids(&self) -> Vec<u32> {
-        self.samplers.clone()
-    }
-
-    /// Waits for the record to finish and asserts it succeeded and wrote stacks.folded;
-    /// returns the folded text.
-    pub fn finish(&mut self, timeout: Duration) -> String {
-        let (status, stdout) = self.wait(timeout);
-        let Some(status) = status else {
-            panic!(
-                "ember-relay record did not finish within {timeout:?}\nstdout:\n{stdout}\nlog:\n{}",
-                tail(&self.log.text(), 60)
-            );
-        };
-        assert!(
-            status.success(),
-            "ember-relay record failed ({status})\nstdout:\n{stdout}\nlog:\n{}",
-            tail(&self.log.text(), 60)
-        );
-        fs::read_to_string(self.out_dir.join("stacks.folded")).unwrap_or_else(|err| {
-            panic!(
-                "record succeeded but wrote no stacks.folded: {err}\nstdout:\n{stdout}\nlog:\n{}",
-                tail(&self.log.text(), 60)
-            )
-        })
-    }
-}
-
-impl Drop for AttackRecord {
-    /// Kills the record's sampler child if it outlived the record (a bug the tests report; the
-    /// test must not leave a root sampler running).
-    fn drop(&mut self) {
-        self.child.kill();
-        for pid in self.sampler_pids() {
-            if is_running(pid) && comm_of(pid).as_deref() == Some("ember-sampler") {
-                eprintln!("killing record's orphaned sampler {pid}");
-                if let Ok(raw) = i32::try_from(pid) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(raw),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
-    }
-}
+// Processes
 
 /// The last `n` lines of `text`.
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// Starts `ember-relay run --socket SOCKET --log-format json --allow-root EXTRA...` with
-/// `limits` applied before exec, and waits for the socket.
-pub fn spawn_relay_limited(
-    name: &str,
-    socket: &Path,
-    extra: &[&str],
-    nofile: Option<u64>,
-    address_space: Option<u64>,
-) -> RunningRelay {
-    let mut command = Command::new(relay_bin());
-    command
-        .arg("run")
-        .arg("--socket")
-        .arg(socket)
-        .args(["--log-format", "json", "--allow-root"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(limit) = nofile {
-        limit_nofile(&mut command, limit);
-    }
-    if let Some(bytes) = address_space {
-        limit_address_space(&mut command, bytes);
-    }
-    let mut child = ChildGuard::spawn(name, &mut command);
-    let log = LogReader::spawn(name, child.child_mut().stderr.take().expect("stderr"));
-    let stdout = LogReader::spawn(
-        &format!("{name} stdout"),
-        child.child_mut().stdout.take().expect("stdout"),
-    );
-    let mut relay = RunningRelay { child, log, stdout };
-    wait_until(Duration::from_secs(30), || {
-        if let Some(status) = relay.child.try_wait() {
-            relay.log.wait_closed(Duration::from_secs(2));
-            panic!(
-                "{name} exited ({status}) before listening:\n{}",
-                relay.log.text()
-            );
-        }
-        socket.exists()
-    })
-    .unwrap_or_else(|| panic!("{name} did not create {}", socket.display()));
-    relay
 }
 
 /// Whether `pid` exists and is not a zombie.

@@ -6,6 +6,8 @@
 //! skip goes through [`skip`] too, which prints and records it (see the `gate` module). They must
 //! not run concurrently (each loads the sampler and counts samples of the whole machine), so
 //! every one holds [`ebpf_lock`]; running with `--test-threads=1` is equivalent.
+//! `scenario::ebpf_gate` does both (the root check and the lock), and the `scenario` builder
+//! starts a test's relay and sampler.
 //!
 //! Timeouts here only keep a broken build from hanging the suite; no test asserts how fast
 //! anything is.
@@ -19,6 +21,7 @@ pub mod go_pprof;
 pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;
+pub mod scenario;
 pub mod speedscope;
 
 use std::{
@@ -497,45 +500,20 @@ pub struct RunningRelay {
     pub stdout: LogReader,
 }
 
+impl RunningRelay {
+    /// Stops the relay with SIGTERM (its output files are written as it stops) and waits up to
+    /// `timeout`; None when it did not exit.
+    pub fn stop(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.child.signal(Signal::SIGTERM);
+        self.child.wait_timeout(timeout)
+    }
+}
+
 /// Starts `ember-relay run --socket SOCKET --log-format json --allow-root EXTRA...` and waits
 /// for the socket file to appear.
 pub fn spawn_relay_run(name: &str, socket: &Path, extra: &[&str]) -> RunningRelay {
-    let existed_before = socket.exists();
-    let mut command = Command::new(relay_bin());
-    command
-        .arg("run")
-        .arg("--socket")
-        .arg(socket)
-        .args(["--log-format", "json", "--allow-root"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = ChildGuard::spawn(name, &mut command);
-    let log = LogReader::spawn(name, child.child_mut().stderr.take().expect("piped stderr"));
-    let stdout = child.child_mut().stdout.take().expect("piped stdout");
-    let stdout = LogReader::spawn(&format!("{name} stdout"), stdout);
-    let mut relay = RunningRelay { child, log, stdout };
-    if !existed_before {
-        wait_until(Duration::from_secs(30), || {
-            if let Some(status) = relay.child.try_wait() {
-                relay.log.wait_closed(Duration::from_secs(2));
-                panic!(
-                    "{name} exited ({status}) before listening:\n{}",
-                    relay.log.text()
-                );
-            }
-            socket.exists()
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} did not create {}:\n{}",
-                socket.display(),
-                relay.log.text()
-            )
-        });
-    }
-    relay
+    let extra: Vec<std::ffi::OsString> = extra.iter().map(Into::into).collect();
+    scenario::start_relay(name, socket, &extra, &[], scenario::Limits::default())
 }
 
 /// Starts `ember-sampler --socket SOCKET --reporter-interval 1s [--relay-uid 0] EXTRA...`.

@@ -20,6 +20,7 @@
 
 use std::{
     collections::BTreeMap,
+    ffi::OsStr,
     fs,
     os::{
         fd::{AsFd as _, OwnedFd},
@@ -35,7 +36,11 @@ use ember_protocol::{
     encode_sampler_message, transport, Batch, FileInfo, Hello, Mapping, ProcessInfo, Row,
     SamplerMessage, StackRef, NO_FD, PROTOCOL_VERSION,
 };
-use ember_tests::{attack::*, *};
+use ember_tests::{
+    attack::*,
+    scenario::{ebpf_gate, Scenario},
+    *,
+};
 use nix::{errno::Errno, sys::signal::Signal};
 use serde_json::Value;
 
@@ -111,36 +116,14 @@ fn assert_witness_kept(folded: &str, cpu: Duration, what: &str) {
     );
 }
 
-fn record_args(duration: &str) -> Vec<String> {
-    vec![
-        "--duration".into(),
-        duration.into(),
-        "--frequency".into(),
-        FREQUENCY.to_string(),
-    ]
-}
-
-fn strs(args: &[String]) -> Vec<&str> {
-    args.iter().map(String::as_str).collect()
-}
-
-/// Waits for the first "batch received" of a record (sampling is under way).
-fn wait_first_batch(record: &mut AttackRecord) -> usize {
-    let _ = wait_until(FIRST_BATCH_TIMEOUT, || {
-        record.note_samplers();
-        !record.sampler_pids().is_empty() || record.child.try_wait().is_some()
-    });
-    let (index, _) = record
-        .log
-        .wait_for(0, FIRST_BATCH_TIMEOUT, is_batch)
-        .unwrap_or_else(|| {
-            let (status, _) = record.wait(Duration::from_secs(1));
-            panic!(
-                "no batch from the record (status {status:?}):\n{}",
-                tail(&record.log.text(), 60)
-            )
-        });
-    index
+/// An attack's `record` of `duration` at [`FREQUENCY`].
+fn recording(name: &str, duration: &str) -> Scenario {
+    Scenario::new(name).relay_args([
+        "--duration",
+        duration,
+        "--frequency",
+        &FREQUENCY.to_string(),
+    ])
 }
 
 fn process_stacks<'a>(stacks: &'a [FoldedStack], process: &str) -> Vec<&'a FoldedStack> {
@@ -155,15 +138,12 @@ fn process_stacks<'a>(stacks: &'a [FoldedStack], process: &str) -> Vec<&'a Folde
 /// and batches keep arriving after the attacker exits.
 #[test]
 fn attack1_huge_process_facts_do_not_stop_profiling() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let programs = attack_programs();
     let dir = attacker_dir(who, "ember-attack1-");
-    let mut record = spawn_attack_record(&strs(&record_args("14s")), RecordSetup::default());
-    wait_first_batch(&mut record);
+    let mut record = recording("attack1 record", "14s").record();
+    record.first_batch(FIRST_BATCH_TIMEOUT);
 
     let witness = Witness::start(6);
     let mut attack = spawn_attacker(
@@ -218,18 +198,15 @@ fn attack1_huge_process_facts_do_not_stop_profiling() {
 /// it holds: never the whole file), and the witness keeps its samples.
 #[test]
 fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let programs = attack_programs();
     let dir = attacker_dir(who, "ember-attack2a-");
     let big = dir.path().join("huge.bin");
-    let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
+    let mut record = recording("attack2a record", "12s").record();
     // Safety net for a vulnerable relay: kill it before it holds more than 6 GiB.
     let watch = Watch::start(record.pid(), Some(6 * 1024 * 1024));
-    wait_first_batch(&mut record);
+    record.first_batch(FIRST_BATCH_TIMEOUT);
 
     let witness = Witness::start(6);
     let mut attack = spawn_attacker(
@@ -287,19 +264,16 @@ fn attack2a_a_huge_sparse_file_does_not_exhaust_the_relay() {
 /// copy's tables and never follows the crafted chain, so the fake frames would not appear.
 #[test]
 fn attack2b_truncating_a_mapped_file_does_not_kill_the_relay() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let programs = attack_programs();
     let dir = attacker_dir(who, "ember-attack2b-");
     let copy = dir.path().join("libc-copy.so");
-    let mut fp_args = record_args("12s");
-    fp_args.extend(["--unwind".to_owned(), "fp".to_owned()]);
-    let mut record = spawn_attack_record(&strs(&fp_args), RecordSetup::default());
+    let mut record = recording("attack2b record", "12s")
+        .relay_args(["--unwind", "fp"])
+        .record();
     let watch = Watch::start(record.pid(), None);
-    wait_first_batch(&mut record);
+    record.first_batch(FIRST_BATCH_TIMEOUT);
 
     let witness = Witness::start(6);
     let mut attack = spawn_attacker(who, &programs.truncate, &[copy.to_str().unwrap(), "3", "7"]);
@@ -373,33 +347,19 @@ const ATTACK3_MAX_OPEN_FILES: usize = 100;
 /// RLIMIT_NOFILE: the descriptors waiting in its intake queue are open too.)
 #[test]
 fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let programs = attack_programs();
     let files = attacker_dir(who, "ember-attack3-");
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let socket = tmp.path().join("ember.sock");
-    let out = tmp.path().join("out");
     let sampler_uid = if sampler_drops_to_nobody() { NOBODY } else { 0 }.to_string();
-    let max_open_files = ATTACK3_MAX_OPEN_FILES.to_string();
-    let mut relay = spawn_relay_limited(
-        "relay (nofile 1024)",
-        &socket,
-        &[
-            "--output-dir",
-            out.to_str().unwrap(),
-            "--sampler-uid",
-            &sampler_uid,
-            "--max-open-files",
-            &max_open_files,
-        ],
-        Some(1024),
-        None,
-    );
-    let relay_pid = relay.child.pid();
+    let mut scenario = Scenario::new("relay (nofile 1024)")
+        .relay_args(["--sampler-uid", &sampler_uid])
+        .relay_args(["--max-open-files", &ATTACK3_MAX_OPEN_FILES.to_string()])
+        .output_dir()
+        .nofile(1024)
+        .run();
+    let out = scenario.out_dir();
+    let relay_pid = scenario.relay.child.pid();
     let watch = Watch::start(relay_pid, None);
     let baseline = fd_count(relay_pid).expect("relay fd count");
     // The attacker keeps its files mapped (so the sampler keeps holding them) for up to 60 s,
@@ -420,10 +380,12 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     let mut sampler_args = vec!["--frequency", freq.as_str()];
     if sampler_drops_to_nobody() {
         // The confined sampler connects as nobody: let it reach the root relay's socket.
-        fs::set_permissions(&socket, fs::Permissions::from_mode(0o666)).expect("chmod socket");
+        fs::set_permissions(&scenario.socket, fs::Permissions::from_mode(0o666))
+            .expect("chmod socket");
         sampler_args.extend(["--user", "nobody"]);
     }
-    let (_sampler, _sampler_log) = spawn_sampler("sampler", &socket, &sampler_args);
+    let _sampler = scenario.start_sampler("sampler", &sampler_args);
+    let relay = &mut scenario.relay;
     relay
         .log
         .expect(0, FIRST_BATCH_TIMEOUT, "first \"batch received\"", is_batch);
@@ -504,9 +466,8 @@ fn attack3_many_files_do_not_exhaust_the_relays_descriptors() {
     assert!(alive, "the relay died:\n{}", tail(&relay.log.text(), 40));
     // The output files are written when a window closes or the relay stops (never per batch):
     // stop it, so they hold the whole run.
-    relay.child.signal(Signal::SIGTERM);
     assert!(
-        relay.child.wait_timeout(Duration::from_secs(30)).is_some(),
+        relay.stop(Duration::from_secs(30)).is_some(),
         "the relay did not stop on SIGTERM:\n{}",
         tail(&relay.log.text(), 40)
     );
@@ -577,10 +538,7 @@ fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
 /// PWND_hot (the collision was exercised).
 #[test]
 fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let build_id = format!("-Wl,--build-id=0x{FORGED_BUILD_ID}");
     let dir = program_dir();
@@ -613,8 +571,8 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
     // A long duration, ended by SIGINT once the victim has run: on a loaded machine the three
     // batches below can take longer than a short fixed duration, which once ended the recording
     // before the victim started (0 victim samples).
-    let mut record = spawn_attack_record(&strs(&record_args("120s")), RecordSetup::default());
-    let first = wait_first_batch(&mut record);
+    let mut record = recording("attack4 record", "120s").record();
+    let first = record.first_batch(FIRST_BATCH_TIMEOUT);
     // Two more batches: the attacker's file has been symbolized.
     let (second, _) = record
         .log
@@ -688,10 +646,7 @@ fn attack4_a_forged_build_id_does_not_rename_the_victims_functions() {
 /// attacker's own frames are named from its symbol table and the relay says why.
 #[test]
 fn attack10_a_debug_link_to_a_fifo_does_not_stop_symbolization() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let built = compile_workload(&program_dir(), "spinner", "fifo_spin_src", &["-g"]);
     let adir = attacker_dir(who, "ember-attack10-");
@@ -730,8 +685,8 @@ fn attack10_a_debug_link_to_a_fifo_does_not_stop_symbolization() {
     fs::set_permissions(&debug, fs::Permissions::from_mode(0o666)).expect("chmod");
 
     let mut attack = spawn_attacker(who, &bin, &["60"]);
-    let mut record = spawn_attack_record(&strs(&record_args("12s")), RecordSetup::default());
-    wait_first_batch(&mut record);
+    let mut record = recording("attack10 record", "12s").record();
+    record.first_batch(FIRST_BATCH_TIMEOUT);
     let witness = Witness::start(6);
     let cpu = witness.cpu_time();
     let folded = record.finish(RECORD_TIMEOUT);
@@ -809,21 +764,18 @@ fn probe_successes(result: &Value) -> Vec<String> {
 /// /proc/<relay>/fd/N or pidfd_getfd a relay descriptor.
 #[test]
 fn attack5_no_other_process_can_read_the_relays_copies() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let secret_dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(secret_dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
     let secret = secret_dir.path().join("secret_spin");
     fs::copy(&workloads().spinner, &secret).expect("copy spinner");
     fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
     let workload = spawn_workload(&secret, 60);
-    let mut args = record_args("8s");
-    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
-    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let mut record = recording("attack5 record", "8s")
+        .relay_args(["--pid", &workload.pid().to_string()])
+        .record();
     let relay = record.pid();
-    wait_first_batch(&mut record);
+    record.first_batch(FIRST_BATCH_TIMEOUT);
     // The private copy of the 0700 binary, when the relay makes one.
     let _ = wait_until(Duration::from_secs(5), || memfd_bytes(relay) > 0);
     let uids = uid_fields(relay).expect("relay status");
@@ -889,10 +841,7 @@ fn attack5_no_other_process_can_read_the_relays_copies() {
 /// is unchanged; the three outputs are regular files, mode 0600, owned by the attacker.
 #[test]
 fn attack6_record_never_writes_through_a_symlink() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let root_dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(root_dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -906,19 +855,12 @@ fn attack6_record_never_writes_through_a_symlink() {
     std::os::unix::fs::lchown(&link, Some(who.uid), Some(who.gid)).expect("lchown");
 
     let workload = spawn_workload(&workloads().spinner, 60);
-    let mut args = record_args("3s");
-    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
-    let mut record = spawn_attack_record(
-        &strs(&args),
-        RecordSetup {
-            output: Some(out.path().to_path_buf()),
-            env: vec![
-                ("SUDO_UID", who.uid.to_string()),
-                ("SUDO_GID", who.gid.to_string()),
-            ],
-            nofile: None,
-        },
-    );
+    let mut record = recording("attack6 record", "3s")
+        .relay_args(["--pid", &workload.pid().to_string()])
+        .output(out.path())
+        .env("SUDO_UID", who.uid.to_string())
+        .env("SUDO_GID", who.gid.to_string())
+        .record();
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     let after = fs::read(&secret).expect("reading the root-only file");
     let meta = fs::metadata(&secret).unwrap();
@@ -971,14 +913,11 @@ fn attack6_record_never_writes_through_a_symlink() {
 /// sampler/src/harden.rs.
 #[test]
 fn attack7_the_sampler_is_contained() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 60);
-    let mut args = record_args("5s");
-    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
-    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let mut record = recording("attack7 record", "5s")
+        .relay_args(["--pid", &workload.pid().to_string()])
+        .record();
     let relay = record.pid();
     let mut seen = None;
     wait_until(Duration::from_secs(60), || {
@@ -1113,16 +1052,15 @@ fn is_batch_seq(seq: u64) -> impl Fn(&Value) -> bool {
 /// vulnerable build fails the test instead of eating the machine's memory.)
 #[test]
 fn attack8a_an_endless_kallsyms_is_bounded() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, Some(4 << 30));
+    let Some(_lock) = ebpf_gate() else { return };
+    let mut scenario = Scenario::new("attack8a relay")
+        .relay_args(FAKE_SAMPLER)
+        .address_space(4 << 30)
+        .run();
+    let (relay, socket) = (&mut scenario.relay, &scenario.socket);
     let watch = Watch::start(relay.child.pid(), Some(1024 * 1024));
     let zero: OwnedFd = fs::File::open("/dev/zero").expect("/dev/zero").into();
-    let sock = fake_connect(&socket);
+    let sock = fake_connect(socket);
     send(&sock, &fake_hello(0), &[&zero]).expect("sending the hello");
     drop(zero);
     let complained = relay.log.wait_for(0, LOG_TIMEOUT, |v| {
@@ -1163,15 +1101,13 @@ fn attack8a_an_endless_kallsyms_is_bounded() {
 /// then a batch: the relay closes them (its descriptor count falls back near where it was).
 #[test]
 fn attack8b_unreferenced_files_are_closed() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, None);
+    let Some(_lock) = ebpf_gate() else { return };
+    let mut scenario = Scenario::new("attack8b relay")
+        .relay_args(FAKE_SAMPLER)
+        .run();
+    let (relay, socket) = (&mut scenario.relay, &scenario.socket);
     let pid = relay.child.pid();
-    let sock = fake_connect(&socket);
+    let sock = fake_connect(socket);
     send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
     relay
         .log
@@ -1234,14 +1170,12 @@ fn attack8b_unreferenced_files_are_closed() {
 /// sample inside it: the relay neither panics nor dies and processes the following batch.
 #[test]
 fn attack8c_an_overflowing_file_offset_is_harmless() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let socket = tmp.path().join("ember.sock");
-    let mut relay = spawn_relay_limited("relay", &socket, FAKE_SAMPLER, None, None);
-    let sock = fake_connect(&socket);
+    let Some(_lock) = ebpf_gate() else { return };
+    let mut scenario = Scenario::new("attack8c relay")
+        .relay_args(FAKE_SAMPLER)
+        .run();
+    let (relay, socket) = (&mut scenario.relay, &scenario.socket);
+    let sock = fake_connect(socket);
     send(&sock, &fake_hello(NO_FD), &[]).expect("hello");
     let binary = &workloads().spinner;
     let meta = fs::metadata(binary).unwrap();
@@ -1320,10 +1254,7 @@ impl Drop for KillOnDrop {
 /// its relay was gone): its sampler child is gone within 10 s.
 #[test]
 fn attack8d_the_sampler_dies_with_record() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let dir = attacker_dir(who, "ember-attack8d-");
     let mut attack = spawn_attacker(
@@ -1332,7 +1263,7 @@ fn attack8d_the_sampler_dies_with_record() {
         &["same", dir.path().to_str().unwrap(), "1200", "3900", "30"],
     );
     attack.wait_ready(Duration::from_secs(20));
-    let mut record = spawn_attack_record(&strs(&record_args("60s")), RecordSetup::default());
+    let mut record = recording("attack8d record", "60s").record();
     let relay = record.pid();
     record
         .log
@@ -1394,10 +1325,7 @@ fn drives_a_terminal(text: &str) -> Option<char> {
 /// samples are under `do_syscall_64_(k)`.
 #[test]
 fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     // The spinner, stripped of DWARF (so names come from the symbol table) and renamed.
     let dir = attacker_dir(who, "ember-attack14-");
@@ -1424,14 +1352,10 @@ fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
     run_as(&mut command, who.uid, who.gid);
     let victim = ChildGuard::spawn("hostile-names", &mut command);
 
-    let mut args = record_args("4s");
-    args.extend([
-        "--pid".to_owned(),
-        victim.pid().to_string(),
-        "--format".to_owned(),
-        "svg,pprof,folded,speedscope".to_owned(),
-    ]);
-    let mut record = spawn_attack_record(&strs(&args), RecordSetup::default());
+    let mut record = recording("attack14 record", "4s")
+        .relay_args(["--pid", &victim.pid().to_string()])
+        .relay_args(["--format", "svg,pprof,folded,speedscope"])
+        .record();
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     assert!(
         status.is_some_and(|s| s.success()),
@@ -1517,10 +1441,7 @@ fn attack14_names_neither_drive_the_terminal_nor_pass_for_kernel_frames() {
 /// unchanged.
 #[test]
 fn attack15_record_never_follows_a_planted_output_symlink() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let secret = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(secret.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -1534,15 +1455,10 @@ fn attack15_record_never_follows_a_planted_output_symlink() {
     std::os::unix::fs::lchown(&link, Some(who.uid), Some(who.gid)).expect("lchown");
 
     let workload = spawn_workload(&workloads().spinner, 30);
-    let mut args = record_args("2s");
-    args.extend(["--pid".to_owned(), workload.pid().to_string()]);
-    let mut record = spawn_attack_record(
-        &strs(&args),
-        RecordSetup {
-            output: Some(link.clone()),
-            ..RecordSetup::default()
-        },
-    );
+    let mut record = recording("attack15 record", "2s")
+        .relay_args(["--pid", &workload.pid().to_string()])
+        .output(&link)
+        .record();
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     let log = record.log.text();
     eprintln!("record: {status:?}\n{stdout}\n{}", tail(&log, 5));
@@ -1584,10 +1500,7 @@ fn attack15_record_never_follows_a_planted_output_symlink() {
 /// and $BROWSER set: no browser is started (the stand-in leaves no mark), and record says why.
 #[test]
 fn attack16_open_never_starts_a_browser_as_root() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let tmp = tempfile::tempdir().expect("temp dir");
     let mark = tmp.path().join("browser-started");
     let browser = tmp.path().join("browser");
@@ -1595,24 +1508,13 @@ fn attack16_open_never_starts_a_browser_as_root() {
     fs::set_permissions(&browser, fs::Permissions::from_mode(0o755)).expect("chmod");
 
     let workload = spawn_workload(&workloads().spinner, 30);
-    let mut args = record_args("2s");
-    args.extend([
-        "--pid".to_owned(),
-        workload.pid().to_string(),
-        "--open".to_owned(),
-    ]);
-    let mut record = spawn_attack_record(
-        &strs(&args),
-        RecordSetup {
-            env: vec![
-                ("SUDO_UID", "0".to_owned()),
-                ("SUDO_GID", "0".to_owned()),
-                ("DISPLAY", ":0".to_owned()),
-                ("BROWSER", browser.display().to_string()),
-            ],
-            ..RecordSetup::default()
-        },
-    );
+    let mut record = recording("attack16 record", "2s")
+        .relay_args(["--pid", &workload.pid().to_string(), "--open"])
+        .env("SUDO_UID", "0")
+        .env("SUDO_GID", "0")
+        .env("DISPLAY", ":0")
+        .env("BROWSER", &browser)
+        .record();
     let (status, stdout) = record.wait(RECORD_TIMEOUT);
     // The opener would exec the browser at once; give a started one time to leave its mark.
     let started = wait_until(Duration::from_secs(3), || mark.exists()).is_some();
@@ -1897,21 +1799,15 @@ fn health_probe(target: std::net::SocketAddr, path: &str) -> Result<(u16, String
 /// show the closed connections counted by reason.
 #[test]
 fn attack13_slow_clients_do_not_stop_health_probes() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
-    let relay = spawn_relay_run("relay", &socket, &["--metrics-address", "127.0.0.1:0"]);
-    let address: std::net::SocketAddr = metrics_address(&relay).parse().expect("an address");
-    let pid = workload.pid().to_string();
-    let (_sampler, _sampler_log) =
-        spawn_sampler("sampler", &socket, &["--pid", &pid, "--frequency", "99"]);
-    relay
-        .log
-        .expect(0, FIRST_BATCH_TIMEOUT, "a batch", is_batch);
+    let scenario = Scenario::new("attack13 relay")
+        .relay_args(["--metrics-address", "127.0.0.1:0"])
+        .sampler_args(["--pid", &workload.pid().to_string(), "--frequency", "99"])
+        .run();
+    let address: std::net::SocketAddr = scenario.metrics_address().parse().expect("an address");
+    scenario.batch(0, FIRST_BATCH_TIMEOUT);
+    let relay = &scenario.relay;
     let ready = wait_until(LOG_TIMEOUT, || {
         health_probe(address, "/readyz").is_ok_and(|(status, _)| status == 200)
     });
@@ -2117,10 +2013,7 @@ fn record_resources(pid: u32, executable: &str) -> (Vec<BTreeMap<String, String>
 /// gone and counted.
 #[test]
 fn attack11a_a_process_cannot_forge_its_labels_through_its_environment() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let dir = attacker_dir(who, "ember-attack11a-");
     let exe = dir.path().join("attack11a");
@@ -2271,10 +2164,7 @@ impl Drop for DelegatedCgroup {
 /// another pod's labels). Her own names give user-scoped labels only.
 #[test]
 fn attack11b_a_process_cannot_forge_its_labels_through_a_delegated_cgroup() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let dir = attacker_dir(who, "ember-attack11b-");
     let exe = dir.path().join("attack11b");
@@ -2421,10 +2311,7 @@ fn witness_full_stacks(folded: &str, process: &str) -> (u64, u64) {
 /// the relay's metrics), never root's, and the sampler evicts none on its own.
 #[test]
 fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let who = attacker();
     let wdir = tempfile::Builder::new()
         .prefix("ember-attack12-root-")
@@ -2476,36 +2363,21 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
             .stdin(Stdio::null()),
     );
     let out_dir = wdir.path().join("out");
-    let socket = wdir.path().join("relay.sock");
-    let mut relay = spawn_relay_run(
-        "relay attack12",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--output-dir",
-            out_dir.to_str().expect("utf-8 path"),
-            "--window",
-            "4s",
-            "--metrics-address",
-            "127.0.0.1:0",
-        ],
-    );
-    let metrics = metrics_address(&relay);
-    let (_sampler, sampler_log) = spawn_sampler(
-        "sampler attack12",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--frequency",
-            "199",
+    let mut scenario = Scenario::new("attack12 relay")
+        .relay_args(["--unwind", "dwarf", "--window", "4s"])
+        .relay_args(["--metrics-address", "127.0.0.1:0"])
+        .relay_args([OsStr::new("--output-dir"), out_dir.as_os_str()])
+        .sampler_args(["--unwind", "dwarf", "--frequency", "199"])
+        .sampler_args([
             "--unwind-memory-bytes",
             ATTACK12_BUDGET,
             "--log-format",
             "json",
-        ],
-    );
+        ])
+        .run();
+    let metrics = scenario.metrics_address();
+    let sampler_log = scenario.sampler().log.clone();
+    let relay = &mut scenario.relay;
     let folded_path = out_dir.join("stacks.folded");
     let modified = || fs::metadata(&folded_path).and_then(|m| m.modified()).ok();
     let mut seen = modified();
@@ -2585,11 +2457,7 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
     let reoffered = counter("ember_relay_unwind_tables_reoffered_total");
     drop(attackers);
     witness.kill();
-    relay.child.signal(Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(LOG_TIMEOUT)
-        .expect("the relay stopped");
+    relay.stop(LOG_TIMEOUT).expect("the relay stopped");
     let batches = relay.log.matching(is_batch);
     let last = |key: &str| {
         batches

@@ -29,7 +29,11 @@ use ember_protocol::{
     transport::{self, Received},
     Batch, FileInfo, Hello, Limits, SamplerMessage, NO_FD, PROTOCOL_VERSION,
 };
-use ember_tests::{attack::*, *};
+use ember_tests::{
+    attack::*,
+    scenario::{ebpf_gate, Sampler, Scenario},
+    *,
+};
 use nix::{
     errno::Errno,
     poll::{PollFd, PollFlags, PollTimeout},
@@ -187,10 +191,7 @@ fn assert_go_pprof_reads_the_folded_stacks(out_dir: &Path, folded: &[FoldedStack
 /// the whole call chain from the outermost frame.
 #[test]
 fn ground_truth_split_matches_the_workload() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     const FREQUENCY: u32 = 499;
     const RUN: Duration = Duration::from_secs(8);
     let workload = spawn_workload(&workloads().groundtruth, 120);
@@ -201,17 +202,10 @@ fn ground_truth_split_matches_the_workload() {
     workload.signal(Signal::SIGSTOP);
     wait_until(LOG_TIMEOUT, || process_state(pid) == Some('T'))
         .expect("the groundtruth workload did not stop on SIGSTOP");
-    let mut record = spawn_attack_record(
-        &[
-            "--duration",
-            "20s",
-            "--frequency",
-            &FREQUENCY.to_string(),
-            "--pid",
-            &pid_arg(pid),
-        ],
-        RecordSetup::default(),
-    );
+    let mut record = Scenario::new("ground truth record")
+        .relay_args(["--duration", "20s", "--frequency", &FREQUENCY.to_string()])
+        .relay_args(["--pid", &pid_arg(pid)])
+        .record();
     // The sampler says hello only after its perf events are attached.
     record
         .log
@@ -407,10 +401,7 @@ const GETPPID_PATH: [&str; 4] = [
 /// and getppid paths function by function.
 #[test]
 fn kernel_frames_are_named() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().syscalls, 120);
     let pid = workload.pid();
     thread::sleep(Duration::from_millis(100));
@@ -597,10 +588,7 @@ fn kernel_frames_are_named() {
 /// stacks.
 #[test]
 fn multi_process_system_wide() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let groundtruth = spawn_workload(&workloads().groundtruth, 120);
     let spinner = spawn_workload(&workloads().spinner, 120);
     thread::sleep(Duration::from_millis(300));
@@ -731,10 +719,7 @@ fn multi_process_system_wide() {
 /// and it still symbolizes and writes its outputs.
 #[test]
 fn relay_runs_unprivileged() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
     let mut run = spawn_record(&[
         "--duration",
@@ -914,18 +899,17 @@ fn relay_runs_unprivileged() {
 /// relay serves a restarted sampler.
 #[test]
 fn relay_and_sampler_restarts() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 300);
     let pid = pid_arg(workload.pid());
     let sampler_args = ["--pid", pid.as_str(), "--frequency", "99"];
 
-    let mut relay1 = spawn_relay_run("relay-1", &socket, &[]);
-    let (mut sampler, _sampler_log) = spawn_sampler("sampler-1", &socket, &sampler_args);
+    let mut scenario = Scenario::new("relay-1").run();
+    let (dir, socket) = (scenario.dir().to_path_buf(), scenario.socket.clone());
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.start_sampler("sampler-1", &sampler_args);
+    let relay1 = &mut scenario.relay;
     relay1
         .log
         .expect(0, FIRST_BATCH_TIMEOUT, "\"batch received\"", is_batch);
@@ -946,7 +930,7 @@ fn relay_and_sampler_restarts() {
         "the sampler exited when the relay went away"
     );
     let restarted_at = now_unix_ns();
-    let out_dir = dir.path().join("out");
+    let out_dir = dir.join("out");
     let out_arg = out_dir.to_str().unwrap();
     let mut relay2 = spawn_relay_run("relay-2", &socket, &["--output-dir", out_arg]);
 
@@ -1130,25 +1114,16 @@ fn closed_within(sock: &OwnedFd, timeout: Duration) -> bool {
 /// (`relay_enforces_handshake_fd_indices_and_connection_cap`).
 #[test]
 fn relay_rejects_malformed_input() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     const MAX: usize = 65536;
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
     // The fake samplers below are this (root) test process; the real one at the end runs as
     // nobody once confined.
-    let mut relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--max-message-bytes",
-            &MAX.to_string(),
-            "--sampler-uid",
-            "0,65534",
-        ],
-    );
+    let mut scenario = Scenario::new("relay")
+        .relay_args(["--max-message-bytes", &MAX.to_string()])
+        .relay_args(["--sampler-uid", "0,65534"])
+        .run();
+    let socket = scenario.socket.clone();
+    let relay = &mut scenario.relay;
 
     let limits = Limits {
         max_message_bytes: MAX,
@@ -1282,7 +1257,7 @@ fn relay_rejects_malformed_input() {
         );
         // And it keeps serving: the next client's Hello is taken.
         drop(greeted_connection(
-            &relay,
+            relay,
             &socket,
             &format!("a client after {case}"),
         ));
@@ -1363,15 +1338,17 @@ fn greeted_connection(relay: &RunningRelay, socket: &Path, what: &str) -> (Owned
 #[test]
 fn relay_enforces_handshake_fd_indices_and_connection_cap() {
     let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
     let uid = nix::unistd::geteuid().to_string();
-    let mut relay = spawn_relay_run("relay", &socket, &["--sampler-uid", &uid]);
+    let mut scenario = Scenario::new("relay")
+        .relay_args(["--sampler-uid", &uid])
+        .run();
+    let socket = scenario.socket.clone();
+    let relay = &mut scenario.relay;
 
     // The cap first, on a fresh relay, so no earlier connection is still counted.
     // Given 64 samplers connected and greeted, and idle.
     let mut open: Vec<(OwnedFd, u64)> = (0..64)
-        .map(|i| greeted_connection(&relay, &socket, &format!("connection {}", i + 1)))
+        .map(|i| greeted_connection(relay, &socket, &format!("connection {}", i + 1)))
         .collect();
     // When a 65th connects, then it is closed with the logged reason.
     let mark = relay.log.len();
@@ -1489,10 +1466,10 @@ fn relay_enforces_handshake_fd_indices_and_connection_cap() {
             "the relay did not close the connection after {case}:\n{}",
             relay.log.text()
         );
-        let error = closing_error(&relay, mark, case);
+        let error = closing_error(relay, mark, case);
         assert_eq!(error, reason, "the relay's reason for {case}");
         // The next client is served.
-        let (next, _) = greeted_connection(&relay, &socket, &format!("the client after {case}"));
+        let (next, _) = greeted_connection(relay, &socket, &format!("the client after {case}"));
         assert!(
             !closed_within(&next, Duration::from_millis(500)),
             "the relay closed a valid client after {case}:\n{}",
@@ -1505,10 +1482,7 @@ fn relay_enforces_handshake_fd_indices_and_connection_cap() {
 /// `ember-relay run` as root without `--allow-root` refuses to start, naming the flag.
 #[test]
 fn relay_run_refuses_root_without_allow_root() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ember.sock");
     let mut command = std::process::Command::new(relay_bin());

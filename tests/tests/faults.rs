@@ -21,6 +21,7 @@
 
 use std::{
     collections::BTreeMap,
+    ffi::OsStr,
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpListener,
@@ -36,6 +37,7 @@ use std::{
 use ember_tests::{
     attack::cpu_time_at_exit,
     otlp::{self, Receiver},
+    scenario::{ebpf_gate, Sampler, Scenario},
     *,
 };
 use nix::sys::signal::Signal;
@@ -80,6 +82,20 @@ fn stopped_spinner() -> ChildGuard {
     workload
 }
 
+/// Once the relay logs the sampler connected, lets the stopped `workload` run (SIGCONT): what
+/// it uses from here on is sampled. Returns its CPU time before.
+fn run_once_connected(relay: &RunningRelay, workload: &ChildGuard) -> Duration {
+    relay.log.expect(
+        0,
+        FIRST_BATCH_TIMEOUT,
+        "\"sampler connected\"",
+        is_connected,
+    );
+    let before = process_cpu_time(workload.pid());
+    workload.signal(Signal::SIGCONT);
+    before
+}
+
 /// Ends the workload (SIGTERM) and returns its CPU time since `since`.
 fn end_workload(workload: ChildGuard, since: Duration) -> Duration {
     let pid = workload.pid();
@@ -99,8 +115,7 @@ fn end_workload(workload: ChildGuard, since: Duration) -> Duration {
 
 /// A relay config exporting to `endpoint` (`protocol` grpc or http, v1.10) with `extra` YAML
 /// lines under `exporters.otlp`.
-fn otlp_config(dir: &Path, endpoint: &str, protocol: &str, extra: &str) -> PathBuf {
-    let path = dir.join("relay.yaml");
+fn otlp_config(endpoint: &str, protocol: &str, extra: &str) -> String {
     let mut yaml = format!(
         "exporters:\n  otlp:\n    endpoint: {endpoint}\n    protocol: {protocol}\n    \
          proto_version: \"1.10\"\n    stats_interval: 1s\n"
@@ -110,8 +125,21 @@ fn otlp_config(dir: &Path, endpoint: &str, protocol: &str, extra: &str) -> PathB
         yaml.push_str(line);
         yaml.push('\n');
     }
-    fs::write(&path, yaml).unwrap();
-    path
+    yaml
+}
+
+/// The scenario of most cases: a `run` relay exporting as `config` says, with its metrics on an
+/// ephemeral port, and a sampler profiling only `workload` at [`FREQUENCY`].
+fn exporting(config: String, workload: &ChildGuard) -> Scenario {
+    Scenario::new("relay")
+        .config(config)
+        .relay_args(["--metrics-address", "127.0.0.1:0"])
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
 }
 
 /// Samples in everything `receiver` accepted.
@@ -248,32 +276,25 @@ fn assert_within(what: &str, got: f64, expected: f64, below: f64, above: f64) {
 /// but not yet exported: at most one interval (the exporter sends each interval as it ends).
 #[test]
 fn relay_kill_9_backlog_reaches_the_new_relay() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let receiver = Receiver::grpc(None);
-    let config = otlp_config(dir.path(), &receiver.url(), "grpc", "");
-    let config = config.to_str().unwrap();
     let workload = stopped_spinner();
-    let pid = workload.pid().to_string();
-
-    let mut relay1 = spawn_relay_run("relay-1", &socket, &["--config", config]);
-    let (mut sampler, _sampler_log) = spawn_sampler(
-        "sampler",
-        &socket,
-        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
-    );
-    relay1.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let mut scenario = Scenario::new("relay-1")
+        .config(otlp_config(&receiver.url(), "grpc", ""))
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
+        .run();
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.take_sampler();
+    let config = scenario.config_path();
+    let config = config.to_str().unwrap();
+    let relay1 = &mut scenario.relay;
+    let cpu0 = run_once_connected(relay1, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay1.log.matching(is_batch).len() >= 3
     })
@@ -298,7 +319,7 @@ fn relay_kill_9_backlog_reaches_the_new_relay() {
     );
     let relay2 = spawn_relay_run(
         "relay-2",
-        &socket,
+        &scenario.socket,
         &["--config", config, "--metrics-address", "127.0.0.1:0"],
     );
     let address = metrics_address(&relay2);
@@ -353,38 +374,20 @@ fn relay_kill_9_backlog_reaches_the_new_relay() {
 /// process that counted it is gone; the gap is visible as its missing sequence).
 #[test]
 fn sampler_kill_9_loses_at_most_its_current_interval() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let receiver = Receiver::grpc(None);
-    let config = otlp_config(dir.path(), &receiver.url(), "grpc", "");
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-address",
-            "127.0.0.1:0",
-        ],
-    );
-    let address = metrics_address(&relay);
     let workload = stopped_spinner();
+    let mut scenario = exporting(otlp_config(&receiver.url(), "grpc", ""), &workload).run();
+    let address = scenario.metrics_address();
+    let Sampler {
+        child: mut sampler1,
+        ..
+    } = scenario.take_sampler();
+    let (relay, socket) = (&scenario.relay, &scenario.socket);
     let pid = workload.pid().to_string();
     let sampler_args = ["--pid", pid.as_str(), "--frequency", FREQUENCY_ARG];
 
-    let (mut sampler1, _log1) = spawn_sampler("sampler-1", &socket, &sampler_args);
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let start1 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let start1 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay.log.matching(is_batch).len() >= 3
     })
@@ -403,13 +406,10 @@ fn sampler_kill_9_loses_at_most_its_current_interval() {
         .expect(mark, LOG_TIMEOUT, "\"sampler disconnected\"", |v| {
             message(v) == "sampler disconnected"
         });
-    assert!(
-        relay.child.pid() > 0 && is_alive(&relay),
-        "the relay exited"
-    );
+    assert!(relay.child.pid() > 0 && is_alive(relay), "the relay exited");
     assert_eq!(http_get(&address, "/healthz").0, 200);
 
-    let (mut sampler2, _log2) = spawn_sampler("sampler-2", &socket, &sampler_args);
+    let (mut sampler2, _log2) = spawn_sampler("sampler-2", socket, &sampler_args);
     let (connected, _) = relay.log.expect(
         gone,
         FIRST_BATCH_TIMEOUT,
@@ -423,7 +423,7 @@ fn sampler_kill_9_loses_at_most_its_current_interval() {
     })
     .expect("3 batches from sampler-2");
     let cpu2 = end_workload(workload, start2);
-    let end = stop_sampler(&mut sampler2, &relay, connected);
+    let end = stop_sampler(&mut sampler2, relay, connected);
 
     let l1 = sum_samples(&batches_between(&relay.log, 0, gone));
     let l2 = sum_samples(&batches_between(&relay.log, connected, end + 1));
@@ -467,48 +467,24 @@ fn is_alive(relay: &RunningRelay) -> bool {
 /// `queue_full` (or `retries_exhausted`), and nothing else is missing.
 #[test]
 fn otlp_backend_down_then_back_delivers_the_queue_and_counts_the_rest() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let receiver1 = Receiver::grpc(None);
     let addr = receiver1.addr;
     let config = otlp_config(
-        dir.path(),
         &receiver1.url(),
         "grpc",
         "retry_on_failure: { initial_interval: 200ms, max_interval: 1s, max_elapsed_time: 10m }\n\
          max_request_bytes: 4096\n\
          sending_queue: { queue_size_bytes: 12288 }",
     );
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-address",
-            "127.0.0.1:0",
-        ],
-    );
-    let address = metrics_address(&relay);
     let workload = stopped_spinner();
-    let pid = workload.pid().to_string();
-    let (mut sampler, _sampler_log) = spawn_sampler(
-        "sampler",
-        &socket,
-        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
-    );
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let mut scenario = exporting(config, &workload).run();
+    let address = scenario.metrics_address();
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.take_sampler();
+    let relay = &scenario.relay;
+    let cpu0 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay.log.matching(is_batch).len() >= 3
     })
@@ -550,7 +526,7 @@ fn otlp_backend_down_then_back_delivers_the_queue_and_counts_the_rest() {
         .expect("the queue was delivered once the receiver came back");
     thread::sleep(2 * INTERVAL);
     let cpu = end_workload(workload, cpu0);
-    stop_sampler(&mut sampler, &relay, 0);
+    stop_sampler(&mut sampler, relay, 0);
 
     let logged = logged_samples(&relay.log);
     let e = settled(&address);
@@ -676,52 +652,28 @@ fn serve_refusals(stream: std::net::TcpStream, answered: &[(u16, AtomicU64)], ne
 /// logged once per distinct answer, and the relay keeps running and receiving.
 #[test]
 fn otlp_413_and_400_are_counted_as_permanent_and_never_retried() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
+    let Some(_lock) = ebpf_gate() else { return };
     let server = RefusingServer::start(&[413, 400]);
     let config = otlp_config(
-        dir.path(),
         &format!("http://{}", server.addr),
         "http",
         "retry_on_failure: { initial_interval: 200ms, max_interval: 1s }",
     );
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-address",
-            "127.0.0.1:0",
-        ],
-    );
-    let address = metrics_address(&relay);
     let workload = stopped_spinner();
-    let pid = workload.pid().to_string();
-    let (mut sampler, _sampler_log) = spawn_sampler(
-        "sampler",
-        &socket,
-        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
-    );
-    relay.log.expect(
-        0,
-        FIRST_BATCH_TIMEOUT,
-        "\"sampler connected\"",
-        is_connected,
-    );
-    let cpu0 = process_cpu_time(workload.pid());
-    workload.signal(Signal::SIGCONT);
+    let mut scenario = exporting(config, &workload).run();
+    let address = scenario.metrics_address();
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.take_sampler();
+    let relay = &scenario.relay;
+    let cpu0 = run_once_connected(relay, &workload);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         server.answered(400) >= 2 && server.answered(413) >= 2
     })
     .expect("the server refused requests with 413 and with 400");
     thread::sleep(2 * INTERVAL);
     let cpu = end_workload(workload, cpu0);
-    stop_sampler(&mut sampler, &relay, 0);
+    stop_sampler(&mut sampler, relay, 0);
 
     let logged = logged_samples(&relay.log);
     let e = settled(&address);
@@ -756,7 +708,7 @@ fn otlp_413_and_400_are_counted_as_permanent_and_never_retried() {
             "no refusal logged naming {status}: {refusals:?}"
         );
     }
-    assert!(is_alive(&relay), "the relay exited");
+    assert!(is_alive(relay), "the relay exited");
     assert_eq!(http_get(&address, "/healthz").0, 200);
     let last = relay.log.matching(is_batch).last().unwrap().1.clone();
     let backlog_dropped = field_u64(&last, "backlog_dropped_samples").unwrap();
@@ -855,42 +807,25 @@ fn folded_total(out: &Path) -> Option<u64> {
 /// space is freed (the next window is written again). OTLP delivers or counts every sample.
 #[test]
 fn output_dir_removed_or_full_is_counted_and_written_again() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
     let mnt = dir.path().join("mnt");
     let tmpfs = Tmpfs::mount(&mnt, "256k");
     let out = mnt.join("out");
     let receiver = Receiver::grpc(None);
-    let config = otlp_config(dir.path(), &receiver.url(), "grpc", "");
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--output-dir",
-            out.to_str().unwrap(),
-            "--window",
-            "2s",
-        ],
-    );
-    let address = metrics_address(&relay);
     let workload = spawn_workload(&workloads().spinner, 600);
-    let pid = workload.pid().to_string();
-    let (mut sampler, _sampler_log) = spawn_sampler(
-        "sampler",
-        &socket,
-        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
-    );
+    let mut scenario = exporting(otlp_config(&receiver.url(), "grpc", ""), &workload)
+        .relay_args([OsStr::new("--output-dir"), out.as_os_str()])
+        .relay_args(["--window", "2s"])
+        .run();
+    let address = scenario.metrics_address();
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.take_sampler();
+    let relay = &scenario.relay;
 
     // Written as usual.
-    let (w1, n1) = next_window(&relay, 0);
+    let (w1, n1) = next_window(relay, 0);
     assert_eq!(
         folded_total(&out),
         Some(n1),
@@ -899,7 +834,7 @@ fn output_dir_removed_or_full_is_counted_and_written_again() {
 
     // Deleted with its directory: made again at the next window.
     fs::remove_dir_all(&out).unwrap();
-    let (w2, n2) = next_window(&relay, w1 + 1);
+    let (w2, n2) = next_window(relay, w1 + 1);
     assert!(
         relay
             .log
@@ -961,11 +896,11 @@ fn output_dir_removed_or_full_is_counted_and_written_again() {
         received_samples(&receiver) > received_before
     })
     .expect("OTLP delivered while the output disk was full");
-    assert!(is_alive(&relay), "the relay exited");
+    assert!(is_alive(relay), "the relay exited");
 
     // Space again: the next window is written.
     fs::remove_file(&filler).unwrap();
-    let (w4, n4) = next_window(&relay, w3 + 1);
+    let (w4, n4) = next_window(relay, w3 + 1);
     assert!(
         !relay
             .log
@@ -981,12 +916,12 @@ fn output_dir_removed_or_full_is_counted_and_written_again() {
     );
 
     drop(workload);
-    stop_sampler(&mut sampler, &relay, 0);
+    stop_sampler(&mut sampler, relay, 0);
     let logged = logged_samples(&relay.log);
     let e = settled(&address);
     assert_eq!(e.symbolized, logged);
     assert_eq!(received_samples(&receiver), e.sent);
-    drop(relay);
+    drop(scenario);
     drop(tmpfs);
 }
 
@@ -1162,34 +1097,20 @@ fn attack_fd_count(pid: u32) -> usize {
 /// amplification (many pointers at one shared list) and a segment-count bomb instead.
 #[test]
 fn hostile_client_pointer_bombs_and_fd_flood() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
-    let max_open_files = FLOOD_MAX_OPEN_FILES.to_string();
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &[
-            "--sampler-uid",
-            "0",
-            "--sampler-uid",
-            "65534",
-            "--metrics-address",
-            "off",
-            "--max-open-files",
-            &max_open_files,
-        ],
-    );
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 600);
-    let pid = workload.pid().to_string();
-    let (_sampler, _sampler_log) = spawn_sampler(
-        "sampler",
-        &socket,
-        &["--pid", &pid, "--frequency", FREQUENCY_ARG],
-    );
+    let scenario = Scenario::new("relay")
+        .relay_args(["--sampler-uid", "0", "--sampler-uid", "65534"])
+        .relay_args(["--metrics-address", "off"])
+        .relay_args(["--max-open-files", &FLOOD_MAX_OPEN_FILES.to_string()])
+        .sampler_args([
+            "--pid",
+            &workload.pid().to_string(),
+            "--frequency",
+            FREQUENCY_ARG,
+        ])
+        .run();
+    let (relay, socket) = (&scenario.relay, &scenario.socket);
     wait_until(FIRST_BATCH_TIMEOUT, || {
         relay.log.matching(is_batch).len() >= 3
     })
@@ -1206,7 +1127,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         ("600 segments", many_segments(600)),
     ];
     for (what, bytes) in &bombs {
-        let sock = hostile_connection(&relay, &socket);
+        let sock = hostile_connection(relay, socket);
         let mark = relay.log.len();
         // (A SEQPACKET datagram must fit the socket's send buffer, ~208 KiB by default.)
         ember_protocol::transport::send(std::os::fd::AsFd::as_fd(&sock), bytes, &[], false)
@@ -1222,7 +1143,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
 
     // The descriptor flood: datagrams each carrying the protocol's maximum of descriptors, of a
     // regular file (the relay closes a device's at once, so those would never be held).
-    let regular = dir.path().join("flooded");
+    let regular = scenario.dir().join("flooded");
     fs::write(&regular, b"not an ELF file").unwrap();
     let regular = fs::File::open(&regular).unwrap();
     let copies: Vec<std::os::fd::OwnedFd> = (0..ember_protocol::transport::MAX_FDS_PER_MESSAGE)
@@ -1240,7 +1161,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         peak: peak1,
         ended,
         ..
-    } = flood(&relay, &socket, &borrowed, |_| unreferenced.clone());
+    } = flood(relay, socket, &borrowed, |_| unreferenced.clone());
     let (_, error) = relay.log.expect(
         flood_start,
         LOG_TIMEOUT,
@@ -1272,7 +1193,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         sent,
         peak: peak2,
         ended,
-    } = flood(&relay, &socket, &borrowed, named);
+    } = flood(relay, socket, &borrowed, named);
     let flood_end = relay.log.len();
     let soft_limit = nofile_soft_limit(relay_pid);
     eprintln!(
@@ -1320,7 +1241,7 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
         "a batch after the flood",
         is_batch,
     );
-    assert!(is_alive(&relay), "the relay exited");
+    assert!(is_alive(relay), "the relay exited");
 
     // Back to normal: descriptors within a few of before, RSS within 32 MiB (the allocator may
     // keep some of the freed receive buffers).
@@ -1344,29 +1265,23 @@ fn hostile_client_pointer_bombs_and_fd_flood() {
 /// process, accepted with `--sampler-uid 0`; no eBPF is loaded.)
 #[test]
 fn a_second_sampler_of_the_same_host_is_warned_about() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
-    let relay = spawn_relay_run(
-        "relay",
-        &socket,
-        &["--sampler-uid", "0", "--metrics-address", "off"],
-    );
+    let Some(_lock) = ebpf_gate() else { return };
+    let scenario = Scenario::new("relay")
+        .relay_args(["--sampler-uid", "0", "--metrics-address", "off"])
+        .run();
+    let (relay, socket) = (&scenario.relay, &scenario.socket);
     let is_duplicate = |v: &Value| {
         level(v) == "WARN" && message(v).starts_with("a second sampler of the same host connected")
     };
     // Given one sampler of host "hostile": no warning
-    let first = hostile_connection(&relay, &socket);
+    let first = hostile_connection(relay, socket);
     assert!(
         relay.log.matching(is_duplicate).is_empty(),
         "a lone sampler was warned about"
     );
     // When a second one of the same host says hello
     let mark = relay.log.len();
-    let second = hostile_connection(&relay, &socket);
+    let second = hostile_connection(relay, socket);
     // Then the relay warns, naming the first connection
     let (_, warning) = relay.log.expect(
         mark,

@@ -19,7 +19,10 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::*;
+use ember_tests::{
+    scenario::{ebpf_gate, Sampler, Scenario},
+    *,
+};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -193,24 +196,17 @@ impl Scrape {
 /// sampler is gone, /healthz 200 throughout.
 #[test]
 fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler() {
-    if !privileged() {
-        return;
-    }
+    let Some(_lock) = ebpf_gate() else { return };
     let Some(python) = python_with_prometheus_client() else {
         skip("no .tools/venv with prometheus_client (scripts/setup.sh installs it)");
         return;
     };
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("ember.sock");
     let workload = spawn_workload(&workloads().spinner, 120);
-    let relay = spawn_relay_run("relay", &socket, &["--metrics-address", "127.0.0.1:0"]);
-    let (_, serving) = relay
-        .log
-        .expect(0, LOG_TIMEOUT, "the metrics address", |v| {
-            message(v).starts_with("serving metrics")
-        });
-    let address = field_text(&serving, "address").expect("the bound address");
+    let scenario = Scenario::new("relay")
+        .relay_args(["--metrics-address", "127.0.0.1:0"])
+        .run();
+    let (relay, socket) = (&scenario.relay, &scenario.socket);
+    let address = scenario.metrics_address();
 
     // Before any sampler: alive, not ready, and saying why.
     assert_eq!(http_get(&address, "/healthz"), (200, "ok\n".to_owned()));
@@ -221,8 +217,9 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
 
     // A sampler arrives: ready once its first batch is in.
     let pid = workload.pid().to_string();
-    let (mut sampler, _sampler_log) =
-        spawn_sampler("sampler", &socket, &["--pid", &pid, "--frequency", "99"]);
+    let Sampler {
+        child: mut sampler, ..
+    } = scenario.start_sampler("sampler", &["--pid", &pid, "--frequency", "99"]);
     relay
         .log
         .expect(0, FIRST_BATCH_TIMEOUT, "a batch", is_batch);
@@ -269,7 +266,7 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
     // refused, counted by reason, and named by /readyz.
     let refused = "ember_relay_sampler_connections_refused_total{reason=\"peer_uid\"}";
     assert!(text.contains(&format!("\n{refused} 0\n")), "{text}");
-    drop(ember_protocol::transport::connect(&socket).expect("connect to the relay's socket"));
+    drop(ember_protocol::transport::connect(socket).expect("connect to the relay's socket"));
     let counted = wait_until(LOG_TIMEOUT, || {
         text = http_get(&address, "/metrics").1;
         text.contains(&format!("\n{refused} 1\n"))
@@ -375,5 +372,5 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
             .any(|p| name.starts_with(p));
         assert!(prefixed, "{name}");
     }
-    drop(relay);
+    drop(scenario);
 }

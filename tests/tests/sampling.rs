@@ -25,7 +25,7 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::{attack::*, *};
+use ember_tests::{attack::*, scenario::Scenario, *};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -324,19 +324,10 @@ fn many_drains_lose_no_sample() {
     const RUN: Duration = Duration::from_secs(8);
     let workload = stopped_workload(&workloads().groundtruth, 120, Duration::from_millis(300));
     let pid = workload.pid().to_string();
-    let mut record = spawn_attack_record(
-        &[
-            "--duration",
-            "25s",
-            "--interval",
-            "50ms",
-            "--frequency",
-            &FREQUENCY.to_string(),
-            "--pid",
-            &pid,
-        ],
-        RecordSetup::default(),
-    );
+    let mut record = Scenario::new("many drains record")
+        .relay_args(["--duration", "25s", "--interval", "50ms"])
+        .relay_args(["--frequency", &FREQUENCY.to_string(), "--pid", &pid])
+        .record();
     record
         .log
         .expect(0, FIRST_BATCH_TIMEOUT, "sampler connected", is_connected);

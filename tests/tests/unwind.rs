@@ -24,7 +24,10 @@ use ember_protocol::{
     Limits, RelayMessage, SamplerMessage, UnwindTableChunk, MAX_UNWIND_CHUNK_BYTES,
 };
 use ember_tests::attack::{vm_hwm_kib, Watch};
-use ember_tests::*;
+use ember_tests::{
+    scenario::{ebpf_gate, Scenario},
+    *,
+};
 use nix::{
     errno::Errno,
     poll::{poll, PollFd, PollFlags, PollTimeout},
@@ -76,10 +79,7 @@ fn send_table(sock: &OwnedFd, file_id: u64, data: Vec<u8>) {
 
 #[test]
 fn sampler_refuses_bad_tables_loads_a_good_one_and_keeps_sampling() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
@@ -292,10 +292,7 @@ const FLOOD_TIME: Duration = Duration::from_secs(10);
 /// assembly (here 384 KiB), 16 inbox datagrams of 56 KiB, and the decoded copies of one.
 #[test]
 fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
     let hz = FLOOD_HZ.to_string();
     let c = connect_sampler(workload.pid(), &["--frequency", &hz]);
@@ -466,10 +463,7 @@ fn a_flooding_relay_is_held_back_counted_and_does_not_stop_sampling() {
 /// on the new connection.
 #[test]
 fn a_table_half_sent_before_a_disconnect_is_refused_and_the_next_connection_loads() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
     let Connected {
         mut sampler,
@@ -570,10 +564,7 @@ const FUNCS: [&str; 3] = ["outer_work", "middle_work", "inner_work"];
 /// workload measured itself.
 #[test]
 fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let binary = compile_workload(
@@ -584,26 +575,10 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     );
     let workload = spawn_workload(&binary, 120);
     let pid = workload.pid().to_string();
-    let out_dir = dir.path().join("out");
-    let socket = dir.path().join("relay.sock");
-    let out_arg = out_dir.to_str().expect("utf-8 path");
-    let relay = spawn_relay_run(
-        "relay --unwind dwarf",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--output-dir",
-            out_arg,
-            "--window",
-            "4s",
-        ],
-    );
-    let (_sampler, sampler_log) = spawn_sampler(
-        "sampler --unwind dwarf",
-        &socket,
-        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
-    );
+    let scenario = dwarf_scenario("relay --unwind dwarf", &pid).run();
+    let out_dir = scenario.out_dir();
+    let relay = &scenario.relay;
+    let sampler_log = &scenario.sampler.as_ref().expect("a sampler").log;
     std::thread::sleep(Duration::from_millis(9_000));
     let folded = fs::read_to_string(out_dir.join("stacks.folded")).unwrap_or_else(|err| {
         panic!(
@@ -680,37 +655,17 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
 /// window, >= 90% of its samples reach `_start` (native frames only; no Python symbols needed).
 #[test]
 fn dwarf_unwinding_reaches_start_in_debians_python3() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
-    let dir = tempfile::tempdir().expect("temp dir");
+    let Some(_lock) = ebpf_gate() else { return };
     let loop_src = "import time\nt = time.time()\nx = 0\nwhile time.time() - t < 60:\n    \
                     for i in range(10000):\n        x += i * i\n";
     let mut command = std::process::Command::new("python3");
     command.args(["-c", loop_src]);
     let python = ChildGuard::spawn("python3 loop", &mut command);
     let pid = python.pid().to_string();
-    let out_dir = dir.path().join("out");
-    let socket = dir.path().join("relay.sock");
-    let out_arg = out_dir.to_str().expect("utf-8 path");
-    let relay = spawn_relay_run(
-        "relay --unwind dwarf",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--output-dir",
-            out_arg,
-            "--window",
-            "4s",
-        ],
-    );
-    let (_sampler, sampler_log) = spawn_sampler(
-        "sampler --unwind dwarf",
-        &socket,
-        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
-    );
+    let scenario = dwarf_scenario("relay --unwind dwarf", &pid).run();
+    let out_dir = scenario.out_dir();
+    let relay = &scenario.relay;
+    let sampler_log = &scenario.sampler.as_ref().expect("a sampler").log;
     std::thread::sleep(Duration::from_millis(9_000));
     let folded = fs::read_to_string(out_dir.join("stacks.folded")).unwrap_or_else(|err| {
         panic!(
@@ -770,10 +725,7 @@ fn stop_table(code: u32) -> Vec<u8> {
 /// total `unwindStopped` agrees.
 #[test]
 fn a_stop_row_counts_exactly_its_samples_under_its_reason() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 120);
     let spinner_pid = workload.pid();
     let Connected {
@@ -886,10 +838,7 @@ const EVICTION_ROUNDS: &str = "15000";
 /// them would give wrong frames (checked: keeping the evicted entry fails this test).
 #[test]
 fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod dir");
     let libs: Vec<String> = (1..=3)
@@ -914,40 +863,22 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
         .stdout(std::process::Stdio::piped());
     let mut workload = ChildGuard::spawn("phases", &mut command);
     let pid = workload.pid().to_string();
-    let out_dir = dir.path().join("out");
-    let socket = dir.path().join("relay.sock");
-    let out_arg = out_dir.to_str().expect("utf-8 path");
-    let mut relay = spawn_relay_run(
-        "relay --unwind dwarf",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--output-dir",
-            out_arg,
-            "--window",
-            "10m",
-            "--metrics-address",
-            "127.0.0.1:0",
-        ],
-    );
-    let metrics = metrics_address(&relay);
-    let (_sampler, sampler_log) = spawn_sampler(
-        "sampler --unwind dwarf (small budget)",
-        &socket,
-        &[
-            "--unwind",
-            "dwarf",
-            "--pid",
-            &pid,
-            "--frequency",
-            "499",
+    let mut scenario = Scenario::new("relay --unwind dwarf")
+        .relay_args(["--unwind", "dwarf", "--window", "10m"])
+        .relay_args(["--metrics-address", "127.0.0.1:0"])
+        .output_dir()
+        .sampler_args(["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"])
+        .sampler_args([
             "--unwind-memory-bytes",
             EVICTION_BUDGET,
             "--log-format",
             "json",
-        ],
-    );
+        ])
+        .run();
+    let out_dir = scenario.out_dir();
+    let metrics = scenario.metrics_address();
+    let sampler_log = scenario.sampler().log.clone();
+    let relay = &mut scenario.relay;
     relay
         .log
         .expect(0, TIMEOUT, "the sampler connected", is_connected);
@@ -970,11 +901,7 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
     let (_, body) = http_get(&metrics, "/metrics");
     let withdrawn =
         metric_value(&body, "ember_relay_unwind_tables_withdrawn_total").unwrap_or(0.0) as u64;
-    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(TIMEOUT)
-        .expect("the relay stopped");
+    relay.stop(TIMEOUT).expect("the relay stopped");
     let folded = fs::read_to_string(out_dir.join("stacks.folded"))
         .unwrap_or_else(|err| panic!("no stacks.folded ({err}):\n{}", relay.log.text()));
 
@@ -1062,8 +989,8 @@ struct CachedRun {
 }
 
 /// Profiles `pid` for two 4-s windows with a relay caching tables in `state_dir`.
-fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &str) -> CachedRun {
-    let (folded, log) = profile_dwarf(dir, name, pid, &["--state-dir", state_dir]);
+fn run_with_state_dir(name: &str, pid: u32, state_dir: &str) -> CachedRun {
+    let (folded, log) = profile_dwarf(name, pid, &["--state-dir", state_dir]);
     let totals = log.matching(|l| message(l).starts_with("unwind tables sent"));
     let (_, last) = totals
         .last()
@@ -1080,44 +1007,25 @@ fn run_with_state_dir(dir: &std::path::Path, name: &str, pid: u32, state_dir: &s
 /// Profiles `pid` with `run --unwind dwarf` (4-s windows) and `ember-sampler --unwind dwarf`
 /// until a whole window began after the relay sent its tables; that window's stacks.folded and
 /// the relay's log (the relay stopped).
-fn profile_dwarf(
-    dir: &std::path::Path,
-    name: &str,
-    pid: u32,
-    relay_extra: &[&str],
-) -> (String, LogReader) {
-    profile_dwarf_after(dir, name, pid, relay_extra, 1)
+fn profile_dwarf(name: &str, pid: u32, relay_extra: &[&str]) -> (String, LogReader) {
+    profile_dwarf_after(name, pid, relay_extra, 1)
 }
 
 /// [`profile_dwarf`] that waits for the unwind worker's running totals to reach `tables` tables
 /// sent (compiled or from the cache; e.g. the first image's 3 files plus the exec'd image's
 /// one), however the worker split them into bursts, before it waits for the windows.
 fn profile_dwarf_after(
-    dir: &std::path::Path,
     name: &str,
     pid: u32,
     relay_extra: &[&str],
     tables: u64,
 ) -> (String, LogReader) {
-    let out_dir = dir.join(format!("out-{name}"));
-    let socket = dir.join(format!("{name}.sock"));
-    let out_arg = out_dir.to_str().expect("utf-8 path");
-    let mut args = vec![
-        "--unwind",
-        "dwarf",
-        "--output-dir",
-        out_arg,
-        "--window",
-        "4s",
-    ];
-    args.extend_from_slice(relay_extra);
-    let mut relay = spawn_relay_run(&format!("relay {name}"), &socket, &args);
-    let pid = pid.to_string();
-    let (_sampler, sampler_log) = spawn_sampler(
-        &format!("sampler {name}"),
-        &socket,
-        &["--unwind", "dwarf", "--pid", &pid, "--frequency", "499"],
-    );
+    let mut scenario = dwarf_scenario(&format!("relay {name}"), &pid.to_string())
+        .relay_args(relay_extra)
+        .run();
+    let out_dir = scenario.out_dir();
+    let sampler_log = scenario.sampler().log.clone();
+    let relay = &mut scenario.relay;
     // The first window that began after the tables were sent: the second file written after
     // the worker's totals line.
     relay.log.expect(0, TIMEOUT, "the unwind totals", |l| {
@@ -1141,12 +1049,17 @@ fn profile_dwarf_after(
     }
     // The sink writes then renames: the file read is whole.
     let folded = fs::read_to_string(&path).expect("stacks.folded");
-    relay.child.signal(nix::sys::signal::Signal::SIGTERM);
-    relay
-        .child
-        .wait_timeout(TIMEOUT)
-        .expect("the relay stopped");
-    (folded, relay.log)
+    relay.stop(TIMEOUT).expect("the relay stopped");
+    (folded, relay.log.clone())
+}
+
+/// `run --unwind dwarf` writing 4-s windows into the scenario's `out`, and `ember-sampler
+/// --unwind dwarf` profiling only `pid` at 499 Hz.
+fn dwarf_scenario(name: &str, pid: &str) -> Scenario {
+    Scenario::new(name)
+        .relay_args(["--unwind", "dwarf", "--window", "4s"])
+        .output_dir()
+        .sampler_args(["--unwind", "dwarf", "--pid", pid, "--frequency", "499"])
 }
 
 /// Samples of `process` whose leaf is `leaf`, and how many of them carry `chain` (root
@@ -1187,7 +1100,7 @@ fn assert_dwarf_chain(source: &str, flags: &[&str], chain: &[&str], min_share: f
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let binary = compile_workload(dir.path(), source, source, flags);
     let workload = spawn_workload(&binary, 120);
-    let (folded, _log) = profile_dwarf(dir.path(), source, workload.pid(), &[]);
+    let (folded, _log) = profile_dwarf(source, workload.pid(), &[]);
     drop(workload);
     let (total, matching, other) = chain_share(&folded, source, chain);
     let share = matching as f64 / total.max(1) as f64;
@@ -1211,10 +1124,7 @@ fn assert_dwarf_chain(source: &str, flags: &[&str], chain: &[&str], min_share: f
 /// frame-pointer walk skips caller_work: with `--unwind fp` this fails).
 #[test]
 fn a_frameless_leaf_keeps_its_caller() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     assert_dwarf_chain(
         "frameless",
         &["-O2", "-momit-leaf-frame-pointer"],
@@ -1228,10 +1138,7 @@ fn a_frameless_leaf_keeps_its_caller() {
 /// inner_work carry main -> outer_work -> middle_work -> inner_work.
 #[test]
 fn a_non_pie_executable_unwinds_whole() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     assert_dwarf_chain(
         "groundtruth",
         &["-O2", "-fomit-frame-pointer", "-no-pie"],
@@ -1246,10 +1153,7 @@ fn a_non_pie_executable_unwinds_whole() {
 /// libc) -> on_prof -> handler_burn.
 #[test]
 fn a_signal_handler_unwinds_through_the_trampoline_to_the_interrupted_code() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     assert_dwarf_chain(
         "sigprof",
         &["-O2", "-fomit-frame-pointer"],
@@ -1292,10 +1196,7 @@ fn chains(folded: &str, process: &str) -> (std::collections::BTreeSet<String>, f
 /// unusable, counts it rewritten and compiles it again.
 #[test]
 fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewritten() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let binary = compile_workload(
@@ -1309,7 +1210,7 @@ fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewr
     let state_arg = state.to_str().expect("utf-8 path");
 
     // Given a first run that compiled and stored the tables.
-    let first = run_with_state_dir(dir.path(), "first", workload.pid(), state_arg);
+    let first = run_with_state_dir("first", workload.pid(), state_arg);
     let cache_dir = state.join("unwind-cache");
     let files: Vec<std::path::PathBuf> = fs::read_dir(&cache_dir)
         .expect("the cache directory")
@@ -1328,7 +1229,7 @@ fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewr
     assert_eq!(files.len() as u64, first.compiled, "every table stored");
 
     // When a second run starts, Then it compiles nothing and gives the same stacks.
-    let second = run_with_state_dir(dir.path(), "second", workload.pid(), state_arg);
+    let second = run_with_state_dir("second", workload.pid(), state_arg);
     eprintln!(
         "second run: compiled {}, hits {}",
         second.compiled, second.hits
@@ -1360,7 +1261,7 @@ fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewr
         bytes[at] ^= 0x55;
         fs::write(file, bytes).expect("corrupting a cache file");
     }
-    let third = run_with_state_dir(dir.path(), "third", workload.pid(), state_arg);
+    let third = run_with_state_dir("third", workload.pid(), state_arg);
     eprintln!(
         "third run: compiled {}, hits {}, rewritten {}",
         third.compiled, third.hits, third.rewritten
@@ -1380,10 +1281,7 @@ fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewr
 /// built from the path (now sigprof) would give wrong frames.
 #[test]
 fn a_binary_replaced_on_disk_unwinds_with_the_mapped_files_table() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let flags = ["-O2", "-fomit-frame-pointer"];
@@ -1391,7 +1289,7 @@ fn a_binary_replaced_on_disk_unwinds_with_the_mapped_files_table() {
     let workload = spawn_workload(&binary, 120);
     let other = compile_workload(dir.path(), "sigprof", "other-build", &flags);
     fs::rename(&other, &binary).expect("replacing the running binary");
-    let (folded, _log) = profile_dwarf(dir.path(), "replaced", workload.pid(), &[]);
+    let (folded, _log) = profile_dwarf("replaced", workload.pid(), &[]);
     drop(workload);
     let (total, matching, other) = chain_share(&folded, "gt-replaced", &CHAIN);
     let share = matching as f64 / total.max(1) as f64;
@@ -1411,10 +1309,7 @@ fn a_binary_replaced_on_disk_unwinds_with_the_mapped_files_table() {
 /// two_inner samples carry main -> two_outer -> two_inner.
 #[test]
 fn exec_in_an_existing_pid_uses_the_new_images_table() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let flags = |role: &'static str| ["-O2", "-fomit-frame-pointer", role];
@@ -1424,7 +1319,7 @@ fn exec_in_an_existing_pid_uses_the_new_images_table() {
     command.arg("3").arg(&second).arg("120");
     let workload = ChildGuard::spawn("execer", &mut command);
     // The first image's 3 files (itself, libc, ld.so), then the exec'd image's own table.
-    let (folded, _log) = profile_dwarf_after(dir.path(), "exec", workload.pid(), &[], 4);
+    let (folded, _log) = profile_dwarf_after("exec", workload.pid(), &[], 4);
     drop(workload);
     let (total, matching, other) =
         chain_share(&folded, "execer-two", &["main", "two_outer", "two_inner"]);
@@ -1443,10 +1338,7 @@ fn exec_in_an_existing_pid_uses_the_new_images_table() {
 /// boundary).
 #[test]
 fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let lib = compile_workload(dir.path(), "mixlib", "libmix.so", &["-shared", "-fPIC"]);
@@ -1465,7 +1357,7 @@ fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
         ],
     );
     let workload = spawn_workload(&binary, 120);
-    let (folded, _log) = profile_dwarf(dir.path(), "mixed", workload.pid(), &[]);
+    let (folded, _log) = profile_dwarf("mixed", workload.pid(), &[]);
     drop(workload);
     let chain = [
         "main",
@@ -1492,10 +1384,7 @@ fn a_no_fp_binary_calling_an_fp_library_that_calls_back_unwinds_whole() {
 /// at least 10% of them (else the test would not exercise the PLT rows).
 #[test]
 fn a_plt_stub_unwinds_to_its_caller() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let lib = compile_workload(dir.path(), "pltlib", "libplt.so", &["-shared", "-fPIC"]);
@@ -1514,7 +1403,7 @@ fn a_plt_stub_unwinds_to_its_caller() {
         ],
     );
     let workload = spawn_workload(&binary, 120);
-    let (folded, _log) = profile_dwarf(dir.path(), "plt", workload.pid(), &[]);
+    let (folded, _log) = profile_dwarf("plt", workload.pid(), &[]);
     drop(workload);
     let (mut total, mut whole, mut in_stub) = (0u64, 0u64, 0u64);
     let mut other = Vec::new();
@@ -1557,10 +1446,7 @@ fn a_plt_stub_unwinds_to_its_caller() {
 /// 17 MiB at once on this kernel, so a sampler that stops hiding it fails here.
 #[test]
 fn the_sampler_loads_within_16_mib() {
-    if !privileged() {
-        return;
-    }
-    let _lock = ebpf_lock();
+    let Some(_lock) = ebpf_gate() else { return };
     let workload = spawn_workload(&workloads().spinner, 60);
     let c = connect_sampler(workload.pid(), &[]);
     let batch = next_batch(&c.conn, &c.log, Instant::now() + TIMEOUT);
