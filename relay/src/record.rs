@@ -144,16 +144,18 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         max_message_bytes: config.max_message_bytes,
     };
     let (events_tx, events) = driver::intake();
+    let refusals = Arc::new(source::Refusals::default());
+    let counted = Arc::clone(&refusals);
     thread::Builder::new()
         .name("sampler-conn".into())
-        .spawn(move || source::serve_connection(1, ours, limits, events_tx))
+        .spawn(move || source::serve_connection(1, ours, limits, events_tx, &counted))
         .context("starting the connection thread")?;
 
     let mut sinks = Sinks::default();
     sinks.push(Box::new(files));
     // Started unprivileged: threads created earlier would keep root's capabilities.
     // Served unprivileged too (the listening socket and its thread are created here).
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::default().with_refusals(refusals));
     metrics::serve(config.metrics, &metrics)?;
     sinks.extend(exporters::start(config.exporters, &metrics)?);
     let mut policy = Recording::new(config.duration, control);

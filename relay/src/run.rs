@@ -78,14 +78,20 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         max_message_bytes: config.max_message_bytes,
     };
     let (events_tx, events) = driver::intake();
-    source::spawn_listener(&config.socket, limits, config.sampler_uids, events_tx).with_context(
-        || {
-            format!(
+    let refusals = Arc::new(source::Refusals::default());
+    source::spawn_listener(
+        &config.socket,
+        limits,
+        config.sampler_uids,
+        events_tx,
+        Arc::clone(&refusals),
+    )
+    .with_context(|| {
+        format!(
             "cannot listen on {}; check that its directory exists and this user may write to it",
             config.socket.display()
         )
-        },
-    )?;
+    })?;
     let status = privileges::status();
     tracing::info!(
         socket = %config.socket.display(),
@@ -99,7 +105,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
             FilesSink::create(dir, &config.formats)?.with_folded_root(config.labels.folded_root),
         ));
     }
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::default().with_refusals(refusals));
     metrics::serve(config.metrics, &metrics)?;
     sinks.extend(exporters::start(config.exporters, &metrics)?);
     let source = config.labels.source.clone();

@@ -8,7 +8,7 @@
 //! Each series is one line of a table; the sampler's are the protocol's list of loss counters
 //! (`LOSS_COUNTERS`: a field added to `Losses` is served once it is listed there).
 
-use std::{fmt, sync::atomic::AtomicU64, time::Instant};
+use std::{fmt, time::Instant};
 
 use ember_protocol::PROTOCOL_VERSION;
 use prometheus_client::{
@@ -21,13 +21,10 @@ use prometheus_client::{
 use super::{
     admission::{Closed, ConnectionStats},
     process::{self, ProcessStats},
-    Metrics, Published, RelayStats, LATENCY_BUCKETS,
+    Metrics, OutputStats, Published, RelayStats, LATENCY_BUCKETS,
 };
 use crate::{
-    sink::{
-        files,
-        otlp::stats::{DropReason, Snapshot},
-    },
+    sink::otlp::stats::{DropReason, Snapshot},
     source::Refusal,
 };
 
@@ -77,17 +74,19 @@ const RELAY: &[RelaySeries] = &[
     ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),
 ];
 
-/// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.
-const OUTPUT: [(&str, &str, &AtomicU64); 2] = [
+/// The sinks' windows unwritten (`run --output-dir`, `record --output`): name, help, value.
+type OutputSeries = (&'static str, &'static str, fn(&OutputStats) -> u64);
+
+const OUTPUT: [OutputSeries; 2] = [
     (
         "ember_relay_output_windows_failed",
         "Windows whose output files (--output-dir) could not be written; the error log names the fix.",
-        &files::WINDOWS_FAILED,
+        |o| o.windows_failed,
     ),
     (
         "ember_relay_output_samples_unwritten",
         "Samples of the windows whose output files could not be written (still sent to the other sinks).",
-        &files::SAMPLES_UNWRITTEN,
+        |o| o.samples_unwritten,
     ),
 ];
 
@@ -187,6 +186,7 @@ pub(crate) fn render(metrics: &Metrics) -> Result<String, fmt::Error> {
         now: Instant::now(),
         process: process::read(),
         connections: metrics.connection_stats(),
+        refused: Refusal::ALL.map(|reason| (reason, metrics.refusals().total(reason))),
     }));
     let mut text = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
@@ -203,6 +203,8 @@ struct Scrape {
     now: Instant,
     process: Option<ProcessStats>,
     connections: std::sync::Arc<ConnectionStats>,
+    /// The source's refused connections, by reason.
+    refused: [(Refusal, u64); Refusal::ALL.len()],
 }
 
 impl Collector for Scrape {
@@ -245,7 +247,7 @@ impl Collector for Scrape {
             )?;
         }
         for (name, help, value) in OUTPUT {
-            let value = value.load(std::sync::atomic::Ordering::Relaxed);
+            let value = value(&self.published.output);
             series(&mut encoder, name, help, Kind::Counter, value)?;
         }
         let mut refused = encoder.encode_descriptor(
@@ -254,9 +256,9 @@ impl Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for reason in Refusal::ALL {
+        for (reason, total) in &self.refused {
             let labels = [("reason", reason.as_str())];
-            ConstCounter::new(reason.total()).encode(refused.encode_family(&labels)?)?;
+            ConstCounter::new(*total).encode(refused.encode_family(&labels)?)?;
         }
         self.encode_connections(&mut encoder)?;
         self.encode_latency(&mut encoder)?;
@@ -442,10 +444,13 @@ fn gauge_f64(
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, sync::Arc};
+    use std::{
+        collections::BTreeMap,
+        sync::{atomic::AtomicU64, Arc},
+    };
 
     use super::*;
-    use crate::sink::otlp::stats::Stats;
+    use crate::{sink::otlp::stats::Stats, source::Refusals};
 
     /// `name{labels}` -> value, and each family's HELP text and TYPE.
     struct Parsed {
@@ -534,9 +539,17 @@ mod tests {
 
     #[test]
     fn every_counter_and_gauge_is_read_from_its_own_field() {
-        // Given a snapshot in which every field of the relay's stats, the sampler's losses and
-        // an exporter's counters holds a value no other field holds
-        let metrics = Metrics::default();
+        // Given a snapshot in which every field of the relay's stats, the sampler's losses, the
+        // sinks' unwritten windows, the source's refusals and an exporter's counters holds a
+        // value no other field holds
+        let refusals = Arc::new(Refusals::default());
+        // (reason i: 5000 + i refusals)
+        for (i, reason) in Refusal::ALL.into_iter().enumerate() {
+            for _ in 0..5000 + i {
+                refusals.count(reason);
+            }
+        }
+        let metrics = Metrics::default().with_refusals(refusals);
         let relay = RelayStats {
             connections: 2001,
             connections_total: 2002,
@@ -575,6 +588,10 @@ mod tests {
         };
         metrics.publish(&Published {
             relay,
+            output: OutputStats {
+                windows_failed: 4001,
+                samples_unwritten: 4002,
+            },
             ..Published::default()
         });
         let stats = Arc::new(Stats::default());
@@ -712,9 +729,32 @@ mod tests {
                     ),
                 ]
             });
+        let output = [
+            ("ember_relay_output_windows_failed_total", 4001),
+            ("ember_relay_output_samples_unwritten_total", 4002),
+        ];
+        let refused = [
+            "peer_uid",
+            "credentials",
+            "too_many",
+            "recv_error",
+            "oversized",
+            "malformed",
+            "handshake",
+            "version",
+            "fd_index",
+        ];
+        let refused = refused.iter().enumerate().map(|(i, reason)| {
+            (
+                format!("ember_relay_sampler_connections_refused_total{{reason=\"{reason}\"}}"),
+                5000 + i as u64,
+            )
+        });
         let expected: Vec<(String, u64)> = relay
             .iter()
+            .chain(&output)
             .map(|(name, value)| ((*name).to_owned(), *value))
+            .chain(refused)
             .chain(sampler)
             .chain(export)
             .chain(dropped)
@@ -726,12 +766,18 @@ mod tests {
                 "{name}"
             );
         }
-        // And every series of these families is one of those checked
+        // And every other ember_ series is one of those checked (but for the few whose values
+        // the test cannot choose, which the test below checks)
         let checked: std::collections::BTreeSet<&str> =
             expected.iter().map(|(name, _)| name.as_str()).collect();
-        let families = ["ember_sampler_", "ember_relay_export_"];
+        let elsewhere = [
+            "ember_relay_build_info",
+            "ember_relay_loop_heartbeat_age_seconds",
+            "ember_relay_batch_latency_seconds",
+            "ember_relay_metrics_connections",
+        ];
         for name in parsed.values.keys() {
-            if families.iter().any(|f| name.starts_with(f)) {
+            if name.starts_with("ember_") && !elsewhere.iter().any(|e| name.starts_with(e)) {
                 assert!(checked.contains(name.as_str()), "unchecked: {name}");
             }
         }
@@ -764,6 +810,7 @@ mod tests {
                 ..RelayStats::default()
             },
             latency,
+            ..Published::default()
         });
         let stats = Arc::new(Stats::default());
         stats.dropped(DropReason::QueueFull, 9);
