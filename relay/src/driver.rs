@@ -234,7 +234,11 @@ impl Driver {
         let frequency = self.pipeline.frequency_hz();
         let window = std::mem::replace(&mut self.window, Profile::new(frequency));
         let failed = self.sinks.window(&window);
-        self.published.output.count(failed, window.total_samples());
+        if failed > 0 {
+            self.published.output.count(failed, window.total_samples());
+            // Served now rather than at the next loop step.
+            self.publish();
+        }
         tracing::info!(
             samples = std::mem::take(&mut self.window_samples),
             "window complete; starting a new one"

@@ -3,13 +3,13 @@
 //! server that serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
 //!
 //! Invariants: the driver never waits on a scrape. It keeps its own counters and, once per loop
-//! step, stores a heartbeat (an atomic) and copies a plain [`Published`] snapshot under a mutex
-//! it only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next
-//! one carries everything (the snapshot holds totals, never deltas). The OTLP exporter's
-//! counters and the source's refused connections are atomics of their own, handed over when the
-//! command assembles the relay and read at scrape time; no stage keeps process-global counters. The server runs on a thread of its own
-//! with a single-threaded runtime, bounded in connections (per peer and in all), header size and
-//! time, and counts the connections its bounds closed ([`admission`]).
+//! step, stores a heartbeat (an atomic) and copies a plain [`Published`] snapshot under a mutex it
+//! only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next one
+//! carries everything (the snapshot holds totals, never deltas). The OTLP exporter's counters and
+//! the source's refused connections are atomics of their own, handed over when the command
+//! assembles the relay and read at scrape time; no stage keeps process-global counters. The server
+//! runs on a thread of its own with a single-threaded runtime, bounded in connections (per peer and
+//! in all), header size and time, and counts the connections its bounds closed ([`admission`]).
 
 pub(crate) mod admission;
 pub(crate) mod encode;
