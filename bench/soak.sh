@@ -271,5 +271,6 @@ if [ -n "$distinct_pid" ]; then
 fi
 windows=$({ grep -F '"message":"window complete' "$tmp/relay.err" || true; } | grep -o '"samples":[0-9]*' | cut -d: -f2 | tr '\n' ' ' || true)
 echo "closed windows' samples: ${windows:-none}"
+# (the samples lost are fields of their own; every other counter not zero is in `losses`)
 echo "sampler counters at the last batch: $({ grep -F '"message":"batch received"' "$tmp/relay.err" || true; } | tail -n1 |
-  grep -o '"\(user_stack_lost\|counts_full\|backlog_dropped_samples\|proc_errors\|facts_dropped\|files_unopened\)":[0-9]*' | tr '\n' ' ')"
+  grep -o '"\(user_stack_lost\|counts_full\|backlog_dropped_samples\|losses\)":\([0-9]*\|"[^"]*"\)' | tr '\n' ' ')"

@@ -7,6 +7,7 @@ use crate::{
         batch, file_info, files_closed, hello, mapping, process_info, process_mappings,
         relay_message, row, sampler_message,
     },
+    losses::Losses,
     messages::*,
 };
 
@@ -689,6 +690,26 @@ mod tests {
         assert_eq!(read.processes.len(), MAX_IGNORE_PER_MESSAGE);
         assert_eq!(read.processes.last(), Some(&entry(1023)));
         assert_eq!((read.excess, read.forget_all), (300, false));
+    }
+
+    #[test]
+    fn every_loss_counter_crosses_the_wire_under_its_own_field() {
+        // Given a batch whose loss counters each hold a value no other holds
+        let batch = Batch {
+            losses: Box::new(crate::distinct_losses(1000)),
+            ..sample_batch()
+        };
+        // When it is encoded and decoded
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(batch.clone()));
+        let Ok(SamplerMessage::Batch(read)) = decode_sampler_message(&bytes, &Limits::default())
+        else {
+            panic!("a batch decodes");
+        };
+        // Then every counter arrives with its value (a field the codec forgets arrives as 0,
+        // two fields crossed arrive swapped)
+        for (counter, sent) in batch.losses.counters() {
+            assert_eq!((counter.get)(&read.losses), sent, "{}", counter.field);
+        }
     }
 
     #[test]

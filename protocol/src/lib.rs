@@ -8,6 +8,7 @@
 //! allocate or walk without bound.
 
 mod codec;
+mod losses;
 mod messages;
 pub mod split;
 pub mod transport;
@@ -22,6 +23,7 @@ pub use codec::{
     decode_relay_message, decode_sampler_message, encode_relay_message, encode_sampler_message,
     DecodeError, Limits,
 };
+pub use losses::{distinct_losses, LossCounter, Losses, Summary, LOSS_COUNTERS};
 pub use messages::*;
 
 /// Version of the wire protocol this build speaks; checked by the relay on `Hello`.

@@ -1,5 +1,7 @@
 //! Plain Rust forms of the protocol messages (see `schema/ember.capnp` for field meanings).
 
+use crate::losses::Losses;
+
 /// Every message the sampler sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SamplerMessage {
@@ -121,77 +123,6 @@ pub struct Row {
     pub user_stack: StackRef,
     pub kernel_stack: StackRef,
     pub count: u64,
-}
-
-/// Totals since the sampler started (see `Losses` in the schema).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Losses {
-    pub samples: u64,
-    pub idle: u64,
-    pub filtered: u64,
-    pub user_stack_lost: u64,
-    pub kernel_stack_lost: u64,
-    pub counts_full: u64,
-    pub backlog_dropped_batches: u64,
-    pub backlog_dropped_samples: u64,
-    pub proc_errors: u64,
-    pub facts_dropped: u64,
-    pub facts_truncated: u64,
-    pub files_unopened: u64,
-    pub unwind_tables_loaded: u64,
-    pub unwind_tables_refused: u64,
-    pub unwind_stopped: u64,
-    pub unwind_cut: u64,
-    pub unwind_map_full: u64,
-    /// Stacks that ended at a stop row of code 1: the outermost frame (_start, thread start), the normal end.
-    pub unwind_outermost: u64,
-    /// Stacks cut at a stop row of code 2: CFA from a register other than rsp/rbp.
-    pub unwind_stop_cfa_register: u64,
-    /// Code 3: CFA a DWARF expression other than PLT/signal.
-    pub unwind_stop_cfa_expression: u64,
-    /// Code 4: an offset over the row's field.
-    pub unwind_stop_offset_range: u64,
-    /// Code 5: return address not at CFA - 8.
-    pub unwind_stop_return_address_rule: u64,
-    /// Code 6: rbp restored by a rule without a row kind.
-    pub unwind_stop_rbp_rule: u64,
-    /// Code 7: malformed CFI.
-    pub unwind_stop_malformed: u64,
-    /// Code 8: FDE over the compiler's budget.
-    pub unwind_stop_budget: u64,
-    /// Stacks ended by a failed read of user memory.
-    pub unwind_read_failed: u64,
-    /// Stacks ended at rbp 0 or a return address 0 (end of a frame-pointer chain).
-    pub unwind_zero_end: u64,
-    /// Frames unwound by frame pointers: pc in no known file mapping.
-    pub unwind_fp_no_mapping: u64,
-    /// Frames unwound by frame pointers: their file has no table loaded (absent, refused, evicted).
-    pub unwind_fp_no_table: u64,
-    /// Frames unwound by frame pointers: a gap row or outside the table.
-    pub unwind_fp_gap: u64,
-    /// User-mode samples of processes whose mappings the unwinder does not know yet (frame-pointer stack kept).
-    pub unwind_no_process: u64,
-    /// Loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes.
-    pub unwind_tables_evicted: u64,
-}
-
-impl Losses {
-    /// Walked stacks that ended at a stop row of `code` (the relay's `StopReason` codes 1..=8).
-    pub fn unwind_stops_with_code(&self, code: u32) -> Option<u64> {
-        let counts = [
-            self.unwind_outermost,
-            self.unwind_stop_cfa_register,
-            self.unwind_stop_cfa_expression,
-            self.unwind_stop_offset_range,
-            self.unwind_stop_return_address_rule,
-            self.unwind_stop_rbp_rule,
-            self.unwind_stop_malformed,
-            self.unwind_stop_budget,
-        ];
-        counts
-            .get(usize::try_from(code.checked_sub(1)?).ok()?)
-            .copied()
-    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -39,6 +39,7 @@ use crate::{
         files::{FilesSink, OutputFormat},
         Sinks,
     },
+    source::Refusals,
     source::{self, SourceEvent},
     symbolize,
     unwind::sender::UnwindMode,
@@ -136,7 +137,9 @@ impl Prepared {
         if let Some(files) = files {
             sinks.push(Box::new(files));
         }
-        let metrics = Arc::new(Metrics::default());
+        // The source counts what it refuses into this; /metrics and /readyz read it.
+        let refusals = Arc::new(Refusals::default());
+        let metrics = Arc::new(Metrics::default().with_refusals(Arc::clone(&refusals)));
         metrics::serve(settings.metrics, &metrics)?;
         sinks.extend(exporters::start(settings.exporters, &metrics)?);
         if let Some(settings) = &settings.kubernetes {
@@ -153,15 +156,18 @@ impl Prepared {
             limits: Limits {
                 max_message_bytes: settings.max_message_bytes,
             },
+            refusals,
         };
         Ok((Relay { driver, events }, intake))
     }
 }
 
-/// Where a source sends what it reads from its samplers, and the limits it reads them with.
+/// Where a source sends what it reads from its samplers, the limits it reads them with, and
+/// where it counts what it refuses.
 pub(crate) struct Intake {
     pub events: SyncSender<SourceEvent>,
     pub limits: Limits,
+    pub refusals: Arc<Refusals>,
 }
 
 /// The assembled relay: the driver and the receiving end of its intake.

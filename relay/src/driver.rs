@@ -233,7 +233,12 @@ impl Driver {
         }
         let frequency = self.pipeline.frequency_hz();
         let window = std::mem::replace(&mut self.window, Profile::new(frequency));
-        self.sinks.window(&window);
+        let failed = self.sinks.window(&window);
+        if failed > 0 {
+            self.published.output.count(failed, window.total_samples());
+            // Served now rather than at the next loop step.
+            self.publish();
+        }
         tracing::info!(
             samples = std::mem::take(&mut self.window_samples),
             "window complete; starting a new one"
@@ -251,7 +256,7 @@ mod tests {
     use super::*;
     use crate::{
         pipeline::fixtures::{self, batch, session_start},
-        sink::{files::FilesSink, Sink, SinkReport},
+        sink::{files::FilesSink, Sink, SinkReport, WindowOutcome},
     };
 
     /// What a sink was handed, by call, with the sample count.
@@ -272,10 +277,11 @@ mod tests {
                 .push(Call::Interval(profile.total_samples()));
         }
 
-        fn window(&mut self, profile: &Profile) {
+        fn window(&mut self, profile: &Profile) -> WindowOutcome {
             self.0
                 .borrow_mut()
                 .push(Call::Window(profile.total_samples()));
+            WindowOutcome::Kept
         }
 
         fn finish(self: Box<Self>, window: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
@@ -460,6 +466,41 @@ mod tests {
         assert_eq!(*log.borrow(), [Call::Finish(0)]);
         let text = folded(tmp.path());
         assert!(text.contains("do_one_[k] 4\n"), "{text}");
+    }
+
+    #[test]
+    fn windows_a_sink_could_not_write_are_counted_in_the_published_metrics() {
+        // Given a sink that can write no window (a full disk under --output-dir), beside one
+        // that keeps them, and a window so short that every interval closes one
+        struct Unwritable;
+        impl Sink for Unwritable {
+            fn wants_window(&self) -> bool {
+                true
+            }
+            fn window(&mut self, profile: &Profile) -> WindowOutcome {
+                if profile.is_empty() {
+                    WindowOutcome::Kept
+                } else {
+                    WindowOutcome::Unwritten
+                }
+            }
+            fn finish(self: Box<Self>, _: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+                Ok(SinkReport::Quiet)
+            }
+        }
+        let (sink, _log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(Box::new(Unwritable));
+        sinks.push(sink);
+        let metrics = Arc::new(Metrics::default());
+        // When the two intervals (7 and 5 samples) pass through
+        Driver::new(sinks, FileLimits::default(), Some(Duration::ZERO))
+            .with_metrics(Arc::clone(&metrics))
+            .run(&three_batches_two_intervals(), &mut UntilDisconnected)
+            .expect("the driver runs");
+        // Then the metrics hold both windows and their samples as unwritten, once each
+        let output = metrics.published().output;
+        assert_eq!((output.windows_failed, output.samples_unwritten), (2, 12));
     }
 
     #[test]

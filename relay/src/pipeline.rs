@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     os::fd::OwnedFd,
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
@@ -128,6 +129,68 @@ impl Totals {
                 .saturating_sub(batch.interval_start_unix_ns),
         );
     }
+}
+
+/// The sampler's counters the `batch received` line logs under their own keys (scripts and
+/// alerts read them: the samples and the samples lost); every other counter that is not zero
+/// goes into its `losses` field.
+const LOGGED_APART: [&str; 6] = [
+    "sampler_samples",
+    "user_stack_lost",
+    "kernel_stack_lost",
+    "counts_full",
+    "backlog_dropped_batches",
+    "backlog_dropped_samples",
+];
+
+/// The `losses` field of the `batch received` line: `key=value` of every counter not zero and
+/// not logged apart, in the protocol's order, separated by spaces.
+fn other_losses(losses: &Losses) -> String {
+    let mut text = String::new();
+    for (counter, value) in losses.counters() {
+        if value == 0 || LOGGED_APART.contains(&counter.log) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        // (writing to a String cannot fail)
+        let _ = write!(text, "{}={value}", counter.log);
+    }
+    text
+}
+
+/// The `batch received` line: the part, what the session holds, and the sampler's counters.
+fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session, ignore_sent: u64) {
+    let losses = &batch.losses;
+    tracing::info!(
+        connection = conn,
+        sequence = batch.sequence,
+        part = batch.part,
+        parts = batch.parts,
+        interval_start_unix_ns = batch.interval_start_unix_ns,
+        interval_end_unix_ns = batch.interval_end_unix_ns,
+        samples,
+        processes = session.process_count(),
+        files = session.file_count(),
+        unknown_frames = session.stats.unknown_frames,
+        frames = session.stats.frames,
+        files_closed = session.stats.files_closed,
+        files_swept = session.stats.files_swept,
+        mappings_omitted = session.stats.mappings_omitted,
+        sampler_samples = losses.samples,
+        user_stack_lost = losses.user_stack_lost,
+        kernel_stack_lost = losses.kernel_stack_lost,
+        counts_full = losses.counts_full,
+        backlog_dropped_batches = losses.backlog_dropped_batches,
+        backlog_dropped_samples = losses.backlog_dropped_samples,
+        losses = other_losses(losses).as_str(),
+        ignored_samples = batch.ignore.ignored_samples,
+        ignore_refused = batch.ignore.refused,
+        ignored_processes = batch.ignore.processes,
+        ignore_sent,
+        "batch received"
+    );
 }
 
 impl Pipeline {
@@ -395,59 +458,7 @@ impl Pipeline {
             .saturating_sub(filtered_before);
         self.totals
             .count_batch(batch, samples, filtered, &before, &session.stats);
-        tracing::info!(
-            connection = conn,
-            sequence = batch.sequence,
-            part = batch.part,
-            parts = batch.parts,
-            interval_start_unix_ns = batch.interval_start_unix_ns,
-            interval_end_unix_ns = batch.interval_end_unix_ns,
-            samples,
-            processes = session.process_count(),
-            files = session.file_count(),
-            unknown_frames = session.stats.unknown_frames,
-            frames = session.stats.frames,
-            files_closed = session.stats.files_closed,
-            files_swept = session.stats.files_swept,
-            mappings_omitted = session.stats.mappings_omitted,
-            sampler_samples = batch.losses.samples,
-            idle_samples = batch.losses.idle,
-            filtered_samples = batch.losses.filtered,
-            user_stack_lost = batch.losses.user_stack_lost,
-            kernel_stack_lost = batch.losses.kernel_stack_lost,
-            counts_full = batch.losses.counts_full,
-            backlog_dropped_batches = batch.losses.backlog_dropped_batches,
-            backlog_dropped_samples = batch.losses.backlog_dropped_samples,
-            proc_errors = batch.losses.proc_errors,
-            facts_dropped = batch.losses.facts_dropped,
-            facts_truncated = batch.losses.facts_truncated,
-            files_unopened = batch.losses.files_unopened,
-            unwind_tables_loaded = batch.losses.unwind_tables_loaded,
-            unwind_tables_refused = batch.losses.unwind_tables_refused,
-            unwind_stopped = batch.losses.unwind_stopped,
-            unwind_cut = batch.losses.unwind_cut,
-            unwind_map_full = batch.losses.unwind_map_full,
-            ignored_samples = batch.ignore.ignored_samples,
-            ignore_refused = batch.ignore.refused,
-            ignored_processes = batch.ignore.processes,
-            ignore_sent = self.ignore.sent,
-            unwind_tables_evicted = batch.losses.unwind_tables_evicted,
-            unwind_outermost = batch.losses.unwind_outermost,
-            unwind_stop_cfa_register = batch.losses.unwind_stop_cfa_register,
-            unwind_stop_cfa_expression = batch.losses.unwind_stop_cfa_expression,
-            unwind_stop_offset_range = batch.losses.unwind_stop_offset_range,
-            unwind_stop_return_address_rule = batch.losses.unwind_stop_return_address_rule,
-            unwind_stop_rbp_rule = batch.losses.unwind_stop_rbp_rule,
-            unwind_stop_malformed = batch.losses.unwind_stop_malformed,
-            unwind_stop_budget = batch.losses.unwind_stop_budget,
-            unwind_read_failed = batch.losses.unwind_read_failed,
-            unwind_zero_end = batch.losses.unwind_zero_end,
-            unwind_fp_no_mapping = batch.losses.unwind_fp_no_mapping,
-            unwind_fp_no_table = batch.losses.unwind_fp_no_table,
-            unwind_fp_gap = batch.losses.unwind_fp_gap,
-            unwind_no_process = batch.losses.unwind_no_process,
-            "batch received"
-        );
+        log_batch(conn, batch, samples, session, self.ignore.sent);
         self.release_symbolizer_memory();
         self.check_sigbus();
         self.log_label_stats();
@@ -737,6 +748,111 @@ mod tests {
             assert_eq!(pipeline.handle(event), Handled::Nothing);
         }
         pipeline
+    }
+
+    thread_local! {
+        /// What this test thread logged (see [`logged_json`]).
+        static LOGGED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// Writes into this thread's [`LOGGED`].
+    struct ThreadLog;
+
+    impl std::io::Write for ThreadLog {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            LOGGED.with_borrow_mut(|logged| logged.extend_from_slice(bytes));
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `handle(event)` logged on this thread, one JSON object per line. The subscriber
+    /// is the global one, each thread writing to its own buffer: a subscriber set for one
+    /// thread only misses events whose call site another test thread registered first.
+    fn logged_json(pipeline: &mut Pipeline, event: SourceEvent) -> Vec<serde_json::Value> {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .json()
+                .flatten_event(true)
+                .with_writer(|| ThreadLog)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        });
+        LOGGED.with_borrow_mut(Vec::clear);
+        pipeline.handle(event);
+        let text = LOGGED.with_borrow_mut(std::mem::take);
+        String::from_utf8(text)
+            .expect("utf-8")
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON log line"))
+            .collect()
+    }
+
+    #[test]
+    fn the_batch_line_logs_every_loss_counter_once_under_its_key() {
+        // Given a batch whose loss counters each hold a value no other holds
+        let mut pipeline = started();
+        let SourceEvent::Message {
+            conn,
+            message: SamplerMessage::Batch(mut part),
+            fds,
+        } = batch(1, 0, 1, 5)
+        else {
+            panic!("a batch event");
+        };
+        part.losses = Box::new(ember_protocol::distinct_losses(1000));
+        let event = SourceEvent::Message {
+            conn,
+            message: SamplerMessage::Batch(part),
+            fds,
+        };
+        // When it is handled
+        let lines = logged_json(&mut pipeline, event);
+        let line = lines
+            .iter()
+            .find(|l| l["message"] == "batch received")
+            .unwrap_or_else(|| panic!("no batch line: {lines:?}"));
+        // Then each counter is there once: under its own key, or as `key=value` in `losses`
+        let losses = line["losses"].as_str().expect("a losses field");
+        let listed: std::collections::BTreeMap<&str, u64> = losses
+            .split(' ')
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').expect("key=value");
+                (key, value.parse().expect("a number"))
+            })
+            .collect();
+        for (counter, value) in ember_protocol::distinct_losses(1000).counters() {
+            let own = line.get(counter.log).and_then(serde_json::Value::as_u64);
+            let found = match (own, listed.get(counter.log)) {
+                (Some(own), None) => own,
+                (None, Some(listed)) => *listed,
+                both => panic!("{}: {both:?} in {line}", counter.log),
+            };
+            assert_eq!(found, value, "{} in {line}", counter.log);
+        }
+        assert_eq!(
+            listed.len() + LOGGED_APART.len(),
+            ember_protocol::LOSS_COUNTERS.len(),
+            "{line}"
+        );
+        // And the relay's own count of the part's samples keeps its key
+        assert_eq!(line["samples"], 5);
+    }
+
+    #[test]
+    fn counters_at_zero_are_left_out_of_the_losses_field() {
+        let mut losses = ember_protocol::Losses {
+            unwind_outermost: 4,
+            idle: 2,
+            counts_full: 9,
+            ..ember_protocol::Losses::default()
+        };
+        assert_eq!(other_losses(&losses), "idle_samples=2 unwind_outermost=4");
+        losses = ember_protocol::Losses::default();
+        assert_eq!(other_losses(&losses), "");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _};
 use ember_common::LogFormat;
-use ember_protocol::{transport, Losses, SamplerMessage};
+use ember_protocol::{transport, Losses, SamplerMessage, Summary};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
@@ -118,7 +118,9 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     let (relay, intake) = prepared.start()?;
     thread::Builder::new()
         .name("sampler-conn".into())
-        .spawn(move || source::serve_connection(1, ours, intake.limits, intake.events))
+        .spawn(move || {
+            source::serve_connection(1, ours, intake.limits, intake.events, &intake.refusals)
+        })
         .context("starting the connection thread")?;
     let mut policy = Recording::new(config.duration, control);
     let ended = relay.run(&mut policy)?;
@@ -455,45 +457,29 @@ fn wait_child(child: &mut std::process::Child) -> String {
     }
 }
 
-/// With `--unwind dwarf`: how the walked user stacks ended, per reason (totals since the
-/// sampler started), and the tables the sampler loaded, refused and evicted.
-fn print_unwind_summary(losses: &Losses) {
-    let ends = [
-        ("outermost", losses.unwind_outermost),
-        ("zero_end", losses.unwind_zero_end),
-        ("cut_at_frame_cap", losses.unwind_cut),
-        ("read_failed", losses.unwind_read_failed),
-        ("cfa_register", losses.unwind_stop_cfa_register),
-        ("cfa_expression", losses.unwind_stop_cfa_expression),
-        ("offset_range", losses.unwind_stop_offset_range),
-        (
-            "return_address_rule",
-            losses.unwind_stop_return_address_rule,
-        ),
-        ("rbp_rule", losses.unwind_stop_rbp_rule),
-        ("malformed", losses.unwind_stop_malformed),
-        ("budget", losses.unwind_stop_budget),
-    ];
-    if ends.iter().all(|(_, n)| *n == 0) && losses.unwind_tables_loaded == 0 {
-        return;
+/// The summary's lines about the sampler's counters: each loss a user needs to know of, in
+/// plain words; with `verbose` also how the walked user stacks ended, per reason, and the
+/// unwinder's other counts (nothing of them when it walked no stack). Totals since the
+/// sampler started.
+fn loss_lines(losses: &Losses, verbose: bool) -> Vec<String> {
+    let mut lines = Vec::new();
+    let (mut ends, mut counts, mut unwound) = (Vec::new(), Vec::new(), false);
+    for (counter, n) in losses.counters() {
+        match counter.summary {
+            Summary::Lost(text) if n > 0 => lines.push(text.replace("{n}", &n.to_string())),
+            Summary::StackEnd(name) if n > 0 => ends.push(format!("{name} {n}")),
+            Summary::Unwinding(words) => counts.push(format!("{n} {words}")),
+            Summary::Hidden | Summary::Lost(_) | Summary::StackEnd(_) => {}
+        }
+        unwound |= n > 0 && matches!(counter.summary, Summary::Unwinding(_));
     }
-    let listed: Vec<String> = ends
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(name, n)| format!("{name} {n}"))
-        .collect();
-    println!("unwinding: stacks ended by {}", listed.join(", "));
-    println!(
-        "unwinding: frames by frame pointers: {} no mapping, {} no table, {} gap; \
-         {} samples of processes not known yet; tables {} loaded, {} refused, {} evicted",
-        losses.unwind_fp_no_mapping,
-        losses.unwind_fp_no_table,
-        losses.unwind_fp_gap,
-        losses.unwind_no_process,
-        losses.unwind_tables_loaded,
-        losses.unwind_tables_refused,
-        losses.unwind_tables_evicted,
-    );
+    if verbose && (unwound || !ends.is_empty()) {
+        if !ends.is_empty() {
+            lines.push(format!("unwinding: stacks ended by {}", ends.join(", ")));
+        }
+        lines.push(format!("unwinding: {}", counts.join(", ")));
+    }
+    lines
 }
 
 /// What `record` prints at the end: what was recorded, what was lost and why in words, the
@@ -505,30 +491,8 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose:
         profile.frequency_hz,
         profile.end_unix_ns.saturating_sub(profile.start_unix_ns) as f64 / 1e9
     );
-    let stacks: Vec<String> = [
-        ("user", losses.user_stack_lost),
-        ("kernel", losses.kernel_stack_lost),
-    ]
-    .iter()
-    .filter(|(_, n)| *n > 0)
-    .map(|(kind, n)| format!("the {kind} stack of {n} samples"))
-    .collect();
-    if !stacks.is_empty() {
-        println!(
-            "lost: {} (two stacks collided in the kernel's stack table, or it was full); the \
-             samples are kept, their stacks marked [lost stack]",
-            stacks.join(" and ")
-        );
-    }
-    if losses.counts_full > 0 {
-        println!(
-            "lost: {} samples: more distinct stacks came in one interval than the sampler's \
-             in-kernel table holds (a lower --frequency or a shorter --interval helps)",
-            losses.counts_full
-        );
-    }
-    if verbose {
-        print_unwind_summary(losses);
+    for line in loss_lines(losses, verbose) {
+        println!("{line}");
     }
     println!("wrote:");
     for path in paths {
@@ -540,5 +504,52 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose:
             "  {:5.1}%  {count:>7}  {name}",
             100.0 * count as f64 / total.max(1) as f64
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_says_each_loss_in_words_and_the_unwinding_only_when_verbose() {
+        // Given a recording that lost stacks and samples, and unwound by DWARF
+        let losses = Losses {
+            samples: 1000,
+            user_stack_lost: 3,
+            kernel_stack_lost: 0,
+            counts_full: 2,
+            unwind_outermost: 5,
+            unwind_read_failed: 1,
+            unwind_tables_loaded: 4,
+            unwind_fp_gap: 6,
+            ..Losses::default()
+        };
+        // When the summary is made, Then each loss not zero is one line in plain words
+        let lost = [
+            "lost: the user stack of 3 samples (two stacks collided in the kernel's stack table, \
+             or it was full); the samples are kept, their stacks marked [lost stack]",
+            "lost: 2 samples: more distinct stacks came in one interval than the sampler's \
+             in-kernel table holds (a lower --frequency or a shorter --interval helps)",
+        ];
+        assert_eq!(loss_lines(&losses, false), lost);
+        // And with -v, how the stacks ended and the unwinder's counts follow
+        let verbose = loss_lines(&losses, true);
+        assert_eq!(verbose[..2], lost);
+        assert_eq!(
+            verbose[2..],
+            [
+                "unwinding: stacks ended by outermost 5, read_failed 1",
+                "unwinding: 4 tables loaded, 0 tables refused, 0 frames by frame pointers (no \
+                 mapping), 0 frames by frame pointers (no table), 6 frames by frame pointers \
+                 (gap), 0 samples of processes not known yet, 0 tables evicted",
+            ]
+        );
+        // And a recording without DWARF unwinding says nothing of it
+        let plain = Losses {
+            samples: 1000,
+            ..Losses::default()
+        };
+        assert!(loss_lines(&plain, true).is_empty());
     }
 }

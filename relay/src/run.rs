@@ -54,6 +54,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<()> {
         intake.limits,
         config.sampler_uids,
         intake.events,
+        intake.refusals,
     )
     .with_context(|| {
         format!(

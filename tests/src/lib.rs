@@ -471,6 +471,24 @@ pub fn field_text(line: &Value, key: &str) -> Option<String> {
     }
 }
 
+/// A sampler counter of a `batch received` line, by its key: logged apart under that key (the
+/// samples and the samples lost), else a `key=value` of its `losses` field, which lists only the
+/// counters not zero (so one absent from it is 0). None when the line has neither.
+pub fn batch_counter(line: &Value, key: &str) -> Option<u64> {
+    if let Some(value) = field_u64(line, key) {
+        return Some(value);
+    }
+    let losses = line.get("losses")?.as_str()?;
+    Some(
+        losses
+            .split(' ')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(name, _)| *name == key)
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
 pub fn is_batch(line: &Value) -> bool {
     message(line) == "batch received"
 }

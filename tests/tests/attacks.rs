@@ -2420,7 +2420,7 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
     let loaded = |log: &LogReader| {
         log.matching(is_batch)
             .iter()
-            .filter_map(|(_, line)| field_u64(line, "unwind_tables_loaded"))
+            .filter_map(|(_, line)| batch_counter(line, "unwind_tables_loaded"))
             .max()
             .unwrap_or(0)
     };
@@ -2462,7 +2462,7 @@ fn attack12_one_users_unwind_tables_cannot_evict_everyones() {
     let last = |key: &str| {
         batches
             .iter()
-            .filter_map(|(_, line)| field_u64(line, key))
+            .filter_map(|(_, line)| batch_counter(line, key))
             .max()
             .unwrap_or(0)
     };

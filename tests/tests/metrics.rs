@@ -305,7 +305,7 @@ fn run_serves_metrics_that_match_its_log_and_readiness_that_follows_the_sampler(
         batches.len() as f64
     );
     for (field, counter) in LOSSES {
-        let value = field_u64(last, field).unwrap_or_else(|| panic!("{field} in {last}"));
+        let value = batch_counter(last, field).unwrap_or_else(|| panic!("{field} in {last}"));
         assert_eq!(
             scrape.value(counter),
             value as f64,

@@ -910,7 +910,7 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
     let last = |key: &str| {
         batches
             .iter()
-            .filter_map(|(_, line)| field_u64(line, key))
+            .filter_map(|(_, line)| batch_counter(line, key))
             .max()
             .unwrap_or(0)
     };

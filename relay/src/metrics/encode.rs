@@ -5,12 +5,12 @@
 //! `_seconds`) and `_total` on counters (added by the encoder to the names below), and the
 //! `process_` series every Prometheus client library serves (see [`super::process`]).
 //!
-//! Each series is one line of a table: a field added to `Losses` is one added line in
-//! [`SAMPLER`] (a test fails until it is there).
+//! Each series is one line of a table; the sampler's are the protocol's list of loss counters
+//! (`LOSS_COUNTERS`: a field added to `Losses` is served once it is listed there).
 
-use std::{fmt, sync::atomic::AtomicU64, time::Instant};
+use std::{fmt, time::Instant};
 
-use ember_protocol::{Losses, PROTOCOL_VERSION};
+use ember_protocol::PROTOCOL_VERSION;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet},
@@ -21,13 +21,10 @@ use prometheus_client::{
 use super::{
     admission::{Closed, ConnectionStats},
     process::{self, ProcessStats},
-    Metrics, Published, RelayStats, LATENCY_BUCKETS,
+    Metrics, OutputStats, Published, RelayStats, LATENCY_BUCKETS,
 };
 use crate::{
-    sink::{
-        files,
-        otlp::stats::{DropReason, Snapshot},
-    },
+    sink::otlp::stats::{DropReason, Snapshot},
     source::Refusal,
 };
 
@@ -77,184 +74,19 @@ const RELAY: &[RelaySeries] = &[
     ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),
 ];
 
-/// The files sink's failures (`run --output-dir`, `record --output`): name, help, counter.
-const OUTPUT: [(&str, &str, &AtomicU64); 2] = [
+/// The sinks' windows unwritten (`run --output-dir`, `record --output`): name, help, value.
+type OutputSeries = (&'static str, &'static str, fn(&OutputStats) -> u64);
+
+const OUTPUT: [OutputSeries; 2] = [
     (
         "ember_relay_output_windows_failed",
         "Windows whose output files (--output-dir) could not be written; the error log names the fix.",
-        &files::WINDOWS_FAILED,
+        |o| o.windows_failed,
     ),
     (
         "ember_relay_output_samples_unwritten",
         "Samples of the windows whose output files could not be written (still sent to the other sinks).",
-        &files::SAMPLES_UNWRITTEN,
-    ),
-];
-
-/// One counter of the sampler's `Losses` (totals since the sampler started): name without
-/// `ember_sampler_` and `_total`, help, field.
-type SamplerSeries = (&'static str, &'static str, fn(&Losses) -> u64);
-
-const SAMPLER: &[SamplerSeries] = &[
-    (
-        "samples",
-        "Samples the eBPF program saw on every CPU (the denominator of the losses).",
-        |l| l.samples,
-    ),
-    (
-        "idle_samples",
-        "Samples of the idle task, not recorded by design.",
-        |l| l.idle,
-    ),
-    (
-        "filtered_samples",
-        "Samples of other processes while the sampler is limited to one pid.",
-        |l| l.filtered,
-    ),
-    (
-        "user_stacks_lost",
-        "Samples kept without their user stack (stack map collision or full).",
-        |l| l.user_stack_lost,
-    ),
-    (
-        "kernel_stacks_lost",
-        "Samples kept without their kernel stack (stack map collision or full).",
-        |l| l.kernel_stack_lost,
-    ),
-    (
-        "counts_map_full_samples",
-        "Samples dropped because the counts map was full.",
-        |l| l.counts_full,
-    ),
-    (
-        "backlog_dropped_batches",
-        "Batches dropped from the sampler's backlog while no relay was connected.",
-        |l| l.backlog_dropped_batches,
-    ),
-    (
-        "backlog_dropped_samples",
-        "Samples in the batches dropped from the backlog.",
-        |l| l.backlog_dropped_samples,
-    ),
-    (
-        "proc_errors",
-        "Processes whose facts could not be read (often: exited first).",
-        |l| l.proc_errors,
-    ),
-    (
-        "facts_dropped",
-        "Process-fact datagrams the socket refused: dropped, never retried.",
-        |l| l.facts_dropped,
-    ),
-    (
-        "facts_truncated",
-        "Processes whose facts were cut to the sampler's caps.",
-        |l| l.facts_truncated,
-    ),
-    (
-        "files_unopened",
-        "Mapped files not opened because of the sampler's open-file caps.",
-        |l| l.files_unopened,
-    ),
-    (
-        "unwind_tables_loaded",
-        "Unwind tables the sampler checked and accepted.",
-        |l| l.unwind_tables_loaded,
-    ),
-    (
-        "unwind_tables_refused",
-        "Unwind tables (or chunks) the sampler refused: malformed, unknown file, over budget.",
-        |l| l.unwind_tables_refused,
-    ),
-    (
-        "unwind_stopped",
-        "DWARF-walked user stacks cut at a row the unwinder cannot follow.",
-        |l| l.unwind_stopped,
-    ),
-    (
-        "unwind_cut",
-        "DWARF-walked user stacks cut at the frame cap.",
-        |l| l.unwind_cut,
-    ),
-    (
-        "unwind_map_full",
-        "Samples whose walked stack found the stack map full (frame-pointer stack kept).",
-        |l| l.unwind_map_full,
-    ),
-    (
-        "unwind_outermost",
-        "Stacks that ended at a stop row of code 1: the outermost frame (_start, thread start), the normal end.",
-        |l| l.unwind_outermost,
-    ),
-    (
-        "unwind_stop_cfa_register",
-        "Stacks cut at a stop row of code 2: CFA from a register other than rsp/rbp.",
-        |l| l.unwind_stop_cfa_register,
-    ),
-    (
-        "unwind_stop_cfa_expression",
-        "Code 3: CFA a DWARF expression other than PLT/signal.",
-        |l| l.unwind_stop_cfa_expression,
-    ),
-    (
-        "unwind_stop_offset_range",
-        "Code 4: an offset over the row's field.",
-        |l| l.unwind_stop_offset_range,
-    ),
-    (
-        "unwind_stop_return_address_rule",
-        "Code 5: return address not at CFA - 8.",
-        |l| l.unwind_stop_return_address_rule,
-    ),
-    (
-        "unwind_stop_rbp_rule",
-        "Code 6: rbp restored by a rule without a row kind.",
-        |l| l.unwind_stop_rbp_rule,
-    ),
-    (
-        "unwind_stop_malformed",
-        "Code 7: malformed CFI.",
-        |l| l.unwind_stop_malformed,
-    ),
-    (
-        "unwind_stop_budget",
-        "Code 8: FDE over the compiler's budget.",
-        |l| l.unwind_stop_budget,
-    ),
-    (
-        "unwind_read_failed",
-        "Stacks ended by a failed read of user memory.",
-        |l| l.unwind_read_failed,
-    ),
-    (
-        "unwind_zero_end",
-        "Stacks ended at rbp 0 or a return address 0 (end of a frame-pointer chain).",
-        |l| l.unwind_zero_end,
-    ),
-    (
-        "unwind_fp_no_mapping",
-        "Frames unwound by frame pointers: pc in no known file mapping.",
-        |l| l.unwind_fp_no_mapping,
-    ),
-    (
-        "unwind_fp_no_table",
-        "Frames unwound by frame pointers: their file has no table loaded (absent, refused, evicted).",
-        |l| l.unwind_fp_no_table,
-    ),
-    (
-        "unwind_fp_gap",
-        "Frames unwound by frame pointers: a gap row or outside the table.",
-        |l| l.unwind_fp_gap,
-    ),
-    (
-        "unwind_no_process",
-        "User-mode samples of processes whose mappings the unwinder does not know yet (frame-pointer stack kept).",
-        |l| l.unwind_no_process,
-    ),
-    (
-        "unwind_tables_evicted",
-        "Loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes.",
-        |l| l.unwind_tables_evicted,
+        |o| o.samples_unwritten,
     ),
 ];
 
@@ -354,6 +186,7 @@ pub(crate) fn render(metrics: &Metrics) -> Result<String, fmt::Error> {
         now: Instant::now(),
         process: process::read(),
         connections: metrics.connection_stats(),
+        refused: Refusal::ALL.map(|reason| (reason, metrics.refusals().total(reason))),
     }));
     let mut text = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
@@ -370,6 +203,8 @@ struct Scrape {
     now: Instant,
     process: Option<ProcessStats>,
     connections: std::sync::Arc<ConnectionStats>,
+    /// The source's refused connections, by reason.
+    refused: [(Refusal, u64); Refusal::ALL.len()],
 }
 
 impl Collector for Scrape {
@@ -412,7 +247,7 @@ impl Collector for Scrape {
             )?;
         }
         for (name, help, value) in OUTPUT {
-            let value = value.load(std::sync::atomic::Ordering::Relaxed);
+            let value = value(&self.published.output);
             series(&mut encoder, name, help, Kind::Counter, value)?;
         }
         let mut refused = encoder.encode_descriptor(
@@ -421,16 +256,16 @@ impl Collector for Scrape {
             None,
             MetricType::Counter,
         )?;
-        for reason in Refusal::ALL {
+        for (reason, total) in &self.refused {
             let labels = [("reason", reason.as_str())];
-            ConstCounter::new(reason.total()).encode(refused.encode_family(&labels)?)?;
+            ConstCounter::new(*total).encode(refused.encode_family(&labels)?)?;
         }
         self.encode_connections(&mut encoder)?;
         self.encode_latency(&mut encoder)?;
         if let Some(losses) = &relay.sampler {
-            for (name, help, value) in SAMPLER {
-                let name = format!("ember_sampler_{name}");
-                series(&mut encoder, &name, help, Kind::Counter, value(losses))?;
+            for (counter, value) in losses.counters() {
+                let name = format!("ember_sampler_{}", counter.metric);
+                series(&mut encoder, &name, counter.help, Kind::Counter, value)?;
             }
         }
         for export in &self.exporters {
@@ -609,10 +444,13 @@ fn gauge_f64(
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, sync::Arc};
+    use std::{
+        collections::BTreeMap,
+        sync::{atomic::AtomicU64, Arc},
+    };
 
     use super::*;
-    use crate::sink::otlp::stats::Stats;
+    use crate::{sink::otlp::stats::Stats, source::Refusals};
 
     /// `name{labels}` -> value, and each family's HELP text and TYPE.
     struct Parsed {
@@ -646,47 +484,9 @@ mod tests {
         parsed
     }
 
-    /// Losses with every field a different value: field i holds 1000 + i.
-    fn distinct_losses() -> Losses {
-        let mut losses = Losses::default();
-        let fields: [&mut u64; 32] = [
-            &mut losses.samples,
-            &mut losses.idle,
-            &mut losses.filtered,
-            &mut losses.user_stack_lost,
-            &mut losses.kernel_stack_lost,
-            &mut losses.counts_full,
-            &mut losses.backlog_dropped_batches,
-            &mut losses.backlog_dropped_samples,
-            &mut losses.proc_errors,
-            &mut losses.facts_dropped,
-            &mut losses.facts_truncated,
-            &mut losses.files_unopened,
-            &mut losses.unwind_tables_loaded,
-            &mut losses.unwind_tables_refused,
-            &mut losses.unwind_stopped,
-            &mut losses.unwind_cut,
-            &mut losses.unwind_map_full,
-            &mut losses.unwind_outermost,
-            &mut losses.unwind_stop_cfa_register,
-            &mut losses.unwind_stop_cfa_expression,
-            &mut losses.unwind_stop_offset_range,
-            &mut losses.unwind_stop_return_address_rule,
-            &mut losses.unwind_stop_rbp_rule,
-            &mut losses.unwind_stop_malformed,
-            &mut losses.unwind_stop_budget,
-            &mut losses.unwind_read_failed,
-            &mut losses.unwind_zero_end,
-            &mut losses.unwind_fp_no_mapping,
-            &mut losses.unwind_fp_no_table,
-            &mut losses.unwind_fp_gap,
-            &mut losses.unwind_no_process,
-            &mut losses.unwind_tables_evicted,
-        ];
-        for (i, field) in fields.into_iter().enumerate() {
-            *field = 1000 + i as u64;
-        }
-        losses
+    /// Losses with every field a different value: counter i holds 1000 + i.
+    fn distinct_losses() -> ember_protocol::Losses {
+        ember_protocol::distinct_losses(1000)
     }
 
     fn scraped(metrics: &Metrics) -> Parsed {
@@ -739,9 +539,17 @@ mod tests {
 
     #[test]
     fn every_counter_and_gauge_is_read_from_its_own_field() {
-        // Given a snapshot in which every field of the relay's stats, the sampler's losses and
-        // an exporter's counters holds a value no other field holds
-        let metrics = Metrics::default();
+        // Given a snapshot in which every field of the relay's stats, the sampler's losses, the
+        // sinks' unwritten windows, the source's refusals and an exporter's counters holds a
+        // value no other field holds
+        let refusals = Arc::new(Refusals::default());
+        // (reason i: 5000 + i refusals)
+        for (i, reason) in Refusal::ALL.into_iter().enumerate() {
+            for _ in 0..5000 + i {
+                refusals.count(reason);
+            }
+        }
+        let metrics = Metrics::default().with_refusals(refusals);
         let relay = RelayStats {
             connections: 2001,
             connections_total: 2002,
@@ -780,6 +588,10 @@ mod tests {
         };
         metrics.publish(&Published {
             relay,
+            output: OutputStats {
+                windows_failed: 4001,
+                samples_unwritten: 4002,
+            },
             ..Published::default()
         });
         let stats = Arc::new(Stats::default());
@@ -917,9 +729,32 @@ mod tests {
                     ),
                 ]
             });
+        let output = [
+            ("ember_relay_output_windows_failed_total", 4001),
+            ("ember_relay_output_samples_unwritten_total", 4002),
+        ];
+        let refused = [
+            "peer_uid",
+            "credentials",
+            "too_many",
+            "recv_error",
+            "oversized",
+            "malformed",
+            "handshake",
+            "version",
+            "fd_index",
+        ];
+        let refused = refused.iter().enumerate().map(|(i, reason)| {
+            (
+                format!("ember_relay_sampler_connections_refused_total{{reason=\"{reason}\"}}"),
+                5000 + i as u64,
+            )
+        });
         let expected: Vec<(String, u64)> = relay
             .iter()
+            .chain(&output)
             .map(|(name, value)| ((*name).to_owned(), *value))
+            .chain(refused)
             .chain(sampler)
             .chain(export)
             .chain(dropped)
@@ -931,12 +766,18 @@ mod tests {
                 "{name}"
             );
         }
-        // And every series of these families is one of those checked
+        // And every other ember_ series is one of those checked (but for the few whose values
+        // the test cannot choose, which the test below checks)
         let checked: std::collections::BTreeSet<&str> =
             expected.iter().map(|(name, _)| name.as_str()).collect();
-        let families = ["ember_sampler_", "ember_relay_export_"];
+        let elsewhere = [
+            "ember_relay_build_info",
+            "ember_relay_loop_heartbeat_age_seconds",
+            "ember_relay_batch_latency_seconds",
+            "ember_relay_metrics_connections",
+        ];
         for name in parsed.values.keys() {
-            if families.iter().any(|f| name.starts_with(f)) {
+            if name.starts_with("ember_") && !elsewhere.iter().any(|e| name.starts_with(e)) {
                 assert!(checked.contains(name.as_str()), "unchecked: {name}");
             }
         }
@@ -969,6 +810,7 @@ mod tests {
                 ..RelayStats::default()
             },
             latency,
+            ..Published::default()
         });
         let stats = Arc::new(Stats::default());
         stats.dropped(DropReason::QueueFull, 9);

@@ -3,12 +3,13 @@
 //! server that serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
 //!
 //! Invariants: the driver never waits on a scrape. It keeps its own counters and, once per loop
-//! step, stores a heartbeat (an atomic) and copies a plain [`Published`] snapshot under a mutex
-//! it only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next
-//! one carries everything (the snapshot holds totals, never deltas). The OTLP exporter's
-//! counters are atomics of its own, read at scrape time. The server runs on a thread of its own
-//! with a single-threaded runtime, bounded in connections (per peer and in all), header size and
-//! time, and counts the connections its bounds closed ([`admission`]).
+//! step, stores a heartbeat (an atomic) and copies a plain [`Published`] snapshot under a mutex it
+//! only ever `try_lock`s: when a scrape holds it, that step's copy is skipped and the next one
+//! carries everything (the snapshot holds totals, never deltas). The OTLP exporter's counters and
+//! the source's refused connections are atomics of their own, handed over when the command
+//! assembles the relay and read at scrape time; no stage keeps process-global counters. The server
+//! runs on a thread of its own with a single-threaded runtime, bounded in connections (per peer and
+//! in all), header size and time, and counts the connections its bounds closed ([`admission`]).
 
 pub(crate) mod admission;
 pub(crate) mod encode;
@@ -30,7 +31,7 @@ use std::{
 use ember_protocol::Losses;
 use serde::{Deserialize, Deserializer};
 
-use crate::sink::otlp::stats::Stats;
+use crate::{sink::otlp::stats::Stats, source::Refusals};
 
 /// The port `run` serves metrics on by default (on 127.0.0.1). Outside 9100-9999, the range the
 /// Prometheus project hands out to exporters (all taken), and away from the OpenTelemetry
@@ -200,11 +201,32 @@ pub(crate) struct RelayStats {
     pub interval: Duration,
 }
 
+/// Closed windows the sinks could not write (the files sink's `--output-dir`), counted by the
+/// driver from what the sinks return.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OutputStats {
+    /// Windows a sink could not write (once per sink that failed).
+    pub windows_failed: u64,
+    /// Samples of those windows: in the other sinks, not in the failed one's output.
+    pub samples_unwritten: u64,
+}
+
+impl OutputStats {
+    /// A window of `samples` that `failed` sinks could not write.
+    pub(crate) fn count(&mut self, failed: u64, samples: u64) {
+        self.windows_failed = self.windows_failed.saturating_add(failed);
+        self.samples_unwritten = self
+            .samples_unwritten
+            .saturating_add(failed.saturating_mul(samples));
+    }
+}
+
 /// What the driver publishes each loop step.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Published {
     pub relay: RelayStats,
     pub latency: Latency,
+    pub output: OutputStats,
 }
 
 /// The shared state between the driver (writer) and the HTTP server (reader).
@@ -219,6 +241,8 @@ pub(crate) struct Metrics {
     exporters: Mutex<Vec<Arc<Stats>>>,
     /// The HTTP server's own connection counters, read at scrape time.
     connections: Arc<admission::ConnectionStats>,
+    /// The source's refused connections, read at scrape time (see [`Metrics::with_refusals`]).
+    refusals: Arc<Refusals>,
 }
 
 impl Default for Metrics {
@@ -232,11 +256,23 @@ impl Default for Metrics {
             published: Mutex::new(Published::default()),
             exporters: Mutex::new(Vec::new()),
             connections: Arc::default(),
+            refusals: Arc::default(),
         }
     }
 }
 
 impl Metrics {
+    /// Serves the refusals of the source the command started (none are counted otherwise).
+    pub(crate) fn with_refusals(mut self, refusals: Arc<Refusals>) -> Self {
+        self.refusals = refusals;
+        self
+    }
+
+    /// The source's refused connections.
+    pub(crate) fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
     /// The driver's loop is alive: called once per loop step.
     pub(crate) fn heartbeat(&self) {
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);

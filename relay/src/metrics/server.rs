@@ -32,7 +32,6 @@ use super::{
     admission::{Admission, Closed, Ticket},
     encode, health, Metrics,
 };
-use crate::source::Refusal;
 
 /// hyper refuses a smaller read buffer (it panics).
 const HYPER_MIN_BUF: usize = 8192;
@@ -155,7 +154,7 @@ fn respond(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Byte
         },
         "/healthz" => verdict(health::liveness(metrics.heartbeat_age())),
         "/readyz" => {
-            let refused = Refusal::ALL.iter().map(|r| r.total()).sum();
+            let refused = metrics.refusals().sum();
             let relay = metrics.published().relay;
             verdict(health::readiness(
                 &relay,

@@ -23,8 +23,11 @@ pub(crate) trait Sink {
     /// A completed interval: the samples since the previous call. Must not block on I/O.
     fn interval(&mut self, _profile: &Profile) {}
 
-    /// A window closed; `profile` holds all of it. Failures are logged by the sink.
-    fn window(&mut self, _profile: &Profile) {}
+    /// A window closed; `profile` holds all of it. Failures are logged by the sink and said in
+    /// what it returns (the driver counts them for the metrics).
+    fn window(&mut self, _profile: &Profile) -> WindowOutcome {
+        WindowOutcome::Kept
+    }
 
     /// Whether the sink reads the window's samples ([`Sink::window`], [`Sink::finish`]); when
     /// no sink does, the driver keeps only the window's time range, not its samples.
@@ -35,6 +38,16 @@ pub(crate) trait Sink {
     /// The relay is stopping: `window` is the last (unfinished) window, `drain` the longest
     /// the sink may take to deliver what it still holds.
     fn finish(self: Box<Self>, window: &Profile, drain: Duration) -> anyhow::Result<SinkReport>;
+}
+
+/// What became of a closed window in one sink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum WindowOutcome {
+    /// Written or queued (or not the sink's business).
+    Kept,
+    /// Could not be written (the sink logged why); its samples are not in this sink's output.
+    Unwritten,
 }
 
 /// What a sink says when it finishes, for the command to print or log.
@@ -72,10 +85,12 @@ impl Sinks {
         self.0.iter().any(|sink| sink.wants_window())
     }
 
-    pub(crate) fn window(&mut self, profile: &Profile) {
-        for sink in &mut self.0 {
-            sink.window(profile);
-        }
+    /// Hands a closed window to every sink; how many could not write it.
+    pub(crate) fn window(&mut self, profile: &Profile) -> u64 {
+        let outcomes = self.0.iter_mut().map(|sink| sink.window(profile));
+        outcomes
+            .filter(|outcome| *outcome == WindowOutcome::Unwritten)
+            .count() as u64
     }
 
     /// Finishes every sink in order, handing each outcome to `report` as soon as it is there

@@ -94,9 +94,8 @@ impl ConnectionError {
     }
 }
 
-/// Why the relay refused a connection or closed it on an error: counted for the metrics (one
-/// process-wide table, as the accept and connection threads have no other way to the driver
-/// that could not block them).
+/// Why the relay refused a connection or closed it on an error: counted in [`Refusals`] for the
+/// metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// The peer's uid is not one of `--sampler-uid`.
@@ -141,19 +140,32 @@ impl Refusal {
             Self::FdIndex => "fd_index",
         }
     }
-
-    fn count(self) {
-        REFUSALS[self as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Connections refused or closed for this reason since start.
-    pub(crate) fn total(self) -> u64 {
-        REFUSALS[self as usize].load(Ordering::Relaxed)
-    }
 }
 
-static REFUSALS: [AtomicU64; Refusal::ALL.len()] =
-    [const { AtomicU64::new(0) }; Refusal::ALL.len()];
+/// Connections the source refused, or closed on an error, by [`Refusal`], since start. Owned by
+/// the source: its accept and connection threads count here without waiting on anyone (the
+/// intake to the driver could block them); the command hands the same counters to the metrics
+/// when it assembles them, which read them at scrape time.
+#[derive(Debug, Default)]
+pub(crate) struct Refusals([AtomicU64; Refusal::ALL.len()]);
+
+impl Refusals {
+    pub(crate) fn count(&self, reason: Refusal) {
+        self.0[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections refused or closed for `reason` since start.
+    pub(crate) fn total(&self, reason: Refusal) -> u64 {
+        self.0[reason as usize].load(Ordering::Relaxed)
+    }
+
+    /// Connections refused or closed for any reason since start.
+    pub(crate) fn sum(&self) -> u64 {
+        Refusal::ALL
+            .iter()
+            .fold(0u64, |sum, reason| sum.saturating_add(self.total(*reason)))
+    }
+}
 
 pub use ember_common::raise_nofile_limit;
 
@@ -212,12 +224,14 @@ pub const INTAKE_CAPACITY: usize = 64;
 /// Largest number of samplers served at once; more are refused with a logged reason.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Reads one connection until it ends; runs on its own thread.
-pub fn serve_connection(
+/// Reads one connection until it ends; runs on its own thread. An error that closes it is
+/// counted in `refusals`.
+pub(crate) fn serve_connection(
     conn: ConnectionId,
     fd: OwnedFd,
     limits: Limits,
     events: SyncSender<SourceEvent>,
+    refusals: &Refusals,
 ) {
     let (peer_uid, _, peer_pid) =
         transport::peer_credentials(fd.as_fd()).unwrap_or((u32::MAX, 0, -1));
@@ -246,7 +260,7 @@ pub fn serve_connection(
     let error = match result {
         Ok(()) => None,
         Err(err) => {
-            err.reason().count();
+            refusals.count(err.reason());
             tracing::error!(
                 connection = conn,
                 peer_pid,
@@ -379,12 +393,14 @@ fn listen_private(path: &Path) -> std::io::Result<OwnedFd> {
 }
 
 /// Accepts connections on `path` forever, one reading thread per sampler. Connections from any
-/// uid but those of `sampler_uids` are closed with a logged reason.
-pub fn spawn_listener(
+/// uid but those of `sampler_uids` are closed with a logged reason; every refusal is counted in
+/// `refusals`.
+pub(crate) fn spawn_listener(
     path: &Path,
     limits: Limits,
     sampler_uids: Vec<u32>,
     events: SyncSender<SourceEvent>,
+    refusals: Arc<Refusals>,
 ) -> std::io::Result<thread::JoinHandle<()>> {
     let listener = listen_private(path)?;
     let path: PathBuf = path.to_owned();
@@ -405,7 +421,7 @@ pub fn spawn_listener(
                 };
                 match transport::peer_credentials(fd.as_fd()) {
                     Ok((uid, _, pid)) if !sampler_uids.contains(&uid) => {
-                        Refusal::PeerUid.count();
+                        refusals.count(Refusal::PeerUid);
                         tracing::error!(
                             peer_uid = uid,
                             peer_pid = pid,
@@ -416,13 +432,13 @@ pub fn spawn_listener(
                     }
                     Ok(_) => {}
                     Err(err) => {
-                        Refusal::Credentials.count();
+                        refusals.count(Refusal::Credentials);
                         tracing::error!(%err, "closing connection: cannot read its credentials");
                         continue;
                     }
                 }
                 if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-                    Refusal::TooMany.count();
+                    refusals.count(Refusal::TooMany);
                     tracing::error!(
                         max = MAX_CONNECTIONS,
                         "closing connection: too many samplers connected at once"
@@ -434,12 +450,13 @@ pub fn spawn_listener(
                 let events = events.clone();
                 let active_after_error = Arc::clone(&active);
                 let active = Arc::clone(&active);
+                let refusals = Arc::clone(&refusals);
                 active.fetch_add(1, Ordering::SeqCst);
                 let spawned =
                     thread::Builder::new()
                         .name(format!("conn-{conn}"))
                         .spawn(move || {
-                            serve_connection(conn, fd, limits, events);
+                            serve_connection(conn, fd, limits, events, &refusals);
                             active.fetch_sub(1, Ordering::SeqCst);
                         });
                 if let Err(err) = spawned {
@@ -505,6 +522,36 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["hello", "files closed"]);
+    }
+
+    #[test]
+    fn a_connection_closed_on_an_error_is_counted_in_the_refusals_it_was_given() {
+        // Given a sampler whose first message is not its hello
+        let (relay, sampler) = transport::pair().expect("socketpair");
+        let bytes = ember_protocol::encode_sampler_message(&SamplerMessage::FilesClosed(vec![7]));
+        transport::send(sampler.as_fd(), &bytes, &[], false).expect("sampler sends");
+        // When the relay serves the connection with counters of its own
+        let refusals = Refusals::default();
+        let (events, received) = std::sync::mpsc::sync_channel(8);
+        serve_connection(1, relay, Limits::default(), events, &refusals);
+        // Then the connection was closed with the reason, and counted under it alone
+        let closed = received.iter().find_map(|event| match event {
+            SourceEvent::Closed { error, .. } => Some(error),
+            _ => None,
+        });
+        assert!(
+            closed
+                .flatten()
+                .is_some_and(|e| e.contains("expected `hello`")),
+            "closed with an error"
+        );
+        let counted: Vec<(&str, u64)> = Refusal::ALL
+            .into_iter()
+            .map(|reason| (reason.as_str(), refusals.total(reason)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        assert_eq!(counted, [("handshake", 1)]);
+        assert_eq!(refusals.sum(), 1);
     }
 
     #[test]

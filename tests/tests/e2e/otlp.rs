@@ -1376,21 +1376,21 @@ fn groundtruth_source_lines() -> BTreeMap<&'static str, (i64, i64)> {
         .collect()
 }
 
-/// The official Python package of `version` decodes every request received, exactly as
-/// received, without a field it does not know, to the facts ember means to send and to the same
-/// samples as our decoding; the other generation's package refuses or misreads each request.
-/// User plus kernel stacks `record` reported lost ("lost: U user stacks, K kernel stacks, ...").
+/// User plus kernel stacks `record` reported lost (its lines "lost: the user stack of N
+/// samples (...)" and "lost: the kernel stack of N samples (...)").
 fn stacks_lost(stdout: &str) -> u64 {
-    let Some(line) = stdout.lines().find(|l| l.starts_with("lost: ")) else {
-        return 0;
-    };
-    line.trim_start_matches("lost: ")
-        .split(", ")
-        .filter(|part| part.ends_with(" stacks"))
-        .filter_map(|part| part.split(' ').next()?.parse::<u64>().ok())
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let (_, rest) = line.strip_prefix("lost: the ")?.split_once(" stack of ")?;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
         .sum()
 }
 
+/// The official Python package of `version` decodes every request received, exactly as
+/// received, without a field it does not know, to the facts ember means to send and to the same
+/// samples as our decoding; the other generation's package refuses or misreads each request.
 fn check_with_python(chain: &Chain, version: &str, other: &str) {
     const PERIOD: i64 = 1_000_000_000 / 499;
     let (Some(python), Some(other_python)) =

@@ -9,11 +9,10 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, Ordering::Relaxed},
     time::Duration,
 };
 
-use super::{Sink, SinkReport};
+use super::{Sink, SinkReport, WindowOutcome};
 use crate::model::Profile;
 
 /// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
@@ -75,13 +74,6 @@ pub(crate) mod speedscope;
 pub(crate) mod writer;
 
 use writer::OutputSet;
-
-/// Windows whose files could not be written (relay-wide: one files sink per relay), served on
-/// /metrics as `ember_relay_output_windows_failed_total`.
-pub(crate) static WINDOWS_FAILED: AtomicU64 = AtomicU64::new(0);
-/// Samples of those windows: in the other sinks, not in the files
-/// (`ember_relay_output_samples_unwritten_total`).
-pub(crate) static SAMPLES_UNWRITTEN: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) struct FilesSink {
     files: OutputSet,
@@ -145,17 +137,18 @@ impl Sink for FilesSink {
     }
 
     /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
-    /// again first; a window that cannot be written is logged with the fix and counted, and the
-    /// next window tries again.
-    fn window(&mut self, profile: &Profile) {
+    /// again first; a window that cannot be written is logged with the fix and reported
+    /// [`WindowOutcome::Unwritten`] (the driver counts it), and the next window tries again.
+    fn window(&mut self, profile: &Profile) -> WindowOutcome {
         let written = self
             .recreate_if_deleted()
             .and_then(|()| self.files.write(profile).map_err(anyhow::Error::from));
         match written {
-            Ok(()) => self.wrote_window = true,
+            Ok(()) => {
+                self.wrote_window = true;
+                WindowOutcome::Kept
+            }
             Err(err) => {
-                WINDOWS_FAILED.fetch_add(1, Relaxed);
-                SAMPLES_UNWRITTEN.fetch_add(profile.total_samples(), Relaxed);
                 tracing::error!(
                     dir = %self.dir.display(),
                     samples = profile.total_samples(),
@@ -165,6 +158,7 @@ impl Sink for FilesSink {
                      the window's samples went to the other sinks only, and the next window \
                      is tried again"
                 );
+                WindowOutcome::Unwritten
             }
         }
     }
