@@ -90,7 +90,7 @@ pub enum Summary {
     /// Not at all: the log and the metrics have it.
     Hidden,
     /// A loss the user needs to know of, printed when not zero: a line in plain words, `{n}`
-    /// standing for the count.
+    /// standing for the count and `{s}` for the plural's "s" (empty when the count is 1).
     Lost(&'static str),
     /// With `record -v`: a reason the DWARF walk of a user stack ended, under this short name.
     StackEnd(&'static str),
@@ -139,7 +139,7 @@ macro_rules! stack_lost {
         Summary::Lost(concat!(
             "lost: the ",
             $kind,
-            " stack of {n} samples (two stacks collided in the kernel's stack table, or it was \
+            " stack of {n} sample{s} (two stacks collided in the kernel's stack table, or it was \
              full); the samples are kept, their stacks marked [lost stack]"
         ))
     };
@@ -159,7 +159,7 @@ pub const LOSS_COUNTERS: &[LossCounter] = &[
         help: "Samples kept without their kernel stack (stack map collision or full)."),
     counter!(counts_full, log: "counts_full", metric: "counts_map_full_samples",
         summary: Summary::Lost(
-            "lost: {n} samples: more distinct stacks came in one interval than the sampler's \
+            "lost: {n} sample{s}: more distinct stacks came in one interval than the sampler's \
              in-kernel table holds (a lower --frequency or a shorter --interval helps)"
         ),
         help: "Samples dropped because the counts map was full."),

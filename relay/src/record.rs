@@ -466,7 +466,10 @@ fn loss_lines(losses: &Losses, verbose: bool) -> Vec<String> {
     let (mut ends, mut counts, mut unwound) = (Vec::new(), Vec::new(), false);
     for (counter, n) in losses.counters() {
         match counter.summary {
-            Summary::Lost(text) if n > 0 => lines.push(text.replace("{n}", &n.to_string())),
+            Summary::Lost(text) if n > 0 => lines.push(
+                text.replace("{n}", &n.to_string())
+                    .replace("{s}", if n == 1 { "" } else { "s" }),
+            ),
             Summary::StackEnd(name) if n > 0 => ends.push(format!("{name} {n}")),
             Summary::Unwinding(words) => counts.push(format!("{n} {words}")),
             Summary::Hidden | Summary::Lost(_) | Summary::StackEnd(_) => {}
@@ -533,6 +536,18 @@ mod tests {
              in-kernel table holds (a lower --frequency or a shorter --interval helps)",
         ];
         assert_eq!(loss_lines(&losses, false), lost);
+        // And one lost stack reads in the singular
+        let one = Losses {
+            kernel_stack_lost: 1,
+            ..Losses::default()
+        };
+        assert_eq!(
+            loss_lines(&one, false),
+            [
+                "lost: the kernel stack of 1 sample (two stacks collided in the kernel's stack \
+              table, or it was full); the samples are kept, their stacks marked [lost stack]"
+            ]
+        );
         // And with -v, how the stacks ended and the unwinder's counts follow
         let verbose = loss_lines(&losses, true);
         assert_eq!(verbose[..2], lost);
