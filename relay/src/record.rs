@@ -538,6 +538,9 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose:
     if verbose {
         print_unwind_summary(losses);
     }
+    for line in crate::interp::seen::summary_lines(&crate::interp::seen::snapshot()) {
+        println!("{line}");
+    }
     println!("wrote:");
     for path in paths {
         println!("  {}", path.display());

@@ -98,7 +98,7 @@ pub fn layout(version: Version) -> Option<Layout> {
             UNICODE_TO_3_11,
         ),
         // 3.8 added co_posonlyargcount before co_firstlineno.
-        8 | 9 | 10 => (
+        8..=10 => (
             if version.minor == 8 {
                 runtime_to_3_11(32, 1392, 1368)
             } else {
