@@ -110,12 +110,24 @@ pub(crate) fn read(
             break;
         }
         let table = sections.symbols(endian, data, kind).map_err(elf_error)?;
-        let strings = table.strings();
+        if table.is_empty() {
+            continue;
+        }
+        // The names in one bounded read, then looked up in memory: a name read per symbol
+        // would be a read per symbol (libc has thousands).
+        let strings = sections
+            .section(table.string_section())
+            .and_then(|s| s.data(endian, data))
+            .map_err(elf_error)?;
         for sym in table.iter() {
             if sym.is_undefined(endian) {
                 continue;
             }
-            let Ok(name) = sym.name(endian, strings) else {
+            let start = usize::try_from(sym.st_name(endian)).unwrap_or(usize::MAX);
+            let Some(name) = strings
+                .get(start..)
+                .and_then(|rest| rest.split(|&b| b == 0).next())
+            else {
                 continue;
             };
             let Some(&found) = wanted.iter().find(|w| w.as_bytes() == name) else {

@@ -4,9 +4,9 @@
 //!
 //! Recognition (`version`): the file must define CPython's entry points in its dynamic symbol
 //! table (`Py_InitializeEx`, and `PyUnicode_AsUTF8` for Python 3). The version comes from the
-//! file: `Py_Version`'s initial value where it exists (3.11+), cross-checked with the
-//! `PY_VERSION` string in `.rodata`; before 3.11 that string alone, among candidates narrowed by
-//! the symbols the file defines (`_PyRuntime` from 3.7). The file name only breaks a tie.
+//! file: `Py_Version`'s initial value where it exists (3.11+); before 3.11 the `PY_VERSION`
+//! string in `.rodata`, among candidates narrowed by the symbols the file defines (`_PyRuntime`
+//! from 3.7). The file name only breaks a tie.
 //!
 //! Layout: from 3.13 CPython publishes the offsets an outside reader needs in `_Py_DebugOffsets`,
 //! the first member of `_PyRuntime`; they are read from the file's initial data

@@ -1,13 +1,13 @@
 //! Tells a CPython binary's exact version from what the file holds.
 //!
 //! Two sources, both read from the file: `Py_Version` (3.11 on), a `uint32_t` in `.rodata` whose
-//! initial value is `PY_VERSION_HEX`; and the `PY_VERSION` string (`"3.9.18"`, `"3.11.2"`) that
-//! `Py_GetVersion` formats `sys.version` from. The linker may merge that string into the tail of a
-//! longer one (`"/usr/lib/python3.9.18"`), so a candidate is any NUL-terminated string's tail
+//! initial value is `PY_VERSION_HEX`, which decides where it exists; before 3.11 the
+//! `PY_VERSION` string (`"3.9.18"`) that `Py_GetVersion` formats `sys.version` from. The linker
+//! may merge that string into the tail of a longer one (`"/root/.pyenv/versions/3.9.18"`), so a
+//! candidate is any NUL-terminated string's tail
 //! `M.N.P[aN|bN|rcN][+]` not preceded by a digit or a dot. Other libraries linked in bring their
 //! own version strings (`"3.2.0"`), so candidates are narrowed by what the symbols prove:
-//! `Py_Version` means 3.11 on, `_PyRuntime` 3.7 on, `PyUnicode_AsUTF8` Python 3. A candidate
-//! must agree with `Py_Version` where there is one. The file name decides only between
+//! `_PyRuntime` means 3.7 on, `PyUnicode_AsUTF8` Python 3. The file name decides only between
 //! candidates the file itself offers.
 
 use std::{fmt, fs::File};
@@ -50,45 +50,38 @@ pub(super) fn detect(
     name_hint: &str,
     limits: &Limits,
 ) -> Result<Version, String> {
-    let rodata = facts
-        .read_rodata(file, limits)
-        .map_err(|e| format!("no version string to read: {e}"))?;
-    let candidates = candidates(&rodata);
-    let from_hex = match facts.symbol("Py_Version") {
-        Some(symbol) => {
-            let bytes = facts
-                .read_vaddr(file, symbol.value, 4, limits)
-                .map_err(|e| format!("Py_Version: {e}"))?;
-            let hex = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            Some(Version::from_hex(hex))
-        }
-        None => None,
-    };
-    let python3 = facts.symbol("PyUnicode_AsUTF8").is_some();
-    let runtime = facts.symbol("_PyRuntime").is_some();
-    // The release lines the symbols allow.
-    let allowed = |v: &Version| match (python3, runtime, from_hex) {
-        (_, _, Some(hex)) => v.major == hex.major && v.minor == hex.minor,
-        (false, _, None) => v.major == 2 && v.minor == 7,
-        (true, true, None) => v.major == 3 && (7..=10).contains(&v.minor),
-        (true, false, None) => v.major == 3 && v.minor <= 6,
-    };
-    let mut fitting: Vec<Version> = candidates.into_iter().filter(allowed).collect();
-    fitting.sort();
-    fitting.dedup();
-    if let Some(hex) = from_hex {
-        // Py_Version is typed data: it decides; a string of the same line must agree with it.
-        if fitting.iter().any(|v| *v != hex) {
-            return Err(format!(
-                "Py_Version says {hex} but the version string says {}",
-                list(&fitting)
-            ));
-        }
+    if let Some(symbol) = facts.symbol("Py_Version") {
+        // Typed data with the exact version: it decides, and .rodata is not scanned (most of
+        // the time recognition takes).
+        let bytes = facts
+            .read_vaddr(file, symbol.value, 4, limits)
+            .map_err(|e| format!("Py_Version: {e}"))?;
+        let word: [u8; 4] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| "Py_Version: short read".to_owned())?;
+        let hex = Version::from_hex(u32::from_le_bytes(word));
         if hex.major != 3 || hex.minor < 11 {
-            return Err(format!("Py_Version says {hex}, which has no Py_Version"));
+            return Err(format!(
+                "Py_Version says {hex}, a version without Py_Version"
+            ));
         }
         return Ok(hex);
     }
+    let rodata = facts
+        .read_rodata(file, limits)
+        .map_err(|e| format!("no version string to read: {e}"))?;
+    let python3 = facts.symbol("PyUnicode_AsUTF8").is_some();
+    let runtime = facts.symbol("_PyRuntime").is_some();
+    // The release lines the symbols allow (Py_Version, from 3.11, is absent here).
+    let allowed = |v: &Version| match (python3, runtime) {
+        (false, _) => v.major == 2 && v.minor == 7,
+        (true, true) => v.major == 3 && (7..=10).contains(&v.minor),
+        (true, false) => v.major == 3 && v.minor <= 6,
+    };
+    let mut fitting: Vec<Version> = candidates(&rodata).into_iter().filter(allowed).collect();
+    fitting.sort();
+    fitting.dedup();
     match fitting.as_slice() {
         [one] => Ok(*one),
         [] => Err("no version string of the release lines its symbols allow".to_owned()),
