@@ -43,11 +43,12 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// Counts one process (`name`, `pid`) that maps `runtime`.
-    pub fn note(&mut self, runtime: &Recognized, name: &str, pid: u32) {
+    /// Counts one process (`name`, `pid`) that maps `runtime`; true when it is the first of its
+    /// release.
+    pub fn note(&mut self, runtime: &Recognized, name: &str, pid: u32) -> bool {
         let key = (runtime.runtime(), runtime.release());
         if !self.releases.contains_key(&key) && self.releases.len() >= MAX_RELEASES {
-            return;
+            return false;
         }
         let release = self.releases.entry(key).or_default();
         release.processes += 1;
@@ -62,6 +63,7 @@ impl Seen {
         if release.unusable.is_none() {
             release.unusable = runtime.unusable().map(str::to_owned);
         }
+        release.processes == 1
     }
 }
 
@@ -70,20 +72,21 @@ pub static SEEN: Mutex<Seen> = Mutex::new(Seen {
     releases: BTreeMap::new(),
 });
 
-/// Counts a process that maps `runtime` in [`SEEN`] and logs it once.
+/// Counts a process that maps `runtime` in [`SEEN`]; the first process of each release is
+/// logged at INFO, the others at DEBUG (a host may start thousands of Python processes).
 pub(crate) fn note_process(runtime: &Recognized, name: &str, pid: u32) {
-    tracing::info!(
-        pid,
-        process = name,
-        runtime = runtime.runtime(),
-        version = %runtime,
-        walkable = runtime.unusable().is_none(),
-        "a process runs an interpreter the relay recognized; its functions are not named yet \
-         (docs/runtimes.md)"
-    );
-    SEEN.lock()
+    let first = SEEN
+        .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .note(runtime, name, pid);
+    let message = "a process runs an interpreter the relay recognized; its functions are not \
+                   named yet (docs/runtimes.md)";
+    let unusable = runtime.unusable().unwrap_or("");
+    if first {
+        tracing::info!(pid, process = name, runtime = runtime.runtime(), version = %runtime, unusable, "{message}");
+    } else {
+        tracing::debug!(pid, process = name, runtime = runtime.runtime(), version = %runtime, unusable, "{message}");
+    }
 }
 
 /// A copy of [`SEEN`].
@@ -159,10 +162,11 @@ mod tests {
     fn each_release_counts_its_processes_within_bounds() {
         // Given processes of two CPython releases
         let mut seen = Seen::default();
-        for pid in 1..=5 {
-            seen.note(&cpython(11, 2), "python3", pid);
-        }
-        seen.note(&cpython(12, 1), "worker", 9);
+        let firsts: Vec<bool> = (1..=5)
+            .map(|pid| seen.note(&cpython(11, 2), "python3", pid))
+            .collect();
+        assert_eq!(firsts, [true, false, false, false, false]);
+        assert!(seen.note(&cpython(12, 1), "worker", 9));
         // Then each release counts its own, with a few examples
         let r311 = &seen.releases[&("cpython", "3.11".to_owned())];
         assert_eq!(r311.processes, 5);
