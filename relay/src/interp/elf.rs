@@ -31,8 +31,6 @@ type Header = elf::FileHeader64<LittleEndian>;
 pub(crate) struct Symbol {
     pub value: u64,
     pub size: u64,
-    /// `STT_TLS`: `value` is an offset in the file's thread-local block, not an address.
-    pub tls: bool,
 }
 
 /// A `PT_LOAD` segment.
@@ -136,7 +134,6 @@ pub(crate) fn read(
             symbols.entry(found).or_insert(Symbol {
                 value: sym.st_value(endian),
                 size: sym.st_size(endian),
-                tls: sym.st_type() == elf::STT_TLS,
             });
         }
     }

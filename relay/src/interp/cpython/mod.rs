@@ -71,9 +71,6 @@ pub struct Anchors {
     pub auto_tls_key: Option<u64>,
     /// `interp_head` (3.6, local): the first interpreter.
     pub interp_head: Option<u64>,
-    /// `_Py_tss_tstate` (3.12 on, a thread-local: its offset in the file's TLS block), where the
-    /// file's symbol tables name it.
-    pub tss_tstate_tls: Option<u64>,
 }
 
 /// Offsets in `_PyRuntimeState` (from `_PyRuntime`).
@@ -183,7 +180,6 @@ const DYNAMIC: &[&str] = &[
     "Py_Version",
     "_PyRuntime",
     "_PyThreadState_Current",
-    "_Py_tss_tstate",
 ];
 
 /// Local symbols (3.6's anchors), read from `.symtab` only for a file already recognized.
@@ -225,23 +221,21 @@ fn layout(
     let mut anchors = Anchors {
         runtime: facts.symbol("_PyRuntime").map(|s| s.value),
         thread_state_current: facts.symbol("_PyThreadState_Current").map(|s| s.value),
-        tss_tstate_tls: facts
-            .symbol("_Py_tss_tstate")
-            .filter(|s| s.tls)
-            .map(|s| s.value),
         ..Anchors::default()
     };
     let mut layout = if version.major == 3 && version.minor >= 13 {
         let runtime = facts
             .symbol("_PyRuntime")
             .ok_or("no _PyRuntime symbol, where 3.13 on keeps its debug offsets")?;
+        let len = debug_offsets::read_len(version);
+        if runtime.size != 0 && runtime.size < len {
+            return Err(format!(
+                "_PyRuntime is {} bytes, fewer than its debug offsets' {len}",
+                runtime.size
+            ));
+        }
         let bytes = facts
-            .read_vaddr(
-                file,
-                runtime.value,
-                debug_offsets::read_len(version),
-                limits,
-            )
+            .read_vaddr(file, runtime.value, len, limits)
             .map_err(|e| format!("reading _PyRuntime's initial data: {e}"))?;
         debug_offsets::parse(&bytes, version).map_err(|e| e.to_string())?
     } else {
