@@ -160,6 +160,13 @@ if [ "$gates" != 0 ] && ! "$root/.tools/venv/bin/python" -c "import importlib.me
   "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check "jsonschema==$js_version"
 fi
 
+# 9. The CPython builds the relay's interpreter tests read (relay/src/interp/cpython/tests.rs):
+#    Debian trixie (3.13) and sid (3.14) roots under /var/cache/ember/roots, made once; pyenv's
+#    3.6-3.13 and the host's python3 are the machine's own (docs/runtimes.md).
+if [ "$gates" != 0 ] && [ "$(id -u)" -eq 0 ]; then
+  bash "$root/scripts/python-roots.sh"
+fi
+
 gate_tools=""
 [ "$gates" = 0 ] || gate_tools=", kubernetes-validate $kv_version, prometheus-client $pc_version, cargo-mutants $mutants_version, cargo-fuzz $fuzz_version, speedscope schema $ss_version, jsonschema $js_version"
 log "ready: capnp $(capnp --version | awk '{print $NF}'), $("$linker" --version)$gate_tools"

@@ -497,6 +497,9 @@ fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose:
     for line in loss_lines(losses, verbose) {
         println!("{line}");
     }
+    for line in crate::interp::seen::summary_lines(&crate::interp::seen::snapshot()) {
+        println!("{line}");
+    }
     println!("wrote:");
     for path in paths {
         println!("  {}", path.display());

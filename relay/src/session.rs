@@ -24,6 +24,7 @@ use std::{
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
+    interp::{seen, Recognized},
     labels::stage::{LabelStage, ProcessRecord, Resource},
     model::{Frame, FrameKind, Module, Profile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
@@ -38,6 +39,8 @@ struct PassedFile {
     build_id: Option<Arc<str>>,
     /// The session's batch tick when a frame last used this file (for LRU eviction).
     last_used: Cell<u64>,
+    /// The interpreter or runtime this file is, if the relay recognized one (`interp`).
+    runtime: Option<Arc<Recognized>>,
 }
 
 struct Process {
@@ -49,6 +52,8 @@ struct Process {
     record: ProcessRecord,
     /// One module per executable mapping, same order as `info.mappings`.
     modules: Vec<Arc<Module>>,
+    /// The recognized runtimes among its mapped files (each counted once per process).
+    runtimes: Vec<Arc<Recognized>>,
 }
 
 /// Counters of what could not be named, for the logs.
@@ -194,6 +199,9 @@ impl Session {
                 }
             });
             let build_id = fd.as_ref().and_then(elf::build_id);
+            let runtime = fd
+                .as_ref()
+                .and_then(|fd| seen::recognize_passed(fd, &info.path));
             self.files.insert(
                 info.file_id,
                 PassedFile {
@@ -201,6 +209,7 @@ impl Session {
                     key,
                     build_id,
                     last_used: Cell::new(self.tick),
+                    runtime,
                 },
             );
         }
@@ -322,6 +331,7 @@ impl Session {
         let executable_path: Arc<str> = Arc::from(info.executable_path.as_str());
         let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
         let (pid, start) = (info.pid, info.start_time_unix_ns);
+        let runtimes = self.note_runtimes(&info, &name);
         let process = Process {
             record: ProcessRecord::from_info(&info),
             info,
@@ -329,12 +339,37 @@ impl Session {
             executable_path,
             container_id,
             modules,
+            runtimes,
         };
         if let Some(old) = self.processes.insert(pid, process) {
             if old.info.start_time_unix_ns != start {
                 tracing::debug!(pid, old = %old.name, "pid reused: the old process's facts are dropped");
             }
         }
+    }
+
+    /// The recognized runtimes `info`'s mappings refer to; those the same process (same pid and
+    /// start time) was not already known to map are counted in `interp::seen`.
+    fn note_runtimes(&self, info: &ProcessInfo, name: &str) -> Vec<Arc<Recognized>> {
+        let mut runtimes: Vec<Arc<Recognized>> = Vec::new();
+        for m in &info.mappings {
+            if let Some(runtime) = self.files.get(&m.file_id).and_then(|f| f.runtime.as_ref()) {
+                if !runtimes.iter().any(|r| Arc::ptr_eq(r, runtime)) {
+                    runtimes.push(Arc::clone(runtime));
+                }
+            }
+        }
+        let known = self
+            .processes
+            .get(&info.pid)
+            .filter(|old| old.info.start_time_unix_ns == info.start_time_unix_ns)
+            .map_or(&[][..], |old| old.runtimes.as_slice());
+        for runtime in &runtimes {
+            if !known.iter().any(|k| Arc::ptr_eq(k, runtime)) {
+                seen::note_process(runtime, name, info.pid);
+            }
+        }
+        runtimes
     }
 
     /// Appends the mappings of a `processMappings` message to the process they continue (same
@@ -625,6 +660,47 @@ mod tests {
             .map(|_| Some(OwnedFd::from(tempfile::tempfile().expect("temp file"))))
             .collect();
         (infos, fds)
+    }
+
+    #[test]
+    fn a_process_mapping_a_recognized_interpreter_is_counted_once() {
+        // Given a session holding a real CPython (Debian's, on the test machines) as file 7
+        let python = std::path::Path::new("/usr/bin/python3.11");
+        let Ok(file) = std::fs::File::open(python) else {
+            eprintln!(
+                "SKIPPED: no {} (the interp tests cover recognition)",
+                python.display()
+            );
+            return;
+        };
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let info = FileInfo {
+            file_id: 7,
+            path: python.display().to_string(),
+            fd: 0,
+            ..FileInfo::default()
+        };
+        session.add_files(vec![info], vec![Some(OwnedFd::from(file))]);
+        let counted = || {
+            crate::interp::seen::snapshot()
+                .releases
+                .get(&("cpython", "3.11".to_owned()))
+                .map_or(0, |r| r.processes)
+        };
+        let before = counted();
+        // When a process mapping it is described, then described again (new facts, same
+        // process) and its mappings continued
+        let mut facts = process(4242, &[7], 0);
+        facts.start_time_unix_ns = 11;
+        session.set_process(facts.clone());
+        session.set_process(facts.clone());
+        assert!(session.append_mappings(4242, 11, vec![]));
+        // Then it is counted once
+        assert_eq!(counted() - before, 1);
+        // And a new process under the same pid (another start time) is counted again
+        facts.start_time_unix_ns = 12;
+        session.set_process(facts);
+        assert_eq!(counted() - before, 2);
     }
 
     /// A process mapping each file of `ids` at 0x1000 * id (one page, file offset `offset`).

@@ -510,3 +510,45 @@ fn report_matches_go_pprof(profile: &std::path::Path) {
     );
     eprintln!("ember-relay report:\n{ours}");
 }
+
+/// A recording of a CPython process says which CPython it runs and that its Python functions are
+/// not named yet: the relay recognized the interpreter from the binary the sampler passed
+/// (Debian's python3 is statically linked: the executable itself), not from the process's name.
+#[test]
+fn the_summary_says_which_cpython_a_process_runs_and_that_its_python_functions_are_not_named_yet() {
+    if !privileged() {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    let version = Command::new(python)
+        .args(["-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let Some(version) = version else {
+        skip("no /usr/bin/python3 to record (apt-get install python3)");
+        return;
+    };
+    let _lock = ebpf_lock();
+    let mut busy = Command::new(python)
+        .args([
+            "-c",
+            "import time\nt = time.time()\nwhile time.time() - t < 60: sum(range(1000))",
+        ])
+        .spawn()
+        .expect("starting python3");
+    let pid = busy.id().to_string();
+    let recorded = spawn_record(&["--duration", "3s", "--pid", &pid]).finish(RECORD_TIMEOUT);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let expected =
+        format!("(pid {pid}) runs CPython {version}: its Python functions are not named yet");
+    let line = recorded
+        .stdout
+        .lines()
+        .find(|l| l.contains(&expected))
+        .unwrap_or_else(|| panic!("no {expected:?} in the summary:\n{}", recorded.stdout));
+    assert!(line.contains("docs/runtimes.md"), "{line}");
+    eprintln!("{line}");
+}

@@ -271,8 +271,28 @@ impl Collector for Scrape {
         for export in &self.exporters {
             encode_export(&mut encoder, export)?;
         }
+        encode_interpreters(&mut encoder, &crate::interp::seen::snapshot())?;
         Ok(())
     }
+}
+
+/// Processes seen running a recognized interpreter (`interp::seen`), by runtime and release.
+fn encode_interpreters(
+    encoder: &mut DescriptorEncoder,
+    seen: &crate::interp::seen::Seen,
+) -> Result<(), fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "ember_relay_interpreters_seen",
+        "Processes seen mapping an interpreter the relay recognized (its functions are not named \
+         yet: docs/runtimes.md), by runtime and release.",
+        None,
+        MetricType::Counter,
+    )?;
+    for ((runtime, version), release) in &seen.releases {
+        let labels = [("runtime", *runtime), ("version", version.as_str())];
+        ConstCounter::new(release.processes).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 impl Scrape {
@@ -491,6 +511,36 @@ mod tests {
 
     fn scraped(metrics: &Metrics) -> Parsed {
         parse(&render(metrics).expect("encodes"))
+    }
+
+    #[test]
+    fn processes_running_a_recognized_interpreter_are_counted_by_runtime_and_release() {
+        use crate::interp::{
+            cpython::{Interpreter, Version},
+            seen, Recognized,
+        };
+        // Given two processes seen running a CPython release no other test uses
+        let python = Recognized::CPython(Interpreter {
+            version: Version::new(3, 99, 1),
+            shared_library: true,
+            first_vaddr: 0,
+            layout: Err("test".to_owned()),
+        });
+        seen::note_process(&python, "python3", 1);
+        seen::note_process(&python, "python3", 2);
+        // When scraped
+        let parsed = scraped(&Metrics::default());
+        // Then one counter family labelled by runtime and release says so
+        let name = "ember_relay_interpreters_seen_total";
+        assert_eq!(parsed.types[name], "counter");
+        assert!(parsed.help[name].contains("docs/runtimes.md"));
+        let series = format!("{name}{{runtime=\"cpython\",version=\"3.99\"}}");
+        assert_eq!(
+            parsed.values.get(&series),
+            Some(&2.0),
+            "{:?}",
+            parsed.values
+        );
     }
 
     #[test]

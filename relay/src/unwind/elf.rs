@@ -57,10 +57,17 @@ pub struct Input {
     pub build_id: Option<Vec<u8>>,
 }
 
-/// `pread`-based reader: keeps the shared descriptor's file offset untouched.
-struct PositionalReader<'f> {
+/// `pread`-based reader: keeps the shared descriptor's file offset untouched. Also the reader of
+/// the interpreter recognizers (`crate::interp`), so every ELF read of the relay is bounded alike.
+pub(crate) struct PositionalReader<'f> {
     file: &'f File,
     pos: u64,
+}
+
+impl<'f> PositionalReader<'f> {
+    pub(crate) fn new(file: &'f File) -> Self {
+        Self { file, pos: 0 }
+    }
 }
 
 impl ReadCacheOps for PositionalReader<'_> {
@@ -88,9 +95,15 @@ impl ReadCacheOps for PositionalReader<'_> {
 
 /// A `ReadRef` that refuses any single read larger than `cap` before anything is allocated.
 #[derive(Clone, Copy)]
-struct Bounded<'a, 'f> {
+pub(crate) struct Bounded<'a, 'f> {
     cache: &'a ReadCache<PositionalReader<'f>>,
     cap: u64,
+}
+
+impl<'a, 'f> Bounded<'a, 'f> {
+    pub(crate) fn new(cache: &'a ReadCache<PositionalReader<'f>>, cap: u64) -> Self {
+        Self { cache, cap }
+    }
 }
 
 impl<'a> ReadRef<'a> for Bounded<'a, '_> {
@@ -115,11 +128,8 @@ type Header = elf::FileHeader64<LittleEndian>;
 
 /// Reads the CFI section and the facts around it from `file`, within `limits`.
 pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
-    let cache = ReadCache::new(PositionalReader { file, pos: 0 });
-    let data = Bounded {
-        cache: &cache,
-        cap: limits.max_read_bytes,
-    };
+    let cache = ReadCache::new(PositionalReader::new(file));
+    let data = Bounded::new(&cache, limits.max_read_bytes);
     let header = Header::parse(data).map_err(|e| Error::Elf(e.to_string()))?;
     let endian = header.endian().map_err(|e| Error::Elf(e.to_string()))?;
     let machine = header.e_machine(endian);

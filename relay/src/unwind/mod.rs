@@ -28,7 +28,7 @@
 pub(crate) mod budget;
 pub mod cache;
 mod cfi;
-mod elf;
+pub(crate) mod elf;
 pub mod row;
 pub(crate) mod sender;
 pub mod table;
