@@ -1,5 +1,5 @@
 //! The relay's one loop, shared by `run` and `record`: source events arrive over the bounded
-//! intake channel -> the [`Pipeline`] (sessions, symbolization) -> one [`Profile`] per completed
+//! intake channel -> the [`Pipeline`] (sessions, symbolization) -> one [`LabeledProfile`] per completed
 //! interval -> the [`Sinks`]. The driver owns the window clock and the current window; the
 //! command's [`Policy`] decides when to stop (and prints progress), so `run` and `record` keep
 //! only their policy. The labels stage runs inside the pipeline, once per process: each
@@ -23,9 +23,9 @@ use anyhow::Context as _;
 use ember_protocol::Losses;
 
 use crate::{
+    labels::labeled::LabeledProfile,
     labels::stage::LabelSettings,
     metrics::{Metrics, Published},
-    model::Profile,
     pipeline::{Handled, Pipeline},
     session::FileLimits,
     sink::Sinks,
@@ -79,7 +79,7 @@ pub(crate) trait Policy {
 /// How the loop ended: the last window, the sinks still to finish.
 pub(crate) struct Ended {
     /// The last window (everything, when windows never close).
-    pub window: Profile,
+    pub window: LabeledProfile,
     /// The sampler's latest loss report.
     pub losses: Losses,
     pub sinks: Sinks,
@@ -89,7 +89,7 @@ pub(crate) struct Driver {
     pipeline: Pipeline,
     sinks: Sinks,
     /// The window so far: every completed interval since it started.
-    window: Profile,
+    window: LabeledProfile,
     /// `None`: one window for the whole run (`record`).
     window_length: Option<Duration>,
     /// Whether the window keeps samples: `record` (its summary) or a sink that reads windows.
@@ -114,7 +114,7 @@ impl Driver {
             window_samples: 0,
             pipeline,
             sinks,
-            window: Profile::default(),
+            window: LabeledProfile::default(),
             window_length: window,
             window_started: Instant::now(),
             metrics: Arc::default(),
@@ -232,7 +232,7 @@ impl Driver {
             return;
         }
         let frequency = self.pipeline.frequency_hz();
-        let window = std::mem::replace(&mut self.window, Profile::new(frequency));
+        let window = std::mem::replace(&mut self.window, LabeledProfile::new(frequency));
         let failed = self.sinks.window(&window);
         if failed > 0 {
             self.published.output.count(failed, window.total_samples());
@@ -271,20 +271,24 @@ mod tests {
     struct Recorder(Rc<RefCell<Vec<Call>>>);
 
     impl Sink for Recorder {
-        fn interval(&mut self, profile: &Profile) {
+        fn interval(&mut self, profile: &LabeledProfile) {
             self.0
                 .borrow_mut()
                 .push(Call::Interval(profile.total_samples()));
         }
 
-        fn window(&mut self, profile: &Profile) -> WindowOutcome {
+        fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
             self.0
                 .borrow_mut()
                 .push(Call::Window(profile.total_samples()));
             WindowOutcome::Kept
         }
 
-        fn finish(self: Box<Self>, window: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+        fn finish(
+            self: Box<Self>,
+            window: &LabeledProfile,
+            _: Duration,
+        ) -> anyhow::Result<SinkReport> {
             self.0
                 .borrow_mut()
                 .push(Call::Finish(window.total_samples()));
@@ -477,14 +481,18 @@ mod tests {
             fn wants_window(&self) -> bool {
                 true
             }
-            fn window(&mut self, profile: &Profile) -> WindowOutcome {
+            fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
                 if profile.is_empty() {
                     WindowOutcome::Kept
                 } else {
                     WindowOutcome::Unwritten
                 }
             }
-            fn finish(self: Box<Self>, _: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+            fn finish(
+                self: Box<Self>,
+                _: &LabeledProfile,
+                _: Duration,
+            ) -> anyhow::Result<SinkReport> {
                 Ok(SinkReport::Quiet)
             }
         }

@@ -2,10 +2,11 @@
 //! them from the file descriptors the sampler passed, aggregates and writes profiles.
 //!
 //! Flow: `source` (socket threads) -> bounded intake -> `driver` (the one loop of `run` and
-//! `record`) -> `pipeline` (sessions, `symbolize`) -> a `model::Profile` per interval -> `sink`s
-//! (files, OTLP, debug). `assembly` builds these parts for `run` and `record` from one settings
-//! struct, and the two commands only hold their policy; `cli` parses the command line and is
-//! the executable's whole [`main`].
+//! `record`) -> `pipeline`: the `session` symbolizes each batch (`symbolize`, `unwind`) into a
+//! `model::SymbolizedProfile`, the `labels` stage files it under each process's labels into a
+//! `labels::labeled::LabeledProfile` per interval -> `sink`s (files, OTLP, debug). `assembly`
+//! builds these parts for `run` and `record` from one settings struct, and the two commands only
+//! hold their policy; `cli` parses the command line and is the executable's whole [`main`].
 //!
 //! Every module is crate-private, so the compiler flags what nothing uses. The public surface
 //! is [`main`] and [`testing`] (what the end-to-end tests drive directly).
@@ -58,9 +59,13 @@ pub mod testing {
         };
     }
 
-    /// The symbolized profile the sinks take.
+    /// The labelled profile the sinks take, and the symbolized samples it is built from (a
+    /// thread added without labels has an empty resource).
     pub mod model {
-        pub use crate::model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread};
+        pub use crate::{
+            labels::labeled::{LabeledProfile, LabeledThread},
+            model::{Frame, FrameKind, Module, SymbolizedSample, Thread},
+        };
     }
 
     /// The OTLP sink.

@@ -1,9 +1,12 @@
-//! The relay's data model between stages: symbolized frames, samples and the aggregated profile
-//! of an interval that sinks write out, and how a frame is named in text outputs
-//! ([`Frame::text_name`]), so every sink and `record`'s summary name frames alike.
+//! The relay's ground types, which every stage shares and which import no stage: symbolized
+//! frames, the thread a sample belongs to, and the aggregated [`Profile`] (a table of
+//! (who, stack) -> count), and how a frame is named in text outputs ([`Frame::text_name`]), so
+//! every sink and `record`'s summary name frames alike.
 //!
-//! Flow: `RawBatch` (protocol) -> frames (symbolize), added to a [`Profile`] in place
-//! ([`Profile::add_frames`]) -> sinks. A frame that could not be named is still a frame
+//! Flow: `RawBatch` (protocol) -> frames (symbolize), added to the batch's [`SymbolizedProfile`]
+//! in place ([`Profile::add_frames`]), its rows keyed by [`Thread`] (pid first) -> the labels
+//! stage files each process under its resource labels into a `Profile` keyed by its own type
+//! (`labels::LabeledProfile`, [`Profile::merge_with`]) -> sinks. A frame that could not be named is still a frame
 //! (`[unknown]` with its module), so no sample is ever dropped between stages. Every output
 //! names it alike, by its module (`[unknown] libfoo.so`), one name per module and not per
 //! address, so flame graphs aggregate it; the address stays where an output has a field for it
@@ -15,8 +18,6 @@ use std::{
 };
 
 use indexmap::IndexSet;
-
-use crate::labels::Labels;
 
 /// Where a frame's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -171,8 +172,8 @@ fn is_invisible_format(c: char) -> bool {
 /// The name of a frame that could not be symbolized.
 pub const UNKNOWN: &str = "[unknown]";
 
-/// Who a sample belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Who a sample belongs to, as symbolization knows it (the process's facts, no labels).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Thread {
     pub pid: u32,
     pub tid: u32,
@@ -182,23 +183,6 @@ pub struct Thread {
     pub executable_path: Arc<str>,
     /// The container the process runs in, from its cgroup path, when it names one.
     pub container_id: Option<Arc<str>>,
-    /// The process's resource labels from the labels stage, shared by all its samples (empty
-    /// when no stage ran: sinks then fall back to the fields above).
-    pub resource: Arc<Labels>,
-}
-
-/// Hashes everything but `resource`: a process's labels are one shared set, the same for every
-/// thread of a pid, so hashing them per sample would cost without telling threads apart (equal
-/// threads still hash equal; equality compares the labels, pointer first).
-impl std::hash::Hash for Thread {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.pid.hash(state);
-        self.tid.hash(state);
-        self.process_name.hash(state);
-        self.thread_name.hash(state);
-        self.executable_path.hash(state);
-        self.container_id.hash(state);
-    }
 }
 
 /// Fixtures for the crate's unit tests.
@@ -220,7 +204,7 @@ impl Frame {
 
 #[cfg(test)]
 impl Thread {
-    /// A thread of no container and with empty resource labels.
+    /// A thread of no container.
     pub(crate) fn bare(
         (pid, tid): (u32, u32),
         process_name: &str,
@@ -234,17 +218,7 @@ impl Thread {
             thread_name: thread_name.into(),
             executable_path: executable_path.into(),
             container_id: None,
-            resource: Arc::default(),
         }
-    }
-}
-
-impl Thread {
-    /// The resource's `service.name`, else the process name.
-    pub fn service_name(&self) -> &str {
-        self.resource
-            .get(crate::labels::keys::SERVICE_NAME)
-            .unwrap_or(&self.process_name)
     }
 }
 
@@ -270,15 +244,15 @@ pub type Stack = Arc<[Frame]>;
 /// this is how the unit tests and the end-to-end tests (through `ember_relay::testing`) build a
 /// profile ([`Profile::add`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SymbolizedSample {
-    pub thread: Thread,
+pub struct SymbolizedSample<T = Thread> {
+    pub thread: T,
     pub stack: Stack,
     pub count: u64,
 }
 
-impl SymbolizedSample {
+impl<T> SymbolizedSample<T> {
     /// This sample as sinks read one (see [`Profile::samples`]).
-    pub fn view(&self) -> SampleRef<'_> {
+    pub fn view(&self) -> SampleRef<'_, T> {
         SampleRef {
             thread: &self.thread,
             stack: StackView(Repr::Frames(&self.stack)),
@@ -288,12 +262,20 @@ impl SymbolizedSample {
 }
 
 /// One aggregated row of a [`Profile`], borrowed from it: what sinks iterate.
-#[derive(Clone, Copy, Debug)]
-pub struct SampleRef<'a> {
-    pub thread: &'a Thread,
+#[derive(Debug)]
+pub struct SampleRef<'a, T = Thread> {
+    pub thread: &'a T,
     pub stack: StackView<'a>,
     pub count: u64,
 }
+
+impl<T> Clone for SampleRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SampleRef<'_, T> {}
 
 /// A stack (leaf first) borrowed from a [`Profile`]'s tables or from a [`SymbolizedSample`].
 #[derive(Clone, Copy)]
@@ -361,13 +343,15 @@ impl<'a> StackView<'a> {
 /// flooding resistance here.
 type Hasher = foldhash::fast::RandomState;
 
-/// Samples aggregated over a time range, as sinks receive them.
+/// Samples aggregated over a time range, keyed by who they belong to (`T`): a [`Thread`] after
+/// symbolization ([`SymbolizedProfile`]), the labels stage's own type after it (what sinks
+/// receive).
 ///
 /// Stored compactly: every distinct frame, thread and stack once, in tables; a stack is the list
 /// of its frames' ids and a count is keyed by (thread id, stack id). A window of many distinct
 /// stacks then costs a few bytes per frame of each stack instead of a whole frame.
-#[derive(Clone, Debug, Default)]
-pub struct Profile {
+#[derive(Clone, Debug)]
+pub struct Profile<T = Thread> {
     pub start_unix_ns: u64,
     pub end_unix_ns: u64,
     pub frequency_hz: u32,
@@ -375,7 +359,7 @@ pub struct Profile {
     pub hostname: Option<Arc<str>>,
     frames: IndexSet<Frame, Hasher>,
     stacks: IndexSet<Box<[u32]>, Hasher>,
-    threads: IndexSet<Thread, Hasher>,
+    threads: IndexSet<T, Hasher>,
     counts: HashMap<(u32, u32), u64, Hasher>,
     /// The frame ids of the stack being added (reused, so adding allocates only for new stacks).
     scratch: Vec<u32>,
@@ -383,6 +367,26 @@ pub struct Profile {
     /// [`Profile::samples`] after a change and kept until the next: every file format of a
     /// closed window reads them, and sorting a large window is the costly part.
     order: OnceLock<Vec<(u32, u32, u64)>>,
+}
+
+/// One batch's samples as symbolization leaves them: keyed by thread (pid first), no labels.
+pub type SymbolizedProfile = Profile<Thread>;
+
+impl<T> Default for Profile<T> {
+    fn default() -> Self {
+        Self {
+            start_unix_ns: 0,
+            end_unix_ns: 0,
+            frequency_hz: 0,
+            hostname: None,
+            frames: IndexSet::default(),
+            stacks: IndexSet::default(),
+            threads: IndexSet::default(),
+            counts: HashMap::default(),
+            scratch: Vec::new(),
+            order: OnceLock::new(),
+        }
+    }
 }
 
 /// A table index as an id. Tables cannot reach 2^32 entries (each entry takes at least 16
@@ -418,7 +422,7 @@ fn intern_owned<T: Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value: T
     id(set.insert_full(value).0)
 }
 
-impl Profile {
+impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     pub fn new(frequency_hz: u32) -> Self {
         Self {
             frequency_hz,
@@ -437,16 +441,34 @@ impl Profile {
     }
 
     /// Adds samples, widening the time range to cover `[start, end]`.
-    pub fn add(&mut self, sample: SymbolizedSample, start_unix_ns: u64, end_unix_ns: u64) {
+    pub fn add<S: Into<T>>(
+        &mut self,
+        sample: SymbolizedSample<S>,
+        start_unix_ns: u64,
+        end_unix_ns: u64,
+    ) {
         self.observe(start_unix_ns, end_unix_ns);
-        self.add_frames(&sample.thread, sample.stack.iter(), sample.count);
+        self.add_frames(&sample.thread.into(), sample.stack.iter(), sample.count);
+    }
+
+    /// Empties the profile (time range, host name and samples), keeping its tables' capacity:
+    /// the pipeline's batch profile is refilled at every batch.
+    pub fn clear(&mut self) {
+        self.start_unix_ns = 0;
+        self.end_unix_ns = 0;
+        self.hostname = None;
+        self.frames.clear();
+        self.stacks.clear();
+        self.threads.clear();
+        self.counts.clear();
+        self.order.take();
     }
 
     /// Adds `count` samples of `thread` with the stack `frames` (leaf first), interning what is
     /// new; the time range is the caller's ([`Profile::observe`]).
     pub fn add_frames<'f>(
         &mut self,
-        thread: &Thread,
+        thread: &T,
         frames: impl IntoIterator<Item = &'f Frame>,
         count: u64,
     ) {
@@ -471,7 +493,7 @@ impl Profile {
 
     /// Merges another profile into this one, its observed time too (even without samples).
     /// Each of its distinct frames, threads and stacks is looked up once, not once per sample.
-    pub fn merge(&mut self, other: Profile) {
+    pub fn merge(&mut self, other: Profile<T>) {
         if self.frequency_hz == 0 {
             self.frequency_hz = other.frequency_hz;
         }
@@ -509,6 +531,66 @@ impl Profile {
         }
     }
 
+    /// Adds another profile's samples, each under what `who` makes of its thread (`None`: left
+    /// out), and its observed time, as [`Profile::merge`] does. `who` is asked once per distinct
+    /// thread of `other`, each of its distinct frames and stacks is looked up once. Returns the
+    /// samples left out.
+    pub fn merge_with<O>(
+        &mut self,
+        other: &Profile<O>,
+        mut who: impl FnMut(&O) -> Option<T>,
+    ) -> u64 {
+        if self.frequency_hz == 0 {
+            self.frequency_hz = other.frequency_hz;
+        }
+        if self.hostname.is_none() {
+            self.hostname.clone_from(&other.hostname);
+        }
+        self.observe(other.start_unix_ns, other.end_unix_ns);
+        let threads: Vec<Option<u32>> = other
+            .threads
+            .iter()
+            .map(|t| who(t).map(|t| intern_owned(&mut self.threads, t)))
+            .collect();
+        let mut frames: Vec<Option<u32>> = vec![None; other.frames.len()];
+        let mut stacks: Vec<Option<u32>> = vec![None; other.stacks.len()];
+        let mut left_out = 0u64;
+        for (&(thread, stack), &count) in &other.counts {
+            let Some(&Some(thread)) = threads.get(thread as usize) else {
+                left_out = left_out.saturating_add(count);
+                continue;
+            };
+            let Some(slot) = stacks.get_mut(stack as usize) else {
+                continue;
+            };
+            let stack = match *slot {
+                Some(id) => id,
+                None => {
+                    let ids: Box<[u32]> = other
+                        .stacks
+                        .get_index(stack as usize)
+                        .map_or(&[][..], |ids| &ids[..])
+                        .iter()
+                        .map(|&f| {
+                            let Some(slot) = frames.get_mut(f as usize) else {
+                                return u32::MAX;
+                            };
+                            *slot.get_or_insert_with(|| match other.frames.get_index(f as usize) {
+                                Some(frame) => intern(&mut self.frames, frame),
+                                None => u32::MAX,
+                            })
+                        })
+                        .collect();
+                    let id = intern_owned(&mut self.stacks, ids);
+                    *slot = Some(id);
+                    id
+                }
+            };
+            self.count((thread, stack), count);
+        }
+        left_out
+    }
+
     pub fn total_samples(&self) -> u64 {
         self.counts.values().sum()
     }
@@ -527,7 +609,7 @@ impl Profile {
         }
     }
 
-    fn row(&self, (thread, stack): (u32, u32), count: u64) -> Option<SampleRef<'_>> {
+    fn row(&self, (thread, stack): (u32, u32), count: u64) -> Option<SampleRef<'_, T>> {
         Some(SampleRef {
             thread: self.threads.get_index(thread as usize)?,
             stack: StackView(Repr::Interned {
@@ -542,7 +624,7 @@ impl Profile {
     /// deterministic outputs. Threads and frames are ranked once; rows are then sorted by
     /// those ranks, so a window of hundreds of thousands of stacks compares integers, not
     /// frames' strings.
-    pub fn samples(&self) -> Vec<SampleRef<'_>> {
+    pub fn samples(&self) -> Vec<SampleRef<'_, T>> {
         self.order
             .get_or_init(|| self.sorted_rows())
             .iter()

@@ -1,7 +1,9 @@
-//! The relay's pipeline stage: takes source events in order, keeps one [`Session`] per sampler
-//! connection, symbolizes batches and accumulates them into the current interval's [`Profile`],
-//! which the driver takes when a batch completes its interval. Symbolizer state is not `Send`
-//! (blazesym resolvers), which is why all of it lives on the driver's thread.
+//! The relay's pipeline: takes source events in order and keeps one [`Session`] per sampler
+//! connection. A batch goes through the stages in order: the session symbolizes it into a
+//! [`SymbolizedProfile`] (samples keyed by thread, no labels), then the labels stage files each
+//! process's samples under its resource labels into the current interval's [`LabeledProfile`],
+//! which the driver takes for the sinks when a batch completes its interval. Symbolizer state is
+//! not `Send` (blazesym resolvers), which is why all of it lives on the driver's thread.
 
 use std::{
     collections::HashMap,
@@ -15,11 +17,12 @@ use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
     labels::{
+        labeled::LabeledProfile,
         pushdown::IgnoreSender,
         stage::{LabelStage, LabelStats},
     },
     metrics::RelayStats,
-    model::Profile,
+    model::SymbolizedProfile,
     session::{FileLimits, Session, SymbolStats},
     source::{ConnectionId, SourceEvent},
     symbolize::{sigbus, ElfCache},
@@ -55,8 +58,10 @@ pub(crate) enum Handled {
 pub(crate) struct Pipeline {
     sessions: HashMap<ConnectionId, Session>,
     cache: ElfCache,
-    /// Samples symbolized since the last [`Pipeline::take_interval`].
-    interval: Profile,
+    /// The batch being handled, symbolized (emptied and refilled at every batch).
+    symbolized: SymbolizedProfile,
+    /// Samples symbolized and labelled since the last [`Pipeline::take_interval`].
+    interval: LabeledProfile,
     /// Samples symbolized since start.
     samples: u64,
     /// Samples the sampler could not deliver, from its latest loss report.
@@ -428,7 +433,14 @@ impl Pipeline {
         self.interval
             .observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
-        session.symbolize_batch(batch, &mut self.cache, &mut self.labels, &mut self.interval);
+        self.symbolized.clear();
+        session.symbolize_batch(batch, &mut self.cache, &mut self.symbolized);
+        self.labels.label(
+            &session.hello.hostname,
+            &self.symbolized,
+            |pid| session.process_info(pid),
+            &mut self.interval,
+        );
         self.ignore.send(conn, self.labels.take_filtered_out());
         if let (Some(sender), Some(control), Some(budget)) = (
             &mut self.unwind,
@@ -558,9 +570,9 @@ impl Pipeline {
 
     /// Takes the samples symbolized since the last call and the time the batches covered (with
     /// or without samples), leaving an empty profile with the same frequency.
-    pub fn take_interval(&mut self) -> Profile {
+    pub fn take_interval(&mut self) -> LabeledProfile {
         let frequency = self.interval.frequency_hz;
-        std::mem::replace(&mut self.interval, Profile::new(frequency))
+        std::mem::replace(&mut self.interval, LabeledProfile::new(frequency))
     }
 }
 
@@ -884,7 +896,7 @@ mod tests {
             assert_eq!(&*sample.thread.thread_name, "worker");
             assert_eq!(sample.thread.pid, PID);
         }
-        let user_leaf = |s: &crate::model::SampleRef<'_>| {
+        let user_leaf = |s: &crate::labels::labeled::LabeledSample<'_>| {
             let frame = s.stack.last().expect("a user frame");
             assert_eq!(frame.kind, FrameKind::Native);
             assert!(

@@ -29,7 +29,7 @@ use crate::{
     assembly::{self, OutputUnwritable, Settings},
     browser::{self, Opener},
     driver::{Ended, Flow, Policy, Tick},
-    model::Profile,
+    labels::labeled::LabeledProfile,
     pipeline::Handled,
     privileges::{self, Target},
     sampler_binary,
@@ -487,7 +487,7 @@ fn loss_lines(losses: &Losses, verbose: bool) -> Vec<String> {
 
 /// What `record` prints at the end: what was recorded, what was lost and why in words, the
 /// files, the top functions; with `-v` also how the user stacks were unwound (internals).
-fn print_summary(profile: &Profile, paths: &[PathBuf], losses: &Losses, verbose: bool) {
+fn print_summary(profile: &LabeledProfile, paths: &[PathBuf], losses: &Losses, verbose: bool) {
     let total = profile.total_samples();
     println!(
         "recorded {total} samples at {} Hz over {:.1}s",

@@ -236,7 +236,10 @@ pub(crate) fn report(path: &Path, count: usize, sample_index: Option<&str>) -> a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, FrameKind, Profile, SymbolizedSample, Thread};
+    use crate::{
+        labels::labeled::LabeledProfile,
+        model::{Frame, FrameKind, SymbolizedSample, Thread},
+    };
 
     fn frame(function: &str, address: u64) -> Frame {
         Frame::bare(function, FrameKind::Native, address)
@@ -302,8 +305,8 @@ mod tests {
     }
 
     /// A profile of one thread with these stacks (leaf first) and counts.
-    fn profile_of(stacks: &[(&[&str], u64)]) -> Profile {
-        let mut profile = Profile::new(100);
+    fn profile_of(stacks: &[(&[&str], u64)]) -> LabeledProfile {
+        let mut profile = LabeledProfile::new(100);
         for &(stack, count) in stacks {
             let stack: Vec<Frame> = stack
                 .iter()
@@ -323,7 +326,7 @@ mod tests {
         profile
     }
 
-    fn top_of(profile: &Profile, index: &str) -> Top {
+    fn top_of(profile: &LabeledProfile, index: &str) -> Top {
         top(&crate::sink::files::pprof::render(profile), Some(index)).expect("top")
     }
 }

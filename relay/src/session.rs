@@ -1,5 +1,7 @@
 //! State of one sampler connection: the files it passed (as descriptors), the processes it
-//! described and its kernel symbols; turns its raw batches into symbolized samples.
+//! described and its kernel symbols; turns its raw batches into symbolized samples keyed by
+//! thread (pid first), without labels: the labels stage reads the process facts kept here
+//! ([`Session::process_info`]) once per process.
 //!
 //! The relay never opens anything of other processes itself: every binary is read through a
 //! descriptor in `files`.
@@ -25,8 +27,7 @@ use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
     interp::{seen, Recognized},
-    labels::stage::{LabelStage, ProcessRecord, Resource},
-    model::{Frame, FrameKind, Module, Profile, Thread, UNKNOWN},
+    model::{Frame, FrameKind, Module, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
@@ -48,8 +49,6 @@ struct Process {
     name: Arc<str>,
     executable_path: Arc<str>,
     container_id: Option<Arc<str>>,
-    /// What the labels stage reads (facts and the allowlisted environment).
-    record: ProcessRecord,
     /// One module per executable mapping, same order as `info.mappings`.
     modules: Vec<Arc<Module>>,
     /// The recognized runtimes among its mapped files (each counted once per process).
@@ -333,7 +332,6 @@ impl Session {
         let (pid, start) = (info.pid, info.start_time_unix_ns);
         let runtimes = self.note_runtimes(&info, &name);
         let process = Process {
-            record: ProcessRecord::from_info(&info),
             info,
             name,
             executable_path,
@@ -400,6 +398,11 @@ impl Session {
         self.processes.remove(&pid);
     }
 
+    /// The facts the sampler sent for `pid`, if any (what the labels stage reads).
+    pub fn process_info(&self, pid: u32) -> Option<&ProcessInfo> {
+        self.processes.get(&pid).map(|p| &p.info)
+    }
+
     pub fn process_count(&self) -> usize {
         self.processes.len()
     }
@@ -413,23 +416,16 @@ impl Session {
         self.files.values().filter_map(|f| f.key.as_ref())
     }
 
-    /// Symbolizes a batch into `profile`, each sample with its process's resource labels from
-    /// `labels`. Every row of an exported process becomes a sample, whatever could be named; rows
-    /// of processes the labels stage filtered out or dropped are counted there, not added.
-    /// First closes the files no process refers to.
+    /// Symbolizes a batch into `profile`: every row becomes a sample of its thread, whatever
+    /// could be named. First closes the files no process refers to.
     pub fn symbolize_batch(
         &mut self,
         batch: &Batch,
         cache: &mut ElfCache,
-        labels: &mut LabelStage,
-        profile: &mut Profile,
+        profile: &mut SymbolizedProfile,
     ) {
         self.sweep_unreferenced_files();
         self.tick += 1;
-        profile.observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
-        if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
-            profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
-        }
         let kernel_stacks: Vec<Vec<Frame>> = batch
             .kernel_stacks
             .iter()
@@ -438,14 +434,6 @@ impl Session {
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
         for row in &batch.rows {
             let process = self.processes.get(&row.pid);
-            let resource = match process {
-                Some(p) => labels.resource(&self.hello.hostname, &p.record),
-                None => labels.resource(&self.hello.hostname, &ProcessRecord::unknown(row.pid)),
-            };
-            let Some(resource) = resource else {
-                labels.count_dropped_samples(row.count);
-                continue;
-            };
             if process.is_none() {
                 self.stats.samples_without_process_facts = self
                     .stats
@@ -485,7 +473,11 @@ impl Session {
             self.stats.frames += frames;
             self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
-            profile.add_frames(&thread_of(row, process, resource), stack, row.count);
+            profile.add_frames(&thread_of(row, process), stack, row.count);
+        }
+        profile.observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
+        if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
+            profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
         }
     }
 }
@@ -509,9 +501,8 @@ fn module_of(mapping: &ember_protocol::Mapping, build_id: Option<Arc<str>>) -> A
     })
 }
 
-/// Who a row belongs to: its process's facts when known (else the thread's name names it), and
-/// the process's resource labels.
-fn thread_of(row: &Row, process: Option<&Process>, resource: Resource) -> Thread {
+/// Who a row belongs to: its process's facts when known (else the thread's name names it).
+fn thread_of(row: &Row, process: Option<&Process>) -> Thread {
     let process_name = match process {
         Some(p) if !p.name.is_empty() => Arc::clone(&p.name),
         _ => Arc::from(row.comm.as_str()),
@@ -527,7 +518,6 @@ fn thread_of(row: &Row, process: Option<&Process>, resource: Resource) -> Thread
         thread_name: Arc::from(row.comm.as_str()),
         executable_path,
         container_id,
-        resource,
     }
 }
 
@@ -740,14 +730,9 @@ mod tests {
         }
     }
 
-    fn symbolize(session: &mut Session, batch: &Batch) -> Profile {
-        let mut profile = Profile::default();
-        session.symbolize_batch(
-            batch,
-            &mut ElfCache::default(),
-            &mut LabelStage::default(),
-            &mut profile,
-        );
+    fn symbolize(session: &mut Session, batch: &Batch) -> SymbolizedProfile {
+        let mut profile = SymbolizedProfile::default();
+        session.symbolize_batch(batch, &mut ElfCache::default(), &mut profile);
         profile
     }
 
@@ -872,7 +857,7 @@ mod tests {
     }
 
     /// The (process name, leaf function) of every sample in `profile`.
-    fn leaves(profile: &Profile) -> Vec<(String, String)> {
+    fn leaves(profile: &SymbolizedProfile) -> Vec<(String, String)> {
         profile
             .samples()
             .iter()
@@ -892,8 +877,8 @@ mod tests {
         let mut session = Session::new(Hello::default(), Vec::new());
         let mut cache = ElfCache::default();
         let mut run = |session: &mut Session, batch: &Batch| {
-            let mut profile = Profile::default();
-            session.symbolize_batch(batch, &mut cache, &mut LabelStage::default(), &mut profile);
+            let mut profile = SymbolizedProfile::default();
+            session.symbolize_batch(batch, &mut cache, &mut profile);
             leaves(&profile)
         };
         session.add_files(vec![file], vec![Some(fd)]);
@@ -969,7 +954,9 @@ mod tests {
         assert!(leaf.function.contains("session_test_marker"), "{leaf:?}");
         let module = leaf.module.as_ref().expect("a module");
         assert_eq!(&*module.path, "/opt/app/server");
-        let pprof = crate::sink::files::pprof::render(&profile);
+        let mut unlabelled = crate::labels::labeled::LabeledProfile::default();
+        unlabelled.merge_with(&profile, |thread: &Thread| Some(thread.clone().into()));
+        let pprof = crate::sink::files::pprof::render(&unlabelled);
         let first = pprof.mapping.first().expect("a mapping");
         assert_eq!(
             pprof.string_table[first.filename as usize],

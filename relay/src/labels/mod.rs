@@ -27,6 +27,7 @@ pub mod host;
 // and its tests.
 #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 pub mod kubernetes;
+pub mod labeled;
 pub mod process;
 pub mod pushdown;
 pub mod pyroscope;

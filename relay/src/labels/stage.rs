@@ -1,6 +1,8 @@
-//! The labels stage: the resource labels of each sampled process, computed once per process
-//! (keyed by pid + start time in a [`RelabelCache`]) and handed to the profile as one shared
-//! `Arc<Labels>` per process, never copied per sample.
+//! The labels stage: takes a batch's symbolized samples (keyed by thread, no labels) and files
+//! them under their process's resource labels into the interval's [`LabeledProfile`], what the
+//! sinks take ([`LabelStage::label`]). Each process's labels are resolved once per batch (not per
+//! row), and computed once per process (keyed by pid + start time in a [`RelabelCache`]): one
+//! shared `Arc<Labels>` per process, never copied per sample.
 //!
 //! Per process, in order: the `--process-filter` (the executable name must match, fully
 //! anchored; a process that does not is dropped), [`resource::resource_labels`] (host, process,
@@ -14,12 +16,12 @@
 //! are not exported; they are counted, and so are the reserved names a process claimed
 //! (`claims_dropped`: never a label, see [`resource`]).
 //!
-//! The session calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
+//! The pipeline calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
 //! (exec, or a reused pid), so labels follow exec; a config reload replaces the settings whole
 //! ([`LabelStage::replace_settings`]) and forgets every cached result. Pure apart from [`LabelStage::local`], which
 //! reads `/etc/passwd` and the machine id once (bounded) before privileges are dropped.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use regex::Regex;
 
@@ -27,20 +29,21 @@ use super::{
     host::{self, HostFacts},
     keys,
     kubernetes::{self, Pods},
+    labeled::{LabeledProfile, LabeledThread},
     process::{ProcessFacts, UserNames},
     pyroscope,
     resource::{self, ProcessEnv, Shared},
     service::ServiceNameSource,
     Labels,
 };
-use crate::relabel::{
-    self,
-    cache::{Outcome, RelabelCache},
-    Rule,
+use crate::{
+    model::SymbolizedProfile,
+    relabel::{
+        self,
+        cache::{Outcome, RelabelCache},
+        Rule,
+    },
 };
-
-/// The shared labels of a process, as the profile carries them.
-pub type Resource = Arc<Labels>;
 
 /// Most processes whose labels are cached (one entry per live pid; beyond, recomputed).
 pub const MAX_CACHED_PROCESSES: usize = 65_536;
@@ -243,8 +246,63 @@ impl LabelStage {
         self.stats
     }
 
+    /// Files a batch's symbolized samples, sampled on `hostname`, under their process's labels
+    /// into `into`; `facts` are the processes the sampler described. Each process's labels are
+    /// resolved once per batch; samples of a process filtered out or dropped are counted, not
+    /// added.
+    pub fn label<'f>(
+        &mut self,
+        hostname: &str,
+        batch: &SymbolizedProfile,
+        facts: impl Fn(u32) -> Option<&'f ember_protocol::ProcessInfo>,
+        into: &mut LabeledProfile,
+    ) {
+        let mut resolved: HashMap<u32, Outcome> = HashMap::new();
+        let dropped = into.merge_with(batch, |thread| {
+            let resource = resolved
+                .entry(thread.pid)
+                .or_insert_with(|| self.resource_of(hostname, thread.pid, facts(thread.pid)));
+            Some(LabeledThread {
+                thread: thread.clone(),
+                resource: resource.clone()?,
+            })
+        });
+        self.count_dropped_samples(dropped);
+    }
+
+    /// The labels of the process `pid` (described by `info`, if the sampler did) sampled on
+    /// `hostname`; `None` when it is filtered out or dropped.
+    fn resource_of(
+        &mut self,
+        hostname: &str,
+        pid: u32,
+        info: Option<&ember_protocol::ProcessInfo>,
+    ) -> Outcome {
+        let start_time_unix_ns = info.map_or(0, |info| info.start_time_unix_ns);
+        self.resource_with(hostname, pid, start_time_unix_ns, || match info {
+            Some(info) => ProcessRecord::from_info(info),
+            None => ProcessRecord::unknown(pid),
+        })
+    }
+
     /// The labels of `process` sampled on `hostname`; `None` when it is filtered out or dropped.
+    #[cfg(test)]
     pub fn resource(&mut self, hostname: &str, process: &ProcessRecord) -> Outcome {
+        let facts = &process.facts;
+        self.resource_with(hostname, facts.pid, facts.start_time_unix_ns, || {
+            process.clone()
+        })
+    }
+
+    /// The labels of the process `(pid, start time)`, its record made by `record` only when they
+    /// are not cached.
+    fn resource_with(
+        &mut self,
+        hostname: &str,
+        pid: u32,
+        start_time_unix_ns: u64,
+        record: impl FnOnce() -> ProcessRecord,
+    ) -> Outcome {
         if self.hostname.as_deref() != Some(hostname) {
             self.set_hostname(hostname);
         }
@@ -265,20 +323,19 @@ impl LabelStage {
             kubernetes,
             ..
         } = self;
-        let facts = &process.facts;
         let pods = kubernetes.as_ref().map(|(pods, _)| pods);
         let filtered_before = stats.processes_filtered;
-        let outcome = cache.get_or_insert_with(facts.pid, facts.start_time_unix_ns, || {
-            compute(settings, shared, pinned, stats, pods, process)
+        let outcome = cache.get_or_insert_with(pid, start_time_unix_ns, || {
+            compute(settings, shared, pinned, stats, pods, &record())
         });
         // Only a process the sampler described (it has a start time) can be pushed down.
         if stats.processes_filtered != filtered_before
-            && facts.start_time_unix_ns != 0
+            && start_time_unix_ns != 0
             && self.filtered_out.len() < MAX_IGNORED
         {
             self.filtered_out.push(ember_protocol::IgnoredProcess {
-                pid: facts.pid,
-                start_time_unix_ns: facts.start_time_unix_ns,
+                pid,
+                start_time_unix_ns,
             });
         }
         outcome
@@ -291,7 +348,7 @@ impl LabelStage {
     }
 
     /// Counts samples of a filtered or dropped process.
-    pub fn count_dropped_samples(&mut self, samples: u64) {
+    fn count_dropped_samples(&mut self, samples: u64) {
         self.stats.samples_dropped = self.stats.samples_dropped.saturating_add(samples);
     }
 
@@ -403,6 +460,8 @@ pub fn process_filter(pattern: &str) -> Result<Regex, regex::Error> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::relabel::{compile, RelabelConfig};
 

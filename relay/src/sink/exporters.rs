@@ -25,9 +25,9 @@ use super::{
     Sink, SinkReport,
 };
 use crate::{
+    labels::labeled::LabeledProfile,
     layers::{ConfigError, Env},
     metrics::Metrics,
-    model::Profile,
 };
 
 /// `exporters:`: where profiles go besides the local files.
@@ -116,11 +116,11 @@ pub(crate) fn start(config: Exporters, metrics: &Metrics) -> anyhow::Result<Vec<
 struct DebugSink(DebugSettings);
 
 impl Sink for DebugSink {
-    fn interval(&mut self, profile: &Profile) {
+    fn interval(&mut self, profile: &LabeledProfile) {
         debug::print(profile, &self.0);
     }
 
-    fn finish(self: Box<Self>, _: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+    fn finish(self: Box<Self>, _: &LabeledProfile, _: Duration) -> anyhow::Result<SinkReport> {
         Ok(SinkReport::Quiet)
     }
 }
@@ -129,13 +129,13 @@ impl Sink for DebugSink {
 struct OtlpSink(Exporter);
 
 impl Sink for OtlpSink {
-    fn interval(&mut self, profile: &Profile) {
+    fn interval(&mut self, profile: &LabeledProfile) {
         if !profile.is_empty() {
             self.0.export(profile.clone());
         }
     }
 
-    fn finish(self: Box<Self>, _: &Profile, drain: Duration) -> anyhow::Result<SinkReport> {
+    fn finish(self: Box<Self>, _: &LabeledProfile, drain: Duration) -> anyhow::Result<SinkReport> {
         let endpoint = self.0.description().to_owned();
         let (drained, stats) = self.0.shutdown(drain);
         Ok(SinkReport::Otlp(Box::new(OtlpFinished {

@@ -11,7 +11,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use crate::model::Profile;
+use crate::labels::labeled::LabeledProfile;
 
 pub mod debug;
 pub(crate) mod exporters;
@@ -21,11 +21,11 @@ pub mod otlp;
 /// One output of the relay.
 pub(crate) trait Sink {
     /// A completed interval: the samples since the previous call. Must not block on I/O.
-    fn interval(&mut self, _profile: &Profile) {}
+    fn interval(&mut self, _profile: &LabeledProfile) {}
 
     /// A window closed; `profile` holds all of it. Failures are logged by the sink and said in
     /// what it returns (the driver counts them for the metrics).
-    fn window(&mut self, _profile: &Profile) -> WindowOutcome {
+    fn window(&mut self, _profile: &LabeledProfile) -> WindowOutcome {
         WindowOutcome::Kept
     }
 
@@ -37,7 +37,11 @@ pub(crate) trait Sink {
 
     /// The relay is stopping: `window` is the last (unfinished) window, `drain` the longest
     /// the sink may take to deliver what it still holds.
-    fn finish(self: Box<Self>, window: &Profile, drain: Duration) -> anyhow::Result<SinkReport>;
+    fn finish(
+        self: Box<Self>,
+        window: &LabeledProfile,
+        drain: Duration,
+    ) -> anyhow::Result<SinkReport>;
 }
 
 /// What became of a closed window in one sink.
@@ -74,7 +78,7 @@ impl Sinks {
         self.0.extend(sinks);
     }
 
-    pub(crate) fn interval(&mut self, profile: &Profile) {
+    pub(crate) fn interval(&mut self, profile: &LabeledProfile) {
         for sink in &mut self.0 {
             sink.interval(profile);
         }
@@ -86,7 +90,7 @@ impl Sinks {
     }
 
     /// Hands a closed window to every sink; how many could not write it.
-    pub(crate) fn window(&mut self, profile: &Profile) -> u64 {
+    pub(crate) fn window(&mut self, profile: &LabeledProfile) -> u64 {
         let outcomes = self.0.iter_mut().map(|sink| sink.window(profile));
         outcomes
             .filter(|outcome| *outcome == WindowOutcome::Unwritten)
@@ -98,7 +102,7 @@ impl Sinks {
     /// later sinks are dropped unfinished.
     pub(crate) fn finish(
         self,
-        window: &Profile,
+        window: &LabeledProfile,
         drain: Duration,
         report: &mut dyn FnMut(anyhow::Result<SinkReport>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {

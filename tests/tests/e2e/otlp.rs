@@ -19,7 +19,7 @@ use std::{
 
 use ember_relay::testing::{
     config::{self, OtlpFlags},
-    model::{Frame, FrameKind, Module, Profile, SymbolizedSample, Thread},
+    model::{Frame, FrameKind, LabeledProfile, Module, SymbolizedSample, Thread},
     sink::otlp::{
         exporter::Settings,
         stats::{DropReason, Snapshot},
@@ -89,8 +89,8 @@ fn log_since(mark: usize) -> String {
 
 /// A profile of `processes` processes with `stacks` distinct 12-frame stacks each, every stack
 /// sampled `count` times. Function names are unique per (process, stack, depth).
-fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
-    let mut profile = Profile::new(97);
+fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> LabeledProfile {
+    let mut profile = LabeledProfile::new(97);
     profile.hostname = Some("test-host".into());
     for pid in 1..=processes {
         let module = Arc::new(Module {
@@ -121,7 +121,6 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> Profile {
                         thread_name: format!("app{pid}").into(),
                         executable_path: format!("/usr/bin/app{pid}").into(),
                         container_id: None,
-                        resource: Default::default(),
                     },
                     stack: frames.into(),
                     count,
@@ -158,7 +157,6 @@ fn otlp_attributes_follow_the_options_and_the_data() {
                 thread_name: "".into(),
                 executable_path: "".into(),
                 container_id: None,
-                resource: Default::default(),
             },
             stack: vec![frame].into(),
             count: 5,

@@ -14,7 +14,8 @@ use std::{fmt::Write as _, io::Write as _};
 
 pub use self::config::{DebugConfig, DebugSettings, Verbosity};
 use crate::{
-    model::{terminal_safe, Profile},
+    labels::labeled::LabeledProfile,
+    model::terminal_safe,
     sink::otlp::{
         request::{self, Dictionary, Location, Request},
         wire,
@@ -22,7 +23,7 @@ use crate::{
 };
 
 /// Renders `profile` as the request(s) the OTLP exporter sends.
-pub fn render(profile: &Profile, settings: &DebugSettings) -> String {
+pub fn render(profile: &LabeledProfile, settings: &DebugSettings) -> String {
     let mut parts = Vec::new();
     wire::split(profile, &settings.encoding, |part| {
         parts.push((part.request, part.body.len()));
@@ -42,7 +43,7 @@ pub fn render(profile: &Profile, settings: &DebugSettings) -> String {
 }
 
 /// Writes [`render`]'s text to stdout.
-pub fn print(profile: &Profile, settings: &DebugSettings) {
+pub fn print(profile: &LabeledProfile, settings: &DebugSettings) {
     if profile.is_empty() {
         return;
     }
@@ -194,7 +195,7 @@ mod tests {
             end: 0x9000,
             file_offset: 0,
         });
-        let mut profile = Profile::new(100);
+        let mut profile = LabeledProfile::new(100);
         profile.add(
             SymbolizedSample {
                 thread: Thread {
@@ -204,7 +205,6 @@ mod tests {
                     thread_name: "worker".into(),
                     executable_path: "/usr/bin/app".into(),
                     container_id: None,
-                    resource: Default::default(),
                 },
                 stack: vec![
                     Frame {
@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn a_split_profile_is_shown_as_the_requests_the_exporter_sends() {
         // Given a profile of 200 distinct stacks and a 4 KiB request limit
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         for i in 0..200u64 {
             let frame = Frame {
                 function: format!("function_{i}").into(),
@@ -282,7 +282,6 @@ mod tests {
                 process_name: "app".into(),
                 thread_name: "main".into(),
                 executable_path: "/usr/bin/app".into(),
-                resource: Default::default(),
                 container_id: None,
             };
             let stack = vec![frame].into();

@@ -1,4 +1,4 @@
-//! Flamegraph sink: an interactive SVG of a [`Profile`], drawn by inferno (the Rust port of
+//! Flamegraph sink: an interactive SVG of a [`LabeledProfile`], drawn by inferno (the Rust port of
 //! flamegraph.pl) from the folded lines of [`super::folded`], so both show the same names;
 //! drawn top-down, the root first, so the browser opens on the widest frames.
 //!
@@ -12,7 +12,7 @@ use std::io;
 use inferno::flamegraph::{self, color::MultiPalette, Direction, Options, Palette};
 
 use super::folded;
-use crate::model::Profile;
+use crate::labels::labeled::LabeledProfile;
 
 const TITLE: &str = "ember CPU flamegraph";
 
@@ -25,12 +25,12 @@ pub enum FlamegraphError {
 
 /// The SVG document of `profile`.
 #[cfg(test)]
-pub fn render(profile: &Profile) -> Result<Vec<u8>, FlamegraphError> {
+pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, FlamegraphError> {
     render_with(profile, FoldedRoot::Process)
 }
 
 /// The SVG document of `profile`, its root frames named per `--folded-root`.
-pub fn render_with(profile: &Profile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
+pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
     let lines = folded::lines_with(profile, root);
     let subtitle = subtitle(profile);
     if lines.is_empty() {
@@ -56,7 +56,7 @@ pub fn render_with(profile: &Profile, root: FoldedRoot) -> Result<Vec<u8>, Flame
 }
 
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
-fn subtitle(profile: &Profile) -> String {
+fn subtitle(profile: &LabeledProfile) -> String {
     let mut subtitle = format!(
         "{} samples at {} Hz",
         profile.total_samples(),
@@ -133,8 +133,8 @@ mod tests {
         Frame::bare(function, kind, 0x1000)
     }
 
-    fn profile() -> Profile {
-        let mut profile = Profile::new(99);
+    fn profile() -> LabeledProfile {
+        let mut profile = LabeledProfile::new(99);
         let sample = SymbolizedSample {
             thread: Thread::bare((1, 1), "app", "app", "/usr/bin/app"),
             stack: vec![
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn empty_profile_gives_a_no_samples_svg() {
         // Given a profile without samples
-        let profile = Profile::new(99);
+        let profile = LabeledProfile::new(99);
 
         // When drawn
         let svg = render(&profile).unwrap();

@@ -1,7 +1,7 @@
 //! Folded-stacks sink: Brendan Gregg's collapsed format, one line per unique stack,
 //! `process;root;...;leaf COUNT`, as read by flamegraph.pl, inferno and speedscope. Frames are
 //! named by [`crate::model::Frame::text_name`] (the model's), so the flamegraph and
-//! [`Profile::top_self`] show the same names.
+//! [`LabeledProfile::top_self`] show the same names.
 //!
 //! Invariants: lines are sorted and unique (stacks with the same text are merged, so two pids of
 //! one program become one line); no name contains `;` or a line break, so every line splits back
@@ -11,17 +11,20 @@
 use std::collections::BTreeMap;
 
 use super::FoldedRoot;
-use crate::model::{text_safe, Profile, UNKNOWN};
+use crate::{
+    labels::labeled::LabeledProfile,
+    model::{text_safe, UNKNOWN},
+};
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
 /// whose samples add up to zero left out.
 #[cfg(test)]
-pub fn lines(profile: &Profile) -> Vec<String> {
+pub fn lines(profile: &LabeledProfile) -> Vec<String> {
     lines_with(profile, FoldedRoot::Process)
 }
 
 /// [`lines`] with the root frame naming the process or its `service.name` (`--folded-root`).
-pub fn lines_with(profile: &Profile, root: FoldedRoot) -> Vec<String> {
+pub fn lines_with(profile: &LabeledProfile, root: FoldedRoot) -> Vec<String> {
     stack_counts(profile, root)
         .into_iter()
         .map(|(text, count)| format!("{text} {count}"))
@@ -30,7 +33,7 @@ pub fn lines_with(profile: &Profile, root: FoldedRoot) -> Vec<String> {
 
 /// Each unique stack text (root first, without its count) with its samples, sorted; stacks
 /// whose samples add up to zero left out. Each text is built once, in one string.
-fn stack_counts(profile: &Profile, root: FoldedRoot) -> BTreeMap<String, u64> {
+fn stack_counts(profile: &LabeledProfile, root: FoldedRoot) -> BTreeMap<String, u64> {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     for sample in profile.samples() {
         let name = match root {
@@ -55,14 +58,14 @@ fn stack_counts(profile: &Profile, root: FoldedRoot) -> BTreeMap<String, u64> {
 
 /// The whole folded file, process names at the root.
 #[cfg(test)]
-pub fn render(profile: &Profile) -> String {
+pub fn render(profile: &LabeledProfile) -> String {
     render_with(profile, FoldedRoot::Process)
 }
 
 /// The whole folded file: [`lines_with`], each ended by `\n`, written into one string as the
 /// lines are taken from the sorted map (a window of many stacks is held twice at most, not
 /// three times).
-pub fn render_with(profile: &Profile, root: FoldedRoot) -> String {
+pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> String {
     let counts = stack_counts(profile, root);
     let length: usize = counts.keys().map(|text| text.len() + 22).sum();
     let mut out = String::with_capacity(length);
@@ -94,7 +97,7 @@ mod tests {
         Thread::bare((pid, pid), process_name, process_name, "")
     }
 
-    fn add(profile: &mut Profile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
+    fn add(profile: &mut LabeledProfile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
         let sample = SymbolizedSample {
             thread,
             stack: leaf_first.into(),
@@ -119,8 +122,8 @@ mod tests {
         }
     }
 
-    fn small_profile() -> Profile {
-        let mut profile = Profile::new(99);
+    fn small_profile() -> LabeledProfile {
+        let mut profile = LabeledProfile::new(99);
         add(
             &mut profile,
             thread(1, "app"),
@@ -169,7 +172,7 @@ mod tests {
     #[test]
     fn separators_and_line_breaks_in_names_are_replaced() {
         // Given names containing `;`, a newline and a space
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         let stack = vec![
             native("parse<[u8; 8]>"),
             native("line\nbreak"),
@@ -190,7 +193,7 @@ mod tests {
     #[test]
     fn empty_process_name_and_zero_counts() {
         // Given a sample without a process name and a stack counted zero times
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         add(&mut profile, thread(1, ""), vec![native("main")], 2);
         add(&mut profile, thread(2, "idle"), vec![native("main")], 0);
 
@@ -203,7 +206,7 @@ mod tests {
 
     #[test]
     fn empty_profile_renders_nothing() {
-        assert_eq!(render(&Profile::new(99)), "");
+        assert_eq!(render(&LabeledProfile::new(99)), "");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{Sink, SinkReport, WindowOutcome};
-use crate::model::Profile;
+use crate::labels::labeled::LabeledProfile;
 
 /// What the first frame of a `stacks.folded` line (and the flamegraph's root) names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -139,7 +139,7 @@ impl Sink for FilesSink {
     /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
     /// again first; a window that cannot be written is logged with the fix and reported
     /// [`WindowOutcome::Unwritten`] (the driver counts it), and the next window tries again.
-    fn window(&mut self, profile: &Profile) -> WindowOutcome {
+    fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
         let written = self
             .recreate_if_deleted()
             .and_then(|()| self.files.write(profile).map_err(anyhow::Error::from));
@@ -165,7 +165,11 @@ impl Sink for FilesSink {
 
     /// Writes the last window, unless it is empty and a closed window is already there (a stop
     /// right after a window closed keeps that window's files).
-    fn finish(mut self: Box<Self>, window: &Profile, _: Duration) -> anyhow::Result<SinkReport> {
+    fn finish(
+        mut self: Box<Self>,
+        window: &LabeledProfile,
+        _: Duration,
+    ) -> anyhow::Result<SinkReport> {
         if !(window.is_empty() && self.wrote_window) {
             self.files.write(window)?;
         }

@@ -1,4 +1,4 @@
-//! pprof sink: a [`Profile`] as a gzip-compressed `perftools.profiles.Profile` (google/pprof
+//! pprof sink: a [`LabeledProfile`] as a gzip-compressed `perftools.profiles.Profile` (google/pprof
 //! proto/profile.proto), readable by `go tool pprof`, Pyroscope and Parca.
 //!
 //! Invariants: `string_table[0]` is `""`; every id is nonzero and unique in its table; each
@@ -16,7 +16,10 @@ use std::{
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use crate::model::{Frame, FrameKind, Module, Profile};
+use crate::{
+    labels::labeled::LabeledProfile,
+    model::{Frame, FrameKind, Module},
+};
 
 /// Mapping name for kernel frames that carry no module.
 const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -158,7 +161,7 @@ pub mod proto {
 }
 
 /// The uncompressed pprof message of `profile`.
-pub fn render(profile: &Profile) -> proto::Profile {
+pub fn render(profile: &LabeledProfile) -> proto::Profile {
     let mut tables = Tables::default();
     tables.string(""); // string_table[0] must be "".
     let samples_count = tables.value_type("samples", "count");
@@ -233,7 +236,7 @@ pub fn render(profile: &Profile) -> proto::Profile {
 }
 
 /// The gzip-compressed pprof file content of `profile` (pprof files are gzipped on disk).
-pub fn encode(profile: &Profile) -> Result<Vec<u8>, PprofError> {
+pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
     let message = render(profile).encode_to_vec();
     let mut gzip = GzEncoder::new(
         Vec::with_capacity(message.len() / 4),
@@ -262,7 +265,7 @@ fn str_label(key: i64, str: i64) -> proto::Label {
 /// The executable of the process with the most samples (the only one when one process was
 /// recorded): pprof readers take the first mapping for the main binary (`File:` of `pprof
 /// -top`).
-fn main_executable(profile: &Profile) -> Option<Arc<str>> {
+fn main_executable(profile: &LabeledProfile) -> Option<Arc<str>> {
     let mut by_executable: HashMap<Arc<str>, u64> = HashMap::new();
     for sample in profile.samples() {
         if !sample.thread.executable_path.is_empty() {
@@ -508,10 +511,10 @@ mod tests {
     }
 
     /// app: main -> compute (3 samples, tid 11) and main -> write -> [kernel] (2 samples, tid 12).
-    fn profile() -> Profile {
+    fn profile() -> LabeledProfile {
         let app = app_module();
         let main = native("main", 0x40_1000, &app);
-        let mut profile = Profile::new(100);
+        let mut profile = LabeledProfile::new(100);
         let computing = SymbolizedSample {
             thread: thread(10, 11),
             stack: vec![native("compute", 0x40_2000, &app), main.clone()].into(),
@@ -687,7 +690,7 @@ mod tests {
             end: 0x7f00_0010_0000,
             file_offset: 0,
         });
-        let mut profile = Profile::new(100);
+        let mut profile = LabeledProfile::new(100);
         let stack = vec![
             kernel("ksys_write", 0xffff_ffff_8100_2000),
             native("write", 0x7f00_0000_1000, &lib),
@@ -727,7 +730,7 @@ mod tests {
             assert_eq!(string(&rendered, mapping.filename), expected);
         }
         // And without a known executable, the first mapping that is not the kernel's leads
-        let mut unknown_exe = Profile::new(100);
+        let mut unknown_exe = LabeledProfile::new(100);
         let mut anonymous = thread(20, 21);
         anonymous.executable_path = "".into();
         unknown_exe.add(
@@ -750,7 +753,7 @@ mod tests {
         );
         // And when no sample ran in the executable (a JVM: libjvm and anonymous JIT code), a
         // mapping naming the executable still leads and every location keeps its own mapping
-        let mut jvm = Profile::new(100);
+        let mut jvm = LabeledProfile::new(100);
         let mut java = thread(30, 31);
         java.executable_path = "/usr/lib/jvm/bin/java".into();
         let jit = Arc::new(Module {
@@ -795,7 +798,7 @@ mod tests {
     #[test]
     fn unknown_frames_are_named_by_module() {
         // Given an unnamed frame in the binary
-        let mut profile = Profile::new(100);
+        let mut profile = LabeledProfile::new(100);
         let frame = native(UNKNOWN, 0x40_1234, &app_module());
         let sample = SymbolizedSample {
             thread: thread(1, 1),

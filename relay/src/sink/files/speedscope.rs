@@ -18,7 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::model::{text_safe, Frame, Profile, UNKNOWN};
+use crate::{
+    labels::labeled::LabeledProfile,
+    model::{text_safe, Frame, UNKNOWN},
+};
 
 /// The `$schema` value speedscope recognises its format by.
 pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -100,7 +103,7 @@ struct ProcessStacks {
 }
 
 /// The speedscope JSON document of `profile`.
-pub fn render(profile: &Profile) -> Result<Vec<u8>, serde_json::Error> {
+pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, serde_json::Error> {
     let samples = profile.samples();
     let mut frames = FrameTable::default();
     let mut processes: BTreeMap<u32, ProcessStacks> = BTreeMap::new();
@@ -194,7 +197,7 @@ mod tests {
         Thread::bare((pid, tid), process_name, process_name, "")
     }
 
-    fn add(profile: &mut Profile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
+    fn add(profile: &mut LabeledProfile, thread: Thread, leaf_first: Vec<Frame>, count: u64) {
         profile.add(
             SymbolizedSample {
                 thread,
@@ -263,7 +266,7 @@ mod tests {
             module: Some(libc),
             ..native(UNKNOWN)
         };
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         add(
             &mut profile,
             thread(1, 1, "app"),
@@ -337,7 +340,7 @@ mod tests {
     #[test]
     fn the_checker_refuses_broken_files() {
         // The checks above must be able to fail: an index past the frames, weights missing.
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         add(&mut profile, thread(1, 1, "app"), vec![native("main")], 2);
         let good: Value = serde_json::from_slice(&render(&profile).unwrap()).unwrap();
         frame_totals(&good);
@@ -351,7 +354,8 @@ mod tests {
 
     #[test]
     fn an_empty_profile_is_a_valid_file_without_profiles() {
-        let doc: Value = serde_json::from_slice(&render(&Profile::new(99)).unwrap()).unwrap();
+        let doc: Value =
+            serde_json::from_slice(&render(&LabeledProfile::new(99)).unwrap()).unwrap();
         assert_eq!(doc["$schema"], SCHEMA);
         assert_eq!(doc["profiles"], serde_json::json!([]));
         assert_eq!(doc["shared"]["frames"], serde_json::json!([]));

@@ -35,7 +35,7 @@ use nix::{
 };
 
 use super::{flamegraph, folded, pprof, speedscope, OutputFormat};
-use crate::model::Profile;
+use crate::labels::labeled::LabeledProfile;
 
 pub const FOLDED: &str = "stacks.folded";
 pub const PPROF: &str = "profile.pb.gz";
@@ -155,7 +155,7 @@ impl OutputSet {
     }
 
     /// Writes `profile` to every file through its descriptor, replacing what it held.
-    pub fn write(&mut self, profile: &Profile) -> Result<(), OutputError> {
+    pub fn write(&mut self, profile: &LabeledProfile) -> Result<(), OutputError> {
         let root = self.folded_root;
         for (format, file) in &mut self.files {
             let name = format.file_name();
@@ -413,7 +413,7 @@ mod tests {
         std::os::unix::fs::symlink(&victim, out.join(FLAMEGRAPH)).unwrap();
         // When the outputs are created and written
         let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
-        set.write(&Profile::default()).unwrap();
+        set.write(&LabeledProfile::default()).unwrap();
         // Then the other file is untouched and flamegraph.svg is a regular 0600 file
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
         assert_eq!(mode(&victim), 0o600);
@@ -496,8 +496,8 @@ mod tests {
         let old_inode = fs::metadata(&link).unwrap().ino();
         // When the outputs are created and written twice
         let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
-        set.write(&Profile::default()).unwrap();
-        set.write(&Profile::default()).unwrap();
+        set.write(&LabeledProfile::default()).unwrap();
+        set.write(&LabeledProfile::default()).unwrap();
         // Then each is a new 0600 file and the old inode kept its content
         for name in [FOLDED, PPROF, FLAMEGRAPH] {
             assert_eq!(mode(&out.join(name)), 0o600, "{name}");
@@ -525,7 +525,7 @@ mod tests {
         ];
         // When the outputs are created and written
         let mut set = OutputSet::create_owned(&out, None, &formats).unwrap();
-        set.write(&Profile::default()).unwrap();
+        set.write(&LabeledProfile::default()).unwrap();
         // Then exactly those two files exist, listed in the fixed order, each written
         let mut names: Vec<String> = fs::read_dir(&out)
             .unwrap()

@@ -31,7 +31,7 @@ use super::{
     wire::{self, EncodeSettings},
     Encoded,
 };
-use crate::model::Profile;
+use crate::labels::labeled::LabeledProfile;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -69,7 +69,7 @@ pub enum Drained {
 }
 
 enum Command {
-    Export(Box<Profile>),
+    Export(Box<LabeledProfile>),
     Shutdown {
         deadline: Instant,
         reply: std_mpsc::Sender<Drained>,
@@ -133,7 +133,7 @@ impl Exporter {
 
     /// Hands a profile over without blocking. If the exporter thread is so far behind that the
     /// channel is full, the profile is dropped and counted (`channel_full`).
-    pub fn export(&self, profile: Profile) {
+    pub fn export(&self, profile: LabeledProfile) {
         if profile.is_empty() {
             return;
         }
@@ -273,7 +273,7 @@ impl Worker {
     }
 
     /// Encodes `profile` (split to the size limit) and queues its requests.
-    fn accept(&self, profile: &Profile) {
+    fn accept(&self, profile: &LabeledProfile) {
         let (stats, settings) = (&self.stats, &self.settings.encoding);
         stats.profiles.fetch_add(1, Relaxed);
         let before = stats::thread_cpu_ns();

@@ -1,4 +1,4 @@
-//! OTLP profiles export: the relay's symbolized [`Profile`]s sent to Grafana Pyroscope or an
+//! OTLP profiles export: the relay's symbolized [`LabeledProfile`]s sent to Grafana Pyroscope or an
 //! OpenTelemetry Collector over gRPC or HTTP/protobuf, in either wire generation.
 //!
 //! - [`config`]: the `exporters.otlp` file section, the `--otlp-*` flags and the

@@ -1,4 +1,4 @@
-//! The generation-neutral form of one OTLP profiles request, built from a [`Profile`]: what both
+//! The generation-neutral form of one OTLP profiles request, built from a [`LabeledProfile`]: what both
 //! wire encoders ([`super::v1_9`], [`super::v1_10`]) turn into bytes, and what the debug
 //! exporter prints.
 //!
@@ -16,8 +16,9 @@ use std::{collections::HashMap as StdHashMap, sync::Arc};
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::{
+    labels::labeled::{LabeledProfile, LabeledSample},
     labels::Labels,
-    model::{Frame, FrameKind, Module, Profile, SampleRef},
+    model::{Frame, FrameKind, Module},
 };
 
 /// Which per-sample attributes to emit. Every distinct set is its own series in Pyroscope.
@@ -188,7 +189,7 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn of(profile: &Profile) -> Self {
+    pub fn of(profile: &LabeledProfile) -> Self {
         Self {
             time_unix_nano: profile.start_unix_ns,
             duration_nano: profile.end_unix_ns.saturating_sub(profile.start_unix_ns),
@@ -198,8 +199,8 @@ impl Meta {
     }
 }
 
-/// Builds one request from `samples` (ordered by thread, as [`Profile::samples`] gives them).
-pub fn build(samples: &[SampleRef<'_>], meta: &Meta, options: SampleAttributes) -> Request {
+/// Builds one request from `samples` (ordered by thread, as [`LabeledProfile::samples`] gives them).
+pub fn build(samples: &[LabeledSample<'_>], meta: &Meta, options: SampleAttributes) -> Request {
     let mut b = Builder::default();
     let sample_type = (b.string("samples"), b.string("count"));
     let period_type = (b.string("cpu"), b.string("nanoseconds"));
@@ -271,7 +272,7 @@ struct Resources {
 }
 
 impl Resources {
-    fn index_of(&mut self, sample: &SampleRef<'_>, meta: &Meta) -> usize {
+    fn index_of(&mut self, sample: &LabeledSample<'_>, meta: &Meta) -> usize {
         let labels = &sample.thread.resource;
         if let Some((last, index)) = &self.last {
             if Arc::ptr_eq(last, labels) && !labels.is_empty() {
@@ -322,7 +323,7 @@ const LEADING: [&str; 6] = [
 /// A resource's attributes: its labels from the labels stage, or, for samples without labels,
 /// the process's fields. Never `process.pid` (the labels stage removes it): a pid is a sample
 /// attribute, when asked for.
-fn resource_attributes(sample: &SampleRef<'_>, meta: &Meta) -> Vec<KeyValue> {
+fn resource_attributes(sample: &LabeledSample<'_>, meta: &Meta) -> Vec<KeyValue> {
     let labels = &sample.thread.resource;
     if labels.is_empty() {
         return unlabelled_resource(sample, meta);
@@ -341,7 +342,7 @@ fn resource_attributes(sample: &SampleRef<'_>, meta: &Meta) -> Vec<KeyValue> {
         .collect()
 }
 
-fn unlabelled_resource(sample: &SampleRef<'_>, meta: &Meta) -> Vec<KeyValue> {
+fn unlabelled_resource(sample: &LabeledSample<'_>, meta: &Meta) -> Vec<KeyValue> {
     let thread = &sample.thread;
     let name: Arc<str> = if thread.process_name.is_empty() {
         Arc::from(crate::labels::service::UNKNOWN_SERVICE)
@@ -629,9 +630,12 @@ pub fn frame_type(kind: FrameKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{SymbolizedSample, Thread};
+    use crate::{
+        labels::labeled::LabeledThread,
+        model::{SymbolizedSample, Thread},
+    };
 
-    fn views(samples: &[SymbolizedSample]) -> Vec<SampleRef<'_>> {
+    fn views(samples: &[SymbolizedSample<LabeledThread>]) -> Vec<LabeledSample<'_>> {
         samples.iter().map(SymbolizedSample::view).collect()
     }
 
@@ -663,7 +667,7 @@ mod tests {
         thread: &str,
         stack: Vec<Frame>,
         count: u64,
-    ) -> SymbolizedSample {
+    ) -> SymbolizedSample<LabeledThread> {
         SymbolizedSample {
             thread: Thread {
                 pid,
@@ -672,8 +676,8 @@ mod tests {
                 thread_name: thread.into(),
                 executable_path: "/usr/bin/app".into(),
                 container_id: None,
-                resource: Default::default(),
-            },
+            }
+            .into(),
             stack: stack.into(),
             count,
         }

@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::{
 };
 
 use super::request::{self, Request, SampleAttributes};
-use crate::model::{Profile, SampleRef};
+use crate::labels::labeled::{LabeledProfile, LabeledSample};
 
 /// The OTLP profiles wire generation a receiver speaks (see docs/otlp.md's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
@@ -119,7 +119,7 @@ pub struct Part {
 /// limit is split in halves by sample (each half gets its own dictionary) until every part fits;
 /// no sample is dropped to fit.
 pub fn encode(
-    profile: &Profile,
+    profile: &LabeledProfile,
     version: ProtoVersion,
     attributes: SampleAttributes,
     max_bytes: usize,
@@ -142,13 +142,13 @@ pub fn encode(
 
 /// Hands `each` the requests `profile` becomes under `settings`, in sample order (see
 /// [`encode`]). An empty profile becomes no request.
-pub fn split(profile: &Profile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
+pub fn split(profile: &LabeledProfile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
     let samples = profile.samples();
     if samples.is_empty() {
         return;
     }
     let meta = request::Meta::of(profile);
-    let mut pending: Vec<&[SampleRef<'_>]> = vec![&samples];
+    let mut pending: Vec<&[LabeledSample<'_>]> = vec![&samples];
     while let Some(part) = pending.pop() {
         let request = request::build(part, &meta, settings.attributes);
         let body = settings.version.encode(&request);
@@ -407,8 +407,8 @@ mod tests {
     use super::*;
     use crate::model::{Frame, FrameKind, Module, SymbolizedSample, Thread};
 
-    fn profile(processes: u32, stacks_each: u64) -> Profile {
-        let mut profile = Profile::new(99);
+    fn profile(processes: u32, stacks_each: u64) -> LabeledProfile {
+        let mut profile = LabeledProfile::new(99);
         profile.hostname = Some("h".into());
         for pid in 1..=processes {
             let module = Arc::new(Module {
@@ -439,7 +439,6 @@ mod tests {
                             thread_name: "main".into(),
                             executable_path: format!("/usr/bin/app{pid}").into(),
                             container_id: None,
-                            resource: Default::default(),
                         },
                         stack: frames.into(),
                         count: 2,
@@ -501,7 +500,11 @@ mod tests {
 
     /// Every profile of every request of `profile`, encoded in `version` (split at
     /// `max_bytes`), decoded with that generation's definitions.
-    fn decode_all(profile: &Profile, version: ProtoVersion, max_bytes: usize) -> Vec<Decoded> {
+    fn decode_all(
+        profile: &LabeledProfile,
+        version: ProtoVersion,
+        max_bytes: usize,
+    ) -> Vec<Decoded> {
         let encoding = encode(profile, version, SampleAttributes::default(), max_bytes);
         assert!(!encoding.requests.is_empty());
         encoding
@@ -523,7 +526,7 @@ mod tests {
     }
 
     /// One sample of `count` on a one-frame stack `leaf` of process `pid`.
-    fn add_sample(profile: &mut Profile, pid: u32, leaf: &str, count: u64) {
+    fn add_sample(profile: &mut LabeledProfile, pid: u32, leaf: &str, count: u64) {
         profile.add(one_sample(pid, leaf, count), 1_000, 2_000);
     }
 
@@ -553,7 +556,6 @@ mod tests {
                 process_name: "app".into(),
                 thread_name: "main".into(),
                 executable_path: "/usr/bin/app".into(),
-                resource: Default::default(),
                 container_id: None,
             },
             stack: vec![frame].into(),
@@ -652,7 +654,7 @@ mod tests {
         // starting at a real wall-clock time
         let second = 1_000_000_000_u64;
         let start = 1_764_000_000 * second + 123_456_789;
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         for (interval, pid) in [(0, 1), (1, 2)] {
             let from = start + interval * 10 * second;
             profile.observe(from, from + 10 * second);
@@ -713,7 +715,7 @@ mod tests {
                 ..frame(unknown, None, false, 0x99)
             },
         ];
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         profile.add(
             SymbolizedSample {
                 thread: Thread {
@@ -722,7 +724,6 @@ mod tests {
                     process_name: "app".into(),
                     thread_name: "main".into(),
                     executable_path: "/usr/bin/app".into(),
-                    resource: Default::default(),
                     container_id: None,
                 },
                 stack: stack.into(),
@@ -760,7 +761,7 @@ mod tests {
         for (frequency_hz, max_bytes) in [(99, usize::MAX), (49, usize::MAX), (997, 1024)] {
             // Given a profile sampled at `frequency_hz`, with two processes and enough stacks
             // that a 1 KiB limit splits it into several requests
-            let mut profile = Profile::new(frequency_hz);
+            let mut profile = LabeledProfile::new(frequency_hz);
             for pid in [1, 2] {
                 for i in 0..20 {
                     add_sample(&mut profile, pid, &format!("function_{i}"), 1);
@@ -792,7 +793,7 @@ mod tests {
     fn every_stack_keeps_its_own_count() {
         // Given one process with three stacks of different counts next to each other, and a
         // second process with one more
-        let mut profile = Profile::new(99);
+        let mut profile = LabeledProfile::new(99);
         add_sample(&mut profile, 1, "alpha", 3);
         add_sample(&mut profile, 1, "beta", 5);
         add_sample(&mut profile, 1, "gamma", 7);
@@ -940,8 +941,8 @@ mod pinned {
     /// stage landed. A relay with the stage adds resource attributes only (`host.arch`,
     /// `os.type`, `process.owner`, `host.id`, tags, relabel results) after the former ones, in
     /// name order; `request::tests::labelled_samples_make_one_resource_per_label_set` pins that.
-    fn profile() -> Profile {
-        let mut profile = Profile::new(97);
+    fn profile() -> LabeledProfile {
+        let mut profile = LabeledProfile::new(97);
         profile.hostname = Some("host-a".into());
         for pid in 1..=4u32 {
             let module = Arc::new(Module {
@@ -972,7 +973,6 @@ mod pinned {
                     tid: pid + u32::try_from(s % 3).unwrap(),
                     process_name: format!("app{pid}").into(),
                     thread_name: format!("t{}", s % 3).into(),
-                    resource: Default::default(),
                     executable_path: format!("/usr/bin/app{pid}").into(),
                     container_id: (pid == 3).then(|| "abc123".into()),
                 };
