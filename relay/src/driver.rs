@@ -1,9 +1,9 @@
 //! The relay's one loop, shared by `run` and `record`: source events arrive over the bounded
-//! intake channel -> the [`Pipeline`] (sessions, symbolization) -> one [`LabeledProfile`] per completed
-//! interval -> the [`Sinks`]. The driver owns the window clock and the current window; the
-//! command's [`Policy`] decides when to stop (and prints progress), so `run` and `record` keep
-//! only their policy. The labels stage runs inside the pipeline, once per process: each
-//! profile's samples carry their process's resource labels (one shared set per process).
+//! intake channel -> the [`Pipeline`] (each batch through the session's symbolization, then the
+//! labels stage) -> one [`LabeledProfile`] per completed interval, its samples under their
+//! process's resource labels -> the [`Sinks`]. The driver owns the window clock and the current
+//! window; the command's [`Policy`] decides when to stop (and prints progress), so `run` and
+//! `record` keep only their policy.
 //!
 //! Invariants: every sample the pipeline symbolized reaches the sinks exactly once per call
 //! kind (each interval once to [`Sinks::interval`], each window once to [`Sinks::window`] or,

@@ -6,11 +6,11 @@
 //! Flow: `RawBatch` (protocol) -> frames (symbolize), added to the batch's [`SymbolizedProfile`]
 //! in place ([`Profile::add_frames`]), its rows keyed by [`Thread`] (pid first) -> the labels
 //! stage files each process under its resource labels into a `Profile` keyed by its own type
-//! (`labels::LabeledProfile`, [`Profile::merge_with`]) -> sinks. A frame that could not be named is still a frame
-//! (`[unknown]` with its module), so no sample is ever dropped between stages. Every output
-//! names it alike, by its module (`[unknown] libfoo.so`), one name per module and not per
-//! address, so flame graphs aggregate it; the address stays where an output has a field for it
-//! (pprof and OTLP locations).
+//! (`labels::labeled::LabeledProfile`, [`Profile::merge_with`]) -> sinks. A frame that could not
+//! be named is still a frame (`[unknown]` with its module), so no sample is ever dropped between
+//! stages. Every output names it alike, by its module (`[unknown] libfoo.so`), one name per
+//! module and not per address, so flame graphs aggregate it; the address stays where an output
+//! has a field for it (pprof and OTLP locations).
 
 use std::{
     collections::HashMap,
@@ -861,6 +861,47 @@ mod tests {
         assert_eq!(window.total_samples(), whole.total_samples());
         assert_eq!((window.start_unix_ns, window.end_unix_ns), (10, 22));
         assert_eq!(window.top_self(3), whole.top_self(3));
+    }
+
+    #[test]
+    fn merge_with_maps_each_thread_once_and_counts_what_it_leaves_out() {
+        // Given a batch of 3 threads x 40 stacks, added twice
+        let mut batch: Profile = Profile::new(99);
+        for sample in samples() {
+            batch.add(sample.clone(), 1, 2);
+            batch.add(sample, 1, 2);
+        }
+        // When it is merged into a profile keyed by (thread, tag), leaving thread 2 out
+        let mut asked = Vec::new();
+        let mut tagged: Profile<(Thread, &str)> = Profile::new(99);
+        let left_out = tagged.merge_with(&batch, |thread: &Thread| {
+            asked.push(thread.tid);
+            (thread.tid != 2).then(|| (thread.clone(), "tag"))
+        });
+        // Then each distinct thread was asked about once, the left-out samples are counted, and
+        // the kept rows are the batch's rows of the other threads, with their stacks and counts
+        asked.sort_unstable();
+        assert_eq!(asked, [1, 2, 3]);
+        let of = |tid: u32| -> u64 {
+            let rows = rows(&batch).into_iter().filter(|r| r.0.tid == tid);
+            rows.map(|r| r.2).sum()
+        };
+        assert_eq!(left_out, of(2));
+        assert_eq!(tagged.total_samples(), of(1) + of(3));
+        let kept: Vec<(Thread, Vec<Frame>, u64)> = tagged
+            .samples()
+            .iter()
+            .map(|s| {
+                (
+                    s.thread.0.clone(),
+                    s.stack.iter().cloned().collect(),
+                    s.count,
+                )
+            })
+            .collect();
+        let expected: Vec<_> = rows(&batch).into_iter().filter(|r| r.0.tid != 2).collect();
+        assert_eq!(kept, expected);
+        assert_eq!((tagged.start_unix_ns, tagged.end_unix_ns), (1, 2));
     }
 
     #[test]

@@ -473,7 +473,8 @@ impl Session {
             self.stats.frames += frames;
             self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
-            profile.add_frames(&thread_of(row, process), stack, row.count);
+            let thread = thread_of(row, process);
+            profile.add_frames(&thread, stack, row.count);
         }
         profile.observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {

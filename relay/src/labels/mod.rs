@@ -7,7 +7,9 @@
 //! slice), [`kubernetes`] (the node's pods, joined by container id), [`host`], [`resource_env`] (a process's `OTEL_SERVICE_NAME` /
 //! `OTEL_RESOURCE_ATTRIBUTES`), [`tags`] (`--tags`), [`service`] (the `service.name` precedence)
 //! and [`pyroscope`] (what a Pyroscope series accepts). [`resource`] merges them into one
-//! process's labels before relabeling ([`crate::relabel`] runs the rules on them).
+//! process's labels before relabeling ([`crate::relabel`] runs the rules on them). The stage
+//! itself ([`stage`]) runs after symbolization: it files a batch's symbolized samples under their
+//! process's labels into its own output type ([`labeled`]: what the sinks take).
 //!
 //! Invariants: providers are pure functions of their inputs (no `/proc` reads; the sampler is the
 //! only reader of other processes); the Kubernetes index is filled by a background watch on the

@@ -18,8 +18,9 @@
 //!
 //! The pipeline calls [`LabelStage::forget`] when a `Process` message brings new facts for a pid
 //! (exec, or a reused pid), so labels follow exec; a config reload replaces the settings whole
-//! ([`LabelStage::replace_settings`]) and forgets every cached result. Pure apart from [`LabelStage::local`], which
-//! reads `/etc/passwd` and the machine id once (bounded) before privileges are dropped.
+//! ([`LabelStage::replace_settings`]) and forgets every cached result. Pure apart from
+//! [`LabelStage::local`], which reads `/etc/passwd` and the machine id once (bounded) before
+//! privileges are dropped.
 
 use std::collections::HashMap;
 
@@ -756,9 +757,75 @@ mod tests {
         assert_eq!(stage.stats().processes_filtered, 1);
     }
 
+    /// A symbolized batch of `pids`, each with `threads` threads of `stacks` stacks.
+    fn symbolized(pids: &[u32], threads: u32, stacks: u64) -> SymbolizedProfile {
+        let mut batch = SymbolizedProfile::new(99);
+        for &pid in pids {
+            for tid in 0..threads {
+                let thread = crate::model::Thread::bare((pid, pid + tid), "app", "t", "/opt/app");
+                for s in 0..stacks {
+                    let frame = crate::model::Frame::bare(
+                        &format!("f{s}"),
+                        crate::model::FrameKind::Native,
+                        0x1000 + s,
+                    );
+                    batch.add_frames(&thread, [&frame], 1 + s);
+                }
+            }
+        }
+        batch
+    }
+
+    #[test]
+    fn a_batch_resolves_each_process_once_whatever_its_rows() {
+        // Given a batch of three processes, each of 4 threads x 5 stacks (20 rows), the sampler's
+        // facts of two of them, and a filter leaving the third out
+        let settings = LabelSettings {
+            process_filter: Some(process_filter("app|web").expect("regex")),
+            ..LabelSettings::default()
+        };
+        let mut stage = LabelStage::new(settings, UserNames::default(), None);
+        let info = |pid: u32, name: &str| ember_protocol::ProcessInfo {
+            pid,
+            start_time_unix_ns: 5,
+            executable_name: name.into(),
+            executable_path: format!("/opt/{name}"),
+            ..ember_protocol::ProcessInfo::default()
+        };
+        let facts = [info(1, "app"), info(2, "web"), info(3, "sshd")];
+        let batch = symbolized(&[1, 2, 3], 4, 5);
+        let mut interval = LabeledProfile::new(99);
+        // When the stage labels it, twice (a second batch)
+        for _ in 0..2 {
+            stage.label(
+                "h",
+                &batch,
+                |pid| facts.iter().find(|f| f.pid == pid),
+                &mut interval,
+            );
+        }
+        // Then each process's labels were looked up once per batch, not once per row or thread
+        let lookups = stage.cache.stats();
+        assert_eq!((lookups.misses, lookups.hits), (3, 3), "{lookups:?}");
+        // And every row of the kept processes is there under its process's one shared set, the
+        // filtered process's samples counted as dropped (2 batches x 4 threads x (1+..+5))
+        let samples = interval.samples();
+        assert_eq!(samples.len(), 2 * 4 * 5);
+        for sample in &samples {
+            let first = samples.iter().find(|s| s.thread.pid == sample.thread.pid);
+            let shared = &first.expect("its process").thread.resource;
+            assert!(Arc::ptr_eq(&sample.thread.resource, shared));
+        }
+        assert_eq!(samples[0].thread.service_name(), "app");
+        assert_eq!(interval.total_samples(), 2 * 2 * 4 * 15);
+        assert_eq!(stage.stats().samples_dropped, 2 * 4 * 15);
+        assert_eq!(stage.stats().processes_filtered, 1);
+    }
+
     /// The stage's cost, printed: `cargo test -p ember-relay --lib stage_cost -- --ignored
     /// --nocapture`. 1,000 processes, 10 rules, Pyroscope trimming included: cold (labels
-    /// computed) and warm (one lookup per batch row, as the session does).
+    /// computed) and warm (one cached lookup per process, as each batch
+    /// makes).
     #[test]
     #[ignore = "a measurement, not a check: run it by name"]
     fn stage_cost() {
@@ -804,7 +871,7 @@ mod tests {
         let warm = started.elapsed();
         eprintln!(
             "labels stage, 1,000 processes x 10 rules ({} build): cold {cold:?} ({:?}/process), \
-             warm {warm:?} ({:?}/row), {kept} kept",
+             warm {warm:?} ({:?}/process), {kept} kept",
             if cfg!(debug_assertions) {
                 "debug"
             } else {
