@@ -824,8 +824,7 @@ mod tests {
 
     /// The stage's cost, printed: `cargo test -p ember-relay --lib stage_cost -- --ignored
     /// --nocapture`. 1,000 processes, 10 rules, Pyroscope trimming included: cold (labels
-    /// computed) and warm (one cached lookup per process, as each batch
-    /// makes).
+    /// computed) and warm (one cached lookup per process, as each batch makes).
     #[test]
     #[ignore = "a measurement, not a check: run it by name"]
     fn stage_cost() {
