@@ -936,7 +936,7 @@ mod pinned {
 
     /// Four processes, 60 stacks each, with every kind of frame and attribute the builder emits.
     ///
-    /// Note: these samples carry no resource labels (`Thread::resource` empty), which
+    /// Note: these samples carry no resource labels (`LabeledThread::resource` empty), which
     /// takes the builder's unlabelled path, so the pinned bytes did not change when the labels
     /// stage landed. A relay with the stage adds resource attributes only (`host.arch`,
     /// `os.type`, `process.owner`, `host.id`, tags, relabel results) after the former ones, in
