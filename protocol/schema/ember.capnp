@@ -199,14 +199,14 @@ struct RelayMessage {
     welcome @0 :Welcome;
     # The relay is going away on purpose (end of a recording): flush and stop.
     goodbye @1 :Void;
-    # One chunk of the unwind table of a file the sampler passed (issue 10). Chunks of one table
+    # One chunk of the unwind table of a file the sampler passed, compiled by the relay. Chunks of one table
     # come in order, 0 first; their `data` concatenated is the table's encoding (relay/src/unwind/
     # table.rs: a 16-byte header then 12-byte rows).
     unwindTableChunk @2 :UnwindTableChunk;
     # Forget the table of this file id (relay-side eviction).
     dropUnwindTable @3 :DropUnwindTable;
     # Processes the relay's process filter left out: the sampler checks each claimed identity
-    # and stops sampling the ones it verified (issue 9, item 4).
+    # and stops sampling the ones it verified (filter push-down).
     ignoreProcesses @4 :IgnoreProcesses;
   }
 }

@@ -1,5 +1,5 @@
 /*
- * attack_bigfile: attack 2a of issue 7. Creates PATH as a sparse file of SIZE_MIB MiB, mode 0700
+ * attack_bigfile: the big-file attack (a mapping too large to copy). Creates PATH as a sparse file of SIZE_MIB MiB, mode 0700
  * (so a relay running as another user cannot reopen it and must read it through the passed
  * descriptor), writes `jmp .` (eb fe) at its start, maps the whole file executable and jumps
  * there: the process spins inside the big file's mapping until SECONDS have passed (SIGALRM,

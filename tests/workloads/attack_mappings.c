@@ -1,6 +1,6 @@
 /*
- * attack_mappings: an unprivileged process with very many executable file mappings (attacks 1
- * and 3 of issue 7), spinning so that the profiler sees it.
+ * attack_mappings: an unprivileged process with very many executable file mappings (the mapping-flood
+ * and long-path attacks), spinning so that the profiler sees it.
  *
  *   attack_mappings same DIR COUNT PATHLEN SECONDS
  *       one 4 KiB file under a path of about PATHLEN bytes (nested directories below DIR),

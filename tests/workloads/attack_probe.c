@@ -1,6 +1,6 @@
 /*
- * attack_probe: tries to read another process's memory and descriptors the ways attack 5 of
- * issue 7 did, and prints one JSON line saying what each attempt gave ("ok" or the errno name).
+ * attack_probe: tries to read another process's memory and descriptors the ways the
+ * memory-and-descriptor attack did, and prints one JSON line saying what each attempt gave ("ok" or the errno name).
  *
  *   attack_probe PID FD...
  *

@@ -1,5 +1,5 @@
 /*
- * attack_truncate: attack 2b of issue 7. Copies the C library this process runs on to COPY
+ * attack_truncate: the truncated-file attack. Copies the C library this process runs on to COPY
  * (owned by this user, mode 0644, so a relay can reopen it through its descriptor and map it),
  * maps the copy executable, and spins in `fake_spin` with rbp pointing at crafted frame-pointer
  * chains whose return addresses are functions of the copy spread over its whole text: the

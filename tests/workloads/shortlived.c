@@ -1,5 +1,5 @@
 /*
- * shortlived: short-lived processes for issue 11. One source, two programs:
+ * shortlived: short-lived processes, for the tests that they are not lost. One source, two programs:
  *
  *   shortlived launch SECONDS RATE CHILD   fork+execs CHILD RATE times a second for SECONDS,
  *                                          reaps each with wait4 and prints, as one JSON line,

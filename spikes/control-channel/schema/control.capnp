@@ -1,5 +1,5 @@
-# The control channel of the spike. Not ember's schema: a stand-in with the shape issue 13 asks
-# for (load a table in chunks, drop one, report a status). The capnp-rpc `interface Control` it was
+# The control channel of the spike. Not ember's schema: a stand-in with the shape the control
+# channel needs (load a table in chunks, drop one, report a status). The capnp-rpc `interface Control` it was
 # measured against is in commit 94ba1f4, with its server.
 @0xd4c1e3a9b07f2c11;
 
