@@ -6,7 +6,7 @@
 //! not `Send` (blazesym resolvers), which is why all of it lives on the driver's thread.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt::Write as _,
     os::fd::OwnedFd,
     sync::{atomic::Ordering, Arc, Mutex},
@@ -434,7 +434,21 @@ impl Pipeline {
             .observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
         self.symbolized.clear();
-        session.symbolize_batch(batch, &mut self.cache, &mut self.symbolized);
+        // Processes the labels stage already left out are not symbolized again.
+        let left_out: HashSet<u32> = batch
+            .rows
+            .iter()
+            .map(|row| row.pid)
+            .filter(|&pid| {
+                session.process_info(pid).is_some_and(|info| {
+                    self.labels
+                        .left_out(&session.hello.hostname, pid, info.start_time_unix_ns)
+                })
+            })
+            .collect();
+        let skipped =
+            session.symbolize_batch(batch, &mut self.cache, &mut self.symbolized, &left_out);
+        self.labels.count_left_out(skipped);
         self.labels.label(
             &session.hello.hostname,
             &self.symbolized,
@@ -1017,9 +1031,17 @@ mod tests {
             ),
             (7, 3, 4)
         );
+        // When more of its samples arrive, the process is still left out
+        let frames = pipeline.stats().frames;
+        pipeline.handle(batch(3, 0, 1, 5));
+        // Then they are counted as filtered without being symbolized again
+        assert!(pipeline.take_interval().is_empty());
+        let counted = pipeline.stats();
+        assert_eq!(pipeline.labels.stats().samples_dropped, 9);
+        assert_eq!((counted.samples_filtered, counted.frames), (9, frames));
         // And after another exec it is labelled anew (no stale drop)
         pipeline.handle(process_message("worker", None));
-        pipeline.handle(batch(3, 0, 1, 2));
+        pipeline.handle(batch(4, 0, 1, 2));
         let profile = pipeline.take_interval();
         assert_eq!(profile.total_samples(), 2);
         assert_eq!(

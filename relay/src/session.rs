@@ -418,12 +418,17 @@ impl Session {
 
     /// Symbolizes a batch into `profile`: every row becomes a sample of its thread, whatever
     /// could be named. First closes the files no process refers to.
+    ///
+    /// Rows of the processes in `left_out` (ones the labels stage already left out: filtered
+    /// or dropped by a relabel rule, for these very facts) are not symbolized, since nothing
+    /// would export them; their samples are returned for the stage to count.
     pub fn symbolize_batch(
         &mut self,
         batch: &Batch,
         cache: &mut ElfCache,
         profile: &mut SymbolizedProfile,
-    ) {
+        left_out: &HashSet<u32>,
+    ) -> u64 {
         self.sweep_unreferenced_files();
         self.tick += 1;
         let kernel_stacks: Vec<Vec<Frame>> = batch
@@ -432,7 +437,12 @@ impl Session {
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
+        let mut skipped = 0u64;
         for row in &batch.rows {
+            if left_out.contains(&row.pid) {
+                skipped = skipped.saturating_add(row.count);
+                continue;
+            }
             let process = self.processes.get(&row.pid);
             if process.is_none() {
                 self.stats.samples_without_process_facts = self
@@ -480,6 +490,7 @@ impl Session {
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
             profile.hostname = Some(Arc::from(self.hello.hostname.as_str()));
         }
+        skipped
     }
 }
 
@@ -733,7 +744,12 @@ mod tests {
 
     fn symbolize(session: &mut Session, batch: &Batch) -> SymbolizedProfile {
         let mut profile = SymbolizedProfile::default();
-        session.symbolize_batch(batch, &mut ElfCache::default(), &mut profile);
+        session.symbolize_batch(
+            batch,
+            &mut ElfCache::default(),
+            &mut profile,
+            &HashSet::new(),
+        );
         profile
     }
 
@@ -879,7 +895,7 @@ mod tests {
         let mut cache = ElfCache::default();
         let mut run = |session: &mut Session, batch: &Batch| {
             let mut profile = SymbolizedProfile::default();
-            session.symbolize_batch(batch, &mut cache, &mut profile);
+            session.symbolize_batch(batch, &mut cache, &mut profile, &HashSet::new());
             leaves(&profile)
         };
         session.add_files(vec![file], vec![Some(fd)]);

@@ -271,6 +271,27 @@ impl LabelStage {
         self.count_dropped_samples(dropped);
     }
 
+    /// Whether this stage already left out the process `(pid, start time)` sampled on
+    /// `hostname` (filtered out or dropped by a rule) and would again: then its samples need not
+    /// be symbolized. False whenever the answer could change on the next lookup (another host,
+    /// or the node's pods changed since the cache was filled).
+    pub fn left_out(&self, hostname: &str, pid: u32, start_time_unix_ns: u64) -> bool {
+        if self.hostname.as_deref() != Some(hostname) {
+            return false;
+        }
+        if let Some((pods, seen)) = &self.kubernetes {
+            if pods.generation() != *seen {
+                return false;
+            }
+        }
+        self.cache.is_left_out(pid, start_time_unix_ns)
+    }
+
+    /// Counts the samples of processes left out before symbolization ([`Self::left_out`]).
+    pub fn count_left_out(&mut self, samples: u64) {
+        self.count_dropped_samples(samples);
+    }
+
     /// The labels of the process `pid` (described by `info`, if the sampler did) sampled on
     /// `hostname`; `None` when it is filtered out or dropped.
     fn resource_of(

@@ -50,6 +50,14 @@ impl RelabelCache {
     }
 
     /// The outcome for the process `(pid, start_time_unix_ns)`, computed by `relabel` on a miss.
+    /// Whether the process `(pid, start time)` is cached as left out (`None`), without
+    /// counting a lookup.
+    pub fn is_left_out(&self, pid: u32, start_time_unix_ns: u64) -> bool {
+        self.entries.get(&pid).is_some_and(|entry| {
+            entry.start_time_unix_ns == start_time_unix_ns && entry.outcome.is_none()
+        })
+    }
+
     pub fn get_or_insert_with(
         &mut self,
         pid: u32,
