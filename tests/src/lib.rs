@@ -606,6 +606,19 @@ pub fn spawn_record_logging(args: &[&str], verbose: bool) -> RecordRun {
     spawn_record_with(args, verbose, &[])
 }
 
+/// `ember-relay record --output OUT_DIR --sampler SAMPLER`, this build's binaries: the start of
+/// every record command line the tests run.
+pub fn record_command(out_dir: &Path) -> Command {
+    let mut command = Command::new(relay_bin());
+    command
+        .arg("record")
+        .arg("--output")
+        .arg(out_dir)
+        .arg("--sampler")
+        .arg(sampler_bin());
+    command
+}
+
 /// [`spawn_record_logging`] with environment changes: `(NAME, Some(value))` sets, `(NAME, None)`
 /// removes.
 pub fn spawn_record_with(args: &[&str], verbose: bool, env: &[(&str, Option<&str>)]) -> RecordRun {
@@ -615,13 +628,8 @@ pub fn spawn_record_with(args: &[&str], verbose: bool, env: &[(&str, Option<&str
         .expect("creating a temp dir");
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
     let out_dir = tmp.path().join("out");
-    let mut command = Command::new(relay_bin());
+    let mut command = record_command(&out_dir);
     command
-        .arg("record")
-        .arg("--output")
-        .arg(&out_dir)
-        .arg("--sampler")
-        .arg(sampler_bin())
         .args(verbose.then_some("--verbose"))
         .args(args)
         .stdin(Stdio::null())

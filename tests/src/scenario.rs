@@ -29,7 +29,7 @@ use std::{
 use crate::{
     attack::{comm_of, is_running, limit_address_space, limit_nofile, tail},
     children_of, ebpf_lock, field_text, is_batch, message, privileged, read_to_string_thread,
-    relay_bin, sampler_bin, spawn_sampler, wait_until, ChildGuard, LogReader, RunningRelay,
+    record_command, relay_bin, spawn_sampler, wait_until, ChildGuard, LogReader, RunningRelay,
 };
 
 /// The gate of every eBPF test: `let Some(_lock) = ebpf_gate() else { return };`. None (after
@@ -135,13 +135,8 @@ impl Scenario {
                 (Some(tmp), out)
             }
         };
-        let mut command = Command::new(relay_bin());
+        let mut command = record_command(&out_dir);
         command
-            .arg("record")
-            .arg("--output")
-            .arg(&out_dir)
-            .arg("--sampler")
-            .arg(sampler_bin())
             .args(["--verbose", "--log-format", "json"])
             .args(&self.relay_args);
         let mut child = spawn_with(&self.name, &mut command, &self.env, self.limits());
