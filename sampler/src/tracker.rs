@@ -34,6 +34,9 @@ struct Tracked {
     /// Once the process is gone: the last batch sequence that may hold its samples.
     exited_after: Option<u64>,
     refreshed: Instant,
+    /// Least time before its mappings are read again for addresses outside them: starts at
+    /// [`REFRESH_GAP_MIN`], doubles after each re-read that found nothing new.
+    gap: Duration,
 }
 
 /// What [`Tracker::describe_now`] did.
@@ -45,9 +48,29 @@ pub struct Described {
     pub reused: bool,
 }
 
-/// Least time between two re-reads of one process's mappings: frame-pointer walks through code
-/// built without frame pointers yield junk addresses that no re-read will cover.
-const REFRESH_MIN_GAP: Duration = Duration::from_secs(10);
+/// Least time between two re-reads of one process's mappings, at first: code it maps after its
+/// facts were read (a `dlopen`, a JIT) is named from the next interval on.
+const REFRESH_GAP_MIN: Duration = Duration::from_secs(1);
+
+/// Most time between two re-reads: frame-pointer walks through code built without frame
+/// pointers yield junk addresses that no re-read will cover, so each re-read that finds no new
+/// mapping doubles the gap up to this (five re-reads in the first 31 s, then one per 10 s).
+const REFRESH_GAP_MAX: Duration = Duration::from_secs(10);
+
+/// The refresh gap after reading `new` over `old`: doubled when nothing changed, reset when the
+/// process mapped something new or is another process.
+fn next_gap(old: Option<&Tracked>, new: &ProcessInfo) -> Duration {
+    match old {
+        Some(old)
+            if old.exited_after.is_none()
+                && old.info.start_time_unix_ns == new.start_time_unix_ns
+                && old.info.mappings == new.mappings =>
+        {
+            (old.gap * 2).min(REFRESH_GAP_MAX)
+        }
+        _ => REFRESH_GAP_MIN,
+    }
+}
 
 pub struct Tracker {
     procs: HashMap<u32, Tracked>,
@@ -135,7 +158,7 @@ impl Tracker {
                 Some(_) if self.reread.remove(&pid) => true,
                 Some(tracked) => {
                     tracked.exited_after.is_none()
-                        && tracked.refreshed.elapsed() >= REFRESH_MIN_GAP
+                        && tracked.refreshed.elapsed() >= tracked.gap
                         && addrs.iter().any(|&a| !covers(&tracked.info, a))
                 }
             };
@@ -192,6 +215,7 @@ impl Tracker {
                     },
                     exited_after: Some(sequence.saturating_add(1)),
                     refreshed: Instant::now(),
+                    gap: REFRESH_GAP_MIN,
                 });
                 Vec::new()
             }
@@ -204,10 +228,12 @@ impl Tracker {
         let mut out = self.files_messages(fresh);
         out.extend(process_messages(&info));
         let (pid, refreshed) = (info.pid, Instant::now());
+        let gap = next_gap(self.procs.get(&pid), &info);
         let tracked = Tracked {
             info,
             exited_after: None,
             refreshed,
+            gap,
         };
         if let Some(old) = self.procs.insert(pid, tracked) {
             self.files.release(&old.info.mappings);
@@ -463,8 +489,52 @@ mod tests {
                 },
                 exited_after: Some(after),
                 refreshed: Instant::now(),
+                gap: REFRESH_GAP_MIN,
             },
         );
+    }
+
+    #[test]
+    fn re_reads_back_off_while_nothing_new_is_mapped() {
+        // Given a process whose re-reads keep finding the same mappings
+        let info = ProcessInfo {
+            pid: 7,
+            start_time_unix_ns: 100,
+            mappings: vec![Mapping {
+                start: 0x1000,
+                end: 0x2000,
+                ..Mapping::default()
+            }],
+            ..ProcessInfo::default()
+        };
+        let mut tracked = Tracked {
+            info: info.clone(),
+            exited_after: None,
+            refreshed: Instant::now(),
+            gap: REFRESH_GAP_MIN,
+        };
+        // Then the gap doubles up to the most
+        let mut gaps = Vec::new();
+        for _ in 0..6 {
+            tracked.gap = next_gap(Some(&tracked), &info);
+            gaps.push(tracked.gap.as_secs());
+        }
+        assert_eq!(gaps, [2, 4, 8, 10, 10, 10]);
+        // When it maps something new, the next re-read may come after the least gap again
+        let mut mapped = info.clone();
+        mapped.mappings.push(Mapping {
+            start: 0x8000,
+            end: 0x9000,
+            ..Mapping::default()
+        });
+        assert_eq!(next_gap(Some(&tracked), &mapped), REFRESH_GAP_MIN);
+        // And so does another process under the same pid, and a process seen first
+        let other = ProcessInfo {
+            start_time_unix_ns: 200,
+            ..info.clone()
+        };
+        assert_eq!(next_gap(Some(&tracked), &other), REFRESH_GAP_MIN);
+        assert_eq!(next_gap(None, &info), REFRESH_GAP_MIN);
     }
 
     fn pids(tracker: &Tracker) -> Vec<u32> {
