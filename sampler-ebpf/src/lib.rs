@@ -32,11 +32,14 @@ pub struct SampleKey {
     /// With the DWARF unwinder: the key of the user stack in the generation's `USTACKS` map
     /// (a hash of its frames, never 0); 0 when `user_stack_id` holds the stack.
     pub user_stack_hash: u64,
+    /// The key of the interpreter frames walked for this sample in the generation's
+    /// `INTERP_STACKS` map (a hash of its frames, never 0); 0 when none were walked.
+    pub interp_stack_hash: u64,
 }
 
 #[cfg(feature = "user")]
 // SAFETY: `SampleKey` is `repr(C)`, made only of integers and byte arrays, has no padding
-// (4 * 4 + 16 + 8 bytes) and every bit pattern is a valid value.
+// (4 * 4 + 16 + 8 + 8 bytes) and every bit pattern is a valid value.
 unsafe impl aya::Pod for SampleKey {}
 
 /// `bpf_get_stackid` error meaning "this context has no such stack".
@@ -193,6 +196,139 @@ pub mod event_counter {
     pub const LEN: u32 = 3;
 }
 
+/// Fields of an [`InterpProc`]'s layout, in the order of docs/design/interpreters.md.
+pub mod interp_field {
+    pub const INTERP_THREADS_HEAD: usize = 0;
+    pub const THREAD_NEXT: usize = 1;
+    pub const THREAD_NATIVE_ID: usize = 2;
+    pub const THREAD_PTHREAD: usize = 3;
+    pub const PTHREAD_TID: usize = 4;
+    pub const THREAD_FRAME: usize = 5;
+    pub const CFRAME_CURRENT_FRAME: usize = 6;
+    pub const FRAME_PREVIOUS: usize = 7;
+    pub const FRAME_CODE: usize = 8;
+    pub const FRAME_INSTRUCTION: usize = 9;
+    pub const FRAME_MARKER: usize = 10;
+    pub const CODE_TAG_MASK: usize = 11;
+    pub const CODE_NAME: usize = 12;
+    pub const CODE_FILENAME: usize = 13;
+    pub const CODE_FIRSTLINENO: usize = 14;
+    pub const CODE_LINETABLE: usize = 15;
+    pub const OBJECT_TYPE: usize = 16;
+    /// Number of fields.
+    pub const LEN: usize = 17;
+}
+
+/// A layout field that the interpreter does not have.
+pub const INTERP_ABSENT: u16 = 0xffff;
+/// Largest offset a layout field may hold (the sampler refuses more).
+pub const INTERP_MAX_OFFSET: u16 = 4095;
+/// Runtimes an [`InterpProc`] may name.
+pub const INTERP_RUNTIME_CPYTHON: u32 = 1;
+
+/// An interpreter the relay found in a process, checked by the sampler: where the walk starts
+/// and the offsets it follows (docs/design/interpreters.md).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterpProc {
+    /// Address of the pointer to the first interpreter state.
+    pub root: u64,
+    /// Address of the code objects' type: a code pointer whose `ob_type` differs is not copied.
+    pub code_type: u64,
+    /// One of the `INTERP_RUNTIME_*` values.
+    pub runtime: u32,
+    pub _pad: u32,
+    /// Offsets by [`interp_field`]; [`INTERP_ABSENT`] where the interpreter has no such field.
+    pub layout: [u16; interp_field::LEN],
+    pub _pad2: [u16; 3],
+}
+
+/// Deepest interpreter stack the program walks.
+pub const MAX_INTERP_FRAMES: usize = 64;
+/// Threads of one interpreter the program looks through for the sampled thread's state.
+pub const MAX_INTERP_THREADS: u32 = 64;
+
+/// One interpreter frame as the program read it (raw: the relay decodes it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterpFrame {
+    /// The code object's address (tag bits cleared).
+    pub code: u64,
+    /// The 8 bytes at `frame_instruction`.
+    pub instruction: u64,
+    /// The byte at `frame_marker` (0 when absent).
+    pub marker: u8,
+    pub _pad: [u8; 7],
+}
+
+/// How an interpreter walk ended ([`InterpStack::end`]).
+pub mod interp_end {
+    /// At a null frame: the whole stack.
+    pub const WHOLE: u32 = 0;
+    /// At [`super::MAX_INTERP_FRAMES`].
+    pub const CUT: u32 = 1;
+    /// A read of the process's memory failed.
+    pub const READ_FAILED: u32 = 2;
+}
+
+/// The interpreter frames of a sample, stored under the hash of their contents.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterpStack {
+    pub len: u32,
+    /// One of [`interp_end`].
+    pub end: u32,
+    /// Leaf first; `len` used.
+    pub frames: [InterpFrame; MAX_INTERP_FRAMES],
+}
+
+/// Key of a copied code object: the process (its `SampleKey` tgid, reuse bit included) and
+/// the object's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InterpCodeKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub code: u64,
+}
+
+/// Bytes copied from the start of a code object's name string object.
+pub const INTERP_NAME_BYTES: usize = 192;
+/// Bytes copied from the start of its file name string object.
+pub const INTERP_FILE_BYTES: usize = 320;
+/// Bytes copied from the start of its line table bytes object.
+pub const INTERP_LINES_BYTES: usize = 256;
+
+/// A code object as the program copied it, once per generation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterpCode {
+    /// `co_firstlineno`.
+    pub first_line: i32,
+    /// Bit 0: the name was read; bit 1: the file name; bit 2: the line table.
+    pub copied: u32,
+    pub name: [u8; INTERP_NAME_BYTES],
+    pub filename: [u8; INTERP_FILE_BYTES],
+    pub linetable: [u8; INTERP_LINES_BYTES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, integers only, explicit pads (8 + 8 + 4 + 4 + 17 * 2 + 3 * 2 bytes), any
+// bit pattern valid.
+unsafe impl aya::Pod for InterpProc {}
+#[cfg(feature = "user")]
+// SAFETY: as above (8 + 8 + 1 + 7 bytes).
+unsafe impl aya::Pod for InterpFrame {}
+#[cfg(feature = "user")]
+// SAFETY: as above (4 + 4 + 64 * 24 bytes).
+unsafe impl aya::Pod for InterpStack {}
+#[cfg(feature = "user")]
+// SAFETY: as above (4 + 4 + 8 bytes).
+unsafe impl aya::Pod for InterpCodeKey {}
+#[cfg(feature = "user")]
+// SAFETY: as above (4 + 4 + 192 + 320 + 256 bytes).
+unsafe impl aya::Pod for InterpCode {}
+
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
 /// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
@@ -220,6 +356,14 @@ pub mod maps {
     pub const EXITED_AT: &str = "EXITED_AT";
     /// `PerCpuArray<u64>`: [`super::event_counter`] slots.
     pub const PROCESS_EVENT_COUNTERS: &str = "PROCESS_EVENT_COUNTERS";
+    /// `HashMap<u32 tgid, InterpProc>`: interpreters to walk, checked by the sampler.
+    pub const INTERP_PROCS: &str = "INTERP_PROCS";
+    /// `LruHashMap<u32 tid, u64>`: each thread's interpreter thread state, checked on use.
+    pub const INTERP_THREADS: &str = "INTERP_THREADS";
+    /// `HashMap<u64 hash, InterpStack>` per generation.
+    pub const INTERP_STACKS: [&str; 2] = ["INTERP_STACKS_0", "INTERP_STACKS_1"];
+    /// `HashMap<InterpCodeKey, InterpCode>` per generation.
+    pub const INTERP_CODES: [&str; 2] = ["INTERP_CODES_0", "INTERP_CODES_1"];
 }
 
 /// Names of the tracepoint programs that keep `KNOWN_TGIDS` right.
@@ -287,6 +431,21 @@ pub mod counter {
     /// Samples of a process in `IGNORED` (the relay's process filter, pushed down): dropped
     /// before any stack walk.
     pub const IGNORED: u32 = 23;
+    /// Interpreter walks that ended at a null frame (the whole interpreter stack).
+    pub const INTERP_WALKED: u32 = 24;
+    /// Samples of a process with an interpreter whose thread state was not found (a thread
+    /// the interpreter does not know, or more threads than the walk looks through).
+    pub const INTERP_NO_THREAD: u32 = 25;
+    /// Interpreter walks ended by a failed read of the process's memory.
+    pub const INTERP_READ_FAILED: u32 = 26;
+    /// Interpreter walks cut at [`super::MAX_INTERP_FRAMES`].
+    pub const INTERP_CUT: u32 = 27;
+    /// Interpreter stacks lost because `INTERP_STACKS` was full.
+    pub const INTERP_STACKS_FULL: u32 = 28;
+    /// Code objects not copied because `INTERP_CODES` was full.
+    pub const INTERP_CODES_FULL: u32 = 29;
+    /// Frames whose code pointer was not a code object (its type differed): left unnamed.
+    pub const INTERP_BAD_CODE: u32 = 30;
     /// Number of slots.
-    pub const LEN: u32 = 24;
+    pub const LEN: u32 = 31;
 }

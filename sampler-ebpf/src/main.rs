@@ -484,6 +484,7 @@ mod program {
             kernel_stack_id,
             comm,
             user_stack_hash,
+            interp_stack_hash: 0,
         };
         // The key holds the thread id and a thread runs on one CPU at a time, so no two CPUs
         // update the same entry at once: a plain increment is exact without atomics.

@@ -266,6 +266,7 @@ mod tests {
             kernel_stack_id: kernel,
             comm,
             user_stack_hash: 0,
+            interp_stack_hash: 0,
         }
     }
 
@@ -356,6 +357,7 @@ mod tests {
             kernel_stack_id: -14,
             comm: [0; 16],
             user_stack_hash: 0,
+            interp_stack_hash: 0,
         };
         (key, 1)
     }
