@@ -6,13 +6,15 @@
 # multi-line expressions, exception handlers, nested code, each release's newer syntax).
 #
 # First `version M.N.P`, then one tab-separated line per code object:
-#   code NAME FIRSTLINENO TABLE RAW BY_TABLE BY_ADDR2LINE
+#   code NAME FIRSTLINENO TABLE RAW BY_TABLE BY_ADDR2LINE BY_POSITIONS
 # TABLE: the hex of the whole line table (`co_lnotab` to 3.9, `co_linetable` from 3.10).
 # RAW: the hex of the line-table bytes object's memory as the kernel copies it (from its start,
 # header included, up to the end of its data and trailing NUL, at most 256 bytes).
 # BY_TABLE: for every code unit (offset 0, 2, 4, ... of co_code), comma-separated, the line
 # `dis.findlinestarts` (3.6-3.9) or `co_lines()` (3.10 on) gives it, `-` for none.
 # BY_ADDR2LINE: the same from the C API `PyCode_Addr2Line(code, offset)` (`-` for -1).
+# BY_POSITIONS: the same from `co_positions()` (the start line of each code unit's position:
+# 3.11 on; empty before).
 import ctypes
 import sys
 import types
@@ -194,6 +196,12 @@ def by_addr2line(code):
     return out
 
 
+def by_positions(code):
+    if sys.version_info < (3, 11):
+        return []
+    return [position[0] for position in code.co_positions()]
+
+
 def show(lines):
     return ",".join("-" if x is None else str(x) for x in lines)
 
@@ -223,6 +231,7 @@ def main():
                     raw.hex(),
                     show(by_table(code)),
                     show(by_addr2line(code)),
+                    show(by_positions(code)),
                 ]
             )
         )

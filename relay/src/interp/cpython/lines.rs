@@ -98,7 +98,9 @@ pub fn payload(raw: &[u8]) -> Option<Table<'_>> {
 /// - 3.6 to 3.9: into `co_code`; a frame's `f_lasti` is this offset;
 /// - 3.10: into `co_code`; a frame's `f_lasti` counts code units, so this is `2 * f_lasti`;
 /// - 3.11 on: into the adaptive code (`_co_code_adaptive`, inline caches included, the same
-///   offsets as `co_code`): the instruction pointer minus the adaptive code's address.
+///   offsets as `co_code`): the frame's `prev_instr` (3.11, 3.12) or `instr_ptr` (3.13 on)
+///   minus the adaptive code's address, the offset `_PyInterpreterFrame_LASTI` counts in code
+///   units and the interpreter's own line lookup doubles.
 ///
 /// `None` when the table does not say: the offset lies beyond what a truncated copy covers,
 /// the instruction has no line in the interpreter's own view, the table is malformed there, or

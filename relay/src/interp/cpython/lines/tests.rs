@@ -342,6 +342,8 @@ struct Code {
     by_table: Vec<Option<u32>>,
     /// The same by `PyCode_Addr2Line`.
     by_addr2line: Vec<Option<u32>>,
+    /// The same by `co_positions()` (3.11 on; empty before).
+    by_positions: Vec<Option<u32>>,
 }
 
 fn hex(text: &str) -> Vec<u8> {
@@ -392,14 +394,17 @@ fn run_lines_py(interpreter: &Interpreter) -> (Version, Vec<Code>) {
                 let parts: Vec<u8> = text.split('.').map(|p| p.parse().expect("M.N.P")).collect();
                 version = Some(Version::new(parts[0], parts[1], parts[2]));
             }
-            ["code", name, first, table, raw, by_table, by_addr2line] => codes.push(Code {
-                name: (*name).to_owned(),
-                first_line: first.parse().expect("co_firstlineno"),
-                table: hex(table),
-                raw: hex(raw),
-                by_table: line_list(by_table),
-                by_addr2line: line_list(by_addr2line),
-            }),
+            ["code", name, first, table, raw, by_table, by_addr2line, by_positions] => {
+                codes.push(Code {
+                    name: (*name).to_owned(),
+                    first_line: first.parse().expect("co_firstlineno"),
+                    table: hex(table),
+                    raw: hex(raw),
+                    by_table: line_list(by_table),
+                    by_addr2line: line_list(by_addr2line),
+                    by_positions: line_list(by_positions),
+                })
+            }
             _ => panic!("lines.py printed {line:?}"),
         }
     }
@@ -431,21 +436,26 @@ impl Tally {
     }
 }
 
-/// Prefix lengths to cut a table at: every one the kernel's copy could hold, then a sample.
+/// Prefix lengths to cut a table at: every one over the first entries (a cut at every place
+/// inside an entry of each kind), then a sample as far as the table goes. The kernel's own
+/// 224-byte cut is checked apart.
 fn cuts(len: usize) -> impl Iterator<Item = usize> {
-    let dense = len.min(KERNEL_COPY + 8);
-    (0..=dense).chain((dense + 1..len).step_by(61))
+    let dense = len.min(96);
+    (0..=dense).chain((dense + 1..=len).step_by(61))
 }
 
 fn check_code(version: Version, code: &Code, tally: &mut Tally) {
     tally.codes += 1;
     let units = u32::try_from(code.by_table.len()).expect("code units");
-    // The interpreter's two answers must agree, or there is no truth to hold the decoder to.
+    // The interpreter's answers must agree, or there is no truth to hold the decoder to.
     if code.by_table != code.by_addr2line {
         tally.fail(format!(
             "{}: co_lines/findlinestarts and PyCode_Addr2Line disagree",
             code.name
         ));
+    }
+    if version.minor >= 11 && code.by_table != code.by_positions {
+        tally.fail(format!("{}: co_lines and co_positions disagree", code.name));
     }
     let truth = &code.by_table;
     let whole = lines(version, Table::whole(&code.table), code.first_line, units);
