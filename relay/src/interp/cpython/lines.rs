@@ -19,8 +19,9 @@
 //!   implied by the kind for the others); the "no location" kind has no line.
 //!
 //! Invariants: the input is untrusted (the copy comes from another process's memory and may be
-//! torn or forged): decoding never panics, every loop is bounded by the bytes it reads, all
-//! arithmetic is checked. A prefix never yields a line the whole table would not: an offset the
+//! torn or forged): decoding never panics, every loop is bounded by the bytes it reads, and no
+//! sum can overflow (running offsets and lines grow by at most a byte's worth per byte read,
+//! in 64 bits; a varint's delta is bounded and added checked). A prefix never yields a line the whole table would not: an offset the
 //! copy does not reach has no answer (`None`), and so does an instruction the interpreter itself
 //! knows no line for. Callers show the code object's first line then.
 #![cfg_attr(
