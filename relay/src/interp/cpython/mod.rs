@@ -15,6 +15,7 @@
 //! `PyFrameObject`s up to 3.10, of `_PyInterpreterFrame`s from 3.11.
 
 pub mod debug_offsets;
+pub mod lines;
 pub mod table;
 mod version;
 
