@@ -26,7 +26,14 @@ use std::{
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
-    interp::{seen, Recognized},
+    interp::{
+        cpython::{
+            self,
+            naming::{Naming, Runtime},
+        },
+        raw::{InterpBatch, RawCode},
+        seen, Recognized,
+    },
     model::{Frame, FrameKind, Module, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -131,6 +138,9 @@ pub struct Session {
     max_open_files: usize,
     /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
     tick: u64,
+    /// Names Python frames and splices them into native stacks (its code cache is per
+    /// process, forgotten with the process).
+    python: Naming,
 }
 
 impl Session {
@@ -162,6 +172,7 @@ impl Session {
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
+            python: Naming::default(),
         }
     }
 
@@ -339,9 +350,14 @@ impl Session {
             modules,
             runtimes,
         };
+        let exec_path = Arc::clone(&process.executable_path);
         if let Some(old) = self.processes.insert(pid, process) {
             if old.info.start_time_unix_ns != start {
                 tracing::debug!(pid, old = %old.name, "pid reused: the old process's facts are dropped");
+                self.python.cache.forget(pid);
+            } else if old.executable_path != exec_path {
+                // The same process exec'd another program: its code objects are gone.
+                self.python.cache.forget(pid);
             }
         }
     }
@@ -396,6 +412,17 @@ impl Session {
     /// Forgets an exited process. Its files stay until the sampler closes them.
     pub fn remove_process(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.python.cache.forget(pid);
+    }
+
+    /// The counters of the Python stage (frames named, unknown codes, splice mismatches), of
+    /// its code cache, and the code objects it holds.
+    pub fn python_stats(&self) -> (cpython::naming::Stats, cpython::codes::CacheStats, usize) {
+        (
+            self.python.stats,
+            self.python.cache.stats,
+            self.python.cache.size().0,
+        )
     }
 
     /// The facts the sampler sent for `pid`, if any (what the labels stage reads).
@@ -429,6 +456,23 @@ impl Session {
         profile: &mut SymbolizedProfile,
         left_out: &HashSet<u32>,
     ) -> u64 {
+        self.symbolize_batch_with_interp(batch, &InterpBatch::default(), cache, profile, left_out)
+    }
+
+    /// [`Session::symbolize_batch`], with the interpreter walks of the batch: first the
+    /// interval's code copies are taken in, then each row with an interpreter stack has its
+    /// Python frames named and spliced into its user stack in place of the eval loop's frames
+    /// (`interp::cpython::splice`). A process with no usable CPython layout keeps its native
+    /// stack.
+    pub fn symbolize_batch_with_interp(
+        &mut self,
+        batch: &Batch,
+        interp: &InterpBatch,
+        cache: &mut ElfCache,
+        profile: &mut SymbolizedProfile,
+        left_out: &HashSet<u32>,
+    ) -> u64 {
+        self.take_codes(interp);
         self.sweep_unreferenced_files();
         self.tick += 1;
         let kernel_stacks: Vec<Vec<Frame>> = batch
@@ -437,8 +481,9 @@ impl Session {
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
+        let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
         let mut skipped = 0u64;
-        for row in &batch.rows {
+        for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
                 skipped = skipped.saturating_add(row.count);
                 continue;
@@ -470,6 +515,26 @@ impl Session {
                 }
                 missing => (&[], symbolize::missing_stack_marker(missing, "user")),
             };
+            let python = process.and_then(|p| {
+                let (index, frames) = interp.stack_of_row(row_index)?;
+                Some((p, cpython_runtime(p)?, index, frames))
+            });
+            let user: &[Frame] = match python {
+                Some((p, runtime, index, frames)) => {
+                    let user_index = match row.user_stack {
+                        StackRef::Index(u) => Some(u),
+                        _ => None,
+                    };
+                    spliced_memo
+                        .entry((row.pid, user_index, index))
+                        .or_insert_with(|| {
+                            let key = (p.info.pid, p.info.start_time_unix_ns);
+                            self.python.splice_stack(key, runtime, user, frames)
+                        })
+                        .as_slice()
+                }
+                None => user,
+            };
             let stack = kernel
                 .iter()
                 .chain(kernel_marker.as_ref())
@@ -492,6 +557,35 @@ impl Session {
         }
         skipped
     }
+}
+
+impl Session {
+    /// Takes in the interval's code copies, each for the process its pid is known as now; a
+    /// copy of a process without a usable CPython layout is dropped.
+    fn take_codes(&mut self, interp: &InterpBatch) {
+        self.python.cache.next_interval();
+        for copy in &interp.codes {
+            let Some(process) = self.processes.get(&copy.pid) else {
+                continue;
+            };
+            let Some(runtime) = cpython_runtime(process) else {
+                continue;
+            };
+            let key = (copy.pid, process.info.start_time_unix_ns);
+            let raw: &RawCode = &copy.raw;
+            self.python.take_codes(key, runtime, [(copy.code, raw)]);
+        }
+    }
+}
+
+/// The CPython a process maps, when the relay has a layout for it.
+fn cpython_runtime(process: &Process) -> Option<Runtime<'_>> {
+    process.runtimes.iter().find_map(|r| match &**r {
+        Recognized::CPython(i) => Some(Runtime {
+            version: i.version,
+            layout: i.layout.as_ref().ok()?,
+        }),
+    })
 }
 
 /// The module of one mapping, named by the path the process mapped (as the sampler read it in
@@ -703,6 +797,84 @@ mod tests {
         facts.start_time_unix_ns = 12;
         session.set_process(facts);
         assert_eq!(counted() - before, 2);
+    }
+
+    #[test]
+    fn python_frames_of_the_interp_seam_are_named_spliced_and_forgotten_with_the_process() {
+        // Given a session holding Debian's CPython 3.11 as file 7, mapped by pid 4243
+        let python = std::path::Path::new("/usr/bin/python3.11");
+        let Ok(file) = std::fs::File::open(python) else {
+            crate::interp::cpython::tests::missing("no /usr/bin/python3.11");
+            return;
+        };
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let info = FileInfo {
+            file_id: 7,
+            path: python.display().to_string(),
+            fd: 0,
+            ..FileInfo::default()
+        };
+        session.add_files(vec![info], vec![Some(OwnedFd::from(file))]);
+        let mut facts = process(4243, &[7], 0);
+        facts.start_time_unix_ns = 5;
+        session.set_process(facts);
+        // And an interval whose walk copied one code object (3.11: `str` header 48 bytes) and
+        // gave one sample a stack of it, ending at an entry frame
+        let name = |text: &str| {
+            let mut raw = vec![0u8; 48];
+            raw[16..24].copy_from_slice(&(text.len() as i64).to_le_bytes());
+            raw[32..36].copy_from_slice(&0xe4u32.to_le_bytes());
+            raw.extend_from_slice(text.as_bytes());
+            raw
+        };
+        let code = crate::interp::raw::RawCodeCopy {
+            pid: 4243,
+            code: 0x7f00_0000,
+            raw: RawCode {
+                first_line: 3,
+                copied: RawCode::NAME | RawCode::FILENAME,
+                name: name("Job.run"),
+                filename: name("/srv/job.py"),
+                linetable: Vec::new(),
+            },
+        };
+        let walked = crate::interp::raw::RawInterpFrame {
+            code: 0x7f00_0000,
+            instruction: 0,
+            marker: 1,
+        };
+        let interp = InterpBatch {
+            stacks: vec![vec![walked]],
+            row_stacks: vec![1],
+            codes: vec![code],
+        };
+        // When a batch whose native stack has no eval frame (unnamed addresses) is symbolized
+        let mut profile = SymbolizedProfile::default();
+        session.symbolize_batch_with_interp(
+            &batch(4243, vec![0x7010]),
+            &interp,
+            &mut ElfCache::default(),
+            &mut profile,
+            &HashSet::new(),
+        );
+        // Then the Python frame is named from the copy and placed at the root end, and the
+        // mismatch counted
+        let samples = profile.samples();
+        let names: Vec<String> = samples[0].stack.iter().map(Frame::text_name).collect();
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some("Job.run (job.py:3)"),
+            "{names:?}"
+        );
+        let (stats, cache, cached) = session.python_stats();
+        assert_eq!(
+            (stats.frames, stats.unknown_code, stats.groups_left),
+            (1, 0, 1)
+        );
+        assert_eq!((cache.inserted, cached), (1, 1));
+        // And when the process exits, its codes are forgotten
+        session.remove_process(4243);
+        assert_eq!(session.python_stats().2, 0);
     }
 
     /// A process mapping each file of `ids` at 0x1000 * id (one page, file offset `offset`).

@@ -267,4 +267,6 @@ fn layout(
 }
 
 #[cfg(test)]
-mod tests;
+mod live;
+#[cfg(test)]
+pub(crate) mod tests;

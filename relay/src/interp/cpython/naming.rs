@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::{
-    codes::{CodeCache, NamedCode, UNKNOWN_PYTHON},
+    codes::{self, CodeCache, NamedCode, UNKNOWN_PYTHON},
     instruction, line_stub,
     splice::{self, Boundary, Mismatch},
     Layout, Version,
@@ -37,10 +37,18 @@ pub struct Stats {
 }
 
 /// The CPython stage (see the module's doc).
-#[derive(Default)]
 pub struct Naming {
     pub cache: CodeCache,
     pub stats: Stats,
+}
+
+impl Default for Naming {
+    fn default() -> Self {
+        Self {
+            cache: CodeCache::with_limits(codes::Limits::default()),
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// The interpreter of one process: its version and layout.
@@ -51,13 +59,6 @@ pub struct Runtime<'a> {
 }
 
 impl Naming {
-    pub fn with_cache(cache: CodeCache) -> Self {
-        Self {
-            cache,
-            stats: Stats::default(),
-        }
-    }
-
     /// Takes in the copies of one process's code objects (pid, start time), `(address, copy)`.
     pub fn take_codes<'c>(
         &mut self,
