@@ -759,6 +759,37 @@ mod tests {
     }
 
     #[test]
+    fn python_frames_carry_function_file_line_and_the_cpython_frame_type() {
+        // Given a stack of a Python function over the native main
+        let app = module("/usr/bin/python3", None);
+        let python = Frame {
+            function: "Worker.hot".into(),
+            file: Some("/srv/app/workload.py".into()),
+            line: Some(12),
+            kind: FrameKind::CPython,
+            inlined: false,
+            address: 0,
+            module: None,
+        };
+        let stack = vec![python, frame("main", 0x40_2000, FrameKind::Native, &app)];
+        // When built into a request
+        let samples = vec![sample(10, 10, "app", stack, 1)];
+        let request = build(&views(&samples), &meta(), SampleAttributes::default());
+        let d = &request.dictionary;
+        // Then the Python frame's location has no mapping, one line naming the function, its
+        // file and line, and the frame type `cpython`
+        let leaf = &d.locations[d.stacks[1][0] as usize];
+        assert_eq!(leaf.mapping, 0);
+        let function = &d.functions[leaf.lines[0].function as usize];
+        assert_eq!(d.string(function.name), "Worker.hot");
+        assert_eq!(d.string(function.filename), "/srv/app/workload.py");
+        assert_eq!(leaf.lines[0].line, 12);
+        let kind = &d.attributes[leaf.attributes[0] as usize];
+        assert_eq!(d.string(kind.key), keys::FRAME_TYPE);
+        assert_eq!(kind.value, Value::Str("cpython".into()));
+    }
+
+    #[test]
     fn tables_start_empty_and_dedup() {
         // Given two threads of one process with the same thread name and the same stack, and a
         // third sample with another stack sharing a function.
