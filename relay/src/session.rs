@@ -877,6 +877,145 @@ mod tests {
         assert_eq!(session.python_stats().2, 0);
     }
 
+    #[test]
+    fn a_real_libpythons_eval_loop_frames_are_replaced_by_their_python_frames_until_exec() {
+        // Given pyenv's CPython 3.12 library passed as file 3, mapped by pid 4244 (file offset
+        // = virtual address in its text), and where its eval loop and `Py_RunMain` are
+        let root = std::env::var_os("PYENV_ROOT").map_or_else(
+            || {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                    .join(".pyenv")
+            },
+            std::path::PathBuf::from,
+        );
+        let path = root.join("versions/3.12.1/lib/libpython3.12.so.1.0");
+        let Ok(file) = std::fs::File::open(&path) else {
+            crate::interp::cpython::tests::missing("no pyenv CPython 3.12.1");
+            return;
+        };
+        let wanted = [
+            "_PyEval_EvalFrameDefault",
+            "_PyEval_EvalFrameDefault.cold",
+            "Py_RunMain",
+        ];
+        let facts = crate::interp::elf::read(
+            &file,
+            &wanted,
+            crate::interp::elf::Tables::All,
+            &crate::interp::Limits::default(),
+        )
+        .expect("read libpython's symbols");
+        let base = 0x7f00_0000_0000u64;
+        let at = |name: &str, plus: u64| base + facts.symbol(name).expect("symbol").value + plus;
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let info = FileInfo {
+            file_id: 3,
+            path: path.display().to_string(),
+            fd: 0,
+            ..FileInfo::default()
+        };
+        session.add_files(vec![info], vec![Some(OwnedFd::from(file))]);
+        let facts_of = |exe: &str| ProcessInfo {
+            pid: 4244,
+            start_time_unix_ns: 9,
+            executable_name: "python3.12".into(),
+            executable_path: exe.into(),
+            mappings: vec![Mapping {
+                start: base,
+                end: base + 0x38_0000,
+                path: path.display().to_string(),
+                file_id: 3,
+                ..Mapping::default()
+            }],
+            ..ProcessInfo::default()
+        };
+        session.set_process(facts_of("/usr/bin/python3.12"));
+        // And an interval that copied two code objects (3.12 `str` header: 40 bytes) and walked
+        // hot <- shim <- <module> <- shim
+        let text = |t: &str| {
+            let mut raw = vec![0u8; 40];
+            raw[16..24].copy_from_slice(&(t.len() as i64).to_le_bytes());
+            raw[32..36].copy_from_slice(&0x64u32.to_le_bytes());
+            raw.extend_from_slice(t.as_bytes());
+            raw
+        };
+        let copy = |code: u64, name: &str, first_line: i32| crate::interp::raw::RawCodeCopy {
+            pid: 4244,
+            code,
+            raw: RawCode {
+                first_line,
+                copied: RawCode::NAME | RawCode::FILENAME,
+                name: text(name),
+                filename: text("/srv/workload.py"),
+                linetable: Vec::new(),
+            },
+        };
+        let walked = |code: u64, marker: u8| crate::interp::raw::RawInterpFrame {
+            code,
+            instruction: 0,
+            marker,
+        };
+        let interp = InterpBatch {
+            stacks: vec![vec![
+                walked(0xa000, 0),
+                walked(0x1, 3),
+                walked(0xb000, 0),
+                walked(0x2, 3),
+            ]],
+            row_stacks: vec![1],
+            codes: vec![copy(0xa000, "hot", 12), copy(0xb000, "<module>", 1)],
+        };
+        // The native stack: the eval loop (leaf), the eval loop again (an outer call),
+        // Py_RunMain
+        let native = vec![
+            at("_PyEval_EvalFrameDefault", 0x40),
+            at("_PyEval_EvalFrameDefault", 0x200),
+            at("Py_RunMain", 0x20),
+        ];
+        let mut elf = ElfCache::default();
+        let mut run = |session: &mut Session, interp: &InterpBatch| {
+            let mut profile = SymbolizedProfile::default();
+            session.symbolize_batch_with_interp(
+                &batch(4244, native.clone()),
+                interp,
+                &mut elf,
+                &mut profile,
+                &HashSet::new(),
+            );
+            let samples = profile.samples();
+            samples[0]
+                .stack
+                .iter()
+                .map(Frame::text_name)
+                .collect::<Vec<_>>()
+        };
+        // When the batch is symbolized
+        let names = run(&mut session, &interp);
+        // Then each eval frame gave way to its group, the shims dropped, the rest kept: the C
+        // helper inlined into the outer eval call at that address (`get_exception_handler`)
+        // stays leaf-side of that call's Python frame, as the native stack had it
+        assert_eq!(
+            names,
+            [
+                "hot (workload.py:12)",
+                "get_exception_handler",
+                "<module> (workload.py:1)",
+                "Py_RunMain"
+            ]
+        );
+        assert_eq!(session.python_stats().0.mismatched_stacks, 0);
+        // And in a later interval without copies, the cache still names them
+        let later = InterpBatch {
+            codes: Vec::new(),
+            ..interp.clone()
+        };
+        assert_eq!(run(&mut session, &later)[0], "hot (workload.py:12)");
+        // But after the process exec'd another program (same pid and start, new facts), its
+        // old codes are unknown
+        session.set_process(facts_of("/usr/bin/other"));
+        assert_eq!(run(&mut session, &later)[0], "[unknown] python");
+    }
+
     /// A process mapping each file of `ids` at 0x1000 * id (one page, file offset `offset`).
     fn process(pid: u32, ids: &[u64], offset: u64) -> ProcessInfo {
         ProcessInfo {

@@ -15,7 +15,9 @@
 //! [`splice`] then walks the native stack leaf first and puts each eval frame's group in its
 //! place. Groups left over (the native stack was cut short) go on the root side of the last eval
 //! frame (at the root end when there is none); an eval frame with no group left stays as it is.
-//! Either is a mismatch, returned for counting.
+//! Either is a mismatch, returned for counting. C functions the symbolizer found inlined into
+//! an eval frame at its address stay where they are, leaf-side of that call's Python frames:
+//! they are what that Python frame's eval loop was running (a call being made, say).
 
 use std::ops::Range;
 
