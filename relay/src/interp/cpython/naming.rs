@@ -235,4 +235,57 @@ mod tests {
         let out = naming.splice_stack((7, 200), runtime, &native[..1], &interp[..1]);
         assert_eq!(&*out[0].function, UNKNOWN_PYTHON);
     }
+
+    #[test]
+    fn arbitrary_copies_and_frames_never_panic() {
+        // Given pseudo-random copies and frames for every release line's rules
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let native = [
+            Frame::bare("_PyEval_EvalFrameDefault", FrameKind::Native, 0x10),
+            Frame::bare("main", FrameKind::Native, 0x20),
+        ];
+        for minor in 6..=12 {
+            let version = Version::new(3, minor, 0);
+            let layout = table::layout(version).expect("layout");
+            let runtime = Runtime {
+                version,
+                layout: &layout,
+            };
+            let mut naming = Naming::default();
+            for _ in 0..300 {
+                let first_line = next() as i32;
+                let copied = next() as u32;
+                let mut parts = [200u64, 330, 260].map(|n| {
+                    let len = next() % n;
+                    (0..len).map(|_| next() as u8).collect::<Vec<u8>>()
+                });
+                let raw = RawCode {
+                    first_line,
+                    copied,
+                    name: std::mem::take(&mut parts[0]),
+                    filename: std::mem::take(&mut parts[1]),
+                    linetable: std::mem::take(&mut parts[2]),
+                };
+                let code = next() % 4;
+                naming.take_codes((1, 1), runtime, [(code, &raw)]);
+                let frames: Vec<RawInterpFrame> = (0..next() % 8)
+                    .map(|_| RawInterpFrame {
+                        code: next() % 4,
+                        instruction: next(),
+                        marker: next() as u8 % 5,
+                    })
+                    .collect();
+                // Then every stack splices into frames that all have a text name
+                for frame in naming.splice_stack((1, 1), runtime, &native, &frames) {
+                    assert!(!frame.text_name().is_empty());
+                }
+            }
+        }
+    }
 }
