@@ -37,7 +37,7 @@ def 𠀀():
 def 日本():
     𠀀()
 def café():
-    日本()
+    return sorted([0], key=lambda _: 日本())
 class Worker:
     def run(self):
         café()
@@ -153,16 +153,6 @@ fn load_base(pid: u32, binary: &Path) -> u64 {
         .unwrap_or_else(|| panic!("{} not mapped in {pid}", binary.display()))
 }
 
-/// The marker byte's offset: `is_entry` in 3.11 (the byte before `owner`), `owner` after.
-fn marker_offset(interpreter: &Interpreter, layout: &Layout) -> Option<u64> {
-    let owner = layout.frame.owner?;
-    Some(if interpreter.version.minor == 11 {
-        owner - 1
-    } else {
-        owner
-    })
-}
-
 /// Walks the main thread's frames as the kernel does and copies their code objects.
 fn walk(
     memory: &Memory,
@@ -191,7 +181,7 @@ fn walk(
     if let Some(hop) = layout.thread.cframe_current_frame {
         frame = memory.u64(frame + hop);
     }
-    let marker = marker_offset(interpreter, layout);
+    let marker = splice::marker_offset(interpreter.version, layout);
     let mut frames = Vec::new();
     let mut codes: Vec<(u64, RawCode)> = Vec::new();
     while frame != 0 && frames.len() < 64 {
@@ -347,18 +337,30 @@ fn check(
     }
     // The chain the script set up, leaf first
     let names: Vec<&str> = running.frames.iter().map(|f| f.name.as_str()).collect();
-    let want = ["𠀀", "日本", "café", "Worker.run", "<module>"];
-    let want_old = ["𠀀", "日本", "café", "run", "<module>"];
+    let want = [
+        "𠀀",
+        "日本",
+        "café.<locals>.<lambda>",
+        "café",
+        "Worker.run",
+        "<module>",
+    ];
+    let want_old = ["𠀀", "日本", "<lambda>", "café", "run", "<module>"];
     if names != want && names != want_old {
         return Err(format!("the chain is {names:?}"));
     }
-    // Every Python call here went through the eval loop from C once (the module) or, to 3.10,
-    // once per frame.
+    // Two eval calls from C (the module's, and the lambda's from `sorted`), to 3.10 one per
+    // frame: the markers (3.11's `is_entry`, the shims' owner) must cut exactly there.
     let expected_groups = if boundary == Boundary::EachFrame {
-        5
+        6
     } else {
-        1
+        2
     };
+    if boundary != Boundary::EachFrame && groups.first().map(ExactSizeIterator::len) != Some(3) {
+        return Err(format!(
+            "the first group is {groups:?}, not the 3 frames up to the lambda"
+        ));
+    }
     if groups.len() != expected_groups {
         return Err(format!(
             "{} groups, expected {expected_groups}: {frames:x?}",

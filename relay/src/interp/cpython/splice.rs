@@ -21,7 +21,7 @@
 
 use std::ops::Range;
 
-use super::Version;
+use super::{Layout, Version};
 use crate::{interp::raw::RawInterpFrame, model::Frame};
 
 /// The eval loop's symbol. Its split parts and aliases (`.cold`, `.localalias`, `.part.0`) name
@@ -46,6 +46,18 @@ impl Boundary {
             (3, 11) => Self::Entry,
             _ => Self::Shim,
         }
+    }
+}
+
+/// Where in a frame the kernel reads the marker byte the grouping needs (the layout's
+/// `frame_marker`): `is_entry` in 3.11 (a `bool` just before `owner`: `bool is_entry; char
+/// owner;` in its `_PyInterpreterFrame`), `owner` from 3.12; none to 3.10.
+pub fn marker_offset(version: Version, layout: &Layout) -> Option<u64> {
+    let owner = layout.frame.owner?;
+    match Boundary::of(version) {
+        Boundary::EachFrame => None,
+        Boundary::Entry => owner.checked_sub(1),
+        Boundary::Shim => Some(owner),
     }
 }
 
@@ -186,6 +198,16 @@ mod tests {
         }
         // A Python function that happens to bear the name is not the eval loop
         assert!(!is_eval_loop(&py("_PyEval_EvalFrameDefault")));
+    }
+
+    #[test]
+    fn the_marker_is_is_entry_in_3_11_and_owner_from_3_12() {
+        let layout =
+            |minor| super::super::table::layout(Version::new(3, minor, 0)).expect("layout");
+        assert_eq!(marker_offset(Version::new(3, 10, 0), &layout(10)), None);
+        // 3.11: `bool is_entry` at 68, `char owner` at 69
+        assert_eq!(marker_offset(Version::new(3, 11, 0), &layout(11)), Some(68));
+        assert_eq!(marker_offset(Version::new(3, 12, 0), &layout(12)), Some(70));
     }
 
     #[test]
