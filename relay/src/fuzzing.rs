@@ -10,7 +10,7 @@ use std::{
     os::fd::{FromRawFd, OwnedFd},
 };
 
-use crate::{config, labels, symbolize, unwind};
+use crate::{config, interp, labels, model, symbolize, unwind};
 
 /// An anonymous in-memory file holding `data`, as the sampler would pass a descriptor.
 fn memfd(data: &[u8]) -> Option<OwnedFd> {
@@ -78,4 +78,72 @@ pub fn resource_attributes(text: &str) {
 /// The relay's YAML config file, including its label and relabel rules.
 pub fn config_file(text: &str) {
     let _ = config::parse(text, "fuzz.yaml");
+}
+
+/// What the kernel copied of a CPython process: the input's first byte picks the release line
+/// (3.6 to 3.14), the next 6 bytes the lengths of the name, file name and line table copies
+/// (2 bytes each), then those copies, then raw frames (17 bytes each: code, instruction,
+/// marker). The copies are named and the frames spliced into a native stack of two eval calls.
+pub fn python_code(data: &[u8]) {
+    use interp::{
+        cpython::{
+            naming::{Naming, Runtime},
+            table, Version,
+        },
+        raw::{RawCode, RawInterpFrame},
+    };
+    let Some((&line, rest)) = data.split_first() else {
+        return;
+    };
+    let minor = 6 + line % 9;
+    let version = Version::new(3, minor, 0);
+    // 3.13 and 3.14 take their offsets from the file; 3.12's table has the same string and
+    // code offsets the decoders read.
+    let Some(layout) = table::layout(Version::new(3, minor.min(12), 0)) else {
+        return;
+    };
+    let Some((lengths, mut rest)) = rest.split_first_chunk::<6>() else {
+        return;
+    };
+    let mut take = |at: usize| {
+        let n = usize::from(u16::from_le_bytes([lengths[at], lengths[at + 1]])).min(rest.len());
+        let (copy, tail) = rest.split_at(n);
+        rest = tail;
+        copy.to_vec()
+    };
+    let raw = RawCode {
+        first_line: 1,
+        copied: u32::from(line >> 4),
+        name: take(0),
+        filename: take(2),
+        linetable: take(4),
+    };
+    let frames: Vec<RawInterpFrame> = rest
+        .chunks_exact(17)
+        .map(|f| RawInterpFrame {
+            code: u64::from_le_bytes(f[..8].try_into().unwrap_or_default()),
+            instruction: u64::from_le_bytes(f[8..16].try_into().unwrap_or_default()),
+            marker: f[16],
+        })
+        .collect();
+    let runtime = Runtime {
+        version,
+        layout: &layout,
+    };
+    let mut naming = Naming::default();
+    let code = frames.first().map_or(0, |f| f.code);
+    naming.take_codes((1, 1), runtime, [(code, &raw)]);
+    let eval = model::Frame {
+        function: "_PyEval_EvalFrameDefault".into(),
+        file: None,
+        line: None,
+        kind: model::FrameKind::Native,
+        inlined: false,
+        address: 0x1000,
+        module: None,
+    };
+    let native = [eval.clone(), eval];
+    for frame in naming.splice_stack((1, 1), runtime, &native, &frames) {
+        let _ = frame.text_name();
+    }
 }

@@ -26,6 +26,12 @@ pub enum FrameKind {
     Native,
     /// Not a code frame: a marker such as "[lost stack: collision]".
     Marker,
+    /// A CPython function's frame, spliced in place of the eval loop's C frame
+    /// (`interp::cpython::splice`): `function` is its qualified name, `file` its file name as
+    /// the code object says, `line` the line it is at (its first line when the line table
+    /// could not tell), `address` 0 and no module, so one function at one line is one frame
+    /// whichever process ran it.
+    CPython,
 }
 
 impl FrameKind {
@@ -35,6 +41,7 @@ impl FrameKind {
             Self::Kernel => "kernel",
             Self::Native => "native",
             Self::Marker => "abort-marker",
+            Self::CPython => "cpython",
         }
     }
 }
@@ -97,14 +104,38 @@ impl Frame {
     /// A user frame whose own name ends in a flame-graph annotation (`do_syscall_64_[k]`) has
     /// its brackets turned into parentheses (`do_syscall_64_(k)`): only a frame the kernel stack
     /// gave is drawn as the kernel's.
+    ///
+    /// A CPython frame reads `qualname (file.py:line)`: the file name's last component only, as
+    /// tracebacks are read at a glance (the whole path stays in `file` for pprof and OTLP).
     pub fn text_name(&self) -> String {
-        let mut name = text_safe(&self.display_name());
+        let mut name = text_safe(&if self.kind == FrameKind::CPython {
+            self.python_text()
+        } else {
+            self.display_name()
+        });
         if self.kind == FrameKind::Kernel {
             name.push_str(KERNEL_SUFFIX);
         } else {
             disarm_annotation(&mut name);
         }
         name
+    }
+}
+
+impl Frame {
+    /// `qualname (file.py:line)`, or the bare name without a file or line.
+    fn python_text(&self) -> String {
+        let base = self
+            .file
+            .as_deref()
+            .map(|path| path.rsplit('/').next().unwrap_or(path))
+            .filter(|base| !base.is_empty());
+        match (base, self.line) {
+            (Some(base), Some(line)) => format!("{} ({base}:{line})", self.function),
+            (Some(base), None) => format!("{} ({base})", self.function),
+            (None, Some(line)) => format!("{} (:{line})", self.function),
+            (None, None) => self.function.to_string(),
+        }
     }
 }
 
@@ -759,6 +790,42 @@ mod tests {
         assert_eq!(named("_[k]", FrameKind::Native), "_(k)");
         // And a kernel frame's name that ends in an annotation keeps its own, plus the mark
         assert_eq!(named("x_[k]", FrameKind::Kernel), "x_[k]_[k]");
+    }
+
+    #[test]
+    fn python_frames_read_qualname_file_and_line_and_never_pass_for_another_kind() {
+        let python = |function: &str, file: Option<&str>, line: Option<u32>| Frame {
+            file: file.map(Arc::from),
+            line,
+            ..Frame::bare(function, FrameKind::CPython, 0)
+        };
+        // Given Python frames with a path, a bare name, no file, and hostile names
+        let cases = [
+            (
+                python("Worker.hot", Some("/srv/app/workload.py"), Some(12)),
+                "Worker.hot (workload.py:12)",
+            ),
+            (
+                python("<module>", Some("app.py"), Some(1)),
+                "<module> (app.py:1)",
+            ),
+            (python("f", Some("/srv/x.py"), None), "f (x.py)"),
+            (python("f", None, Some(3)), "f (:3)"),
+            (python("[unknown] python", None, None), "[unknown] python"),
+            // A name posing as a kernel frame, and separators and controls in names and paths
+            (python("evil_[k]", None, None), "evil_(k)"),
+            (
+                python("a;b", Some("/x;y/c\u{1b}.py"), Some(2)),
+                "a:b (c\\u{1b}.py:2)",
+            ),
+        ];
+        for (frame, want) in cases {
+            // Then the text name is `qualname (file:line)`, text-safe, and not annotated
+            assert_eq!(frame.text_name(), want, "{frame:?}");
+            assert!(!frame.text_name().ends_with(KERNEL_SUFFIX));
+        }
+        // And the OpenTelemetry frame type is cpython
+        assert_eq!(FrameKind::CPython.as_str(), "cpython");
     }
 
     fn frame(function: &str, address: u64) -> Frame {

@@ -168,6 +168,7 @@ fn other_losses(losses: &Losses) -> String {
 /// The `batch received` line: the part, what the session holds, and the sampler's counters.
 fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session, ignore_sent: u64) {
     let losses = &batch.losses;
+    let (python, python_codes, python_cached) = session.python_stats();
     tracing::info!(
         connection = conn,
         sequence = batch.sequence,
@@ -183,6 +184,11 @@ fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session,
         files_closed = session.stats.files_closed,
         files_swept = session.stats.files_swept,
         mappings_omitted = session.stats.mappings_omitted,
+        python_frames = python.frames,
+        python_unknown_code = python.unknown_code,
+        python_mismatched_stacks = python.mismatched_stacks,
+        python_codes_cached = python_cached,
+        python_codes_evicted = python_codes.evicted,
         sampler_samples = losses.samples,
         user_stack_lost = losses.user_stack_lost,
         kernel_stack_lost = losses.kernel_stack_lost,

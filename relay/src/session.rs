@@ -26,7 +26,14 @@ use std::{
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
 
 use crate::{
-    interp::{seen, Recognized},
+    interp::{
+        cpython::{
+            self,
+            naming::{Naming, Runtime},
+        },
+        raw::{InterpBatch, RawCode},
+        seen, Recognized,
+    },
     model::{Frame, FrameKind, Module, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -131,6 +138,9 @@ pub struct Session {
     max_open_files: usize,
     /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
     tick: u64,
+    /// Names Python frames and splices them into native stacks (its code cache is per
+    /// process, forgotten with the process).
+    python: Naming,
 }
 
 impl Session {
@@ -162,6 +172,7 @@ impl Session {
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
+            python: Naming::default(),
         }
     }
 
@@ -339,9 +350,14 @@ impl Session {
             modules,
             runtimes,
         };
+        let exec_path = Arc::clone(&process.executable_path);
         if let Some(old) = self.processes.insert(pid, process) {
             if old.info.start_time_unix_ns != start {
                 tracing::debug!(pid, old = %old.name, "pid reused: the old process's facts are dropped");
+                self.python.cache.forget(pid);
+            } else if old.executable_path != exec_path {
+                // The same process exec'd another program: its code objects are gone.
+                self.python.cache.forget(pid);
             }
         }
     }
@@ -396,6 +412,17 @@ impl Session {
     /// Forgets an exited process. Its files stay until the sampler closes them.
     pub fn remove_process(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.python.cache.forget(pid);
+    }
+
+    /// The counters of the Python stage (frames named, unknown codes, splice mismatches), of
+    /// its code cache, and the code objects it holds.
+    pub fn python_stats(&self) -> (cpython::naming::Stats, cpython::codes::CacheStats, usize) {
+        (
+            self.python.stats,
+            self.python.cache.stats,
+            self.python.cache.size().0,
+        )
     }
 
     /// The facts the sampler sent for `pid`, if any (what the labels stage reads).
@@ -429,6 +456,23 @@ impl Session {
         profile: &mut SymbolizedProfile,
         left_out: &HashSet<u32>,
     ) -> u64 {
+        self.symbolize_batch_with_interp(batch, &InterpBatch::default(), cache, profile, left_out)
+    }
+
+    /// [`Session::symbolize_batch`], with the interpreter walks of the batch: first the
+    /// interval's code copies are taken in, then each row with an interpreter stack has its
+    /// Python frames named and spliced into its user stack in place of the eval loop's frames
+    /// (`interp::cpython::splice`). A process with no usable CPython layout keeps its native
+    /// stack.
+    pub fn symbolize_batch_with_interp(
+        &mut self,
+        batch: &Batch,
+        interp: &InterpBatch,
+        cache: &mut ElfCache,
+        profile: &mut SymbolizedProfile,
+        left_out: &HashSet<u32>,
+    ) -> u64 {
+        self.take_codes(interp);
         self.sweep_unreferenced_files();
         self.tick += 1;
         let kernel_stacks: Vec<Vec<Frame>> = batch
@@ -437,8 +481,9 @@ impl Session {
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
+        let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
         let mut skipped = 0u64;
-        for row in &batch.rows {
+        for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
                 skipped = skipped.saturating_add(row.count);
                 continue;
@@ -470,6 +515,26 @@ impl Session {
                 }
                 missing => (&[], symbolize::missing_stack_marker(missing, "user")),
             };
+            let python = process.and_then(|p| {
+                let (index, frames) = interp.stack_of_row(row_index)?;
+                Some((p, cpython_runtime(p)?, index, frames))
+            });
+            let user: &[Frame] = match python {
+                Some((p, runtime, index, frames)) => {
+                    let user_index = match row.user_stack {
+                        StackRef::Index(u) => Some(u),
+                        _ => None,
+                    };
+                    spliced_memo
+                        .entry((row.pid, user_index, index))
+                        .or_insert_with(|| {
+                            let key = (p.info.pid, p.info.start_time_unix_ns);
+                            self.python.splice_stack(key, runtime, user, frames)
+                        })
+                        .as_slice()
+                }
+                None => user,
+            };
             let stack = kernel
                 .iter()
                 .chain(kernel_marker.as_ref())
@@ -492,6 +557,35 @@ impl Session {
         }
         skipped
     }
+}
+
+impl Session {
+    /// Takes in the interval's code copies, each for the process its pid is known as now; a
+    /// copy of a process without a usable CPython layout is dropped.
+    fn take_codes(&mut self, interp: &InterpBatch) {
+        self.python.cache.next_interval();
+        for copy in &interp.codes {
+            let Some(process) = self.processes.get(&copy.pid) else {
+                continue;
+            };
+            let Some(runtime) = cpython_runtime(process) else {
+                continue;
+            };
+            let key = (copy.pid, process.info.start_time_unix_ns);
+            let raw: &RawCode = &copy.raw;
+            self.python.take_codes(key, runtime, [(copy.code, raw)]);
+        }
+    }
+}
+
+/// The CPython a process maps, when the relay has a layout for it.
+fn cpython_runtime(process: &Process) -> Option<Runtime<'_>> {
+    process.runtimes.iter().find_map(|r| match &**r {
+        Recognized::CPython(i) => Some(Runtime {
+            version: i.version,
+            layout: i.layout.as_ref().ok()?,
+        }),
+    })
 }
 
 /// The module of one mapping, named by the path the process mapped (as the sampler read it in
@@ -703,6 +797,223 @@ mod tests {
         facts.start_time_unix_ns = 12;
         session.set_process(facts);
         assert_eq!(counted() - before, 2);
+    }
+
+    #[test]
+    fn python_frames_of_the_interp_seam_are_named_spliced_and_forgotten_with_the_process() {
+        // Given a session holding Debian's CPython 3.11 as file 7, mapped by pid 4243
+        let python = std::path::Path::new("/usr/bin/python3.11");
+        let Ok(file) = std::fs::File::open(python) else {
+            crate::interp::cpython::tests::missing("no /usr/bin/python3.11");
+            return;
+        };
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let info = FileInfo {
+            file_id: 7,
+            path: python.display().to_string(),
+            fd: 0,
+            ..FileInfo::default()
+        };
+        session.add_files(vec![info], vec![Some(OwnedFd::from(file))]);
+        let mut facts = process(4243, &[7], 0);
+        facts.start_time_unix_ns = 5;
+        session.set_process(facts);
+        // And an interval whose walk copied one code object (3.11: `str` header 48 bytes) and
+        // gave one sample a stack of it, ending at an entry frame
+        let name = |text: &str| {
+            let mut raw = vec![0u8; 48];
+            raw[16..24].copy_from_slice(&(text.len() as i64).to_le_bytes());
+            raw[32..36].copy_from_slice(&0xe4u32.to_le_bytes());
+            raw.extend_from_slice(text.as_bytes());
+            raw
+        };
+        let code = crate::interp::raw::RawCodeCopy {
+            pid: 4243,
+            code: 0x7f00_0000,
+            raw: RawCode {
+                first_line: 3,
+                copied: RawCode::NAME | RawCode::FILENAME,
+                name: name("Job.run"),
+                filename: name("/srv/job.py"),
+                linetable: Vec::new(),
+            },
+        };
+        let walked = crate::interp::raw::RawInterpFrame {
+            code: 0x7f00_0000,
+            instruction: 0,
+            marker: 1,
+        };
+        let interp = InterpBatch {
+            stacks: vec![vec![walked]],
+            row_stacks: vec![1],
+            codes: vec![code],
+        };
+        // When a batch whose native stack has no eval frame (unnamed addresses) is symbolized
+        let mut profile = SymbolizedProfile::default();
+        session.symbolize_batch_with_interp(
+            &batch(4243, vec![0x7010]),
+            &interp,
+            &mut ElfCache::default(),
+            &mut profile,
+            &HashSet::new(),
+        );
+        // Then the Python frame is named from the copy and placed at the root end, and the
+        // mismatch counted
+        let samples = profile.samples();
+        let names: Vec<String> = samples[0].stack.iter().map(Frame::text_name).collect();
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some("Job.run (job.py:3)"),
+            "{names:?}"
+        );
+        let (stats, cache, cached) = session.python_stats();
+        assert_eq!(
+            (stats.frames, stats.unknown_code, stats.groups_left),
+            (1, 0, 1)
+        );
+        assert_eq!((cache.inserted, cached), (1, 1));
+        // And when the process exits, its codes are forgotten
+        session.remove_process(4243);
+        assert_eq!(session.python_stats().2, 0);
+    }
+
+    #[test]
+    fn a_real_libpythons_eval_loop_frames_are_replaced_by_their_python_frames_until_exec() {
+        // Given pyenv's CPython 3.12 library passed as file 3, mapped by pid 4244 (file offset
+        // = virtual address in its text), and where its eval loop and `Py_RunMain` are
+        let root = std::env::var_os("PYENV_ROOT").map_or_else(
+            || {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                    .join(".pyenv")
+            },
+            std::path::PathBuf::from,
+        );
+        let path = root.join("versions/3.12.1/lib/libpython3.12.so.1.0");
+        let Ok(file) = std::fs::File::open(&path) else {
+            crate::interp::cpython::tests::missing("no pyenv CPython 3.12.1");
+            return;
+        };
+        let wanted = [
+            "_PyEval_EvalFrameDefault",
+            "_PyEval_EvalFrameDefault.cold",
+            "Py_RunMain",
+        ];
+        let facts = crate::interp::elf::read(
+            &file,
+            &wanted,
+            crate::interp::elf::Tables::All,
+            &crate::interp::Limits::default(),
+        )
+        .expect("read libpython's symbols");
+        let base = 0x7f00_0000_0000u64;
+        let at = |name: &str, plus: u64| base + facts.symbol(name).expect("symbol").value + plus;
+        let mut session = Session::new(Hello::default(), Vec::new());
+        let info = FileInfo {
+            file_id: 3,
+            path: path.display().to_string(),
+            fd: 0,
+            ..FileInfo::default()
+        };
+        session.add_files(vec![info], vec![Some(OwnedFd::from(file))]);
+        let facts_of = |exe: &str| ProcessInfo {
+            pid: 4244,
+            start_time_unix_ns: 9,
+            executable_name: "python3.12".into(),
+            executable_path: exe.into(),
+            mappings: vec![Mapping {
+                start: base,
+                end: base + 0x38_0000,
+                path: path.display().to_string(),
+                file_id: 3,
+                ..Mapping::default()
+            }],
+            ..ProcessInfo::default()
+        };
+        session.set_process(facts_of("/usr/bin/python3.12"));
+        // And an interval that copied two code objects (3.12 `str` header: 40 bytes) and walked
+        // hot <- shim <- <module> <- shim
+        let text = |t: &str| {
+            let mut raw = vec![0u8; 40];
+            raw[16..24].copy_from_slice(&(t.len() as i64).to_le_bytes());
+            raw[32..36].copy_from_slice(&0x64u32.to_le_bytes());
+            raw.extend_from_slice(t.as_bytes());
+            raw
+        };
+        let copy = |code: u64, name: &str, first_line: i32| crate::interp::raw::RawCodeCopy {
+            pid: 4244,
+            code,
+            raw: RawCode {
+                first_line,
+                copied: RawCode::NAME | RawCode::FILENAME,
+                name: text(name),
+                filename: text("/srv/workload.py"),
+                linetable: Vec::new(),
+            },
+        };
+        let walked = |code: u64, marker: u8| crate::interp::raw::RawInterpFrame {
+            code,
+            instruction: 0,
+            marker,
+        };
+        let interp = InterpBatch {
+            stacks: vec![vec![
+                walked(0xa000, 0),
+                walked(0x1, 3),
+                walked(0xb000, 0),
+                walked(0x2, 3),
+            ]],
+            row_stacks: vec![1],
+            codes: vec![copy(0xa000, "hot", 12), copy(0xb000, "<module>", 1)],
+        };
+        // The native stack: the eval loop (leaf), the eval loop again (an outer call),
+        // Py_RunMain
+        let native = vec![
+            at("_PyEval_EvalFrameDefault", 0x40),
+            at("_PyEval_EvalFrameDefault", 0x200),
+            at("Py_RunMain", 0x20),
+        ];
+        let mut elf = ElfCache::default();
+        let mut run = |session: &mut Session, interp: &InterpBatch| {
+            let mut profile = SymbolizedProfile::default();
+            session.symbolize_batch_with_interp(
+                &batch(4244, native.clone()),
+                interp,
+                &mut elf,
+                &mut profile,
+                &HashSet::new(),
+            );
+            let samples = profile.samples();
+            samples[0]
+                .stack
+                .iter()
+                .map(Frame::text_name)
+                .collect::<Vec<_>>()
+        };
+        // When the batch is symbolized
+        let names = run(&mut session, &interp);
+        // Then each eval frame gave way to its group, the shims dropped, the rest kept: the C
+        // helper inlined into the outer eval call at that address (`get_exception_handler`)
+        // stays leaf-side of that call's Python frame, as the native stack had it
+        assert_eq!(
+            names,
+            [
+                "hot (workload.py:12)",
+                "get_exception_handler",
+                "<module> (workload.py:1)",
+                "Py_RunMain"
+            ]
+        );
+        assert_eq!(session.python_stats().0.mismatched_stacks, 0);
+        // And in a later interval without copies, the cache still names them
+        let later = InterpBatch {
+            codes: Vec::new(),
+            ..interp.clone()
+        };
+        assert_eq!(run(&mut session, &later)[0], "hot (workload.py:12)");
+        // But after the process exec'd another program (same pid and start, new facts), its
+        // old codes are unknown
+        session.set_process(facts_of("/usr/bin/other"));
+        assert_eq!(run(&mut session, &later)[0], "[unknown] python");
     }
 
     /// A process mapping each file of `ids` at 0x1000 * id (one page, file offset `offset`).

@@ -24,13 +24,6 @@
 //! in 64 bits; a varint's delta is bounded and added checked). A prefix never yields a line the whole table would not: an offset the
 //! copy does not reach has no answer (`None`), and so does an instruction the interpreter itself
 //! knows no line for. Callers show the code object's first line then.
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the Python frame namer calls it; until it lands only the tests do"
-    )
-)]
 
 use super::Version;
 

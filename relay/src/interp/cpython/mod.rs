@@ -14,8 +14,13 @@
 //! release line ([`table`]) derived from that release's headers. Two frame families: a chain of
 //! `PyFrameObject`s up to 3.10, of `_PyInterpreterFrame`s from 3.11.
 
+pub mod codes;
 pub mod debug_offsets;
+pub mod instruction;
 pub mod lines;
+pub mod naming;
+pub mod splice;
+pub mod strings;
 pub mod table;
 mod version;
 
@@ -262,4 +267,6 @@ fn layout(
 }
 
 #[cfg(test)]
-mod tests;
+mod live;
+#[cfg(test)]
+pub(crate) mod tests;

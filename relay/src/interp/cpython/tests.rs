@@ -33,16 +33,16 @@ fn pyenv_root() -> PathBuf {
 
 /// One CPython binary found on this machine.
 #[derive(Debug)]
-struct Found {
+pub(super) struct Found {
     /// The file the relay reads: libpython when the build has one, else the executable.
-    binary: PathBuf,
+    pub(super) binary: PathBuf,
     /// How to run its interpreter: a command and its leading arguments.
-    run: Vec<String>,
-    origin: String,
+    pub(super) run: Vec<String>,
+    pub(super) origin: String,
 }
 
 /// Every CPython 3 binary in the well-known places.
-fn find_all() -> Vec<Found> {
+pub(super) fn find_all() -> Vec<Found> {
     let mut found = Vec::new();
     let versions = pyenv_root().join("versions");
     let mut dirs: Vec<PathBuf> = fs::read_dir(&versions)
@@ -117,7 +117,7 @@ fn find_all() -> Vec<Found> {
 
 /// A test machine without a binary the tests expect: a failure where nothing may be skipped
 /// (`CI` or `EMBER_REQUIRE_ALL`, as scripts/test.sh sets), else a printed skip.
-fn missing(what: &str) {
+pub(crate) fn missing(what: &str) {
     let required = ["CI", "EMBER_REQUIRE_ALL"]
         .iter()
         .any(|v| env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
@@ -224,7 +224,7 @@ fn live_check(found: &Found, interpreter: &Interpreter, layout: &Layout) -> (usi
     (ok, bad)
 }
 
-fn recognized(path: &Path) -> Option<Interpreter> {
+pub(super) fn recognized(path: &Path) -> Option<Interpreter> {
     let file = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     match recognize(&file, name, &Limits::default()) {

@@ -577,6 +577,42 @@ mod tests {
     }
 
     #[test]
+    fn python_frames_carry_their_function_file_and_line() {
+        // Given a sample whose leaf is a Python function over the native main
+        let app = app_module();
+        let python = Frame {
+            function: "Worker.hot".into(),
+            file: Some("/srv/app/workload.py".into()),
+            line: Some(12),
+            kind: FrameKind::CPython,
+            inlined: false,
+            address: 0,
+            module: None,
+        };
+        let mut profile = LabeledProfile::new(100);
+        let sample = SymbolizedSample {
+            thread: thread(10, 11),
+            stack: vec![python, native("main", 0x40_1000, &app)].into(),
+            count: 1,
+        };
+        profile.add(sample, START, END);
+        // When encoded and decoded again
+        let decoded = decode(&encode(&profile).unwrap());
+        // Then its location has no mapping and one line: the function, its file, the line
+        let leaf = decoded.sample[0].location_id[0];
+        let location = decoded.location.iter().find(|l| l.id == leaf).unwrap();
+        assert_eq!(location.mapping_id, 0);
+        let function = decoded
+            .function
+            .iter()
+            .find(|f| f.id == location.line[0].function_id)
+            .unwrap();
+        assert_eq!(string(&decoded, function.name), "Worker.hot");
+        assert_eq!(string(&decoded, function.filename), "/srv/app/workload.py");
+        assert_eq!(location.line[0].line, 12);
+    }
+
+    #[test]
     fn encodes_header_sample_types_and_period() {
         // Given a 100 Hz profile over ten seconds
         let profile = profile();

@@ -397,7 +397,7 @@ struct Builder {
     function_by_ptr: HashMap<(usize, usize, u32), i32>,
     /// Mapping index -> the function naming its unnamed frames (one name per module).
     unknown_by_mapping: HashMap<i32, i32>,
-    frame_type: [Option<i32>; 3],
+    frame_type: [Option<i32>; 4],
 }
 
 impl Default for Builder {
@@ -424,7 +424,7 @@ impl Default for Builder {
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
             unknown_by_mapping: HashMap::default(),
-            frame_type: [None; 3],
+            frame_type: [None; 4],
         }
     }
 }
@@ -567,6 +567,7 @@ impl Builder {
             FrameKind::Kernel => 0,
             FrameKind::Native => 1,
             FrameKind::Marker => 2,
+            FrameKind::CPython => 3,
         };
         let kind = match self.frame_type[slot] {
             Some(kind) => kind,
@@ -755,6 +756,37 @@ mod tests {
                 r#"zone="a""#
             ]
         );
+    }
+
+    #[test]
+    fn python_frames_carry_function_file_line_and_the_cpython_frame_type() {
+        // Given a stack of a Python function over the native main
+        let app = module("/usr/bin/python3", None);
+        let python = Frame {
+            function: "Worker.hot".into(),
+            file: Some("/srv/app/workload.py".into()),
+            line: Some(12),
+            kind: FrameKind::CPython,
+            inlined: false,
+            address: 0,
+            module: None,
+        };
+        let stack = vec![python, frame("main", 0x40_2000, FrameKind::Native, &app)];
+        // When built into a request
+        let samples = vec![sample(10, 10, "app", stack, 1)];
+        let request = build(&views(&samples), &meta(), SampleAttributes::default());
+        let d = &request.dictionary;
+        // Then the Python frame's location has no mapping, one line naming the function, its
+        // file and line, and the frame type `cpython`
+        let leaf = &d.locations[d.stacks[1][0] as usize];
+        assert_eq!(leaf.mapping, 0);
+        let function = &d.functions[leaf.lines[0].function as usize];
+        assert_eq!(d.string(function.name), "Worker.hot");
+        assert_eq!(d.string(function.filename), "/srv/app/workload.py");
+        assert_eq!(leaf.lines[0].line, 12);
+        let kind = &d.attributes[leaf.attributes[0] as usize];
+        assert_eq!(d.string(kind.key), keys::FRAME_TYPE);
+        assert_eq!(kind.value, Value::Str("cpython".into()));
     }
 
     #[test]
