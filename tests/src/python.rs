@@ -57,7 +57,9 @@ pub fn base_name(name: &str) -> &str {
 /// a decimal line. None for anything else (native, kernel and unknown frames).
 pub fn python_frame(frame: &str) -> Option<PyFrame<'_>> {
     let inner = frame.strip_suffix(')')?;
-    let (name, location) = inner.rsplit_once(" (")?;
+    // A name holds no space (an identifier, or `<module>`, `<lambda>`, `f.<locals>.g`); a file
+    // name may, so the first " (" ends the name.
+    let (name, location) = inner.split_once(" (")?;
     let (file, line) = location.rsplit_once(':')?;
     if name.is_empty() || file.is_empty() || line.is_empty() {
         return None;
