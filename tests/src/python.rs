@@ -14,7 +14,7 @@
 
 use std::{
     env, fs,
-    os::unix::fs::{symlink, PermissionsExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, SystemTime},
@@ -125,6 +125,8 @@ pub struct Python {
     root: Option<PathBuf>,
     /// The executable, as seen from inside `root` when there is one.
     exe: PathBuf,
+    /// `sys.prefix`: PYTHONHOME for a copy of the executable under another name.
+    prefix: String,
 }
 
 fn pyenv_root() -> PathBuf {
@@ -184,19 +186,28 @@ impl Python {
             version: (0, 0, 0),
             root,
             exe,
+            prefix: String::new(),
         };
         let output = python
             .command_as(
                 None,
-                &["-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                &[
+                    "-c",
+                    "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys.prefix)",
+                ],
             )
             .stderr(Stdio::piped())
             .output();
         let version = output
             .ok()
             .filter(|o| o.status.success())
-            .and_then(|o| parse_version(String::from_utf8_lossy(&o.stdout).trim()));
-        let Some(version) = version else {
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .and_then(|out| {
+                let mut lines = out.lines();
+                let version = parse_version(lines.next()?.trim())?;
+                Some((version, lines.next()?.trim().to_owned()))
+            });
+        let Some((version, prefix)) = version else {
             skip(&format!(
                 "{source:?} ({}) does not run: {INSTALL}",
                 python.exe.display()
@@ -204,6 +215,7 @@ impl Python {
             return None;
         };
         python.version = version;
+        python.prefix = prefix;
         python.label = match source {
             Source::Root(suite) => {
                 format!("Debian {suite} {}.{}.{}", version.0, version.1, version.2)
@@ -259,23 +271,31 @@ impl Python {
         self.own_dir().join(name).display().to_string()
     }
 
-    /// A command running this interpreter with `args`; with `comm`, through a symlink of that
-    /// name (at most 15 bytes), so that the process's `comm` (what stacks.folded files its
-    /// samples under) is `comm` from its first instruction on, whatever else runs Python here.
-    pub fn command_as(&self, comm: Option<&str>, args: &[&str]) -> Command {
-        let exe = match comm {
-            Some(comm) => {
-                assert!(
-                    comm.len() <= 15,
-                    "comm {comm:?} is longer than the kernel keeps"
-                );
+    /// A command running this interpreter with `args`; with `name`, through a copy of its
+    /// executable of that name (at most 15 bytes) with PYTHONHOME set to its prefix, so that
+    /// stacks.folded files the process's samples under `name` (the relay names a process after
+    /// its executable's file) whatever else runs Python on the machine. The copy is the same
+    /// program: the relay recognizes CPython from a file's contents, never from its name, and
+    /// a shared build's executable only loads its libpython.
+    pub fn command_as(&self, name: Option<&str>, args: &[&str]) -> Command {
+        let exe = match name {
+            Some(name) => {
+                assert!(name.len() <= 15, "{name:?} is longer than a comm");
                 let bin = self.host_dir().join("bin");
-                fs::create_dir_all(&bin).expect("creating the interpreter link dir");
-                let tmp = bin.join(format!(".{comm}.{}", std::process::id()));
-                let _ = fs::remove_file(&tmp);
-                symlink(&self.exe, &tmp).expect("linking the interpreter");
-                fs::rename(&tmp, bin.join(comm)).expect("renaming the interpreter link");
-                self.own_dir().join("bin").join(comm)
+                fs::create_dir_all(&bin).expect("creating the interpreter copy dir");
+                let real = match &self.root {
+                    Some(root) => inside(root, &self.exe),
+                    None => self.exe.clone(),
+                };
+                // Copied beside, then renamed: another test may be running the last copy.
+                let tmp = bin.join(format!(".{name}.{}", std::process::id()));
+                fs::copy(&real, &tmp).unwrap_or_else(|err| {
+                    panic!("copying {} to {}: {err}", real.display(), tmp.display())
+                });
+                fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+                    .expect("chmod the interpreter copy");
+                fs::rename(&tmp, bin.join(name)).expect("renaming the interpreter copy");
+                self.own_dir().join("bin").join(name)
             }
             None => self.exe.clone(),
         };
@@ -287,21 +307,24 @@ impl Python {
             }
             None => Command::new(exe),
         };
+        if name.is_some() {
+            command.env("PYTHONHOME", &self.prefix);
+        }
         command.args(args).stdin(Stdio::null());
         command
     }
 
-    /// Starts workload `script` (tests/workloads/python) with `args` as process `comm` and
-    /// waits for its `{"ready":true,"pid":N}` line.
-    pub fn spawn(&self, comm: &str, script: &str, args: &[&str]) -> PyProcess {
+    /// Starts workload `script` (tests/workloads/python) with `args` as process `name` (see
+    /// [`Python::command_as`]) and waits for its `{"ready":true,"pid":N}` line.
+    pub fn spawn(&self, name: &str, script: &str, args: &[&str]) -> PyProcess {
         let path = self.workload(script);
         let mut all = vec![path.as_str()];
         all.extend_from_slice(args);
-        let mut command = self.command_as(Some(comm), &all);
+        let mut command = self.command_as(Some(name), &all);
         command.stdout(Stdio::piped()).stderr(Stdio::inherit());
         eprintln!("running {command:?} ({})", self.label);
-        let mut child = ChildGuard::spawn(comm, &mut command);
-        let stdout = LogReader::spawn(comm, child.child_mut().stdout.take().expect("piped stdout"));
+        let mut child = ChildGuard::spawn(name, &mut command);
+        let stdout = LogReader::spawn(name, child.child_mut().stdout.take().expect("piped stdout"));
         let (_, ready) = stdout.expect(0, READY_TIMEOUT, "ready line", |v| v["ready"] == true);
         let pid = ready["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
         assert_eq!(

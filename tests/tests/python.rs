@@ -86,6 +86,7 @@ fn windowed(name: &str, pid: Option<u32>) -> Running {
 /// Waits for the first window holding samples of `process`, leaves it out (see the module
 /// doc), and returns the stacks of the next [`STEADY_WINDOWS`] windows together.
 fn steady_stacks(scenario: &Running, windows: &mut Windows, process: &str) -> Vec<FoldedStack> {
+    let mut seen = std::collections::BTreeSet::new();
     let mut started = false;
     for _ in 0..MAX_START_WINDOWS {
         let window = windows.next(WINDOW_TIMEOUT, scenario.log());
@@ -93,11 +94,13 @@ fn steady_stacks(scenario: &Running, windows: &mut Windows, process: &str) -> Ve
             started = true;
             break;
         }
+        seen.extend(window.into_iter().map(|s| s.process));
     }
     assert!(
         started,
-        "no window held samples of {process} in {MAX_START_WINDOWS} windows:\n{}",
-        tail(&scenario.log().text(), 40)
+        "no window held samples of {process} in {MAX_START_WINDOWS} windows (processes seen: \
+         {seen:?}):\n{}",
+        tail(&scenario.log().text(), 20)
     );
     (0..STEADY_WINDOWS)
         .flat_map(|_| windows.next(WINDOW_TIMEOUT, scenario.log()))

@@ -3,7 +3,8 @@ with another program (os.execv), keeping its pid: the profiler must stop walking
 interpreter's frames in the new image (CPython 3.6 to 3.14).
 
 Usage: exec.py SECONDS PROGRAM [ARGS...]. Prints {"ready":true,"pid":N} at start, burns for
-SECONDS, then prints {"exec":PROGRAM} and execs PROGRAM ARGS (argv[0] = PROGRAM).
+SECONDS, then prints {"exec":PROGRAM} and execs PROGRAM ARGS (argv[0] = PROGRAM) without
+PYTHONHOME in its environment (the tests set it for this interpreter; another one has its own).
 """
 import json
 import os
@@ -24,4 +25,6 @@ program = sys.argv[2]
 print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
 before_exec(time.time() + seconds)
 print(json.dumps({"exec": program}), flush=True)
-os.execv(program, sys.argv[2:])
+environment = dict(os.environ)
+environment.pop("PYTHONHOME", None)
+os.execve(program, sys.argv[2:], environment)
