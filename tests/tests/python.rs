@@ -536,127 +536,147 @@ fn c_extension_frames_stay_under_their_python_caller_pyenv_3_9() {
 // ---------------------------------------------------------------------------------------------
 // exec
 
-/// The windows of a process that execs: (stacks, whether the process was still running when
-/// the window was read), from the one after its first on, until one after it exited.
-fn windows_until_exit(
-    scenario: &Running,
-    windows: &mut Windows,
-    workload: &mut PyProcess,
-) -> Vec<(Vec<FoldedStack>, bool)> {
-    let mut started = false;
-    for _ in 0..MAX_START_WINDOWS {
-        if !windows.next(WINDOW_TIMEOUT, scenario.log()).is_empty() {
-            started = true;
-            break;
-        }
-    }
-    assert!(started, "no window held samples of the exec workload");
-    let mut read = Vec::new();
+/// An exec workload's windows: the steady ones before it execs, then every one after, until
+/// one read after it exited.
+struct ExecWindows {
+    before: Vec<FoldedStack>,
+    /// (stacks, whether the process was still running when the window was read).
+    after: Vec<(Vec<FoldedStack>, bool)>,
+}
+
+/// Runs exec.py (started by the caller, profiled by `scenario`): its steady windows while it
+/// burns in `before_exec`, then SIGUSR1 (it execs), then every window until one after it exited.
+fn exec_windows(scenario: &Running, workload: &mut PyProcess) -> ExecWindows {
+    let mut windows = Windows::new(&scenario.out_dir());
+    let before = steady_stacks(scenario, &mut windows, "pyexec");
+    workload.child.signal(Signal::SIGUSR1);
+    workload
+        .stdout
+        .expect(0, EXIT_TIMEOUT, "exec line", |v| v.get("exec").is_some());
+    let mut after = Vec::new();
     loop {
         let window = windows.next(WINDOW_TIMEOUT, scenario.log());
         let running = workload.child.try_wait().is_none();
-        read.push((window, running));
-        if !running || read.len() > 60 {
+        after.push((window, running));
+        if !running || after.len() > 60 {
             break;
         }
     }
-    read
+    ExecWindows { before, after }
 }
 
-/// exec.py burns in `before_exec` under `source` for 6 s, then execs the spinner (a C program:
-/// main -> spin_outer -> spin_hot) for 8 s, keeping its pid and start time. No stack ever holds
-/// a Python frame together with the spinner's; the windows before the exec carry
-/// `before_exec` in at least 90% of their samples; the last two windows the spinner ran through
-/// hold no Python frame at all and its own functions in at least 90% of their samples.
+/// The last two windows read while the exec'd program still ran (at least 4 s after the exec,
+/// which the program outlives by more).
+fn last_two_running(after: &[(Vec<FoldedStack>, bool)], rows: &[String]) -> Vec<Vec<FoldedStack>> {
+    let running: Vec<&Vec<FoldedStack>> = after
+        .iter()
+        .filter(|(w, running)| *running && total_count(w.iter()) > 0)
+        .map(|(w, _)| w)
+        .collect();
+    assert!(
+        running.len() >= 3,
+        "too few windows after the exec:\n  {}",
+        rows.join("\n  ")
+    );
+    running[running.len() - 2..]
+        .iter()
+        .map(|w| (*w).clone())
+        .collect()
+}
+
+fn spins(stack: &FoldedStack) -> bool {
+    stack.has_frame("spin_hot") || stack.has_frame("spin_outer")
+}
+
+fn has_any_python(stack: &FoldedStack) -> bool {
+    stack.frames.iter().any(|f| python_frame(f).is_some())
+}
+
+/// exec.py burns in `before_exec` under `source`, then (told so by the test) execs the spinner
+/// (a C program: main -> spin_outer -> spin_hot) for 8 s, keeping its pid and start time. Before
+/// the exec at least 90% of its samples carry `before_exec`; no stack ever holds a Python frame
+/// together with the spinner's; the last two windows the spinner ran through hold no Python
+/// frame at all and its own functions in at least 90% of their samples.
 fn exec_into_native(source: Source) {
     let Some(_lock) = ebpf_gate() else { return };
     let Some(python) = Python::find(source) else {
         return;
     };
+    // The spinner is a file of the host: run this test with interpreters of the host.
     let spinner = workloads().spinner.display().to_string();
-    // The chroot cannot see the host's spinner: run this test with interpreters of the host.
-    let mut workload = python.spawn("pyexec", "exec.py", &["6", &spinner, "8"]);
+    let mut workload = python.spawn("pyexec", "exec.py", &[&spinner, "8"]);
     let scenario = windowed("exec relay", Some(workload.pid()), None);
-    let mut windows = Windows::new(&scenario.out_dir());
-    let read = windows_until_exit(&scenario, &mut windows, &mut workload);
+    let read = exec_windows(&scenario, &mut workload);
     drop(scenario);
 
-    let spins = |s: &FoldedStack| s.has_frame("spin_hot") || s.has_frame("spin_outer");
-    let pythonic = |s: &FoldedStack| s.frames.iter().any(|f| python_frame(f).is_some());
-    let mut rows = Vec::new();
-    for (i, (window, running)) in read.iter().enumerate() {
-        let total = total_count(window);
-        let named = total_count(
-            window
-                .iter()
+    let named = |w: &[FoldedStack]| {
+        total_count(
+            w.iter()
                 .filter(|s| has_python(s, "exec.py", &["before_exec"])),
-        );
-        let spinning = total_count(window.iter().filter(|s| spins(s)));
-        let python_frames = total_count(window.iter().filter(|s| pythonic(s)));
+        )
+    };
+    let before_total = total_count(read.before.iter());
+    let before_named = named(&read.before);
+    let mut rows = vec![format!(
+        "before the exec: {before_total} samples, before_exec {:.1}%",
+        percent(before_named, before_total)
+    )];
+    for (i, (window, running)) in read.after.iter().enumerate() {
+        let total = total_count(window);
         rows.push(format!(
-            "window {i}: {total} samples, before_exec {:.1}%, spinner {:.1}%, any Python frame \
-             {:.1}%{}",
-            percent(named, total),
-            percent(spinning, total),
-            percent(python_frames, total),
-            if *running { "" } else { " (after the exit)" }
+            "window {i} after: {total} samples, before_exec {:.1}%, spinner {:.1}%, any Python \
+             frame {:.1}%{}",
+            percent(named(window), total),
+            percent(total_count(window.iter().filter(|s| spins(s))), total),
+            percent(
+                total_count(window.iter().filter(|s| has_any_python(s))),
+                total
+            ),
+            if *running {
+                ""
+            } else {
+                " (read after the exit)"
+            }
         ));
-        let mixed: Vec<&FoldedStack> = window.iter().filter(|s| spins(s) && pythonic(s)).collect();
-        assert!(
-            mixed.is_empty(),
-            "{}: window {i} has stacks with both Python frames and the exec'd spinner's:\n{}",
-            python.label,
-            top(&mixed, 5)
-        );
     }
     eprintln!("exec ({}):\n  {}", python.label, rows.join("\n  "));
-    let before: Vec<&Vec<FoldedStack>> = read
+    let mixed: Vec<&FoldedStack> = read
+        .before
         .iter()
-        .map(|(w, _)| w)
-        .filter(|w| total_count(w.iter()) > 0 && !w.iter().any(spins))
+        .chain(read.after.iter().flat_map(|(w, _)| w))
+        .filter(|s| spins(s) && has_any_python(s))
         .collect();
     assert!(
-        !before.is_empty(),
-        "{}: no window before the exec after the start-up one:\n  {}",
+        mixed.is_empty(),
+        "{}: stacks with both Python frames and the exec'd spinner's:\n{}",
+        python.label,
+        top(&mixed, 5)
+    );
+    assert!(
+        before_total >= 200 && percent(before_named, before_total) >= MIN_NAMED * 100.0,
+        "{}: before the exec only {before_named} of {before_total} samples carry \
+         before_exec:\n  {}",
         python.label,
         rows.join("\n  ")
     );
-    for window in before {
-        let total = total_count(window.iter());
-        let named = total_count(
-            window
-                .iter()
-                .filter(|s| has_python(s, "exec.py", &["before_exec"])),
-        );
-        assert!(
-            percent(named, total) >= MIN_NAMED * 100.0,
-            "{}: before the exec only {named} of {total} samples carry before_exec:\n  {}",
-            python.label,
-            rows.join("\n  ")
-        );
-    }
-    let after: Vec<&Vec<FoldedStack>> = read
-        .iter()
-        .filter(|(w, running)| *running && total_count(w.iter()) > 0)
-        .map(|(w, _)| w)
-        .collect();
-    assert!(after.len() >= 2, "too few windows: {}", rows.join("\n  "));
-    for window in &after[after.len() - 2..] {
+    for window in last_two_running(&read.after, &rows) {
         let total = total_count(window.iter());
         let spinning = total_count(window.iter().filter(|s| spins(s)));
-        let python_frames = total_count(window.iter().filter(|s| pythonic(s)));
+        let pythonic = total_count(window.iter().filter(|s| has_any_python(s)));
         assert_eq!(
-            python_frames,
+            pythonic,
             0,
-            "{}: after the exec into a C program, {python_frames} samples still carry Python \
+            "{}: after the exec into a C program, {pythonic} samples still carry Python \
              frames:\n  {}",
             python.label,
             rows.join("\n  ")
         );
         assert!(
             percent(spinning, total) >= MIN_NAMED * 100.0,
-            "{}: after the exec only {spinning} of {total} samples carry the spinner's functions",
-            python.label
+            "{}: after the exec only {spinning} of {total} samples carry the spinner's \
+             functions:\n  {}",
+            python.label,
+            rows.join("\n  ")
         );
     }
 }
@@ -671,10 +691,11 @@ fn exec_from_python_into_a_native_program_pyenv_3_9() {
     exec_into_native(Source::Pyenv("3.9"));
 }
 
-/// exec.py burns in `before_exec` under `from` for 6 s, then execs `to`'s interpreter running
-/// truth.py for 14 s (another CPython release: another layout, another root, same pid and start
-/// time). No stack mixes the two programs' Python frames, and the last two windows before the
-/// exit carry truth.py's names in at least 90% of their samples and `before_exec` in none.
+/// exec.py burns in `before_exec` under `from`, then (told so by the test) execs `to`'s
+/// interpreter running truth.py for 14 s: another CPython release, so another layout and root,
+/// with the same pid and start time. Before the exec at least 90% of the samples carry
+/// `before_exec`; no stack mixes the two programs' Python frames; the last two windows before
+/// the exit carry truth.py's names in at least 90% of their samples and `before_exec` in none.
 fn exec_into_python(from: Source, to: Source) {
     let Some(_lock) = ebpf_gate() else { return };
     let (Some(python), Some(next)) = (Python::find(from), Python::find(to)) else {
@@ -682,44 +703,38 @@ fn exec_into_python(from: Source, to: Source) {
     };
     let truth_py = next.workload("truth.py");
     let next_exe = next.executable();
-    let mut workload = python.spawn("pyexec", "exec.py", &["6", &next_exe, &truth_py, "14"]);
+    let mut workload = python.spawn("pyexec", "exec.py", &[&next_exe, &truth_py, "14"]);
     let scenario = windowed("exec relay", Some(workload.pid()), None);
-    let mut windows = Windows::new(&scenario.out_dir());
-    let read = windows_until_exit(&scenario, &mut windows, &mut workload);
+    let read = exec_windows(&scenario, &mut workload);
     drop(scenario);
 
-    let mut rows = Vec::new();
-    for (i, (window, _)) in read.iter().enumerate() {
-        let total = total_count(window);
-        let before = total_count(
-            window
-                .iter()
+    let old = |w: &[FoldedStack]| {
+        total_count(
+            w.iter()
                 .filter(|s| has_python(s, "exec.py", &["before_exec"])),
-        );
-        let after = total_count(
-            window
-                .iter()
-                .filter(|s| has_python(s, "truth.py", &TRUTH_NAMES)),
-        );
+        )
+    };
+    let new = |w: &[FoldedStack]| {
+        total_count(w.iter().filter(|s| has_python(s, "truth.py", &TRUTH_NAMES)))
+    };
+    let before_total = total_count(read.before.iter());
+    let mut rows = vec![format!(
+        "before the exec: {before_total} samples, before_exec {:.1}%, truth.py {:.1}%",
+        percent(old(&read.before), before_total),
+        percent(new(&read.before), before_total)
+    )];
+    for (i, (window, running)) in read.after.iter().enumerate() {
+        let total = total_count(window);
         rows.push(format!(
-            "window {i}: {total} samples, before_exec {:.1}%, truth.py {:.1}%",
-            percent(before, total),
-            percent(after, total)
+            "window {i} after: {total} samples, before_exec {:.1}%, truth.py {:.1}%{}",
+            percent(old(window), total),
+            percent(new(window), total),
+            if *running {
+                ""
+            } else {
+                " (read after the exit)"
+            }
         ));
-        let mixed: Vec<&FoldedStack> = window
-            .iter()
-            .filter(|s| {
-                python_frames(s).iter().any(|f| f.file == "exec.py")
-                    && python_frames(s).iter().any(|f| f.file == "truth.py")
-            })
-            .collect();
-        assert!(
-            mixed.is_empty(),
-            "{} -> {}: stacks mix the Python frames of before and after the exec:\n{}",
-            python.label,
-            next.label,
-            top(&mixed, 5)
-        );
     }
     eprintln!(
         "exec ({} -> {}):\n  {}",
@@ -727,41 +742,46 @@ fn exec_into_python(from: Source, to: Source) {
         next.label,
         rows.join("\n  ")
     );
-    let running: Vec<&Vec<FoldedStack>> = read
+    let mixed: Vec<&FoldedStack> = read
+        .before
         .iter()
-        .filter(|(w, running)| *running && total_count(w.iter()) > 0)
-        .map(|(w, _)| w)
+        .chain(read.after.iter().flat_map(|(w, _)| w))
+        .filter(|s| {
+            let frames = python_frames(s);
+            frames.iter().any(|f| f.file == "exec.py")
+                && frames.iter().any(|f| f.file == "truth.py")
+        })
         .collect();
     assert!(
-        running.len() >= 2,
-        "too few windows:\n  {}",
+        mixed.is_empty(),
+        "{} -> {}: stacks mix the Python frames of before and after the exec:\n{}",
+        python.label,
+        next.label,
+        top(&mixed, 5)
+    );
+    assert!(
+        before_total >= 200 && percent(old(&read.before), before_total) >= MIN_NAMED * 100.0,
+        "{}: before the exec only {} of {before_total} samples carry before_exec:\n  {}",
+        python.label,
+        old(&read.before),
         rows.join("\n  ")
     );
-    for window in &running[running.len() - 2..] {
+    for window in last_two_running(&read.after, &rows) {
         let total = total_count(window.iter());
-        let after = total_count(
-            window
-                .iter()
-                .filter(|s| has_python(s, "truth.py", &TRUTH_NAMES)),
-        );
-        let before = total_count(
-            window
-                .iter()
-                .filter(|s| has_python(s, "exec.py", &["before_exec"])),
-        );
         assert_eq!(
-            before,
+            old(&window),
             0,
             "{}: before_exec after the exec:\n  {}",
             python.label,
             rows.join("\n  ")
         );
         assert!(
-            percent(after, total) >= MIN_NAMED * 100.0,
-            "{} -> {}: after the exec only {after} of {total} samples carry truth.py's names \
-             (the new interpreter was not walked):\n  {}",
+            percent(new(&window), total) >= MIN_NAMED * 100.0,
+            "{} -> {}: after the exec only {} of {total} samples carry truth.py's names (the \
+             new interpreter was not walked):\n  {}",
             python.label,
             next.label,
+            new(&window),
             rows.join("\n  ")
         );
     }
