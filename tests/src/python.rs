@@ -34,8 +34,11 @@ use crate::{
 pub struct PyFrame<'a> {
     /// `co_qualname` (3.11 on) or `co_name` (to 3.10), e.g. `outer`, `Class.method`, `<module>`.
     pub name: &'a str,
-    /// The last component of the code object's file name, e.g. `truth.py`.
+    /// The last component of the code object's file name, e.g. `truth.py` (empty when it was
+    /// not read).
     pub file: &'a str,
+    /// The instruction's line, or the function's first line when the line table could not be
+    /// read; 0 when the output has none.
     pub line: u32,
 }
 
@@ -53,25 +56,45 @@ pub fn base_name(name: &str) -> &str {
     name.rsplit_once('.').map_or(name, |(_, last)| last)
 }
 
-/// A frame of stacks.folded (or an SVG title) parsed as a Python frame: `name (file:line)` with
-/// a decimal line. None for anything else (native, kernel and unknown frames).
+/// A frame of stacks.folded (or an SVG title) parsed as a Python frame: `name (file:line)`
+/// with a decimal line, `name (:line)` (no file name was read) or `name (file)` (no line) for a
+/// file named `*.py` or `<...>` (`<string>`, `<frozen ...>`). None for anything else: native,
+/// kernel and unknown frames, and [`UNKNOWN_PYTHON`] (a Python frame whose code was not read:
+/// see [`is_python`]).
 pub fn python_frame(frame: &str) -> Option<PyFrame<'_>> {
     let inner = frame.strip_suffix(')')?;
     // A name holds no space (an identifier, or `<module>`, `<lambda>`, `f.<locals>.g`); a file
     // name may, so the first " (" ends the name.
     let (name, location) = inner.split_once(" (")?;
-    let (file, line) = location.rsplit_once(':')?;
-    if name.is_empty() || file.is_empty() || line.is_empty() {
+    if name.is_empty() || location.is_empty() {
         return None;
     }
-    if !line.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(PyFrame {
-        name,
-        file,
-        line: line.parse().ok()?,
-    })
+    let (file, line) = match location.rsplit_once(':') {
+        Some((file, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => {
+            (file, line.parse().ok()?)
+        }
+        _ if location.ends_with(".py")
+            || (location.starts_with('<') && location.ends_with('>')) =>
+        {
+            (location, 0)
+        }
+        _ => return None,
+    };
+    Some(PyFrame { name, file, line })
+}
+
+/// How the relay writes a Python frame whose code object it could not read (no name, file or
+/// line): `relay/src/interp/cpython/codes.rs`.
+pub const UNKNOWN_PYTHON: &str = "[unknown] python";
+
+/// Whether a frame is a Python frame, named ([`python_frame`]) or not ([`UNKNOWN_PYTHON`]).
+pub fn is_python(frame: &str) -> bool {
+    python_frame(frame).is_some() || frame == UNKNOWN_PYTHON
+}
+
+/// Python frames of a stack, named or not: what the kernel's walk contributed.
+pub fn python_depth(stack: &FoldedStack) -> usize {
+    stack.frames.iter().filter(|f| is_python(f)).count()
 }
 
 /// The Python name of a frame (`qualname`), None when it is no Python frame.
@@ -474,7 +497,22 @@ mod tests {
             Some("<module>")
         );
         assert_eq!(base_name("outer.<locals>.inner"), "inner");
+        assert_eq!(
+            python_frame("f (x.py)"),
+            Some(PyFrame {
+                name: "f",
+                file: "x.py",
+                line: 0
+            })
+        );
+        assert_eq!(
+            python_frame("f (:3)").map(|f| (f.file, f.line)),
+            Some(("", 3))
+        );
+        assert!(is_python(UNKNOWN_PYTHON) && python_frame(UNKNOWN_PYTHON).is_none());
         for native in [
+            "[unknown]",
+            "f (x.c)",
             "main",
             "_PyEval_EvalFrameDefault",
             "do_syscall_64_[k]",

@@ -32,7 +32,8 @@ use std::{collections::BTreeMap, time::Duration};
 use ember_tests::{
     attack::tail,
     python::{
-        python_frame, python_frames, python_leaf, PyFrame, PyProcess, Python, Source, Windows,
+        is_python, python_depth, python_frames, python_leaf, PyFrame, PyProcess, Python, Source,
+        Windows,
     },
     scenario::{ebpf_gate, Running, Scenario},
     *,
@@ -172,11 +173,7 @@ impl Truth {
             }
             truth.named += stack.count;
             // Native frames (the interpreter's start, libc) stay on the root side.
-            if stack
-                .frames
-                .first()
-                .is_some_and(|f| python_frame(f).is_none())
-            {
+            if stack.frames.first().is_some_and(|f| !is_python(f)) {
                 truth.native_root += stack.count;
             }
             let Some(leaf) = python_leaf(stack).filter(|f| f.file == "truth.py") else {
@@ -444,14 +441,14 @@ fn threads_pyenv_3_8() {
 
 /// A frame of zlib's deflate.
 fn is_zlib(frame: &str) -> bool {
-    python_frame(frame).is_none() && frame.to_ascii_lowercase().contains("deflate")
+    !is_python(frame) && frame.to_ascii_lowercase().contains("deflate")
 }
 
 /// A frame of the SHA-256 code: OpenSSL's libcrypto (`EVP_Digest*`, `SHA256_*`,
 /// `sha256_block_data_order*`) or CPython's own (`_sha256`, HACL* in `_sha2` from 3.12).
 fn is_sha(frame: &str) -> bool {
     let lower = frame.to_ascii_lowercase();
-    python_frame(frame).is_none()
+    !is_python(frame)
         && ["sha256", "sha2_", "evp_digest", "hacl"]
             .iter()
             .any(|k| lower.contains(k))
@@ -466,7 +463,7 @@ fn under_caller(stacks: &[&FoldedStack], native: fn(&str) -> bool, caller: &str)
             continue;
         };
         total += stack.count;
-        let last_python = stack.frames.iter().rposition(|f| python_frame(f).is_some());
+        let last_python = stack.frames.iter().rposition(|f| is_python(f));
         let leaf_python = python_leaf(stack);
         if last_python.is_some_and(|i| i < first_native)
             && leaf_python.is_some_and(|f| f.file == "cext.py" && f.base_name() == caller)
@@ -589,7 +586,7 @@ fn spins(stack: &FoldedStack) -> bool {
 }
 
 fn has_any_python(stack: &FoldedStack) -> bool {
-    stack.frames.iter().any(|f| python_frame(f).is_some())
+    stack.frames.iter().any(|f| is_python(f))
 }
 
 /// exec.py burns in `before_exec` under `source`, then (told so by the test) execs the spinner
@@ -993,11 +990,8 @@ fn hostile(source: Source, mode: &str) {
     let t = Truth::of(&honest);
     let bad = of_process(&stacks, "pyhostile");
     let bad_total = total_count(bad.iter().copied());
-    let deepest = bad
-        .iter()
-        .map(|s| python_frames(s).len())
-        .max()
-        .unwrap_or(0);
+    // Named or not: every frame the walk gave counts against its bound.
+    let deepest = bad.iter().map(|s| python_depth(s)).max().unwrap_or(0);
     let longest = bad
         .iter()
         .flat_map(|s| python_frames(s))
