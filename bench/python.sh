@@ -239,8 +239,12 @@ measure() {
 run_ember() { # run_ember KEY FREQ [RELAY FLAGS...]
   local key=$1 freq=$2
   shift 2
-  local sock=$tmp/$key-$freq.sock out=$tmp/$key-$freq-out rl=$tmp/$key-$freq-relay.log sl=$tmp/$key-$freq-sampler.log
-  mkdir -p "$out" && chown "$nobody_uid:$nobody_gid" "$out"
+  local sockdir=$tmp/$key-$freq out=$tmp/$key-$freq-out rl=$tmp/$key-$freq-relay.log sl=$tmp/$key-$freq-sampler.log
+  local sock=$sockdir/ember.sock
+  # The relay runs as nobody: it must be able to write the socket's directory and its output.
+  mkdir -p "$sockdir" "$out"
+  chmod 1777 "$sockdir"
+  chown "$nobody_uid:$nobody_gid" "$out"
   setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
     "$BIN_DIR/ember-relay" run --socket "$sock" --log-format json --output-dir "$out" \
     --format folded "$@" 2>"$rl" >/dev/null &
