@@ -9,7 +9,8 @@ usage() {
 Usage: sudo bench/python.sh [options]
 
 Measures the per-sample cost of ember's CPython frame walk. One CPU-bound Python process
-(tests/workloads/python/truth.py: <module> -> outer -> alpha|beta, pure Python) runs throughout;
+(tests/workloads/python/truth.py: <module> -> outer -> alpha|beta, pure Python, as a process
+named pybench) runs throughout;
 at each frequency, these profilers run one after the other for DURATION seconds each:
 
   ember        ember-relay run (as user nobody) + ember-sampler (as root), the whole machine,
@@ -207,12 +208,17 @@ wait_for() { # wait_for FILE PATTERN SECONDS PID: waits for a fixed string in FI
 
 calc() { awk "BEGIN { printf \"$1\", $2 }"; }
 
-# The workload: truth.py under a link named pybench, so its samples are filed under that name.
+# The workload: truth.py under a copy of the interpreter named pybench (with PYTHONHOME, so it
+# finds its library), since ember names a process after its executable's file: its samples are
+# then filed under pybench in stacks.folded. A copy is the same program (a shared build's
+# executable only loads its libpython).
 mkdir -p "$tmp/bin"
-ln -s "$PYTHON" "$tmp/bin/pybench"
+cp "$(readlink -f "$PYTHON")" "$tmp/bin/pybench"
+python_home=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 cp "$root/tests/workloads/python/truth.py" "$tmp/truth.py"
 phases=$(( ${#FREQ_LIST[@]} * ${#PROFILER_LIST[@]} ))
-"$tmp/bin/pybench" "$tmp/truth.py" $(( phases * (DURATION + 30) + 60 )) >"$tmp/truth.out" 2>&1 &
+PYTHONHOME=$python_home "$tmp/bin/pybench" "$tmp/truth.py" $(( phases * (DURATION + 30) + 60 )) \
+  >"$tmp/truth.out" 2>&1 &
 WORKLOAD_PID=$!
 STARTED+=("$WORKLOAD_PID")
 wait_for "$tmp/truth.out" '"ready"' 30 "$WORKLOAD_PID"
