@@ -803,7 +803,7 @@ const SHORT_RUNS: u32 = 40;
 /// Measured before the walk existed (this test, 2026-11-27, a 2-CPU VM): 100.3% (3.7) with the
 /// machine otherwise idle, but 79.5% and 80.4% (3.11) while other builds kept both CPUs busy,
 /// and 70.8% then when recording everything instead of filtering; tests/tests/shortlived.rs gets
-/// >= 95% for C processes of the same length. That loss under load is not the walk's and is not
+/// at least 95% for C processes of the same length. That loss under load is not the walk's and is not
 /// closed here; 60% guards against the walk adding to it.
 const MIN_SHORT_CAPTURED: f64 = 0.60;
 /// Share of the long-lived witness's samples named over a whole `record` (10-20 s here): its
