@@ -1083,3 +1083,42 @@ fn hostile_1_mib_name_pyenv_3_12() {
 fn hostile_1_mib_name_pyenv_3_9() {
     hostile(Source::Pyenv("3.9"), "bigname");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The counting itself, without root: windows written as the relay writes Python frames
+
+/// What the truth tests count, on a window in the relay's text for Python frames: named
+/// samples, the alpha/beta leaves, the exact chain and the native root.
+#[test]
+fn the_truth_counts_read_python_frames_as_the_relay_writes_them() {
+    let folded = "\
+pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);alpha (truth.py:30) 30
+pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);beta (truth.py:39);PyLong_FromLong 60
+pytruth;_start;<module> (truth.py:70);outer (truth.py:48);outer (truth.py:48);beta (truth.py:39) 3
+pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48) 2
+pytruth;_start;Py_BytesMain;[unknown] python;_PyEval_EvalFrameDefault 5
+other;main 7
+";
+    let stacks = parse_folded(folded);
+    let t = Truth::of(&of_process(&stacks, "pytruth"));
+    assert_eq!(
+        (t.total, t.named, t.alpha, t.beta, t.chained, t.native_root),
+        (100, 95, 30, 63, 90, 95)
+    );
+}
+
+/// What the C-extension tests count: a native frame under its Python caller, and not when a
+/// Python frame sits on its leaf side or another function is the innermost Python frame.
+#[test]
+fn native_frames_count_under_their_python_caller_only_with_it_on_the_root_side() {
+    let folded = "\
+pycext;_start;<module> (cext.py:35);compress_loop (cext.py:21);zlib_compress;deflate;deflate_slow 10
+pycext;_start;<module> (cext.py:35);zlib_compress;deflate;compress_loop (cext.py:21) 3
+pycext;_start;<module> (cext.py:35);hash_loop (cext.py:27);deflate 2
+pycext;_start;<module> (cext.py:35);hash_loop (cext.py:27);EVP_DigestUpdate;SHA256_Update 4
+";
+    let stacks = parse_folded(folded);
+    let ours = of_process(&stacks, "pycext");
+    assert_eq!(under_caller(&ours, is_zlib, "compress_loop"), (15, 10));
+    assert_eq!(under_caller(&ours, is_sha, "hash_loop"), (4, 4));
+}
