@@ -4,8 +4,9 @@
 # $EMBER_PYTHON_ROOTS (default /var/cache/ember/roots). Idempotent: a root whose python3 already
 # runs is left as it is, so a second run returns in well under a second.
 #
-# The tests (relay/src/interp/cpython/tests.rs) look for <root>/{trixie,sid}/usr/bin/python3.* and
-# fail naming this script when a binary they expect is missing.
+# The tests (relay/src/interp/cpython/tests.rs, and tests/tests/python.rs which runs
+# <root>/usr/bin/python3 under chroot) look for <root>/{trixie,sid}/usr/bin/python3* and fail
+# naming this script when a binary they expect is missing. scripts/setup.sh runs it (as root).
 #
 # Needs root (debootstrap, chroot) and the network; about 30 s and 200 MiB per root.
 set -euo pipefail

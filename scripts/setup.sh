@@ -160,9 +160,11 @@ if [ "$gates" != 0 ] && ! "$root/.tools/venv/bin/python" -c "import importlib.me
   "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check "jsonschema==$js_version"
 fi
 
-# 9. The CPython builds the relay's interpreter tests read (relay/src/interp/cpython/tests.rs):
-#    Debian trixie (3.13) and sid (3.14) roots under /var/cache/ember/roots, made once; pyenv's
-#    3.6-3.13 and the host's python3 are the machine's own (docs/runtimes.md).
+# 9. The CPython builds the relay's interpreter tests read (relay/src/interp/cpython/tests.rs)
+#    and the Python-frame e2e tests run (tests/tests/python.rs, under chroot): Debian trixie
+#    (3.13) and sid (3.14) roots under /var/cache/ember/roots, made once, before scripts/test.sh
+#    runs any test; pyenv's 3.6-3.13 and the host's python3 are the machine's own
+#    (docs/runtimes.md).
 if [ "$gates" != 0 ] && [ "$(id -u)" -eq 0 ]; then
   bash "$root/scripts/python-roots.sh"
 fi

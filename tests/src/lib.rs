@@ -21,6 +21,7 @@ pub mod go_pprof;
 pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;
+pub mod python;
 pub mod scenario;
 pub mod speedscope;
 

@@ -178,6 +178,32 @@ impl Profile {
         names
     }
 
+    /// (function name, its file name, line) of a sample's frames, leaf first (inlined frames
+    /// expanded): what a reader shows for an interpreter's frames, whose file is a source file.
+    pub fn stack_lines(&self, sample: &Sample) -> Vec<(String, String, i64)> {
+        let locations: HashMap<u64, &Location> = self.location.iter().map(|l| (l.id, l)).collect();
+        let functions: HashMap<u64, &Function> = self.function.iter().map(|f| (f.id, f)).collect();
+        let mut frames = Vec::new();
+        for location in sample.location_id.iter().filter_map(|id| locations.get(id)) {
+            for line in &location.line {
+                let (name, file) = functions
+                    .get(&line.function_id)
+                    .map_or(("", ""), |f| (self.string(f.name), self.string(f.filename)));
+                frames.push((name.to_owned(), file.to_owned(), line.line));
+            }
+        }
+        frames
+    }
+
+    /// The numeric label `key` of a sample (e.g. `tid`), if it has one.
+    pub fn num_label(&self, sample: &Sample, key: &str) -> Option<i64> {
+        sample
+            .label
+            .iter()
+            .find(|label| label.str == 0 && self.string(label.key) == key)
+            .map(|label| label.num)
+    }
+
     /// (key, string value or number) of every label of a sample.
     pub fn labels(&self, sample: &Sample) -> Vec<(String, String)> {
         sample
