@@ -726,6 +726,7 @@ pub(crate) mod fixtures {
             user_stack: StackRef::Index(0),
             kernel_stack,
             count,
+            interp_stack: None,
         };
         let second = 1_000_000_000;
         message(

@@ -737,6 +737,7 @@ mod tests {
                 user_stack: StackRef::Index(0),
                 kernel_stack: StackRef::Missing(14),
                 count: 1,
+                interp_stack: None,
             }],
             ..Batch::default()
         }

@@ -33,6 +33,8 @@ pub struct Drained {
     pub rows: Vec<(SampleKey, u64)>,
     /// Frames by stack id, leaf first.
     pub stacks: HashMap<u32, Vec<u64>>,
+    /// Interpreter stacks by hash and the code objects they name (`interp_maps.rs`).
+    pub interp: split::InterpTables,
     /// Map operations that failed (the affected samples are still counted in `rows`).
     pub read_errors: u64,
 }
@@ -229,8 +231,9 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
         user_stack: key.user_stack_id,
         kernel_stack: key.kernel_stack_id,
         count: *count,
+        interp_stack: key.interp_stack_hash,
     });
-    split::batch_parts(samples, &drained.stacks, header, max_bytes)
+    split::batch_parts(samples, &drained.stacks, &drained.interp, header, max_bytes)
 }
 
 /// [`build_batches`] of two halves of one drain, sent in this order with messages between

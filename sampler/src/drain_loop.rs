@@ -291,6 +291,7 @@ impl DrainLoop {
                     self.tables.drop_table(file_id, &mut self.loaded.unwind);
                 }
                 Ok(RelayMessage::IgnoreProcesses(message)) => self.ignore_processes(&message),
+                Ok(RelayMessage::InterpreterProcess(_)) => {}
                 Err(err) => {
                     tracing::debug!(%err, "undecodable message from the relay");
                     self.tables
