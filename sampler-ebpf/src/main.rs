@@ -7,6 +7,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod events;
+#[cfg(target_arch = "bpf")]
+mod interp;
 
 #[cfg(target_arch = "bpf")]
 mod program {
@@ -411,7 +413,7 @@ mod program {
     }
 
     #[inline(always)]
-    fn bump(slot: u32) {
+    pub(crate) fn bump(slot: u32) {
         if let Some(ptr) = COUNTERS.get_ptr_mut(slot) {
             // SAFETY: a per-CPU slot is only touched by this CPU, and the program is not reentrant
             // on one CPU for perf_event programs.
@@ -477,14 +479,16 @@ mod program {
         };
         let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        let key_tgid = tgid | crate::events::reuse_tag(tgid, generation);
+        let interp_stack_hash = crate::interp::walk(tgid, tid, key_tgid, generation);
         let key = SampleKey {
-            tgid: tgid | crate::events::reuse_tag(tgid, generation),
+            tgid: key_tgid,
             tid,
             user_stack_id,
             kernel_stack_id,
             comm,
             user_stack_hash,
-            interp_stack_hash: 0,
+            interp_stack_hash,
         };
         // The key holds the thread id and a thread runs on one CPU at a time, so no two CPUs
         // update the same entry at once: a plain increment is exact without atomics.
