@@ -398,6 +398,24 @@ impl Session {
         self.processes.remove(&pid);
     }
 
+    /// The files `pid` maps that the relay recognized as a runtime, with that runtime, each once
+    /// (in the order of its mappings).
+    pub(crate) fn runtime_files(&self, pid: u32) -> Vec<(u64, Arc<Recognized>)> {
+        let mut out: Vec<(u64, Arc<Recognized>)> = Vec::new();
+        let Some(process) = self.processes.get(&pid) else {
+            return out;
+        };
+        for m in &process.info.mappings {
+            if out.iter().any(|(id, _)| *id == m.file_id) {
+                continue;
+            }
+            if let Some(runtime) = self.files.get(&m.file_id).and_then(|f| f.runtime.as_ref()) {
+                out.push((m.file_id, Arc::clone(runtime)));
+            }
+        }
+        out
+    }
+
     /// The facts the sampler sent for `pid`, if any (what the labels stage reads).
     pub fn process_info(&self, pid: u32) -> Option<&ProcessInfo> {
         self.processes.get(&pid).map(|p| &p.info)

@@ -16,6 +16,7 @@
 
 pub mod cpython;
 pub(crate) mod elf;
+pub mod publish;
 pub(crate) mod seen;
 
 use std::{fmt, fs::File};
