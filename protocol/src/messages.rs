@@ -232,6 +232,10 @@ pub enum RelayMessage {
 pub const INTERP_LAYOUT_LEN: usize = 17;
 /// A layout offset the interpreter does not have.
 pub const INTERP_LAYOUT_ABSENT: u16 = 0xffff;
+/// Largest offset the sampler takes in an [`InterpreterProcess`] layout, but the first.
+pub const INTERP_MAX_OFFSET: u16 = 4095;
+/// Largest first offset (`interp_threads_head`): 3.13 and 3.14 keep it 7,344 bytes in.
+pub const INTERP_MAX_HEAD_OFFSET: u16 = 16383;
 /// [`InterpreterProcess::runtime`] of CPython.
 pub const INTERP_RUNTIME_CPYTHON: u32 = 1;
 

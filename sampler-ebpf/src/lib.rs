@@ -221,8 +221,12 @@ pub mod interp_field {
 
 /// A layout field that the interpreter does not have.
 pub const INTERP_ABSENT: u16 = 0xffff;
-/// Largest offset a layout field may hold (the sampler refuses more).
+/// Largest offset a layout field may hold (the sampler refuses more), but
+/// [`INTERP_MAX_HEAD_OFFSET`].
 pub const INTERP_MAX_OFFSET: u16 = 4095;
+/// Largest `interp_threads_head`: the interpreter state is large (3.13 and 3.14 keep the thread
+/// list 7,344 bytes in), the other structures' fields lie within their first 4 KiB.
+pub const INTERP_MAX_HEAD_OFFSET: u16 = 16383;
 /// Runtimes an [`InterpProc`] may name.
 pub const INTERP_RUNTIME_CPYTHON: u32 = 1;
 

@@ -18,8 +18,17 @@ use std::collections::HashMap;
 
 use ember_protocol::{InterpreterProcess, Mapping};
 use ember_sampler_ebpf::{
-    interp_field as field, InterpProc, INTERP_ABSENT, INTERP_MAX_OFFSET, INTERP_RUNTIME_CPYTHON,
+    interp_field as field, InterpProc, INTERP_ABSENT, INTERP_MAX_HEAD_OFFSET, INTERP_MAX_OFFSET,
+    INTERP_RUNTIME_CPYTHON,
 };
+
+// The relay checks layouts against the protocol's copy of these bounds before it sends them.
+const _: () = assert!(
+    INTERP_MAX_OFFSET == ember_protocol::INTERP_MAX_OFFSET
+        && INTERP_MAX_HEAD_OFFSET == ember_protocol::INTERP_MAX_HEAD_OFFSET
+        && INTERP_ABSENT == ember_protocol::INTERP_LAYOUT_ABSENT
+        && field::LEN == ember_protocol::INTERP_LAYOUT_LEN
+);
 
 use crate::ignore::Described;
 
@@ -75,8 +84,9 @@ fn image_start(mappings: &[Mapping], file_id: u64) -> Option<u64> {
     lowest.start.checked_sub(lowest.file_offset)
 }
 
-/// Why a message's layout is refused, if it is: every offset at most [`INTERP_MAX_OFFSET`],
-/// absent only where the program can do without it, and a tag mask of at most 15.
+/// Why a message's layout is refused, if it is: every offset at most [`INTERP_MAX_OFFSET`]
+/// (the interpreter's thread list at most [`INTERP_MAX_HEAD_OFFSET`]), absent only where the
+/// program can do without it, and a tag mask of at most 15.
 fn check_layout(layout: &[u16; field::LEN]) -> Result<(), &'static str> {
     let native = layout[field::THREAD_NATIVE_ID] != INTERP_ABSENT;
     for (i, &offset) in layout.iter().enumerate() {
@@ -90,8 +100,13 @@ fn check_layout(layout: &[u16; field::LEN]) -> Result<(), &'static str> {
         if offset == INTERP_ABSENT {
             return Err("a required offset is absent");
         }
-        if offset > INTERP_MAX_OFFSET {
-            return Err("an offset is over 4095");
+        let max = if i == field::INTERP_THREADS_HEAD {
+            INTERP_MAX_HEAD_OFFSET
+        } else {
+            INTERP_MAX_OFFSET
+        };
+        if offset > max {
+            return Err("an offset is over its bound (4095; 16383 for the thread list)");
         }
     }
     if layout[field::CODE_TAG_MASK] > MAX_TAG_MASK {
@@ -353,6 +368,10 @@ mod tests {
         cases.push(("runtime", with(&|m| m.runtime = 2)));
         cases.push(("offset 4096", with(&|m| m.layout[field::FRAME_CODE] = 4096)));
         cases.push((
+            "thread list at 16384",
+            with(&|m| m.layout[field::INTERP_THREADS_HEAD] = 16384),
+        ));
+        cases.push((
             "frame absent",
             with(&|m| m.layout[field::FRAME_PREVIOUS] = INTERP_ABSENT),
         ));
@@ -376,6 +395,14 @@ mod tests {
         assert_eq!((interps.refused, map.0.len()), (1, 0));
         // Given the pthread path (3.6-3.10): no native id, a pthread tid: accepted; and the
         // edge of the image (its first byte, its last) is inside
+        // Given 3.13's thread list 7,344 bytes into the interpreter state: accepted
+        let (mut interps, mut map) = (Interps::default(), FakeMap::default());
+        take(
+            &mut interps,
+            &mut map,
+            &with(&|m| m.layout[field::INTERP_THREADS_HEAD] = 7344),
+        )
+        .expect("3.13's thread list offset is accepted");
         let pthread = with(&|m| {
             m.layout[field::THREAD_NATIVE_ID] = INTERP_ABSENT;
             m.layout[field::PTHREAD_TID] = 0x2d0;

@@ -101,8 +101,9 @@ fn debian_static_python_3_11_frames_are_walked_in_the_kernel() {
     record_busy_python(python);
 }
 
-/// pyenv's newest 3.12 (a shared build: its frames are in libpython3.12.so).
-fn pyenv_python_3_12() -> Option<PathBuf> {
+/// pyenv's newest `3.MINOR` (a shared build: its frames are in libpython3.MINOR.so).
+fn pyenv_python(minor: u8) -> Option<PathBuf> {
+    let prefix = format!("3.{minor}.");
     let root = std::env::var_os("PYENV_ROOT").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv"),
         PathBuf::from,
@@ -113,7 +114,7 @@ fn pyenv_python_3_12() -> Option<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("3.12."))
+                .is_some_and(|n| n.starts_with(&prefix))
         })
         .map(|p| p.join("bin/python3"))
         .filter(|p| p.exists())
@@ -124,7 +125,25 @@ fn pyenv_python_3_12() -> Option<PathBuf> {
 
 #[test]
 fn pyenv_shared_python_3_12_frames_are_walked_in_the_kernel() {
-    let python = pyenv_python_3_12()
-        .expect("no pyenv CPython 3.12: run `pyenv install 3.12` (a shared build)");
+    let python =
+        pyenv_python(12).expect("no pyenv CPython 3.12: run `pyenv install 3.12` (a shared build)");
+    record_busy_python(&python);
+}
+
+/// 3.13: the thread's current frame directly (no `_PyCFrame` hop), offsets from the file's own
+/// `_Py_DebugOffsets`.
+#[test]
+fn pyenv_shared_python_3_13_frames_are_walked_in_the_kernel() {
+    let python =
+        pyenv_python(13).expect("no pyenv CPython 3.13: run `pyenv install 3.13` (a shared build)");
+    record_busy_python(&python);
+}
+
+/// 3.9: no native thread id, so the thread state is matched through glibc's `struct pthread`;
+/// `PyFrameObject`s, no frame marker.
+#[test]
+fn pyenv_shared_python_3_9_frames_are_walked_in_the_kernel_through_the_pthread_tid() {
+    let python =
+        pyenv_python(9).expect("no pyenv CPython 3.9: run `pyenv install 3.9` (a shared build)");
     record_busy_python(&python);
 }

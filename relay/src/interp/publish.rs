@@ -23,7 +23,8 @@ use std::{
 
 use ember_protocol::{
     encode_relay_message, transport, InterpreterProcess, ProcessInfo, RelayMessage,
-    INTERP_LAYOUT_ABSENT, INTERP_LAYOUT_LEN, INTERP_RUNTIME_CPYTHON,
+    INTERP_LAYOUT_ABSENT, INTERP_LAYOUT_LEN, INTERP_MAX_HEAD_OFFSET, INTERP_MAX_OFFSET,
+    INTERP_RUNTIME_CPYTHON,
 };
 use nix::errno::Errno;
 
@@ -124,12 +125,21 @@ fn layout_offsets(interpreter: &Interpreter) -> Result<[u16; INTERP_LAYOUT_LEN],
         Some(8),
     ];
     let mut out = [INTERP_LAYOUT_ABSENT; INTERP_LAYOUT_LEN];
-    for (slot, field) in out.iter_mut().zip(fields) {
+    for (i, (slot, field)) in out.iter_mut().zip(fields).enumerate() {
+        // The sampler's bounds (sampler/src/interp.rs): refused here with a reason rather than
+        // there with a count.
+        let max = if i == 0 {
+            INTERP_MAX_HEAD_OFFSET
+        } else {
+            INTERP_MAX_OFFSET
+        };
         if let Some(offset) = field {
             *slot = u16::try_from(offset)
                 .ok()
-                .filter(|&o| o != INTERP_LAYOUT_ABSENT)
-                .ok_or_else(|| format!("an offset of {offset} does not fit the message"))?;
+                .filter(|&o| o <= max)
+                .ok_or_else(|| {
+                    format!("layout field {i} is {offset} bytes in, over the sampler's {max}")
+                })?;
         }
     }
     Ok(out)

@@ -277,3 +277,27 @@ fn a_process_not_mapping_the_file_or_without_a_layout_gets_no_message() {
         Err("no layout".to_owned())
     );
 }
+
+#[test]
+fn pyenv_shared_libpython_3_13_is_walked_from_its_debug_offsets() {
+    let Some(dir) = pyenv_312().and_then(|d| {
+        let mut dirs: Vec<PathBuf> = fs::read_dir(d.parent()?)
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.to_str().is_some_and(|s| s.contains("/3.13.")))
+            .collect();
+        dirs.sort();
+        dirs.pop()
+    }) else {
+        panic!("no pyenv CPython 3.13: run `pyenv install 3.13` (a shared build)");
+    };
+    let lib = dir.join("lib/libpython3.13.so.1.0");
+    let interpreter = interpreter(&lib);
+    let running = start(&dir.join("bin/python3.13"));
+    let pid = running.0.id();
+    let message = interpreter_process(&facts(pid, &lib), FILE, &interpreter).expect("a message");
+    // 3.13: the current frame directly, `owner` as the marker
+    assert_eq!(message.layout[6], INTERP_LAYOUT_ABSENT);
+    assert_ne!(message.layout[10], INTERP_LAYOUT_ABSENT);
+    walk_like_the_kernel(pid, &message);
+}
