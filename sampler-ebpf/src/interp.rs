@@ -54,6 +54,20 @@ static INTERP_STACK_SCRATCH: PerCpuArray<InterpStack> = PerCpuArray::with_max_en
 static INTERP_CODE_SCRATCH: PerCpuArray<InterpCode> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static FRAME_WINDOW: PerCpuArray<Window> = PerCpuArray::with_max_entries(1, 0);
+/// Per CPU, the code objects this CPU recently found already copied: a hit skips the lookup in
+/// `INTERP_CODES` (half a frame's cost). Direct-mapped by address; a slot is valid for one
+/// process and one value of `CONTROL[0]` (each flip starts writing to an emptied map).
+#[map]
+static SEEN_CODES: PerCpuArray<SeenCodes> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slots of [`SEEN_CODES`] (a power of two).
+const SEEN_SLOTS: usize = 256;
+
+#[repr(C)]
+pub struct SeenCodes {
+    /// (code address, `tgid << 32 | epoch`) per slot.
+    slots: [[u64; 2]; SEEN_SLOTS],
+}
 
 /// Bytes of a frame read at once: every field the walk needs lies in this window in every
 /// CPython from 3.6 (to 3.10 the fields span 88 bytes, from 3.11 under 80).
@@ -211,6 +225,9 @@ struct FrameWalk {
     /// The sample key's tgid (reuse bit included): the code objects' key.
     tgid: u32,
     generation: u32,
+    /// `CONTROL[0]` of this sample (its generation in the low bit).
+    epoch: u32,
+    _pad: u32,
     /// 0 while walking, else an `interp_end` value + 1.
     ended: u32,
     /// Lowest frame field read and the window's length (0: fields too far apart, read each).
@@ -365,6 +382,21 @@ fn copy_code(walk: &FrameWalk, code: u64) {
     if code == 0 {
         return;
     }
+    let tag = u64::from(walk.tgid) << 32 | u64::from(walk.epoch);
+    let seen = SEEN_CODES
+        .get_ptr_mut(0)
+        // SAFETY: this CPU's slot; perf_event programs do not nest on one CPU.
+        .and_then(|s| unsafe { (*s).slots.get_mut((code >> 4) as usize & (SEEN_SLOTS - 1)) });
+    if let Some(slot) = &seen {
+        if slot[0] == code && slot[1] == tag {
+            return;
+        }
+    }
+    let mark_seen = |seen: Option<&mut [u64; 2]>| {
+        if let Some(slot) = seen {
+            *slot = [code, tag];
+        }
+    };
     let codes = if walk.generation == 0 {
         &INTERP_CODES_0
     } else {
@@ -376,6 +408,7 @@ fn copy_code(walk: &FrameWalk, code: u64) {
         code,
     };
     if codes.get_ptr(&key).is_some() {
+        mark_seen(seen);
         return;
     }
     if read_u64(code + u64::from(walk.object_type)) != Some(walk.code_type) {
@@ -405,20 +438,21 @@ fn copy_code(walk: &FrameWalk, code: u64) {
         Some(lines) if copy_object(&mut copy.linetable, lines) => copy.copied |= 4,
         _ => copy.linetable = [0; ember_sampler_ebpf::INTERP_LINES_BYTES],
     }
-    if let Err(err) = codes.insert(&key, copy, BPF_NOEXIST as u64) {
-        // Another CPU copied it meanwhile: fine. Anything else: the map is full.
-        if err != -ERRNO_EEXIST {
-            bump(counter::INTERP_CODES_FULL);
-        }
+    match codes.insert(&key, copy, BPF_NOEXIST as u64) {
+        Ok(()) => mark_seen(seen),
+        // Another CPU copied it meanwhile: fine.
+        Err(err) if err == -ERRNO_EEXIST => mark_seen(seen),
+        // The map is full: tried again at the code's next frame.
+        Err(_) => bump(counter::INTERP_CODES_FULL),
     }
 }
 
 /// Walks the interpreter frames of thread `tid` of process `tgid` if the sampler gave its
 /// layout, stores them in generation `generation` and returns their hash (never 0), or 0 when
 /// the process has no interpreter to walk, the thread was not found or the map was full.
-/// `key_tgid` is the sample key's tgid (with the reuse bit).
+/// `key_tgid` is the sample key's tgid (with the reuse bit); `epoch` the sampler's flips.
 #[inline(always)]
-pub fn walk(tgid: u32, tid: u32, key_tgid: u32, generation: u32) -> u64 {
+pub fn walk(tgid: u32, tid: u32, key_tgid: u32, generation: u32, epoch: u32) -> u64 {
     // SAFETY: a lookup in a map only the sampler writes; the value stays valid for this run.
     let Some(proc) = (unsafe { INTERP_PROCS.get(&tgid) }) else {
         return 0;
@@ -460,6 +494,8 @@ pub fn walk(tgid: u32, tid: u32, key_tgid: u32, generation: u32) -> u64 {
         code_type: proc.code_type,
         tgid: key_tgid,
         generation,
+        epoch,
+        _pad: 0,
         ended: 0,
         lo,
         len: if usize::from(len) <= WINDOW { len } else { 0 },

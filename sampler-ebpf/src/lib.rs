@@ -334,7 +334,8 @@ unsafe impl aya::Pod for InterpCodeKey {}
 unsafe impl aya::Pod for InterpCode {}
 
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
-/// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
+/// program writes to generation `CONTROL[0] & 1` (`CONTROL[0]` counts the sampler's flips: the
+/// program's per-CPU cache of code objects already copied is valid for one count), while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
 pub mod maps {
     pub const COUNTS: [&str; 2] = ["COUNTS_0", "COUNTS_1"];

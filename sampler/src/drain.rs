@@ -2,7 +2,8 @@
 //! drained generation at reused pids, and hands it to the protocol's batch splitter. Never
 //! panics; every loss is counted.
 //!
-//! The program writes to generation `CONTROL[0]`. A drain flips it, waits for program runs that
+//! The program writes to generation `CONTROL[0] & 1` (`CONTROL[0]` counts the flips). A drain
+//! flips it, waits for program runs that
 //! already read the old value to finish (a run takes microseconds), then reads and clears the old
 //! generation's counts and stacks, which nothing writes to any more.
 
@@ -42,6 +43,8 @@ pub struct Drained {
 
 pub struct Drainer {
     generation: u32,
+    /// Flips so far: `CONTROL[0]`, whose low bit is the generation.
+    epoch: u32,
     /// CLOCK_MONOTONIC when each generation became the one the program writes to.
     started_ns: [u64; 2],
 }
@@ -50,6 +53,7 @@ impl Drainer {
     pub fn new() -> Self {
         Self {
             generation: 0,
+            epoch: 0,
             started_ns: [monotonic_ns(), 0],
         }
     }
@@ -62,8 +66,11 @@ impl Drainer {
     /// Flips generations and returns everything recorded in the old one.
     pub fn drain(&mut self, loaded: &mut Loaded) -> Result<Drained, MapError> {
         let old = self.generation;
-        let new = 1 - old;
-        loaded.control.set(0, new, 0)?;
+        // One write flips the generation (the low bit) and the epoch together.
+        let epoch = self.epoch.wrapping_add(1);
+        let new = epoch & 1;
+        loaded.control.set(0, epoch, 0)?;
+        self.epoch = epoch;
         self.generation = new;
         self.started_ns[new as usize] = monotonic_ns();
         thread::sleep(FLIP_GRACE);
