@@ -12,6 +12,7 @@ use std::{
 };
 
 use ember_protocol::{Mapping, ProcessInfo, INTERP_LAYOUT_ABSENT};
+use std::os::fd::OwnedFd;
 
 use super::*;
 use crate::interp::{recognize, Limits};
@@ -300,4 +301,79 @@ fn pyenv_shared_libpython_3_13_is_walked_from_its_debug_offsets() {
     assert_eq!(message.layout[6], INTERP_LAYOUT_ABSENT);
     assert_ne!(message.layout[10], INTERP_LAYOUT_ABSENT);
     walk_like_the_kernel(pid, &message);
+}
+
+/// Every `interpreterProcess` waiting on `sock`, decoded.
+fn received(sock: &OwnedFd) -> Vec<InterpreterProcess> {
+    use ember_protocol::{decode_relay_message, Limits as WireLimits};
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut ready = [nix::poll::PollFd::new(
+        sock.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    while nix::poll::poll(&mut ready, nix::poll::PollTimeout::ZERO).is_ok_and(|n| n > 0) {
+        let Ok(transport::Received::Message { len, .. }) = transport::recv(sock.as_fd(), &mut buf)
+        else {
+            break;
+        };
+        match decode_relay_message(&buf[..len], &WireLimits::default()) {
+            Ok(RelayMessage::InterpreterProcess(m)) => out.push(m),
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    out
+}
+
+#[test]
+fn each_claim_is_sent_once_and_withdrawn_when_the_process_maps_no_interpreter() {
+    let python = Path::new("/usr/bin/python3.11");
+    let runtime = Arc::new(Recognized::CPython(interpreter(python)));
+    let runtimes = vec![(FILE, Arc::clone(&runtime))];
+    let info = |start: u64, text_start: u64| ProcessInfo {
+        pid: 42,
+        start_time_unix_ns: start,
+        mappings: vec![Mapping {
+            start: text_start,
+            end: text_start + 0x2b_3000,
+            file_offset: 0x1_f000,
+            file_id: FILE,
+            ..Mapping::default()
+        }],
+        ..ProcessInfo::default()
+    };
+    let (ours, theirs) = transport::pair().expect("socketpair");
+    let mut publisher = InterpPublisher::default();
+    publisher.connected(1, Arc::new(ours));
+    // Given a process's facts, When they come (and again, unchanged, with more mappings)
+    publisher.process(1, &info(5, 0x41_f000), &runtimes);
+    publisher.process(1, &info(5, 0x41_f000), &runtimes);
+    // Then one message is sent, at the link addresses of the non-PIE executable
+    let got = received(&theirs);
+    assert_eq!(got.len(), 1);
+    let first = got[0];
+    assert_eq!((first.pid, first.file_id, first.forget), (42, FILE, false));
+    // Given the file mapped elsewhere (another root), Then it is described again
+    publisher.process(1, &info(5, 0x1041_f000), &runtimes);
+    let got = received(&theirs);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].root, first.root + 0x1000_0000);
+    // Given facts of the same process without the interpreter, Then it is withdrawn
+    publisher.process(1, &info(5, 0x41_f000), &[]);
+    let got = received(&theirs);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].forget && got[0].start_time_unix_ns == 5);
+    // Given a new process under the pid (exited first), Then it is described, nothing withdrawn
+    publisher.process(1, &info(5, 0x41_f000), &runtimes);
+    publisher.exited(1, 42);
+    publisher.process(1, &info(6, 0x41_f000), &runtimes);
+    let got = received(&theirs);
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|m| !m.forget));
+    assert_eq!(got[1].start_time_unix_ns, 6);
+    assert_eq!((publisher.sent, publisher.dropped), (5, 0));
+    // And a closed connection is sent nothing
+    publisher.closed(1);
+    publisher.process(1, &info(7, 0x41_f000), &runtimes);
+    assert!(received(&theirs).is_empty());
 }
