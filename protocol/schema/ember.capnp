@@ -131,6 +131,34 @@ struct Row {
   kernelStack @5 :Int32;
   kernelStackErrno @6 :Int32;
   count @7 :UInt64;
+  # Index + 1 into `Batch.interpStacks` of the interpreter frames walked for these samples; 0: none.
+  interpStack @8 :UInt32;
+}
+
+# One interpreter frame as the kernel read it (docs/design/interpreters.md): the code object's
+# address, the raw 8 bytes of the instruction field and the marker byte. The relay decodes them.
+struct InterpFrame {
+  code @0 :UInt64;
+  instruction @1 :UInt64;
+  marker @2 :UInt8;
+}
+
+# The interpreter frames of some samples, leaf first (at most 64), and how the walk ended
+# (0 = at a null frame, 1 = cut at 64 frames, 2 = a read failed).
+struct InterpStack {
+  frames @0 :List(InterpFrame);
+  end @1 :UInt8;
+}
+
+# A code object of process `pid` as the kernel copied it: raw bytes from the start of its name,
+# file name and line table objects (at most 192, 320 and 256 bytes; empty when the read failed).
+struct InterpCode {
+  pid @0 :UInt32;
+  code @1 :UInt64;
+  firstLine @2 :Int32;
+  name @3 :Data;
+  filename @4 :Data;
+  linetable @5 :Data;
 }
 
 # What the kernel side and the sampler could not keep, totals since the sampler started.
@@ -167,6 +195,14 @@ struct Losses {
   unwindFpGap @29 :UInt64;  # frames unwound by frame pointers: a gap row or outside the table
   unwindNoProcess @30 :UInt64;  # user-mode samples of processes whose mappings the unwinder does not know yet (frame-pointer stack kept)
   unwindTablesEvicted @31 :UInt64;  # loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes
+  interpWalked @32 :UInt64;     # interpreter walks that ended at a null frame (the whole stack)
+  interpNoThread @33 :UInt64;   # samples of an interpreter process whose thread state was not found
+  interpReadFailed @34 :UInt64; # interpreter walks ended by a failed read of the process's memory
+  interpCut @35 :UInt64;        # interpreter walks cut at 64 frames
+  interpStacksFull @36 :UInt64; # interpreter stacks lost: the kernel's stack map was full
+  interpCodesFull @37 :UInt64;  # code objects not copied: the kernel's code map was full
+  interpBadCode @38 :UInt64;    # frames whose code pointer was not a code object (left unnamed)
+  interpRefused @39 :UInt64;    # interpreterProcess messages the sampler refused
 }
 
 # The samples of one interval. A large interval is split into several parts with the same
@@ -189,6 +225,10 @@ struct Batch {
   ignoreRefused @11 :UInt64;
   # ... and how many processes it ignores now.
   ignoredProcesses @12 :UInt32;
+  # Interpreter frames walked in the kernel (rows refer to them by `Row.interpStack`) and the
+  # code objects they name, copied raw once per interval and process.
+  interpStacks @13 :List(InterpStack);
+  interpCodes @14 :List(InterpCode);
 }
 
 # Everything the relay may send to the sampler (the control channel: plain messages on the same
@@ -208,7 +248,29 @@ struct RelayMessage {
     # Processes the relay's process filter left out: the sampler checks each claimed identity
     # and stops sampling the ones it verified (filter push-down).
     ignoreProcesses @4 :IgnoreProcesses;
+    # Walk this process's interpreter frames in the kernel (docs/design/interpreters.md).
+    interpreterProcess @5 :InterpreterProcess;
   }
+}
+
+# Where a process's interpreter keeps its threads and frames. The sampler checks the process
+# (described on this connection, alive with this start time, mapping `fileId`), that `root` and
+# `codeType` lie in that file's image, and every offset, before the kernel uses any of it.
+struct InterpreterProcess {
+  pid @0 :UInt32;
+  startTimeUnixNs @1 :UInt64;
+  # The sampler's id of the interpreter file (the executable or libpython).
+  fileId @2 :UInt64;
+  # 1 = CPython.
+  runtime @3 :UInt32;
+  # Absolute address of the pointer to the first interpreter state.
+  root @4 :UInt64;
+  # Absolute address of the code objects' type (`PyCode_Type`).
+  codeType @5 :UInt64;
+  # The 17 offsets of docs/design/interpreters.md, in its order; 65535 = absent.
+  layout @6 :List(UInt16);
+  # Stop walking this process (the other fields but pid and start time are then ignored).
+  forget @7 :Bool;
 }
 
 struct Welcome {

@@ -4,8 +4,8 @@ use capnp::message::{Builder, ReaderOptions};
 
 use crate::{
     ember_capnp::{
-        batch, file_info, files_closed, hello, mapping, process_info, process_mappings,
-        relay_message, row, sampler_message,
+        batch, file_info, files_closed, hello, interp_code, interp_stack, interpreter_process,
+        mapping, process_info, process_mappings, relay_message, row, sampler_message,
     },
     losses::Losses,
     messages::*,
@@ -156,6 +156,9 @@ pub fn encode_relay_message(message: &RelayMessage) -> Vec<u8> {
                 entry.set_start_time_unix_ns(process.start_time_unix_ns);
             }
         }
+        RelayMessage::InterpreterProcess(process) => {
+            write_interpreter_process(root.init_interpreter_process(), process);
+        }
     }
     capnp::serialize::write_message_to_words(&builder)
 }
@@ -207,10 +210,57 @@ pub fn decode_relay_message(bytes: &[u8], limits: &Limits) -> Result<RelayMessag
                 excess: list.len() - read,
             }))
         }
+        Ok(relay_message::InterpreterProcess(process)) => Ok(RelayMessage::InterpreterProcess(
+            read_interpreter_process(process?)?,
+        )),
         Ok(relay_message::Welcome(_)) => Err(DecodeError::UnknownKind(0)),
         Ok(relay_message::Goodbye(())) => Err(DecodeError::UnknownKind(1)),
         Err(capnp::NotInSchema(kind)) => Err(DecodeError::UnknownKind(kind)),
     }
+}
+
+fn write_interpreter_process(mut b: interpreter_process::Builder<'_>, p: &InterpreterProcess) {
+    b.set_pid(p.pid);
+    b.set_start_time_unix_ns(p.start_time_unix_ns);
+    b.set_file_id(p.file_id);
+    b.set_runtime(p.runtime);
+    b.set_root(p.root);
+    b.set_code_type(p.code_type);
+    b.set_forget(p.forget);
+    let mut layout = b.init_layout(len_u32(p.layout.len()));
+    for (i, &offset) in p.layout.iter().enumerate() {
+        layout.set(i as u32, offset);
+    }
+}
+
+/// An `interpreterProcess` whose layout has exactly [`INTERP_LAYOUT_LEN`] offsets (a forget may
+/// have none); the sampler checks the values.
+fn read_interpreter_process(
+    r: interpreter_process::Reader<'_>,
+) -> Result<InterpreterProcess, DecodeError> {
+    let list = r.get_layout()?;
+    let forget = r.get_forget();
+    let mut layout = [INTERP_LAYOUT_ABSENT; INTERP_LAYOUT_LEN];
+    if list.len() as usize == INTERP_LAYOUT_LEN {
+        for (slot, offset) in layout.iter_mut().zip(list.iter()) {
+            *slot = offset;
+        }
+    } else if !(forget && list.is_empty()) {
+        return Err(DecodeError::Invalid {
+            field: "interpreterProcess.layout",
+            reason: "not exactly 17 offsets",
+        });
+    }
+    Ok(InterpreterProcess {
+        pid: r.get_pid(),
+        start_time_unix_ns: r.get_start_time_unix_ns(),
+        file_id: r.get_file_id(),
+        runtime: r.get_runtime(),
+        root: r.get_root(),
+        code_type: r.get_code_type(),
+        layout,
+        forget,
+    })
 }
 
 fn len_u32(len: usize) -> u32 {
@@ -441,6 +491,16 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     for (i, row) in batch.rows.iter().enumerate() {
         write_row(rows.reborrow().get(i as u32), row);
     }
+    write_interp_stacks(
+        b.reborrow()
+            .init_interp_stacks(len_u32(batch.interp_stacks.len())),
+        &batch.interp_stacks,
+    );
+    write_interp_codes(
+        b.reborrow()
+            .init_interp_codes(len_u32(batch.interp_codes.len())),
+        &batch.interp_codes,
+    );
     let l = &batch.losses;
     let mut lb = b.init_losses();
     lb.set_samples(l.samples);
@@ -475,6 +535,14 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_unwind_fp_gap(l.unwind_fp_gap);
     lb.set_unwind_no_process(l.unwind_no_process);
     lb.set_unwind_tables_evicted(l.unwind_tables_evicted);
+    lb.set_interp_walked(l.interp_walked);
+    lb.set_interp_no_thread(l.interp_no_thread);
+    lb.set_interp_read_failed(l.interp_read_failed);
+    lb.set_interp_cut(l.interp_cut);
+    lb.set_interp_stacks_full(l.interp_stacks_full);
+    lb.set_interp_codes_full(l.interp_codes_full);
+    lb.set_interp_bad_code(l.interp_bad_code);
+    lb.set_interp_refused(l.interp_refused);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -488,11 +556,115 @@ fn write_row(mut b: row::Builder<'_>, row: &Row) {
     b.set_kernel_stack(kernel);
     b.set_kernel_stack_errno(kernel_errno);
     b.set_count(row.count);
+    b.set_interp_stack(row.interp_stack.map_or(0, |i| i.saturating_add(1)));
+}
+
+fn write_interp_stacks(
+    mut list: capnp::struct_list::Builder<'_, interp_stack::Owned>,
+    stacks: &[InterpStackWire],
+) {
+    for (i, stack) in stacks.iter().enumerate() {
+        let mut b = list.reborrow().get(i as u32);
+        b.set_end(stack.end);
+        let mut frames = b.init_frames(len_u32(stack.frames.len()));
+        for (j, frame) in stack.frames.iter().enumerate() {
+            let mut f = frames.reborrow().get(j as u32);
+            f.set_code(frame.code);
+            f.set_instruction(frame.instruction);
+            f.set_marker(frame.marker);
+        }
+    }
+}
+
+fn write_interp_codes(
+    mut list: capnp::struct_list::Builder<'_, interp_code::Owned>,
+    codes: &[InterpCodeWire],
+) {
+    for (i, code) in codes.iter().enumerate() {
+        let mut b = list.reborrow().get(i as u32);
+        b.set_pid(code.pid);
+        b.set_code(code.code);
+        b.set_first_line(code.first_line);
+        b.set_name(&code.name);
+        b.set_filename(&code.filename);
+        b.set_linetable(&code.linetable);
+    }
+}
+
+/// The interpreter stacks of a batch, each at most [`MAX_INTERP_FRAMES`] deep.
+fn read_interp_stacks(
+    list: capnp::struct_list::Reader<'_, interp_stack::Owned>,
+) -> Result<Vec<InterpStackWire>, DecodeError> {
+    let mut out = Vec::with_capacity(list.len() as usize);
+    for stack in list.iter() {
+        let frames = stack.get_frames()?;
+        if frames.len() as usize > MAX_INTERP_FRAMES {
+            return Err(DecodeError::Invalid {
+                field: "interpStack.frames",
+                reason: "over 64 frames",
+            });
+        }
+        out.push(InterpStackWire {
+            frames: frames
+                .iter()
+                .map(|f| InterpFrameWire {
+                    code: f.get_code(),
+                    instruction: f.get_instruction(),
+                    marker: f.get_marker(),
+                })
+                .collect(),
+            end: stack.get_end(),
+        });
+    }
+    Ok(out)
+}
+
+/// Raw bytes of at most `limit`, else the field is refused.
+fn bounded_data(
+    data: capnp::Result<capnp::data::Reader<'_>>,
+    limit: usize,
+    field: &'static str,
+) -> Result<Vec<u8>, DecodeError> {
+    let data = data?;
+    if data.len() > limit {
+        return Err(DecodeError::Invalid {
+            field,
+            reason: "longer than the kernel copies",
+        });
+    }
+    Ok(data.to_vec())
+}
+
+fn read_interp_codes(
+    list: capnp::struct_list::Reader<'_, interp_code::Owned>,
+) -> Result<Vec<InterpCodeWire>, DecodeError> {
+    let mut out = Vec::with_capacity(list.len() as usize);
+    for code in list.iter() {
+        out.push(InterpCodeWire {
+            pid: code.get_pid(),
+            code: code.get_code(),
+            first_line: code.get_first_line(),
+            name: bounded_data(code.get_name(), INTERP_NAME_BYTES, "interpCode.name")?,
+            filename: bounded_data(
+                code.get_filename(),
+                INTERP_FILE_BYTES,
+                "interpCode.filename",
+            )?,
+            linetable: bounded_data(
+                code.get_linetable(),
+                INTERP_LINES_BYTES,
+                "interpCode.linetable",
+            )?,
+        });
+    }
+    Ok(out)
 }
 
 fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
     let user_stacks = read_stacks(r.get_user_stacks()?)?;
     let kernel_stacks = read_stacks(r.get_kernel_stacks()?)?;
+    let interp_stacks = read_interp_stacks(r.get_interp_stacks()?)?;
+    let interp_codes = read_interp_codes(r.get_interp_codes()?)?;
     let rows_r = r.get_rows()?;
     let mut rows = Vec::with_capacity(rows_r.len() as usize);
     for row in rows_r.iter() {
@@ -513,6 +685,16 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
                 "row.kernelStack",
             )?,
             count: row.get_count(),
+            interp_stack: match row.get_interp_stack() {
+                0 => None,
+                n if (n as usize) <= interp_stacks.len() => Some(n - 1),
+                _ => {
+                    return Err(DecodeError::Invalid {
+                        field: "row.interpStack",
+                        reason: "stack index out of range",
+                    })
+                }
+            },
         });
     }
     let l = r.get_losses()?;
@@ -559,12 +741,22 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             unwind_fp_gap: l.get_unwind_fp_gap(),
             unwind_no_process: l.get_unwind_no_process(),
             unwind_tables_evicted: l.get_unwind_tables_evicted(),
+            interp_walked: l.get_interp_walked(),
+            interp_no_thread: l.get_interp_no_thread(),
+            interp_read_failed: l.get_interp_read_failed(),
+            interp_cut: l.get_interp_cut(),
+            interp_stacks_full: l.get_interp_stacks_full(),
+            interp_codes_full: l.get_interp_codes_full(),
+            interp_bad_code: l.get_interp_bad_code(),
+            interp_refused: l.get_interp_refused(),
         }),
         ignore: IgnoreStats {
             ignored_samples: r.get_ignored_samples(),
             refused: r.get_ignore_refused(),
             processes: r.get_ignored_processes(),
         },
+        interp_stacks,
+        interp_codes,
     })
 }
 
@@ -590,6 +782,7 @@ mod tests {
                     user_stack: StackRef::Index(1),
                     kernel_stack: StackRef::Index(0),
                     count: 7,
+                    interp_stack: Some(1),
                 },
                 Row {
                     pid: 42,
@@ -598,6 +791,7 @@ mod tests {
                     user_stack: StackRef::Missing(17),
                     kernel_stack: StackRef::Missing(14),
                     count: 1,
+                    interp_stack: None,
                 },
             ],
             losses: Box::new(Losses {
@@ -619,6 +813,115 @@ mod tests {
                 refused: 9,
                 processes: 10,
             },
+            interp_stacks: vec![
+                InterpStackWire {
+                    frames: vec![],
+                    end: 2,
+                },
+                InterpStackWire {
+                    frames: vec![
+                        InterpFrameWire {
+                            code: 0x7f00_0000_2000,
+                            instruction: u64::MAX,
+                            marker: 3,
+                        },
+                        InterpFrameWire {
+                            code: 0x7f00_0000_3000,
+                            instruction: 0x7f00_0000_3042,
+                            marker: 0,
+                        },
+                    ],
+                    end: 1,
+                },
+            ],
+            interp_codes: vec![InterpCodeWire {
+                pid: 42,
+                code: 0x7f00_0000_2000,
+                first_line: -3,
+                name: b"\x01\0hot".to_vec(),
+                filename: vec![0xff; INTERP_FILE_BYTES],
+                linetable: Vec::new(),
+            }],
+        }
+    }
+
+    fn interpreter_process() -> InterpreterProcess {
+        let mut layout = [INTERP_LAYOUT_ABSENT; INTERP_LAYOUT_LEN];
+        for (i, slot) in layout.iter_mut().enumerate().skip(3) {
+            *slot = 8 * i as u16;
+        }
+        InterpreterProcess {
+            pid: 42,
+            start_time_unix_ns: 5,
+            file_id: 3,
+            runtime: INTERP_RUNTIME_CPYTHON,
+            root: 0x7f00_0010_0000,
+            code_type: 0x7f00_0020_0000,
+            layout,
+            forget: false,
+        }
+    }
+
+    #[test]
+    fn interpreter_processes_round_trip_and_a_layout_of_another_length_is_refused() {
+        let limits = Limits::default();
+        let forget = InterpreterProcess {
+            forget: true,
+            ..interpreter_process()
+        };
+        for message in [interpreter_process(), forget] {
+            let message = RelayMessage::InterpreterProcess(message);
+            let bytes = encode_relay_message(&message);
+            assert_eq!(
+                decode_relay_message(&bytes, &limits).expect("decodes"),
+                message
+            );
+        }
+        // Given a layout of 16 and one of 18 offsets, When decoded, Then both are refused
+        for len in [INTERP_LAYOUT_LEN - 1, INTERP_LAYOUT_LEN + 1] {
+            let mut builder = Builder::new_default();
+            let mut b = builder
+                .init_root::<relay_message::Builder<'_>>()
+                .init_interpreter_process();
+            b.set_pid(42);
+            b.init_layout(len as u32);
+            let bytes = capnp::serialize::write_message_to_words(&builder);
+            assert!(
+                matches!(
+                    decode_relay_message(&bytes, &limits),
+                    Err(DecodeError::Invalid { .. })
+                ),
+                "{len} offsets"
+            );
+        }
+    }
+
+    #[test]
+    fn interp_stacks_and_codes_over_the_kernel_bounds_are_refused() {
+        let frame = InterpFrameWire::default();
+        // Given a stack of 64 frames, When it round-trips, Then it is kept
+        let mut at_cap = sample_batch();
+        at_cap.interp_stacks[0].frames = vec![frame; MAX_INTERP_FRAMES];
+        let bytes = encode_sampler_message(&SamplerMessage::Batch(at_cap.clone()));
+        assert_eq!(
+            decode_sampler_message(&bytes, &Limits::default()).expect("decodes"),
+            SamplerMessage::Batch(at_cap)
+        );
+        // Given one of 65 frames, a name one byte over and a row past the stacks: each refused
+        let mut deep = sample_batch();
+        deep.interp_stacks[0].frames = vec![frame; MAX_INTERP_FRAMES + 1];
+        let mut long_name = sample_batch();
+        long_name.interp_codes[0].name = vec![b'a'; INTERP_NAME_BYTES + 1];
+        let mut long_lines = sample_batch();
+        long_lines.interp_codes[0].linetable = vec![0; INTERP_LINES_BYTES + 1];
+        let mut dangling = sample_batch();
+        dangling.rows[1].interp_stack = Some(2);
+        for bad in [deep, long_name, long_lines, dangling] {
+            let bytes = encode_sampler_message(&SamplerMessage::Batch(bad));
+            assert!(matches!(
+                decode_sampler_message(&bytes, &Limits::default()),
+                Err(DecodeError::Invalid { .. })
+            ));
         }
     }
 

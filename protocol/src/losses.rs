@@ -56,6 +56,22 @@ pub struct Losses {
     pub unwind_no_process: u64,
     /// Loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes.
     pub unwind_tables_evicted: u64,
+    /// Interpreter walks that ended at a null frame (the whole interpreter stack).
+    pub interp_walked: u64,
+    /// Samples of an interpreter process whose thread state was not found.
+    pub interp_no_thread: u64,
+    /// Interpreter walks ended by a failed read of the process's memory.
+    pub interp_read_failed: u64,
+    /// Interpreter walks cut at the frame cap.
+    pub interp_cut: u64,
+    /// Interpreter stacks lost because the kernel's stack map was full.
+    pub interp_stacks_full: u64,
+    /// Code objects not copied because the kernel's code map was full.
+    pub interp_codes_full: u64,
+    /// Frames whose code pointer was not a code object (left unnamed).
+    pub interp_bad_code: u64,
+    /// `interpreterProcess` messages the sampler refused.
+    pub interp_refused: u64,
 }
 
 impl Losses {
@@ -230,6 +246,25 @@ pub const LOSS_COUNTERS: &[LossCounter] = &[
     counter!(unwind_tables_evicted, log: "unwind_tables_evicted", metric: "unwind_tables_evicted",
         summary: Summary::Unwinding("tables evicted"),
         help: "Loaded tables evicted (least recently sampled first) to make room under --unwind-memory-bytes."),
+    counter!(interp_walked, log: "interp_walked", metric: "interp_walked", summary: Summary::Hidden,
+        help: "Interpreter walks in the kernel that ended at a null frame (the whole interpreter stack)."),
+    counter!(interp_no_thread, log: "interp_no_thread", metric: "interp_no_thread", summary: Summary::Hidden,
+        help: "Samples of an interpreter process whose thread state was not found (a thread the interpreter does not know, or over the thread cap)."),
+    counter!(interp_read_failed, log: "interp_read_failed", metric: "interp_read_failed", summary: Summary::Hidden,
+        help: "Interpreter walks ended by a failed read of the process's memory."),
+    counter!(interp_cut, log: "interp_cut", metric: "interp_cut", summary: Summary::Hidden,
+        help: "Interpreter walks cut at the frame cap."),
+    counter!(interp_stacks_full, log: "interp_stacks_full", metric: "interp_stacks_full",
+        summary: Summary::Lost(
+            "lost: the interpreter frames of {n} sample{s} (the kernel's interpreter stack table was full)"
+        ),
+        help: "Interpreter stacks lost because the kernel's interpreter stack map was full."),
+    counter!(interp_codes_full, log: "interp_codes_full", metric: "interp_codes_full", summary: Summary::Hidden,
+        help: "Code objects not copied because the kernel's code map was full (their frames stay unnamed)."),
+    counter!(interp_bad_code, log: "interp_bad_code", metric: "interp_bad_code", summary: Summary::Hidden,
+        help: "Interpreter frames whose code pointer was not a code object (left unnamed)."),
+    counter!(interp_refused, log: "interp_refused", metric: "interp_refused", summary: Summary::Hidden,
+        help: "Interpreter descriptions (interpreterProcess) the sampler refused: unknown process, file or address outside the file, offset out of range."),
 ];
 
 /// Losses whose counter `i` of [`LOSS_COUNTERS`] holds `first + i`: every field its own value.

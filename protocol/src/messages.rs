@@ -123,6 +123,49 @@ pub struct Row {
     pub user_stack: StackRef,
     pub kernel_stack: StackRef,
     pub count: u64,
+    /// Index into [`Batch::interp_stacks`] of the interpreter frames walked for these samples.
+    pub interp_stack: Option<u32>,
+}
+
+/// Deepest interpreter stack a batch may carry (the kernel's `MAX_INTERP_FRAMES`); deeper ones
+/// are refused on decode.
+pub const MAX_INTERP_FRAMES: usize = 64;
+/// Most bytes of a code object's name the kernel copies (`INTERP_NAME_BYTES`).
+pub const INTERP_NAME_BYTES: usize = 192;
+/// Most bytes of its file name (`INTERP_FILE_BYTES`).
+pub const INTERP_FILE_BYTES: usize = 320;
+/// Most bytes of its line table (`INTERP_LINES_BYTES`).
+pub const INTERP_LINES_BYTES: usize = 256;
+
+/// One interpreter frame, raw as the kernel read it (docs/design/interpreters.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InterpFrameWire {
+    /// The code object's address (tag bits cleared).
+    pub code: u64,
+    /// The 8 bytes of the frame's instruction field, as a little-endian `u64`.
+    pub instruction: u64,
+    /// The frame's marker byte (0 when the layout has none).
+    pub marker: u8,
+}
+
+/// The interpreter frames of some samples, leaf first, at most [`MAX_INTERP_FRAMES`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InterpStackWire {
+    pub frames: Vec<InterpFrameWire>,
+    /// How the walk ended: 0 at a null frame, 1 cut at the frame cap, 2 a read failed.
+    pub end: u8,
+}
+
+/// A code object of process `pid` as the kernel copied it: raw bytes from the start of the
+/// objects, bounded by the `INTERP_*_BYTES` constants; empty where the read failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterpCodeWire {
+    pub pid: u32,
+    pub code: u64,
+    pub first_line: i32,
+    pub name: Vec<u8>,
+    pub filename: Vec<u8>,
+    pub linetable: Vec<u8>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -142,6 +185,10 @@ pub struct Batch {
     pub losses: Box<Losses>,
     /// What the sampler did with the relay's `ignoreProcesses` (see the schema).
     pub ignore: IgnoreStats,
+    /// Interpreter frames walked in the kernel; rows refer to them by index.
+    pub interp_stacks: Vec<InterpStackWire>,
+    /// The code objects those frames name, copied raw.
+    pub interp_codes: Vec<InterpCodeWire>,
 }
 
 /// The process filter pushed down to the sampler, as each batch reports it.
@@ -177,6 +224,39 @@ pub enum RelayMessage {
     DropUnwindTable { file_id: u64 },
     /// Stop sampling these processes (the relay's process filter left them out).
     IgnoreProcesses(IgnoreProcesses),
+    /// Walk this process's interpreter frames in the kernel (or stop, with `forget`).
+    InterpreterProcess(InterpreterProcess),
+}
+
+/// Offsets an [`InterpreterProcess`] carries (docs/design/interpreters.md's layout table).
+pub const INTERP_LAYOUT_LEN: usize = 17;
+/// A layout offset the interpreter does not have.
+pub const INTERP_LAYOUT_ABSENT: u16 = 0xffff;
+/// Largest offset the sampler takes in an [`InterpreterProcess`] layout, but the first.
+pub const INTERP_MAX_OFFSET: u16 = 4095;
+/// Largest first offset (`interp_threads_head`): 3.13 and 3.14 keep it 7,344 bytes in.
+pub const INTERP_MAX_HEAD_OFFSET: u16 = 16383;
+/// [`InterpreterProcess::runtime`] of CPython.
+pub const INTERP_RUNTIME_CPYTHON: u32 = 1;
+
+/// Where a process's interpreter keeps its threads and frames (see `InterpreterProcess` in the
+/// schema and docs/design/interpreters.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InterpreterProcess {
+    pub pid: u32,
+    pub start_time_unix_ns: u64,
+    /// The sampler's id of the interpreter file.
+    pub file_id: u64,
+    /// One of the `INTERP_RUNTIME_*` values.
+    pub runtime: u32,
+    /// Absolute address of the pointer to the first interpreter state.
+    pub root: u64,
+    /// Absolute address of the code objects' type.
+    pub code_type: u64,
+    /// Offsets in the order of the doc's table; [`INTERP_LAYOUT_ABSENT`] where absent.
+    pub layout: [u16; INTERP_LAYOUT_LEN],
+    /// Stop walking this process.
+    pub forget: bool,
 }
 
 /// Most entries of one `ignoreProcesses` the sampler reads; the rest are refused unread.

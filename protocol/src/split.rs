@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 
 use crate::{
-    Batch, FileInfo, IgnoreStats, Losses, Mapping, ProcessInfo, ProcessMappings, Row,
-    SamplerMessage, StackRef,
+    Batch, FileInfo, IgnoreStats, InterpCodeWire, InterpStackWire, Losses, Mapping, ProcessInfo,
+    ProcessMappings, Row, SamplerMessage, StackRef,
 };
 
 /// Upper bound of the encoding overhead of a message besides its lists' elements: segment
@@ -115,15 +115,39 @@ pub struct SampleIn<'a> {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub count: u64,
+    /// The key of its interpreter frames in [`InterpTables::stacks`]; 0: none.
+    pub interp_stack: u64,
+}
+
+/// One interval's interpreter frames and code objects, as the sampler drained them.
+#[derive(Clone, Debug, Default)]
+pub struct InterpTables {
+    /// Interpreter stacks by the kernel's hash of their frames.
+    pub stacks: HashMap<u64, InterpStackWire>,
+    /// Code objects by (pid, address); `pid` is the rows' pid.
+    pub codes: HashMap<(u32, u64), InterpCodeWire>,
+}
+
+/// Encoded bytes of an interpreter stack and of a code object, bounded above.
+fn interp_stack_size(stack: &InterpStackWire) -> usize {
+    24 + 32 * stack.frames.len()
+}
+
+fn interp_code_size(code: &InterpCodeWire) -> usize {
+    48 + text_size(code.name.len())
+        + text_size(code.filename.len())
+        + text_size(code.linetable.len())
 }
 
 /// Splits one interval's samples into batch parts of at most about `max_bytes` encoded bytes
-/// each; every part carries the stacks its rows use (`stacks`: frames by id, leaf first). A
-/// sample whose stack id is not in `stacks` (it vanished) keeps its count with the stack reported
-/// missing (ENOENT), so no sample is dropped here.
+/// each; every part carries the stacks its rows use (`stacks`: frames by id, leaf first), the
+/// interpreter stacks they use and the code objects those name (`interp`). A sample whose stack
+/// id is not in `stacks` (it vanished) keeps its count with the stack reported missing (ENOENT),
+/// so no sample is dropped here; one whose interpreter stack vanished has none.
 pub fn batch_parts<'a>(
     samples: impl IntoIterator<Item = SampleIn<'a>>,
     stacks: &HashMap<u32, Vec<u64>>,
+    interp: &InterpTables,
     header: &BatchHeader,
     max_bytes: usize,
 ) -> Vec<Batch> {
@@ -140,6 +164,8 @@ pub fn batch_parts<'a>(
     let mut current = header.part();
     let mut user_index: HashMap<u32, u32> = HashMap::new();
     let mut kernel_index: HashMap<u32, u32> = HashMap::new();
+    let mut interp_index: HashMap<u64, u32> = HashMap::new();
+    let mut codes_in_part: std::collections::HashSet<(u32, u64)> = std::collections::HashSet::new();
     let mut size = 0usize;
     for sample in samples {
         let mut added = ROW_BYTES + sample.comm.len();
@@ -153,10 +179,26 @@ pub fn batch_parts<'a>(
         if kernel_new {
             added += STACK_BYTES + FRAME_BYTES * stack_len(sample.kernel_stack);
         }
+        let interp_stack = interp.stacks.get(&sample.interp_stack);
+        if let Some(stack) = interp_stack {
+            if !interp_index.contains_key(&sample.interp_stack) {
+                // Counted in full (its codes too) even when some are in the part already: an
+                // upper bound is all the split needs.
+                added += interp_stack_size(stack)
+                    + stack
+                        .frames
+                        .iter()
+                        .filter_map(|f| interp.codes.get(&(sample.pid, f.code)))
+                        .map(interp_code_size)
+                        .sum::<usize>();
+            }
+        }
         if size + added > max_bytes && !current.rows.is_empty() {
             parts.push(std::mem::replace(&mut current, header.part()));
             user_index.clear();
             kernel_index.clear();
+            interp_index.clear();
+            codes_in_part.clear();
             size = 0;
         }
         size += added;
@@ -172,6 +214,17 @@ pub fn batch_parts<'a>(
             &mut kernel_index,
             &mut current.kernel_stacks,
         );
+        let interp_stack = interp_stack.map(|stack| {
+            interp_ref(
+                sample.pid,
+                sample.interp_stack,
+                stack,
+                interp,
+                &mut interp_index,
+                &mut codes_in_part,
+                &mut current,
+            )
+        });
         current.rows.push(Row {
             pid: sample.pid,
             tid: sample.tid,
@@ -179,11 +232,40 @@ pub fn batch_parts<'a>(
             user_stack,
             kernel_stack,
             count: sample.count,
+            interp_stack,
         });
     }
     parts.push(current);
     number_parts(&mut parts);
     parts
+}
+
+/// The index of interpreter stack `hash` in `part` (added on first use, with the code objects
+/// of `pid` it names that the part does not carry yet).
+fn interp_ref(
+    pid: u32,
+    hash: u64,
+    stack: &InterpStackWire,
+    interp: &InterpTables,
+    index: &mut HashMap<u64, u32>,
+    codes_in_part: &mut std::collections::HashSet<(u32, u64)>,
+    part: &mut Batch,
+) -> u32 {
+    for frame in &stack.frames {
+        let key = (pid, frame.code);
+        if let Some(code) = interp.codes.get(&key) {
+            if codes_in_part.insert(key) {
+                part.interp_codes.push(code.clone());
+            }
+        }
+    }
+    if let Some(&i) = index.get(&hash) {
+        return i;
+    }
+    let i = u32::try_from(part.interp_stacks.len()).unwrap_or(u32::MAX);
+    part.interp_stacks.push(stack.clone());
+    index.insert(hash, i);
+    i
 }
 
 /// Numbers `parts` as the parts of one interval, in order.
@@ -224,5 +306,91 @@ fn stack_ref(
             StackRef::Index(i)
         }
         None => StackRef::Missing(libc::ENOENT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InterpFrameWire;
+
+    fn header() -> BatchHeader {
+        BatchHeader {
+            sequence: 1,
+            interval_start_unix_ns: 1,
+            interval_end_unix_ns: 2,
+            frequency_hz: 99,
+            losses: Losses::default(),
+            ignore: IgnoreStats::default(),
+        }
+    }
+
+    #[test]
+    fn every_part_carries_the_interp_stacks_and_codes_its_rows_name() {
+        // Given 40 interpreter stacks of 10 frames over 200 codes, each code copied for pid 7
+        // only, and 400 rows of pids 7 and 8 using them (stack 0: none)
+        let mut interp = InterpTables::default();
+        for hash in 1..=40u64 {
+            let frames = (0..10)
+                .map(|f| InterpFrameWire {
+                    code: 0x1000 * ((hash * 10 + f) % 200),
+                    instruction: hash,
+                    marker: 0,
+                })
+                .collect();
+            interp
+                .stacks
+                .insert(hash, InterpStackWire { frames, end: 0 });
+        }
+        for c in 0..200u64 {
+            let code = InterpCodeWire {
+                pid: 7,
+                code: 0x1000 * c,
+                name: vec![b'n'; 40],
+                ..InterpCodeWire::default()
+            };
+            interp.codes.insert((7, code.code), code);
+        }
+        let comm = [0u8; 16];
+        let samples = (0..400u32).map(|i| SampleIn {
+            pid: 7 + i % 2,
+            tid: i,
+            comm: &comm,
+            user_stack: -14,
+            kernel_stack: -14,
+            count: 1,
+            interp_stack: u64::from(i % 41),
+        });
+        // When split into parts of 16 KiB
+        let parts = batch_parts(samples, &HashMap::new(), &interp, &header(), 16 << 10);
+        // Then there are several, and each row's stack is the one it named, with every code of
+        // its pid that the stack names in the same part (and no code of another pid)
+        assert!(parts.len() > 2, "{} parts", parts.len());
+        let mut rows = 0;
+        for part in &parts {
+            let codes: HashMap<(u32, u64), &InterpCodeWire> = part
+                .interp_codes
+                .iter()
+                .map(|c| ((c.pid, c.code), c))
+                .collect();
+            assert_eq!(
+                codes.len(),
+                part.interp_codes.len(),
+                "a code twice in a part"
+            );
+            for row in &part.rows {
+                rows += 1;
+                let Some(index) = row.interp_stack else {
+                    assert_eq!(row.tid % 41, 0, "row {} lost its stack", row.tid);
+                    continue;
+                };
+                let stack = &part.interp_stacks[index as usize];
+                assert_eq!(stack.frames[0].instruction, u64::from(row.tid % 41));
+                for frame in &stack.frames {
+                    assert_eq!(codes.contains_key(&(row.pid, frame.code)), row.pid == 7);
+                }
+            }
+        }
+        assert_eq!(rows, 400);
     }
 }

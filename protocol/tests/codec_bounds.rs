@@ -25,6 +25,7 @@ fn batch_with_stack(frames: usize) -> SamplerMessage {
             user_stack: StackRef::Index(0),
             kernel_stack: StackRef::Missing(14),
             count: 5,
+            interp_stack: None,
         }],
         ..Batch::default()
     })

@@ -16,6 +16,7 @@ use std::{
 use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
+    interp::publish::InterpPublisher,
     labels::{
         labeled::LabeledProfile,
         pushdown::IgnoreSender,
@@ -86,6 +87,9 @@ pub(crate) struct Pipeline {
     budget_counters: Arc<BudgetCounters>,
     /// Sends the processes the process filter left out to their sampler (`labels::pushdown`).
     ignore: IgnoreSender,
+    /// Describes the interpreters of described processes to their sampler, for the kernel to
+    /// walk their frames (`interp::publish`).
+    interp: InterpPublisher,
     /// Totals for the metrics that outlive the sessions they come from.
     totals: Totals,
     /// When freed heap memory was last handed back (see [`Pipeline::trim`]).
@@ -200,8 +204,45 @@ fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session,
         ignore_refused = batch.ignore.refused,
         ignored_processes = batch.ignore.processes,
         ignore_sent,
+        interp_stacks = batch.interp_stacks.len(),
+        interp_codes = batch.interp_codes.len(),
+        interp_samples = batch
+            .rows
+            .iter()
+            .filter(|row| row.interp_stack.is_some())
+            .fold(0u64, |n, row| n.saturating_add(row.count)),
         "batch received"
     );
+    // What the kernel copied, raw (B's naming stage decodes it): printable bytes of each code
+    // object's name, for `-v` debugging and the end-to-end test.
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for code in &batch.interp_codes {
+            tracing::debug!(
+                connection = conn,
+                pid = code.pid,
+                code = format_args!("{:#x}", code.code),
+                first_line = code.first_line,
+                name_bytes = %printable(&code.name),
+                filename_bytes = code.filename.len(),
+                linetable_bytes = code.linetable.len(),
+                "interpreter code object received"
+            );
+        }
+    }
+}
+
+/// Bytes as text: printable ASCII kept, anything else a `.`.
+fn printable(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                char::from(b)
+            } else {
+                '.'
+            }
+        })
+        .collect()
 }
 
 impl Pipeline {
@@ -303,6 +344,7 @@ impl Pipeline {
                 tracing::info!(connection = conn, peer_uid, peer_pid, "sampler connected");
                 if let Some(control) = &control {
                     self.ignore.connected(conn, Arc::clone(control));
+                    self.interp.connected(conn, Arc::clone(control));
                 }
                 self.totals.connections += 1;
                 self.totals.connections_total += 1;
@@ -316,6 +358,7 @@ impl Pipeline {
                 self.controls.remove(&conn);
                 self.budgets.remove(&conn);
                 self.ignore.closed(conn);
+                self.interp.closed(conn);
                 if let Some(session) = self.sessions.remove(&conn) {
                     tracing::info!(
                         connection = conn,
@@ -399,11 +442,20 @@ impl Pipeline {
             SamplerMessage::Process(info) => {
                 // New facts (exec, or a reused pid): the labels are computed anew.
                 self.labels.forget(info.pid);
+                let pid = info.pid;
                 session.set_process(info);
+                if let Some(info) = session.process_info(pid) {
+                    self.interp.process(conn, info, &session.runtime_files(pid));
+                }
                 Handled::Nothing
             }
             SamplerMessage::ProcessMappings(more) => {
-                if !session.append_mappings(more.pid, more.start_time_unix_ns, more.mappings) {
+                let pid = more.pid;
+                if session.append_mappings(more.pid, more.start_time_unix_ns, more.mappings) {
+                    if let Some(info) = session.process_info(pid) {
+                        self.interp.process(conn, info, &session.runtime_files(pid));
+                    }
+                } else {
                     self.orphan_mappings_messages += 1;
                     tracing::debug!(
                         connection = conn,
@@ -416,6 +468,7 @@ impl Pipeline {
             }
             SamplerMessage::Exited { pid } => {
                 self.labels.forget(pid);
+                self.interp.exited(conn, pid);
                 session.remove_process(pid);
                 Handled::Nothing
             }
@@ -462,6 +515,7 @@ impl Pipeline {
             &mut self.interval,
         );
         self.ignore.send(conn, self.labels.take_filtered_out());
+        self.interp.flush(conn);
         if let (Some(sender), Some(control), Some(budget)) = (
             &mut self.unwind,
             self.controls.get(&conn),
@@ -732,6 +786,7 @@ pub(crate) mod fixtures {
             user_stack: StackRef::Index(0),
             kernel_stack,
             count,
+            interp_stack: None,
         };
         let second = 1_000_000_000;
         message(

@@ -425,6 +425,24 @@ impl Session {
         )
     }
 
+    /// The files `pid` maps that the relay recognized as a runtime, with that runtime, each once
+    /// (in the order of its mappings).
+    pub(crate) fn runtime_files(&self, pid: u32) -> Vec<(u64, Arc<Recognized>)> {
+        let mut out: Vec<(u64, Arc<Recognized>)> = Vec::new();
+        let Some(process) = self.processes.get(&pid) else {
+            return out;
+        };
+        for m in &process.info.mappings {
+            if out.iter().any(|(id, _)| *id == m.file_id) {
+                continue;
+            }
+            if let Some(runtime) = self.files.get(&m.file_id).and_then(|f| f.runtime.as_ref()) {
+                out.push((m.file_id, Arc::clone(runtime)));
+            }
+        }
+        out
+    }
+
     /// The facts the sampler sent for `pid`, if any (what the labels stage reads).
     pub fn process_info(&self, pid: u32) -> Option<&ProcessInfo> {
         self.processes.get(&pid).map(|p| &p.info)
@@ -456,7 +474,8 @@ impl Session {
         profile: &mut SymbolizedProfile,
         left_out: &HashSet<u32>,
     ) -> u64 {
-        self.symbolize_batch_with_interp(batch, &InterpBatch::default(), cache, profile, left_out)
+        let interp = crate::interp::wire::interp_batch(batch);
+        self.symbolize_batch_with_interp(batch, &interp, cache, profile, left_out)
     }
 
     /// [`Session::symbolize_batch`], with the interpreter walks of the batch: first the
@@ -1048,6 +1067,7 @@ mod tests {
                 user_stack: StackRef::Index(0),
                 kernel_stack: StackRef::Missing(14),
                 count: 1,
+                interp_stack: None,
             }],
             ..Batch::default()
         }

@@ -104,7 +104,7 @@ pub fn ember_process_exit(_ctx: RawTracePointContext) -> i32 {
     let (tgid, pid) = current();
     if tgid == pid {
         let _ = KNOWN_TGIDS.remove(&tgid);
-        let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0);
+        let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0) & 1;
         // SAFETY: a helper without arguments.
         let at = unsafe { bpf_ktime_get_ns() }.wrapping_mul(2) | u64::from(generation & 1);
         let _ = EXITED_AT.insert(&tgid, &at, 0);

@@ -221,8 +221,12 @@ pub mod interp_field {
 
 /// A layout field that the interpreter does not have.
 pub const INTERP_ABSENT: u16 = 0xffff;
-/// Largest offset a layout field may hold (the sampler refuses more).
+/// Largest offset a layout field may hold (the sampler refuses more), but
+/// [`INTERP_MAX_HEAD_OFFSET`].
 pub const INTERP_MAX_OFFSET: u16 = 4095;
+/// Largest `interp_threads_head`: the interpreter state is large (3.13 and 3.14 keep the thread
+/// list 7,344 bytes in), the other structures' fields lie within their first 4 KiB.
+pub const INTERP_MAX_HEAD_OFFSET: u16 = 16383;
 /// Runtimes an [`InterpProc`] may name.
 pub const INTERP_RUNTIME_CPYTHON: u32 = 1;
 
@@ -330,7 +334,8 @@ unsafe impl aya::Pod for InterpCodeKey {}
 unsafe impl aya::Pod for InterpCode {}
 
 /// Names of the maps, as the loader looks them up. Counts and stacks are double buffered: the
-/// program writes to generation `CONTROL[0]`, while the sampler drains and clears the other one,
+/// program writes to generation `CONTROL[0] & 1` (`CONTROL[0]` counts the sampler's flips: the
+/// program's per-CPU cache of code objects already copied is valid for one count), while the sampler drains and clears the other one,
 /// so samples arriving during a drain land in the fresh generation and none are lost.
 pub mod maps {
     pub const COUNTS: [&str; 2] = ["COUNTS_0", "COUNTS_1"];

@@ -7,6 +7,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod events;
+#[cfg(target_arch = "bpf")]
+mod interp;
 
 #[cfg(target_arch = "bpf")]
 mod program {
@@ -44,7 +46,8 @@ mod program {
     static STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
     #[map]
     static STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
-    /// `CONTROL[0]` is the generation (0 or 1) the program writes to.
+    /// `CONTROL[0]` counts the sampler's flips; its low bit is the generation (0 or 1) the
+    /// program writes to (one value, so a run never sees a generation with another epoch).
     #[map]
     pub(crate) static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
     #[map]
@@ -411,7 +414,7 @@ mod program {
     }
 
     #[inline(always)]
-    fn bump(slot: u32) {
+    pub(crate) fn bump(slot: u32) {
         if let Some(ptr) = COUNTERS.get_ptr_mut(slot) {
             // SAFETY: a per-CPU slot is only touched by this CPU, and the program is not reentrant
             // on one CPU for perf_event programs.
@@ -454,7 +457,8 @@ mod program {
             return;
         }
         crate::events::note(tgid);
-        let generation = CONTROL.get(0).copied().unwrap_or(0);
+        let epoch = CONTROL.get(0).copied().unwrap_or(0);
+        let generation = epoch & 1;
         let (counts, stacks, ustacks) = if generation == 0 {
             (&COUNTS_0, &STACKS_0, &USTACKS_0)
         } else {
@@ -477,14 +481,16 @@ mod program {
         };
         let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        let key_tgid = tgid | crate::events::reuse_tag(tgid, generation);
+        let interp_stack_hash = crate::interp::walk(tgid, tid, key_tgid, generation, epoch);
         let key = SampleKey {
-            tgid: tgid | crate::events::reuse_tag(tgid, generation),
+            tgid: key_tgid,
             tid,
             user_stack_id,
             kernel_stack_id,
             comm,
             user_stack_hash,
-            interp_stack_hash: 0,
+            interp_stack_hash,
         };
         // The key holds the thread id and a thread runs on one CPU at a time, so no two CPUs
         // update the same entry at once: a plain increment is exact without atomics.

@@ -2,7 +2,8 @@
 //! drained generation at reused pids, and hands it to the protocol's batch splitter. Never
 //! panics; every loss is counted.
 //!
-//! The program writes to generation `CONTROL[0]`. A drain flips it, waits for program runs that
+//! The program writes to generation `CONTROL[0] & 1` (`CONTROL[0]` counts the flips). A drain
+//! flips it, waits for program runs that
 //! already read the old value to finish (a run takes microseconds), then reads and clears the old
 //! generation's counts and stacks, which nothing writes to any more.
 
@@ -15,9 +16,9 @@ use std::{
 use aya::maps::MapError;
 use ember_protocol::{
     split::{self, BatchHeader, SampleIn},
-    Batch, Losses,
+    Batch, InterpCodeWire, InterpFrameWire, InterpStackWire, Losses,
 };
-use ember_sampler_ebpf::{counter, SampleKey, REUSED_TGID_BIT};
+use ember_sampler_ebpf::{counter, InterpCode, InterpStack, SampleKey, REUSED_TGID_BIT};
 
 /// "No such entry": the stack the key names is not in the map.
 const ERRNO_ENOENT: i32 = 2;
@@ -33,12 +34,17 @@ pub struct Drained {
     pub rows: Vec<(SampleKey, u64)>,
     /// Frames by stack id, leaf first.
     pub stacks: HashMap<u32, Vec<u64>>,
+    /// Interpreter stacks by hash and the code objects they name, by the sample key's tgid
+    /// (reuse bit included until [`split_reused`]) and address: copied raw.
+    pub interp: split::InterpTables,
     /// Map operations that failed (the affected samples are still counted in `rows`).
     pub read_errors: u64,
 }
 
 pub struct Drainer {
     generation: u32,
+    /// Flips so far: `CONTROL[0]`, whose low bit is the generation.
+    epoch: u32,
     /// CLOCK_MONOTONIC when each generation became the one the program writes to.
     started_ns: [u64; 2],
 }
@@ -47,6 +53,7 @@ impl Drainer {
     pub fn new() -> Self {
         Self {
             generation: 0,
+            epoch: 0,
             started_ns: [monotonic_ns(), 0],
         }
     }
@@ -59,8 +66,11 @@ impl Drainer {
     /// Flips generations and returns everything recorded in the old one.
     pub fn drain(&mut self, loaded: &mut Loaded) -> Result<Drained, MapError> {
         let old = self.generation;
-        let new = 1 - old;
-        loaded.control.set(0, new, 0)?;
+        // One write flips the generation (the low bit) and the epoch together.
+        let epoch = self.epoch.wrapping_add(1);
+        let new = epoch & 1;
+        loaded.control.set(0, epoch, 0)?;
+        self.epoch = epoch;
         self.generation = new;
         self.started_ns[new as usize] = monotonic_ns();
         thread::sleep(FLIP_GRACE);
@@ -108,6 +118,38 @@ impl Drainer {
             }
         }
         adopt_walked(&mut drained, walked);
+        let interp_stacks = &mut loaded.interp_stacks[old as usize];
+        let hashes: Vec<u64> = interp_stacks.keys().filter_map(Result::ok).collect();
+        for hash in hashes {
+            match interp_stacks.get(&hash, 0) {
+                Ok(stack) => {
+                    drained
+                        .interp
+                        .stacks
+                        .insert(hash, interp_stack_wire(&stack));
+                }
+                Err(_) => drained.read_errors += 1,
+            }
+            if interp_stacks.remove(&hash).is_err() {
+                drained.read_errors += 1;
+            }
+        }
+        let interp_codes = &mut loaded.interp_codes[old as usize];
+        let keys: Vec<_> = interp_codes.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            match interp_codes.get(&key, 0) {
+                Ok(code) => {
+                    drained.interp.codes.insert(
+                        (key.tgid, key.code),
+                        interp_code_wire(key.tgid, key.code, &code),
+                    );
+                }
+                Err(_) => drained.read_errors += 1,
+            }
+            if interp_codes.remove(&key).is_err() {
+                drained.read_errors += 1;
+            }
+        }
         Ok(drained)
     }
 
@@ -146,6 +188,13 @@ impl Drainer {
             unwind_fp_no_table: read(counter::UNWIND_FP_NO_TABLE),
             unwind_fp_gap: read(counter::UNWIND_FP_GAP),
             unwind_no_process: read(counter::UNWIND_NO_PROCESS),
+            interp_walked: read(counter::INTERP_WALKED),
+            interp_no_thread: read(counter::INTERP_NO_THREAD),
+            interp_read_failed: read(counter::INTERP_READ_FAILED),
+            interp_cut: read(counter::INTERP_CUT),
+            interp_stacks_full: read(counter::INTERP_STACKS_FULL),
+            interp_codes_full: read(counter::INTERP_CODES_FULL),
+            interp_bad_code: read(counter::INTERP_BAD_CODE),
             ..Losses::default()
         }
     }
@@ -156,6 +205,42 @@ impl Drainer {
             .counters
             .get(&counter::IGNORED, 0)
             .map_or(0, |values| values.iter().sum())
+    }
+}
+
+/// An interpreter stack as the batch carries it: the frames used, as the kernel read them.
+fn interp_stack_wire(stack: &InterpStack) -> InterpStackWire {
+    let len = (stack.len as usize).min(stack.frames.len());
+    InterpStackWire {
+        frames: stack.frames[..len]
+            .iter()
+            .map(|f| InterpFrameWire {
+                code: f.code,
+                instruction: f.instruction,
+                marker: f.marker,
+            })
+            .collect(),
+        end: u8::try_from(stack.end).unwrap_or(u8::MAX),
+    }
+}
+
+/// A code object as the batch carries it: the bytes the kernel copied, nothing where its read
+/// failed (its `copied` bit clear).
+fn interp_code_wire(pid: u32, address: u64, code: &InterpCode) -> InterpCodeWire {
+    let part = |bit: u32, bytes: &[u8]| {
+        if code.copied & bit != 0 {
+            bytes.to_vec()
+        } else {
+            Vec::new()
+        }
+    };
+    InterpCodeWire {
+        pid,
+        code: address,
+        first_line: code.first_line,
+        name: part(1, &code.name),
+        filename: part(2, &code.filename),
+        linetable: part(4, &code.linetable),
     }
 }
 
@@ -202,8 +287,28 @@ pub fn split_reused(
     }
     let mut after = Drained {
         stacks: drained.stacks.clone(),
+        interp: split::InterpTables {
+            stacks: drained.interp.stacks.clone(),
+            codes: HashMap::new(),
+        },
         ..Drained::default()
     };
+    // Code objects copied for the newer process (tagged) go after, untagged; untagged ones
+    // stay and go after too, for the newer process's untagged rows.
+    let codes = std::mem::take(&mut drained.interp.codes);
+    for ((pid, address), mut code) in codes {
+        if pid & REUSED_TGID_BIT != 0 {
+            code.pid = pid & !REUSED_TGID_BIT;
+            after.interp.codes.insert((code.pid, address), code);
+        } else {
+            after
+                .interp
+                .codes
+                .entry((pid, address))
+                .or_insert_with(|| code.clone());
+            drained.interp.codes.insert((pid, address), code);
+        }
+    }
     let rows = std::mem::take(&mut drained.rows);
     for (mut key, count) in rows {
         let newer = key.tgid & REUSED_TGID_BIT != 0
@@ -229,8 +334,9 @@ pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) 
         user_stack: key.user_stack_id,
         kernel_stack: key.kernel_stack_id,
         count: *count,
+        interp_stack: key.interp_stack_hash,
     });
-    split::batch_parts(samples, &drained.stacks, header, max_bytes)
+    split::batch_parts(samples, &drained.stacks, &drained.interp, header, max_bytes)
 }
 
 /// [`build_batches`] of two halves of one drain, sent in this order with messages between
@@ -364,6 +470,74 @@ mod tests {
 
     fn pids(drained: &Drained) -> Vec<u32> {
         drained.rows.iter().map(|(k, _)| k.tgid).collect()
+    }
+
+    #[test]
+    fn the_newer_process_of_a_reused_pid_gets_its_own_code_objects_untagged() {
+        // Given pid 7's older process and its newer one (tagged) each with a code object at
+        // the same address, and one row each using one interpreter stack that names it
+        let code = |pid: u32, name: &[u8]| InterpCodeWire {
+            pid,
+            code: 0x1000,
+            name: name.to_vec(),
+            ..InterpCodeWire::default()
+        };
+        let stack = InterpStackWire {
+            frames: vec![InterpFrameWire {
+                code: 0x1000,
+                ..InterpFrameWire::default()
+            }],
+            end: 0,
+        };
+        let (mut older, mut newer) = (row(7), row(7 | REUSED_TGID_BIT));
+        older.0.interp_stack_hash = 5;
+        newer.0.interp_stack_hash = 5;
+        let tagged = 7 | REUSED_TGID_BIT;
+        let drained = Drained {
+            rows: vec![older, newer],
+            interp: split::InterpTables {
+                stacks: HashMap::from([(5, stack)]),
+                codes: HashMap::from([
+                    ((7, 0x1000), code(7, b"old")),
+                    ((tagged, 0x1000), code(tagged, b"new")),
+                ]),
+            },
+            ..Drained::default()
+        };
+        // When split and made into batches
+        let (before, after) = split_reused(drained, &HashSet::from([7]), |_| true);
+        let (a, b) = build_batches_in_two(&before, &after, &header(), 1 << 20);
+        // Then each half's row names its own process's code object, under the plain pid
+        for (parts, name) in [(a, b"old"), (b, b"new")] {
+            let part = &parts[0];
+            assert_eq!(part.rows.len(), 1);
+            assert_eq!(part.rows[0].interp_stack, Some(0));
+            assert_eq!(part.interp_codes.len(), 1);
+            assert_eq!(
+                (part.interp_codes[0].pid, &part.interp_codes[0].name[..]),
+                (7, &name[..])
+            );
+        }
+    }
+
+    #[test]
+    fn a_code_copy_keeps_only_the_parts_the_kernel_read() {
+        let mut code = InterpCode {
+            first_line: 12,
+            copied: 1 | 4,
+            name: [b'n'; ember_sampler_ebpf::INTERP_NAME_BYTES],
+            filename: [b'f'; ember_sampler_ebpf::INTERP_FILE_BYTES],
+            linetable: [b'l'; ember_sampler_ebpf::INTERP_LINES_BYTES],
+        };
+        let wire = interp_code_wire(7, 0x10, &code);
+        assert_eq!(
+            (wire.name.len(), wire.filename.len(), wire.linetable.len()),
+            (192, 0, 256)
+        );
+        code.copied = 0;
+        let wire = interp_code_wire(7, 0x10, &code);
+        assert!(wire.name.is_empty() && wire.linetable.is_empty());
+        assert_eq!((wire.pid, wire.code, wire.first_line), (7, 0x10, 12));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! ([`Drainer`]), splits them at reused pids, describes newly seen processes ([`Tracker`]),
 //! queues the batch parts on the [`Link`] to the relay and, between intervals, keeps that link
 //! going, reads the program's first-sample events at once, and acts on what the relay sends
-//! (unwind tables, the process filter).
+//! (unwind tables, the process filter, interpreters to walk).
 
 use std::time::{Duration, Instant};
 
@@ -10,13 +10,13 @@ use anyhow::Context as _;
 use ember_common::{now_unix_ns, stop_requested};
 use ember_protocol::{
     decode_relay_message, encode_sampler_message, split::BatchHeader, Batch, IgnoreProcesses,
-    Limits, Losses, RelayMessage, SamplerMessage,
+    InterpreterProcess, Limits, Losses, RelayMessage, SamplerMessage,
 };
 
 use crate::{
     config::{SamplerConfig, Unwind},
     drain::{build_batches_in_two, split_reused, Drainer},
-    ignore,
+    ignore, interp,
     limits::MAX_BATCH_BYTES,
     link::{BatchMark, Event, Link, Outgoing},
     load::Loaded,
@@ -42,6 +42,8 @@ pub struct DrainLoop {
     /// Processes the relay's filter left out, verified, not sampled (`ignore.rs`).
     ignored: ignore::Ignored,
     probe: ignore::ProcProbe,
+    /// Interpreters the relay described, checked, walked by the program (`interp.rs`).
+    interps: interp::Interps,
     sequence: u64,
     interval_start: u64,
     sent_samples: u64,
@@ -76,6 +78,7 @@ impl DrainLoop {
             tables: unwind::Tables::new(unwind_sizes.rows, unwind_sizes.tables),
             ignored: ignore::Ignored::default(),
             probe: ignore::ProcProbe { boot_time_unix_ns },
+            interps: interp::Interps::default(),
             sequence: 0,
             interval_start: now_unix_ns(),
             sent_samples: 0,
@@ -98,6 +101,10 @@ impl DrainLoop {
             if !self.link.is_connected() && self.ignored.len() > 0 {
                 // A new relay may filter otherwise: sample everything until it says.
                 self.ignored.clear(&mut self.loaded.ignored);
+            }
+            if !self.link.is_connected() && self.interps.len() > 0 {
+                // A new relay describes the interpreters it recognizes itself.
+                self.interps.clear(&mut self.loaded.interp_procs);
             }
             let Some(finishing) = tick else {
                 continue;
@@ -130,6 +137,7 @@ impl DrainLoop {
             self.tables.abandon();
             self.tables.drop_all(&mut self.loaded.unwind);
             self.ignored.clear(&mut self.loaded.ignored);
+            self.interps.clear(&mut self.loaded.interp_procs);
             let mut snapshot = vec![self.hello.clone()];
             snapshot.extend(self.tracker.snapshot());
             self.link.prepend(snapshot);
@@ -226,6 +234,8 @@ impl DrainLoop {
             samples,
             rows = drained.rows.len(),
             stacks = drained.stacks.len(),
+            interp_stacks = drained.interp.stacks.len(),
+            interp_codes = drained.interp.codes.len(),
             map_read_errors = drained.read_errors,
             "interval drained"
         );
@@ -291,6 +301,9 @@ impl DrainLoop {
                     self.tables.drop_table(file_id, &mut self.loaded.unwind);
                 }
                 Ok(RelayMessage::IgnoreProcesses(message)) => self.ignore_processes(&message),
+                Ok(RelayMessage::InterpreterProcess(message)) => {
+                    self.interpreter_process(&message);
+                }
                 Err(err) => {
                     tracing::debug!(%err, "undecodable message from the relay");
                     self.tables
@@ -319,10 +332,39 @@ impl DrainLoop {
         );
     }
 
+    /// Takes an `interpreterProcess` that checks out (see `interp.rs`).
+    fn interpreter_process(&mut self, message: &InterpreterProcess) {
+        let pid = message.pid;
+        let result = self.interps.take(
+            message,
+            self.tracker.described(pid),
+            self.tracker.mappings(pid),
+            &mut self.loaded.interp_procs,
+        );
+        match result {
+            Ok(()) => tracing::debug!(
+                pid,
+                file_id = message.file_id,
+                root = message.root,
+                forget = message.forget,
+                interpreters = self.interps.len(),
+                "interpreter to walk taken"
+            ),
+            Err(reason) => tracing::debug!(pid, reason, "interpreterProcess refused"),
+        }
+    }
+
     /// Tells the unwinder (`--unwind dwarf`) where changed processes map their files and
-    /// forgets exited ones.
+    /// forgets exited ones; forgets the interpreters of processes gone or changed under them.
     fn update_unwind_mappings(&mut self) {
         let (changed, gone) = self.tracker.take_changes();
+        let tracker = &self.tracker;
+        self.interps.recheck(
+            &changed,
+            &gone,
+            |pid| Some((tracker.described(pid)?, tracker.mappings(pid)?)),
+            &mut self.loaded.interp_procs,
+        );
         if self.config.unwind != Unwind::Dwarf {
             return;
         }
@@ -348,6 +390,7 @@ impl DrainLoop {
         losses.unwind_tables_loaded = self.tables.accepted;
         losses.unwind_tables_evicted = self.tables.evicted;
         losses.unwind_tables_refused = self.tables.refused + self.link.inbox_refused;
+        losses.interp_refused = self.interps.refused;
         losses
     }
 
@@ -374,6 +417,8 @@ impl DrainLoop {
             unwind_compactions = self.tables.compactions,
             ignore_accepted = self.ignored.accepted,
             ignore_released = self.ignored.released,
+            interpreters = self.interps.len(),
+            interpreters_accepted = self.interps.accepted,
             process_events = events_sent,
             process_events_dropped = events_dropped,
             process_execs = execs,

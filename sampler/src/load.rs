@@ -17,8 +17,9 @@ use aya::{
 };
 use ember_protocol::Mapping;
 use ember_sampler_ebpf::{
-    maps, programs, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
-    DWARF_GLOBAL, MAX_PROC_MAPPINGS, TARGET_TGID_GLOBAL,
+    maps, programs, InterpCode, InterpCodeKey, InterpProc, InterpStack, MappingEntry, ProcMappings,
+    SampleKey, UnwindRow, UnwindTableInfo, UserStack, DWARF_GLOBAL, MAX_PROC_MAPPINGS,
+    TARGET_TGID_GLOBAL,
 };
 
 use crate::{
@@ -108,6 +109,11 @@ pub struct Loaded {
     /// Processes the program does not sample (see `ignore.rs`).
     pub ignored: HashMap<MapData, u32, u8>,
     pub unwind: UnwindMaps,
+    /// Interpreters the program walks (`interp.rs`).
+    pub interp_procs: HashMap<MapData, u32, InterpProc>,
+    /// Interpreter stacks by hash, and code objects copied, per generation.
+    pub interp_stacks: [HashMap<MapData, u64, InterpStack>; 2],
+    pub interp_codes: [HashMap<MapData, InterpCodeKey, InterpCode>; 2],
     /// First samples of processes, as they happen (`procevents.rs`).
     pub events: ProcessEvents,
     pub cpus: usize,
@@ -332,6 +338,15 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         mappings_lost: 0,
         processes_written: 0,
     };
+    let interp_procs = HashMap::try_from(take(maps::INTERP_PROCS)?)?;
+    let interp_stacks = [
+        HashMap::try_from(take(maps::INTERP_STACKS[0])?)?,
+        HashMap::try_from(take(maps::INTERP_STACKS[1])?)?,
+    ];
+    let interp_codes = [
+        HashMap::try_from(take(maps::INTERP_CODES[0])?)?,
+        HashMap::try_from(take(maps::INTERP_CODES[1])?)?,
+    ];
     let events = ProcessEvents::new(
         RingBuf::try_from(take(maps::PROCESS_EVENTS)?)?,
         PerCpuArray::try_from(take(maps::PROCESS_EVENT_COUNTERS)?)?,
@@ -346,6 +361,9 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         counters,
         ignored,
         unwind,
+        interp_procs,
+        interp_stacks,
+        interp_codes,
         events,
         cpus: cpus.len(),
     })

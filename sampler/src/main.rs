@@ -9,6 +9,7 @@ mod drain;
 mod drain_loop;
 mod harden;
 mod ignore;
+mod interp;
 mod limits;
 mod link;
 mod load;

@@ -1009,6 +1009,7 @@ fn fake_batch(sequence: u64, pid: u32, addresses: Vec<u64>) -> Vec<u8> {
                 user_stack: StackRef::Index(0),
                 kernel_stack: StackRef::Missing(14),
                 count: 1,
+                interp_stack: None,
             }],
         )
     };

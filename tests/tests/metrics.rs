@@ -31,7 +31,7 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Each loss field of the relay's `batch received` log line and the `ember_sampler_` counter
 /// serving the same field of the sampler's `Losses`.
-const LOSSES: [(&str, &str); 32] = [
+const LOSSES: [(&str, &str); 40] = [
     ("sampler_samples", "ember_sampler_samples_total"),
     ("idle_samples", "ember_sampler_idle_samples_total"),
     ("filtered_samples", "ember_sampler_filtered_samples_total"),
@@ -112,6 +112,20 @@ const LOSSES: [(&str, &str); 32] = [
         "unwind_tables_evicted",
         "ember_sampler_unwind_tables_evicted_total",
     ),
+    ("interp_walked", "ember_sampler_interp_walked_total"),
+    ("interp_no_thread", "ember_sampler_interp_no_thread_total"),
+    (
+        "interp_read_failed",
+        "ember_sampler_interp_read_failed_total",
+    ),
+    ("interp_cut", "ember_sampler_interp_cut_total"),
+    (
+        "interp_stacks_full",
+        "ember_sampler_interp_stacks_full_total",
+    ),
+    ("interp_codes_full", "ember_sampler_interp_codes_full_total"),
+    ("interp_bad_code", "ember_sampler_interp_bad_code_total"),
+    ("interp_refused", "ember_sampler_interp_refused_total"),
 ];
 
 /// The Python of scripts/setup.sh's tools venv, which holds `prometheus_client`.

@@ -16,8 +16,10 @@
 
 pub mod cpython;
 pub(crate) mod elf;
+pub mod publish;
 pub mod raw;
 pub(crate) mod seen;
+pub mod wire;
 
 use std::{fmt, fs::File};
 

@@ -740,6 +740,14 @@ mod tests {
             "unwind_fp_gap",
             "unwind_no_process",
             "unwind_tables_evicted",
+            "interp_walked",
+            "interp_no_thread",
+            "interp_read_failed",
+            "interp_cut",
+            "interp_stacks_full",
+            "interp_codes_full",
+            "interp_bad_code",
+            "interp_refused",
         ];
         let sampler = sampler
             .iter()

@@ -75,6 +75,17 @@ def inner():
         inside = start <= ip < start + len(caller.f_code.co_code)
         check("frame.instruction in caller's code", inside, True)
         check("frame.owner (thread)", ctypes.c_uint8.from_address(prev + req("frame.owner")).value, 0)
+    if opt("frame.is_entry") is not None:
+        # A Python-to-Python call runs in its caller's eval loop; the outermost frame started one.
+        entry = req("frame.is_entry")
+        check("frame.is_entry (inlined call)", ctypes.c_uint8.from_address(frame + entry).value, 0)
+        bottom = frame
+        for _ in range(1000):
+            below = ptr(bottom + req("frame.previous"))
+            if below == 0:
+                break
+            bottom = below
+        check("frame.is_entry (outermost)", ctypes.c_uint8.from_address(bottom + entry).value, 1)
 
     interp = ptr(tstate + req("thread.interp"))
     check("thread.interp set", interp != 0, True)
@@ -109,6 +120,8 @@ def inner():
     if opt("anchors.auto_tls_key") is not None:
         key = ctypes.c_int.from_address(base + req("anchors.auto_tls_key") - first).value
         check("anchors.auto_tls_key", libc.pthread_getspecific(key) or 0, tstate)
+    if opt("anchors.code_type") is not None:
+        check("anchors.code_type", base + req("anchors.code_type") - first, id(type(me.f_code)))
     if opt("anchors.interp_head") is not None:
         check("anchors.interp_head", ptr(base + req("anchors.interp_head") - first), interp)
 

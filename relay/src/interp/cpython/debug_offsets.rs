@@ -369,6 +369,7 @@ pub fn parse(bytes: &[u8], version: Version) -> Result<Layout, Refused> {
             code_tag_mask: if version.minor >= 14 { 3 } else { 0 },
             instruction: o("interpreter_frame", "instr_ptr", ptr)?,
             owner: Some(o("interpreter_frame", "owner", 1)?),
+            is_entry: None,
         },
         code: Code {
             filename: o("code_object", "filename", ptr)?,

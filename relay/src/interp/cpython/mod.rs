@@ -77,6 +77,9 @@ pub struct Anchors {
     pub auto_tls_key: Option<u64>,
     /// `interp_head` (3.6, local): the first interpreter.
     pub interp_head: Option<u64>,
+    /// `PyCode_Type`: the type of every code object (a walker checks a frame's code pointer
+    /// against it before copying anything).
+    pub code_type: Option<u64>,
 }
 
 /// Offsets in `_PyRuntimeState` (from `_PyRuntime`).
@@ -137,6 +140,10 @@ pub struct Frame {
     pub instruction: u64,
     /// `owner` (3.11 on, one byte): whether the thread, a generator or the C stack owns it.
     pub owner: Option<u64>,
+    /// `is_entry` (3.11 only, a `bool`): set on the first frame an eval loop call runs, so a
+    /// walker knows where one C-level `_PyEval_EvalFrameDefault` ends (3.12 marks that with a
+    /// shim frame owned by the C stack instead).
+    pub is_entry: Option<u64>,
 }
 
 /// Offsets in `PyCodeObject`.
@@ -186,6 +193,7 @@ const DYNAMIC: &[&str] = &[
     "Py_Version",
     "_PyRuntime",
     "_PyThreadState_Current",
+    "PyCode_Type",
 ];
 
 /// Local symbols (3.6's anchors), read from `.symtab` only for a file already recognized.
@@ -227,6 +235,7 @@ fn layout(
     let mut anchors = Anchors {
         runtime: facts.symbol("_PyRuntime").map(|s| s.value),
         thread_state_current: facts.symbol("_PyThreadState_Current").map(|s| s.value),
+        code_type: facts.symbol("PyCode_Type").map(|s| s.value),
         ..Anchors::default()
     };
     let mut layout = if version.major == 3 && version.minor >= 13 {

@@ -50,22 +50,12 @@ impl Boundary {
 }
 
 /// Where in a frame the kernel reads the marker byte the grouping needs (the layout's
-/// `frame_marker`): `is_entry` in 3.11 (a `bool` just before `owner`: `bool is_entry; char
-/// owner;` in its `_PyInterpreterFrame`), `owner` from 3.12; none to 3.10.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the interpreterProcess message's frame_marker is to come from it when the \
-                  control message is built"
-    )
-)]
+/// `frame_marker`): `is_entry` in 3.11, `owner` from 3.12; none to 3.10 (one frame, one call).
 pub fn marker_offset(version: Version, layout: &Layout) -> Option<u64> {
-    let owner = layout.frame.owner?;
     match Boundary::of(version) {
         Boundary::EachFrame => None,
-        Boundary::Entry => owner.checked_sub(1),
-        Boundary::Shim => Some(owner),
+        Boundary::Entry => layout.frame.is_entry,
+        Boundary::Shim => layout.frame.owner,
     }
 }
 

@@ -30,6 +30,7 @@ const fn object_frame(f_lasti: u64) -> Frame {
         code_tag_mask: 0,
         instruction: f_lasti,
         owner: None,
+        is_entry: None,
     }
 }
 
@@ -137,6 +138,8 @@ pub fn layout(version: Version) -> Option<Layout> {
                 code_tag_mask: 0,
                 instruction: 56,
                 owner: Some(69),
+                // `bool is_entry;` just before `owner` (Include/internal/pycore_frame.h, v3.11).
+                is_entry: Some(68),
             },
             Code {
                 filename: 112,
@@ -172,6 +175,7 @@ pub fn layout(version: Version) -> Option<Layout> {
                 code_tag_mask: 0,
                 instruction: 56,
                 owner: Some(70),
+                is_entry: None,
             },
             Code {
                 filename: 112,

@@ -155,6 +155,7 @@ fn check_args(interpreter: &Interpreter, layout: &Layout) -> Vec<String> {
     put("anchors.thread_state_current", a.thread_state_current);
     put("anchors.auto_tls_key", a.auto_tls_key);
     put("anchors.interp_head", a.interp_head);
+    put("anchors.code_type", a.code_type);
     put(
         "runtime.interpreters_head",
         layout.runtime.interpreters_head,
@@ -178,6 +179,7 @@ fn check_args(interpreter: &Interpreter, layout: &Layout) -> Vec<String> {
     put("frame.code_tag_mask", Some(f.code_tag_mask));
     put("frame.instruction", Some(f.instruction));
     put("frame.owner", f.owner);
+    put("frame.is_entry", f.is_entry);
     let c = &layout.code;
     put("code.filename", Some(c.filename));
     put("code.name", Some(c.name));
