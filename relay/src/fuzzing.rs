@@ -129,6 +129,7 @@ pub fn python_code(data: &[u8]) {
     let runtime = Runtime {
         version,
         layout: &layout,
+        module: None,
     };
     let mut naming = Naming::default();
     let code = frames.first().map_or(0, |f| f.code);

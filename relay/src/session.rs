@@ -60,6 +60,9 @@ struct Process {
     modules: Vec<Arc<Module>>,
     /// The recognized runtimes among its mapped files (each counted once per process).
     runtimes: Vec<Arc<Recognized>>,
+    /// The path of the CPython binary it maps (`python3.X`, `libpython3.X.so`), as its modules
+    /// name it: the eval loop's code when the binary's symbols do not name it.
+    interpreter_path: Option<Arc<str>>,
 }
 
 /// Counters of what could not be named, for the logs.
@@ -329,7 +332,7 @@ impl Session {
                  frames in them stay unknown"
             );
         }
-        let modules = info
+        let modules: Vec<Arc<Module>> = info
             .mappings
             .iter()
             .map(|m| {
@@ -342,6 +345,17 @@ impl Session {
         let container_id = crate::model::container_id(&info.cgroup).map(Arc::from);
         let (pid, start) = (info.pid, info.start_time_unix_ns);
         let runtimes = self.note_runtimes(&info, &name);
+        let interpreter_path = info
+            .mappings
+            .iter()
+            .zip(&modules)
+            .find(|(m, _)| {
+                self.files
+                    .get(&m.file_id)
+                    .and_then(|f| f.runtime.as_deref())
+                    .is_some_and(|r| matches!(r, Recognized::CPython(_)))
+            })
+            .map(|(_, module)| Arc::clone(&module.path));
         let process = Process {
             info,
             name,
@@ -349,6 +363,7 @@ impl Session {
             container_id,
             modules,
             runtimes,
+            interpreter_path,
         };
         let exec_path = Arc::clone(&process.executable_path);
         if let Some(old) = self.processes.insert(pid, process) {
@@ -603,6 +618,7 @@ fn cpython_runtime(process: &Process) -> Option<Runtime<'_>> {
         Recognized::CPython(i) => Some(Runtime {
             version: i.version,
             layout: i.layout.as_ref().ok()?,
+            module: process.interpreter_path.as_deref(),
         }),
     })
 }
@@ -876,8 +892,8 @@ mod tests {
             &mut profile,
             &HashSet::new(),
         );
-        // Then the Python frame is named from the copy and placed at the root end, and the
-        // mismatch counted
+        // Then the Python frame is named from the copy and takes the place of the interpreter
+        // binary's unnamed frame (the eval loop, when no symbol names it)
         let samples = profile.samples();
         let names: Vec<String> = samples[0].stack.iter().map(Frame::text_name).collect();
         assert_eq!(
@@ -888,7 +904,7 @@ mod tests {
         let (stats, cache, cached) = session.python_stats();
         assert_eq!(
             (stats.frames, stats.unknown_code, stats.groups_left),
-            (1, 0, 1)
+            (1, 0, 0)
         );
         assert_eq!((cache.inserted, cached), (1, 1));
         // And when the process exits, its codes are forgotten

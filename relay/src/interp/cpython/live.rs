@@ -284,6 +284,7 @@ fn check(
     let runtime = Runtime {
         version: interpreter.version,
         layout,
+        module: None,
     };
     let mut naming = Naming::default();
     naming.take_codes((1, 1), runtime, codes.iter().map(|(c, raw)| (*c, raw)));

@@ -56,6 +56,8 @@ impl Default for Naming {
 pub struct Runtime<'a> {
     pub version: Version,
     pub layout: &'a Layout,
+    /// The path of the interpreter's binary in the process's modules, when known.
+    pub module: Option<&'a str>,
 }
 
 impl Naming {
@@ -120,7 +122,7 @@ impl Naming {
                     .collect()
             })
             .collect();
-        let (frames, mismatch) = splice::splice(native, &groups);
+        let (frames, mismatch) = splice::splice(native, &groups, runtime.module);
         self.stats.stacks += 1;
         if !mismatch.is_none() {
             self.count(process.0, mismatch, groups.len());
@@ -194,6 +196,7 @@ mod tests {
         let runtime = Runtime {
             version: V,
             layout: &layout,
+            module: None,
         };
         let mut naming = Naming::default();
         let (hot, main) = (code("Worker.hot", 12), code("<module>", 1));
@@ -260,6 +263,7 @@ mod tests {
             let runtime = Runtime {
                 version,
                 layout: &layout,
+                module: None,
             };
             let mut naming = Naming::default();
             for _ in 0..300 {

@@ -112,16 +112,39 @@ impl Mismatch {
     }
 }
 
+/// Whether a native frame is unnamed code of the interpreter's binary (`module`, its path):
+/// where the eval loop runs when the binary's symbols do not cover it. Debian's stripped 3.14
+/// exports a 1 KiB `_PyEval_EvalFrameDefault` that enters the interpreter's opcode handlers,
+/// local functions that tail-call each other, so no frame of the loop bears its name.
+fn is_unnamed_interpreter_code(frame: &Frame, module: Option<&str>) -> bool {
+    frame.kind == crate::model::FrameKind::Native
+        && frame.is_unknown()
+        && module.is_some_and(|path| frame.module.as_ref().is_some_and(|m| &*m.path == path))
+}
+
 /// `native` (leaf first) with each eval-loop frame replaced by the next of `groups` (each leaf
-/// first, in leaf-first order).
-pub fn splice(native: &[Frame], groups: &[Vec<Frame>]) -> (Vec<Frame>, Mismatch) {
+/// first, in leaf-first order). In a stack with no frame named as the eval loop, the unnamed
+/// frames of the interpreter's own binary (`module`, its path) stand for it.
+pub fn splice(
+    native: &[Frame],
+    groups: &[Vec<Frame>],
+    module: Option<&str>,
+) -> (Vec<Frame>, Mismatch) {
     let mut out = Vec::with_capacity(native.len() + groups.iter().map(Vec::len).sum::<usize>());
     let mut used = 0;
     let mut mismatch = Mismatch::default();
+    let named_loop = native.iter().any(is_eval_loop);
+    let is_eval = |frame: &Frame| {
+        if named_loop {
+            is_eval_loop(frame)
+        } else {
+            is_unnamed_interpreter_code(frame, module)
+        }
+    };
     // Where the frames after the last eval frame's replacement start in `out`.
     let mut after_last_eval = None;
     for frame in native {
-        if !is_eval_loop(frame) {
+        if !is_eval(frame) {
             out.push(frame.clone());
             continue;
         }
@@ -268,7 +291,7 @@ mod tests {
         ];
         let groups = [vec![py("leaf"), py("mid")], vec![py("root")]];
         // When spliced
-        let (out, mismatch) = splice(&stack, &groups);
+        let (out, mismatch) = splice(&stack, &groups, None);
         // Then each eval frame is replaced by its group in order, the rest kept
         assert_eq!(
             names(&out),
@@ -290,7 +313,7 @@ mod tests {
         // Given a native stack cut short: one eval frame, then an unknown frame; three groups
         let stack = [native("_PyEval_EvalFrameDefault"), native("[unknown]")];
         let groups = [vec![py("a")], vec![py("b")], vec![py("c"), py("d")]];
-        let (out, mismatch) = splice(&stack, &groups);
+        let (out, mismatch) = splice(&stack, &groups, None);
         // Then the first group replaces it and the others follow it, before the rest
         assert_eq!(names(&out), ["a", "b", "c", "d", "[unknown]"]);
         assert_eq!(
@@ -301,7 +324,7 @@ mod tests {
             }
         );
         // And without any eval frame, they go at the root end
-        let (out, mismatch) = splice(&[native("start_thread")], &groups[..1]);
+        let (out, mismatch) = splice(&[native("start_thread")], &groups[..1], None);
         assert_eq!(names(&out), ["start_thread", "a"]);
         assert_eq!(mismatch.groups_left, 1);
     }
@@ -313,7 +336,7 @@ mod tests {
             native("_PyEval_EvalFrameDefault"),
             native("main"),
         ];
-        let (out, mismatch) = splice(&stack, &[vec![py("only")]]);
+        let (out, mismatch) = splice(&stack, &[vec![py("only")]], None);
         assert_eq!(names(&out), ["only", "_PyEval_EvalFrameDefault", "main"]);
         assert_eq!(
             mismatch,
@@ -323,8 +346,61 @@ mod tests {
             }
         );
         // And no groups at all leave the stack untouched
-        let (out, mismatch) = splice(&stack, &[]);
+        let (out, mismatch) = splice(&stack, &[], None);
         assert_eq!(out, stack);
         assert_eq!(mismatch.eval_frames_left, 2);
+    }
+
+    #[test]
+    fn a_stripped_interpreter_s_unnamed_frames_stand_for_the_eval_loop() {
+        // Given a stack of a CPython whose eval loop has no symbol (Debian's 3.14: tail-called
+        // opcode handlers), with a helper of the same binary root-side and libc's code
+        let in_module = |function: &str, path: &str| {
+            let mut frame = native(function);
+            frame.module = Some(std::sync::Arc::new(crate::model::Module {
+                path: std::sync::Arc::from(path),
+                build_id: None,
+                start: 0,
+                end: 0,
+                file_offset: 0,
+            }));
+            frame
+        };
+        let unknown = crate::model::UNKNOWN;
+        let stack = [
+            in_module(unknown, "/usr/bin/python3.14"),
+            native("PyEval_EvalCode"),
+            in_module(unknown, "/usr/bin/python3.14"),
+            in_module(unknown, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            native("main"),
+        ];
+        // When the Python frames are spliced in
+        let (out, mismatch) = splice(
+            &stack,
+            &[vec![py("leaf"), py("<module>")]],
+            Some("/usr/bin/python3.14"),
+        );
+        // Then they take the leaf-most unnamed frame of the interpreter's binary
+        assert_eq!(
+            names(&out),
+            [
+                "leaf",
+                "<module>",
+                "PyEval_EvalCode",
+                unknown,
+                unknown,
+                "main"
+            ]
+        );
+        assert_eq!(mismatch.groups_left, 0);
+        // And without the interpreter's path, nothing stands for the loop
+        let (out, mismatch) = splice(&stack, &[vec![py("leaf")]], None);
+        assert_eq!(names(&out)[..2], [unknown, "PyEval_EvalCode"]);
+        assert_eq!(mismatch.groups_left, 1);
+        // And a stack that names the eval loop keeps to it
+        let mut named = stack.to_vec();
+        named.insert(1, native("_PyEval_EvalFrameDefault"));
+        let (out, _) = splice(&named, &[vec![py("leaf")]], Some("/usr/bin/python3.14"));
+        assert_eq!(names(&out)[..3], [unknown, "leaf", "PyEval_EvalCode"]);
     }
 }

@@ -16,9 +16,10 @@
 
 use super::{Unicode, Version};
 
-/// Longest string accepted, in characters: far over any file name (`PATH_MAX` is 4096 bytes)
-/// or qualified name a program has, so a larger length is garbage, not a long name.
-pub const MAX_LENGTH: u64 = 1 << 16;
+/// Longest string accepted, in characters. Python itself allows names and file names of any
+/// length (a program can `compile` a function with a 1 MiB name), and only the copy's first
+/// bytes are decoded, so only a length no allocation could hold is taken for garbage.
+pub const MAX_LENGTH: u64 = 1 << 40;
 
 /// Appended to the text of a string the copy held only part of.
 pub const TRUNCATED: char = '…';
@@ -278,8 +279,8 @@ mod tests {
                 Refused::Length(-1),
             ),
             (
-                image(&NEW, 1 << 40, state(1, true), 40, b"x"),
-                Refused::Length(1 << 40),
+                image(&NEW, (1 << 40) + 1, state(1, true), 40, b"x"),
+                Refused::Length((1 << 40) + 1),
             ),
             (
                 image(&NEW, 1, state(1, true) & !(1 << 5), 40, b"x"),
