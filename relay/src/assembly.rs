@@ -69,6 +69,8 @@ pub(crate) struct Settings {
     pub unwind: UnwindMode,
     /// `--state-dir`: where compiled unwind tables are cached; `None`: no cache.
     pub state_dir: Option<PathBuf>,
+    /// `--interpreters`: walk the frames of recognized interpreters (CPython) in the kernel.
+    pub interpreters: bool,
 }
 
 /// The output directory or its files could not be created: its own error, so a command can
@@ -150,6 +152,7 @@ impl Prepared {
         let driver = Driver::new(sinks, settings.file_limits, settings.window)
             .with_labels(labels)
             .with_unwind(settings.unwind, settings.state_dir.as_deref())?
+            .with_interpreters(settings.interpreters)
             .with_metrics(metrics);
         let intake = Intake {
             events: events_tx,
@@ -206,6 +209,7 @@ mod tests {
             kubernetes: None,
             unwind: UnwindMode::Fp,
             state_dir: None,
+            interpreters: true,
         }
     }
 

@@ -149,6 +149,14 @@ impl Driver {
         Ok(self)
     }
 
+    /// With `walk` false (`--interpreters off`), no interpreter's frames are walked.
+    pub(crate) fn with_interpreters(mut self, walk: bool) -> Self {
+        if !walk {
+            self.pipeline.without_interpreters();
+        }
+        self
+    }
+
     /// Runs until the policy says stop; hands the unfinished interval to the sinks before it
     /// returns.
     pub(crate) fn run(

@@ -250,6 +250,12 @@ impl Pipeline {
         Self::default()
     }
 
+    /// `--interpreters off`: tells no sampler where an interpreter's frames are, so the kernel
+    /// walks none (native stacks only, as before interpreters were walked).
+    pub fn without_interpreters(&mut self) {
+        self.interp.off = true;
+    }
+
     /// Samples symbolized since start.
     pub fn samples(&self) -> u64 {
         self.samples

@@ -99,6 +99,7 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
     // Chosen while root (the choice reads every process's status), before the sampler starts.
     let user = privileges::choose_user(config.user.as_deref())?;
     let unwind = config.parts.unwind;
+    let interpreters = config.parts.interpreters;
     let flamegraph = config
         .parts
         .output_dir
@@ -132,7 +133,10 @@ pub fn record(config: RecordConfig) -> anyhow::Result<()> {
         policy.sampler_error,
         &exit,
         config.export_timeout,
-        verbose,
+        Said {
+            verbose,
+            interpreters,
+        },
     )?;
     opener.open();
     Ok(())
@@ -239,7 +243,7 @@ fn finish(
     sampler_error: Option<String>,
     exit: &str,
     export_timeout: Duration,
-    verbose: bool,
+    said: Said,
 ) -> anyhow::Result<()> {
     let Ended {
         window: profile,
@@ -254,7 +258,7 @@ fn finish(
     }
     sinks.finish(&profile, export_timeout, &mut |report| {
         match report? {
-            SinkReport::Files(paths) => print_summary(&profile, &paths, &losses, verbose),
+            SinkReport::Files(paths) => print_summary(&profile, &paths, &losses, said),
             SinkReport::Otlp(finished) => print_export_summary(&finished, export_timeout),
             SinkReport::Quiet => {}
         }
@@ -487,17 +491,26 @@ fn loss_lines(losses: &Losses, verbose: bool) -> Vec<String> {
 
 /// What `record` prints at the end: what was recorded, what was lost and why in words, the
 /// files, the top functions; with `-v` also how the user stacks were unwound (internals).
-fn print_summary(profile: &LabeledProfile, paths: &[PathBuf], losses: &Losses, verbose: bool) {
+/// What the summary says beyond the profile: every loss (`--verbose`), and whether
+/// interpreters' frames were walked (`--interpreters`).
+#[derive(Clone, Copy)]
+struct Said {
+    verbose: bool,
+    interpreters: bool,
+}
+
+fn print_summary(profile: &LabeledProfile, paths: &[PathBuf], losses: &Losses, said: Said) {
     let total = profile.total_samples();
     println!(
         "recorded {total} samples at {} Hz over {:.1}s",
         profile.frequency_hz,
         profile.end_unix_ns.saturating_sub(profile.start_unix_ns) as f64 / 1e9
     );
-    for line in loss_lines(losses, verbose) {
+    for line in loss_lines(losses, said.verbose) {
         println!("{line}");
     }
-    for line in crate::interp::seen::summary_lines(&crate::interp::seen::snapshot()) {
+    let seen = crate::interp::seen::snapshot();
+    for line in crate::interp::seen::summary_lines(&seen, said.interpreters) {
         println!("{line}");
     }
     println!("wrote:");

@@ -512,10 +512,11 @@ fn report_matches_go_pprof(profile: &std::path::Path) {
 }
 
 /// A recording of a CPython process says which CPython it runs and that its Python functions are
-/// not named yet: the relay recognized the interpreter from the binary the sampler passed
-/// (Debian's python3 is statically linked: the executable itself), not from the process's name.
+/// named, and they are: the relay recognized the interpreter from the binary the sampler passed
+/// (Debian's python3 is statically linked: the executable itself), not from the process's name,
+/// and the kernel walked its frames. With `--interpreters off` the summary says they are not.
 #[test]
-fn the_summary_says_which_cpython_a_process_runs_and_that_its_python_functions_are_not_named_yet() {
+fn the_summary_says_which_cpython_a_process_runs_and_that_its_python_functions_are_named() {
     if !privileged() {
         return;
     }
@@ -540,15 +541,30 @@ fn the_summary_says_which_cpython_a_process_runs_and_that_its_python_functions_a
         .expect("starting python3");
     let pid = busy.id().to_string();
     let recorded = spawn_record(&["--duration", "3s", "--pid", &pid]).finish(RECORD_TIMEOUT);
+    let off = spawn_record(&["--duration", "2s", "--pid", &pid, "--interpreters", "off"])
+        .finish(RECORD_TIMEOUT);
     let _ = busy.kill();
     let _ = busy.wait();
-    let expected =
-        format!("(pid {pid}) runs CPython {version}: its Python functions are not named yet");
-    let line = recorded
-        .stdout
-        .lines()
-        .find(|l| l.contains(&expected))
-        .unwrap_or_else(|| panic!("no {expected:?} in the summary:\n{}", recorded.stdout));
-    assert!(line.contains("docs/runtimes.md"), "{line}");
-    eprintln!("{line}");
+    let runs = format!("(pid {pid}) runs CPython {version}: its Python functions ");
+    let said = |stdout: &str, what: &str| {
+        let expected = format!("{runs}{what}");
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&expected))
+            .unwrap_or_else(|| panic!("no {expected:?} in the summary:\n{stdout}"))
+            .to_owned();
+        eprintln!("{line}");
+    };
+    said(
+        &recorded.stdout,
+        "are named from the interpreter's own frames",
+    );
+    said(&off.stdout, "are not named (--interpreters off)");
+    // And the stacks hold the module's Python frame (`python3 -c` code is `<module>` of
+    // `<string>`)
+    let folded = fs::read_to_string(recorded.out_dir.join("stacks.folded")).expect("stacks.folded");
+    assert!(
+        folded.contains("<module> (<string>:"),
+        "no Python frame in the recording:\n{folded}"
+    );
 }

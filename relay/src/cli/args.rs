@@ -204,6 +204,18 @@ pub(super) struct PartsArgs {
     export: ExportArgs,
     #[command(flatten)]
     labels: LabelArgs,
+    /// Name the functions of interpreted code: for each process running a recognized
+    /// interpreter (CPython 3.6 to 3.14), tell the sampler where its frames are, so the kernel
+    /// walks them at each sample and the stacks show Python functions, files and lines in
+    /// place of the interpreter's eval loop (docs/runtimes.md). `off`: native stacks only.
+    #[arg(
+        long,
+        value_name = "on|off",
+        default_value = "on",
+        value_parser = parse_on_off,
+        action = clap::ArgAction::Set
+    )]
+    interpreters: bool,
 }
 
 impl PartsArgs {
@@ -235,6 +247,7 @@ impl PartsArgs {
             file_limits: self.file_limits.file_limits(),
             unwind: self.unwind.unwind,
             state_dir: self.unwind.state_dir,
+            interpreters: self.interpreters,
         })
     }
 
@@ -431,6 +444,15 @@ impl RecordArgs {
             log_level,
             export_timeout: self.export_timeout,
         })
+    }
+}
+
+/// `on` or `off` (also `true`/`false`), for switches whose default is on.
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        other => Err(format!("`{other}` is neither `on` nor `off`")),
     }
 }
 

@@ -184,6 +184,8 @@ pub(crate) struct InterpPublisher {
     pub(crate) sent: u64,
     /// Messages dropped: over [`MAX_PENDING`], or the socket failed.
     pub(crate) dropped: u64,
+    /// `--interpreters off`: no sampler is told of any interpreter, so none is walked.
+    pub(crate) off: bool,
 }
 
 /// Whether two messages are the same claim: (pid, start time, file, root).
@@ -195,6 +197,9 @@ fn same_claim(a: &InterpreterProcess, b: &InterpreterProcess) -> bool {
 impl InterpPublisher {
     /// A sampler connected; `control` is its sending side.
     pub(crate) fn connected(&mut self, conn: ConnectionId, control: Arc<OwnedFd>) {
+        if self.off {
+            return;
+        }
         self.outboxes.insert(
             conn,
             Outbox {

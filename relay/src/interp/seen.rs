@@ -109,9 +109,10 @@ pub(crate) fn recognize_passed(fd: &OwnedFd, path: &str) -> Option<Arc<Recognize
     }
 }
 
-/// `record`'s lines about the runtimes seen: per release, which processes ran it and that
-/// their functions are not named yet. Empty when none was seen.
-pub fn summary_lines(seen: &Seen) -> Vec<String> {
+/// `record`'s lines about the runtimes seen: per release, which processes ran it and whether
+/// their functions are named (walked: `--interpreters on` and a layout for the release) or why
+/// not. Empty when none was seen.
+pub fn summary_lines(seen: &Seen, walked: bool) -> Vec<String> {
     seen.releases
         .values()
         .map(|release| {
@@ -123,22 +124,32 @@ pub fn summary_lines(seen: &Seen) -> Vec<String> {
             } else {
                 String::new()
             };
-            let why = release
-                .unusable
-                .as_ref()
-                .map(|u| format!("; {u}"))
-                .unwrap_or_default();
             let (run, their) = if release.processes == 1 {
                 ("runs", "its")
             } else {
                 ("run", "their")
             };
+            let named = match (&release.unusable, walked) {
+                (None, true) => format!(
+                    "{their} {} functions are named from the interpreter's own frames, read in \
+                     the kernel at each sample",
+                    release.language
+                ),
+                (None, false) => format!(
+                    "{their} {} functions are not named (--interpreters off): samples in them \
+                     show the interpreter's own C functions",
+                    release.language
+                ),
+                (Some(why), _) => format!(
+                    "{their} {} functions are not named, samples in them show the \
+                     interpreter's own C functions (see docs/runtimes.md): {why}",
+                    release.language
+                ),
+            };
             format!(
-                "{}{others} {run} {}: {their} {} functions are not named yet, samples in them \
-                 show the interpreter's own C functions (see docs/runtimes.md){why}",
+                "{}{others} {run} {}: {named}",
                 release.examples.join(", "),
                 release.versions.join(", "),
-                release.language,
             )
         })
         .collect()
@@ -173,12 +184,13 @@ mod tests {
         assert_eq!(r311.examples.len(), MAX_EXAMPLES);
         assert_eq!(r311.versions, ["CPython 3.11.2"]);
         assert_eq!(seen.releases[&("cpython", "3.12".to_owned())].processes, 1);
-        let lines = summary_lines(&seen);
+        let lines = summary_lines(&seen, true);
         println!("{lines:#?}");
         assert!(lines[0].starts_with(
             "python3 (pid 1), python3 (pid 2), python3 (pid 3) and 2 more run CPython 3.11.2: \
-             their Python functions are not named yet"
+             their Python functions are not named, samples in them show"
         ));
+        assert!(lines[0].ends_with(": test"), "{}", lines[0]);
         assert!(lines[1].starts_with("worker (pid 9) runs CPython 3.12.1: its Python functions"));
         // And hostile files claiming endless releases cannot grow the tally past its bound
         for micro in 0..=255 {
@@ -187,5 +199,28 @@ mod tests {
             }
         }
         assert_eq!(seen.releases.len(), MAX_RELEASES);
+    }
+
+    #[test]
+    fn a_walked_release_says_its_functions_are_named_unless_walking_is_off() {
+        // Given a process of a release with a layout
+        let mut seen = Seen::default();
+        let usable = Recognized::CPython(Interpreter {
+            version: Version::new(3, 12, 1),
+            shared_library: true,
+            first_vaddr: 0,
+            layout: crate::interp::cpython::table::layout(Version::new(3, 12, 1))
+                .ok_or_else(|| "no table".to_owned()),
+        });
+        seen.note(&usable, "worker", 9);
+        // Then the summary says its functions are named, or why not with --interpreters off
+        assert_eq!(
+            summary_lines(&seen, true),
+            [
+                "worker (pid 9) runs CPython 3.12.1: its Python functions are named from the \
+              interpreter's own frames, read in the kernel at each sample"
+            ]
+        );
+        assert!(summary_lines(&seen, false)[0].contains("not named (--interpreters off)"));
     }
 }
