@@ -10,7 +10,7 @@ Usage: sudo bench/python.sh [options]
 
 Measures the per-sample cost of ember's CPython frame walk. One CPU-bound Python process
 (tests/workloads/python/truth.py: <module> -> outer -> alpha|beta, pure Python, as a process
-named pybench) runs throughout;
+named python-bench) runs throughout;
 at each frequency, these profilers run one after the other for DURATION seconds each:
 
   ember        ember-relay run (as user nobody) + ember-sampler (as root), the whole machine,
@@ -208,16 +208,16 @@ wait_for() { # wait_for FILE PATTERN SECONDS PID: waits for a fixed string in FI
 
 calc() { awk "BEGIN { printf \"$1\", $2 }"; }
 
-# The workload: truth.py under a copy of the interpreter named pybench (with PYTHONHOME, so it
+# The workload: truth.py under a copy of the interpreter named python-bench (with PYTHONHOME, so it
 # finds its library), since ember names a process after its executable's file: its samples are
-# then filed under pybench in stacks.folded. A copy is the same program (a shared build's
+# then filed under python-bench in stacks.folded. A copy is the same program (a shared build's
 # executable only loads its libpython).
 mkdir -p "$tmp/bin"
-cp "$(readlink -f "$PYTHON")" "$tmp/bin/pybench"
+cp "$(readlink -f "$PYTHON")" "$tmp/bin/python-bench"
 python_home=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 cp "$root/tests/workloads/python/truth.py" "$tmp/truth.py"
 phases=$(( ${#FREQ_LIST[@]} * ${#PROFILER_LIST[@]} ))
-PYTHONHOME=$python_home "$tmp/bin/pybench" "$tmp/truth.py" $(( phases * (DURATION + 30) + 60 )) \
+PYTHONHOME=$python_home "$tmp/bin/python-bench" "$tmp/truth.py" $(( phases * (DURATION + 30) + 60 )) \
   >"$tmp/truth.out" 2>&1 &
 WORKLOAD_PID=$!
 STARTED+=("$WORKLOAD_PID")
@@ -272,7 +272,7 @@ run_ember() { # run_ember KEY FREQ [RELAY FLAGS...]
   local life py named
   life=$(calc '%.3f' "$EPOCHREALTIME - $started")
   read -r py named < <(awk -v file="(truth.py:" '
-    /^pybench;/ { n = $NF; py += n; if (index($0, file)) named += n }
+    /^python-bench;/ { n = $NF; py += n; if (index($0, file)) named += n }
     END { print py + 0, named + 0 }' "$out/stacks.folded" 2>/dev/null || echo "0 0")
   local rate
   rate=$(calc '%.1f' "$samples / $M_SECS")

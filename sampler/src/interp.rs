@@ -4,11 +4,14 @@
 //!
 //! Nothing the relay claims is trusted, and nothing is parsed: an entry is taken only when its
 //! pid is a live process this sampler described on the connection with the claimed start time,
-//! that maps the claimed file, whose `root` and `codeType` lie in that file's image (from its
+//! that maps the claimed file under a CPython's name (`python*`, `libpython*`, as the kernel
+//! reported the mapping's path), whose `root` and `codeType` lie in that file's image (from its
 //! lowest mapping's start minus that mapping's file offset, 1 GiB long), whose runtime is one the
 //! program knows, and whose offsets are all below 4096 (or absent where the program can do
-//! without them). The program only ever reads the sampled process's own memory with them, so a
-//! wrong entry can cost time (bounded walks) or give wrong frames, never anything else.
+//! without them). The program only ever reads the sampled process's own memory with them: a
+//! wrong entry costs bounded time and gives wrong frames, and what a compromised relay could
+//! still read back is bounded as SECURITY.md says (copies of at most 768 bytes per pointer it
+//! reaches, in processes that map a file named like CPython).
 //!
 //! An entry is forgotten when its process exits, when new facts of its pid show another start
 //! time or the file's image elsewhere (pid reuse, exec), on `forget`, and when the relay
@@ -76,6 +79,14 @@ pub struct Interps {
 /// Where `file_id`'s image starts in a process with `mappings`: its lowest mapping's start
 /// minus that mapping's file offset. `None` when it maps no such file (or the offset is past
 /// the start, which no real mapping has).
+/// Whether a mapped file's name is a CPython's (`python3.11`, `libpython3.12.so.1.0`, ...), as
+/// the kernel reported the mapping's path: a compromised relay can point the walk only into
+/// processes that map such a file, never into any process at all.
+fn named_like_an_interpreter(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("python") || name.starts_with("libpython")
+}
+
 fn image_start(mappings: &[Mapping], file_id: u64) -> Option<u64> {
     let lowest = mappings
         .iter()
@@ -166,8 +177,16 @@ impl Interps {
             return Err("an unknown runtime");
         }
         check_layout(&message.layout)?;
-        let image = image_start(mappings.unwrap_or_default(), message.file_id)
-            .ok_or("the process does not map the file")?;
+        let mappings = mappings.unwrap_or_default();
+        let image =
+            image_start(mappings, message.file_id).ok_or("the process does not map the file")?;
+        if !mappings
+            .iter()
+            .filter(|m| m.file_id == message.file_id)
+            .all(|m| named_like_an_interpreter(&m.path))
+        {
+            return Err("the file is not named like an interpreter (python*, libpython*)");
+        }
         let inside = |addr: u64| addr.checked_sub(image).is_some_and(|d| d < IMAGE_SPAN);
         if !inside(message.root) || !inside(message.code_type) {
             return Err("root or code type outside the file's image");
@@ -255,6 +274,7 @@ mod tests {
 
     const START: u64 = 1_700_000_000_000_000_000;
     const FILE: u64 = 9;
+    const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.12.so.1.0";
     /// libpython mapped at 0x7f00_0000_0000 (its read-only first segment), text at offset
     /// 0x1000.
     fn mappings() -> Vec<Mapping> {
@@ -264,6 +284,7 @@ mod tests {
                 end: 0x7f00_0040_0000,
                 file_offset: 0x5000,
                 file_id: FILE,
+                path: LIBPYTHON.into(),
                 ..Mapping::default()
             },
             Mapping {
@@ -271,6 +292,7 @@ mod tests {
                 end: 0x7f00_0000_5000,
                 file_offset: 0x1000,
                 file_id: FILE,
+                path: LIBPYTHON.into(),
                 ..Mapping::default()
             },
             Mapping {
@@ -278,6 +300,7 @@ mod tests {
                 end: 0x5555_0001_0000,
                 file_offset: 0,
                 file_id: 3,
+                path: "/usr/bin/app".into(),
                 ..Mapping::default()
             },
         ]
@@ -347,6 +370,42 @@ mod tests {
             (0x7f00_0030_0000, 0x7f00_0031_0000, message().layout)
         );
         assert_eq!((interps.accepted, interps.refused), (1, 0));
+    }
+
+    #[test]
+    fn a_file_not_named_like_an_interpreter_is_refused() {
+        // Given a claim that is right in every way but the mapped file's name (a relay pointing
+        // the walk into a process that runs no CPython)
+        let renamed: Vec<Mapping> = mappings()
+            .into_iter()
+            .map(|m| Mapping {
+                path: if m.file_id == FILE {
+                    "/usr/lib/x86_64-linux-gnu/libssl.so.3".into()
+                } else {
+                    m.path
+                },
+                ..m
+            })
+            .collect();
+        let (mut interps, mut map) = (Interps::default(), FakeMap::default());
+        // Then it is refused and counted, and nothing is stored
+        let refused = interps.take(&message(), described(START), Some(&renamed), &mut map);
+        assert_eq!(
+            refused,
+            Err("the file is not named like an interpreter (python*, libpython*)")
+        );
+        assert_eq!((interps.refused, map.0.len()), (1, 0));
+        // And the names CPython's binaries have pass
+        for name in [
+            "/usr/bin/python3.11",
+            "/opt/x/lib/libpython3.12.so.1.0",
+            "python3",
+        ] {
+            assert!(named_like_an_interpreter(name), "{name}");
+        }
+        for name in ["/usr/bin/pytruth", "/usr/bin/app-python3", ""] {
+            assert!(!named_like_an_interpreter(name), "{name}");
+        }
     }
 
     #[test]

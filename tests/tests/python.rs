@@ -212,15 +212,15 @@ fn truth(source: Source) {
     let Some(python) = Python::find(source) else {
         return;
     };
-    let mut workload = python.spawn("pytruth", "truth.py", &["120"]);
+    let mut workload = python.spawn("python-truth", "truth.py", &["120"]);
     let scenario = windowed("truth relay", Some(workload.pid()), None);
     let mut windows = Windows::new(&scenario.out_dir());
-    let stacks = steady_stacks(&scenario, &mut windows, "pytruth");
+    let stacks = steady_stacks(&scenario, &mut windows, "python-truth");
     workload.child.signal(Signal::SIGTERM);
     let measured = workload.wait_for_line("alpha", EXIT_TIMEOUT);
     drop(scenario);
 
-    let ours = of_process(&stacks, "pytruth");
+    let ours = of_process(&stacks, "python-truth");
     let t = Truth::of(&ours);
     let truth_alpha = measured["alpha"]
         .as_f64()
@@ -332,7 +332,7 @@ fn threads(source: Source) {
     let Some(python) = Python::find(source) else {
         return;
     };
-    let workload = python.spawn("pythreads", "threads.py", &["120"]);
+    let workload = python.spawn("python-threads", "threads.py", &["120"]);
     let ready = workload.ready.clone();
     let tid = |f: &str| {
         ready["tids"][f]
@@ -483,12 +483,12 @@ fn c_extension(source: Source) {
     let Some(python) = Python::find(source) else {
         return;
     };
-    let workload = python.spawn("pycext", "cext.py", &["120"]);
+    let workload = python.spawn("python-cext", "cext.py", &["120"]);
     let scenario = windowed("cext relay", Some(workload.pid()), None);
     let mut windows = Windows::new(&scenario.out_dir());
-    let stacks = steady_stacks(&scenario, &mut windows, "pycext");
+    let stacks = steady_stacks(&scenario, &mut windows, "python-cext");
     drop(workload);
-    let ours = of_process(&stacks, "pycext");
+    let ours = of_process(&stacks, "python-cext");
     let zlib = under_caller(&ours, is_zlib, "compress_loop");
     let sha = under_caller(&ours, is_sha, "hash_loop");
     eprintln!(
@@ -545,7 +545,7 @@ struct ExecWindows {
 /// burns in `before_exec`, then SIGUSR1 (it execs), then every window until one after it exited.
 fn exec_windows(scenario: &Running, workload: &mut PyProcess) -> ExecWindows {
     let mut windows = Windows::new(&scenario.out_dir());
-    let before = steady_stacks(scenario, &mut windows, "pyexec");
+    let before = steady_stacks(scenario, &mut windows, "python-exec");
     workload.child.signal(Signal::SIGUSR1);
     workload
         .stdout
@@ -601,7 +601,7 @@ fn exec_into_native(source: Source) {
     };
     // The spinner is a file of the host: run this test with interpreters of the host.
     let spinner = workloads().spinner.display().to_string();
-    let mut workload = python.spawn("pyexec", "exec.py", &[&spinner, "8"]);
+    let mut workload = python.spawn("python-exec", "exec.py", &[&spinner, "8"]);
     let scenario = windowed("exec relay", Some(workload.pid()), None);
     let read = exec_windows(&scenario, &mut workload);
     drop(scenario);
@@ -700,7 +700,7 @@ fn exec_into_python(from: Source, to: Source) {
     };
     let truth_py = next.workload("truth.py");
     let next_exe = next.executable();
-    let mut workload = python.spawn("pyexec", "exec.py", &[&next_exe, &truth_py, "14"]);
+    let mut workload = python.spawn("python-exec", "exec.py", &[&next_exe, &truth_py, "14"]);
     let scenario = windowed("exec relay", Some(workload.pid()), None);
     let read = exec_windows(&scenario, &mut workload);
     drop(scenario);
@@ -831,23 +831,23 @@ fn short_lived(source: Source) {
         return;
     };
     let script = python.workload("short.py");
-    let mut witness = python.spawn("pywitness", "truth.py", &["120"]);
+    let mut witness = python.spawn("python-witness", "truth.py", &["120"]);
     let mut record = Scenario::new("short-lived record")
         .relay_args(["--duration", "300s", "--frequency", &HZ.to_string()])
         .relay_args([
             "--format",
             "folded",
             "--process-filter",
-            "pyshort|pywitness",
+            "python-short|python-witness",
         ])
         .record();
     record.first_batch(RECORD_TIMEOUT);
     let mut cpu = Duration::ZERO;
     for i in 0..SHORT_RUNS {
         let ms = (50 + (i * 7) % 31).to_string();
-        let mut command = python.command_as(Some("pyshort"), &[&script, &ms]);
+        let mut command = python.command_as(Some("python-short"), &[&script, &ms]);
         command.stdout(std::process::Stdio::null());
-        let child = ChildGuard::spawn("pyshort", &mut command);
+        let child = ChildGuard::spawn("python-short", &mut command);
         cpu += wait4_cpu(child.pid());
     }
     assert!(
@@ -862,7 +862,7 @@ fn short_lived(source: Source) {
     let _ = witness.wait_for_line("alpha", EXIT_TIMEOUT);
 
     let stacks = parse_folded(&folded);
-    let short = of_process(&stacks, "pyshort");
+    let short = of_process(&stacks, "python-short");
     let captured = total_count(short.iter().copied());
     let named = total_count(
         short
@@ -875,7 +875,7 @@ fn short_lived(source: Source) {
         .copied()
         .filter(|s| python_frames(s).iter().any(|f| f.file == "truth.py"))
         .chain(
-            of_process(&stacks, "pywitness")
+            of_process(&stacks, "python-witness")
                 .into_iter()
                 .filter(|s| python_frames(s).iter().any(|f| f.file == "short.py")),
         )
@@ -901,7 +901,7 @@ fn short_lived(source: Source) {
         MIN_SHORT_CAPTURED * 100.0
     );
     // The walk was on meanwhile: the long-lived witness is named from its first seconds on.
-    let honest = of_process(&stacks, "pywitness");
+    let honest = of_process(&stacks, "python-witness");
     let t = Truth::of(&honest);
     eprintln!(
         "short-lived witness: {} samples, {:.1}% named",
@@ -970,11 +970,11 @@ fn hostile(source: Source, mode: &str) {
     let Some(python) = Python::find(source) else {
         return;
     };
-    let mut witness = python.spawn("pywitness", "truth.py", &["120"]);
-    let hostile = python.spawn("pyhostile", "hostile.py", &[mode, "120"]);
-    let mut scenario = windowed("hostile relay", None, Some("pywitness|pyhostile"));
+    let mut witness = python.spawn("python-witness", "truth.py", &["120"]);
+    let hostile = python.spawn("python-hostile", "hostile.py", &[mode, "120"]);
+    let mut scenario = windowed("hostile relay", None, Some("python-witness|python-hostile"));
     let mut windows = Windows::new(&scenario.out_dir());
-    let stacks = steady_stacks(&scenario, &mut windows, "pywitness");
+    let stacks = steady_stacks(&scenario, &mut windows, "python-witness");
     assert!(
         scenario.relay.child.try_wait().is_none(),
         "the relay died:\n{}",
@@ -987,9 +987,9 @@ fn hostile(source: Source, mode: &str) {
     let _ = witness.wait_for_line("alpha", EXIT_TIMEOUT);
     drop(scenario);
 
-    let honest = of_process(&stacks, "pywitness");
+    let honest = of_process(&stacks, "python-witness");
     let t = Truth::of(&honest);
-    let bad = of_process(&stacks, "pyhostile");
+    let bad = of_process(&stacks, "python-hostile");
     let bad_total = total_count(bad.iter().copied());
     // Named or not: every frame the walk gave counts against its bound.
     let deepest = bad.iter().map(|s| python_depth(s)).max().unwrap_or(0);
@@ -1092,15 +1092,15 @@ fn hostile_1_mib_name_pyenv_3_9() {
 #[test]
 fn the_truth_counts_read_python_frames_as_the_relay_writes_them() {
     let folded = "\
-pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);alpha (truth.py:30) 30
-pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);beta (truth.py:39);PyLong_FromLong 60
-pytruth;_start;<module> (truth.py:70);outer (truth.py:48);outer (truth.py:48);beta (truth.py:39) 3
-pytruth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48) 2
-pytruth;_start;Py_BytesMain;[unknown] python;_PyEval_EvalFrameDefault 5
+python-truth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);alpha (truth.py:30) 30
+python-truth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48);beta (truth.py:39);PyLong_FromLong 60
+python-truth;_start;<module> (truth.py:70);outer (truth.py:48);outer (truth.py:48);beta (truth.py:39) 3
+python-truth;_start;Py_BytesMain;<module> (truth.py:70);outer (truth.py:48) 2
+python-truth;_start;Py_BytesMain;[unknown] python;_PyEval_EvalFrameDefault 5
 other;main 7
 ";
     let stacks = parse_folded(folded);
-    let t = Truth::of(&of_process(&stacks, "pytruth"));
+    let t = Truth::of(&of_process(&stacks, "python-truth"));
     assert_eq!(
         (t.total, t.named, t.alpha, t.beta, t.chained, t.native_root),
         (100, 95, 30, 63, 90, 95)
@@ -1112,13 +1112,13 @@ other;main 7
 #[test]
 fn native_frames_count_under_their_python_caller_only_with_it_on_the_root_side() {
     let folded = "\
-pycext;_start;<module> (cext.py:35);compress_loop (cext.py:21);zlib_compress;deflate;deflate_slow 10
-pycext;_start;<module> (cext.py:35);zlib_compress;deflate;compress_loop (cext.py:21) 3
-pycext;_start;<module> (cext.py:35);hash_loop (cext.py:27);deflate 2
-pycext;_start;<module> (cext.py:35);hash_loop (cext.py:27);EVP_DigestUpdate;SHA256_Update 4
+python-cext;_start;<module> (cext.py:35);compress_loop (cext.py:21);zlib_compress;deflate;deflate_slow 10
+python-cext;_start;<module> (cext.py:35);zlib_compress;deflate;compress_loop (cext.py:21) 3
+python-cext;_start;<module> (cext.py:35);hash_loop (cext.py:27);deflate 2
+python-cext;_start;<module> (cext.py:35);hash_loop (cext.py:27);EVP_DigestUpdate;SHA256_Update 4
 ";
     let stacks = parse_folded(folded);
-    let ours = of_process(&stacks, "pycext");
+    let ours = of_process(&stacks, "python-cext");
     assert_eq!(under_caller(&ours, is_zlib, "compress_loop"), (15, 10));
     assert_eq!(under_caller(&ours, is_sha, "hash_loop"), (4, 4));
 }
