@@ -262,9 +262,9 @@ pub const LOSS_COUNTERS: &[LossCounter] = &[
     counter!(interp_codes_full, log: "interp_codes_full", metric: "interp_codes_full", summary: Summary::Hidden,
         help: "Code objects not copied because the kernel's code map was full (their frames stay unnamed)."),
     counter!(interp_bad_code, log: "interp_bad_code", metric: "interp_bad_code", summary: Summary::Hidden,
-        help: "Interpreter frames whose code pointer was not a code object (left unnamed)."),
+        help: "Interpreter code pointers that were not code objects, each counted once per CPU and interval (left unnamed; 3.13 on: its entry frames' None)."),
     counter!(interp_refused, log: "interp_refused", metric: "interp_refused", summary: Summary::Hidden,
-        help: "Interpreter descriptions (interpreterProcess) the sampler refused: unknown process, file or address outside the file, offset out of range."),
+        help: "Interpreter descriptions (interpreterProcess) the sampler refused: unknown process, file not mapped or not named like CPython, address outside the file, offset out of range."),
 ];
 
 /// Losses whose counter `i` of [`LOSS_COUNTERS`] holds `first + i`: every field its own value.

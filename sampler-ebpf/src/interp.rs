@@ -412,7 +412,10 @@ fn copy_code(walk: &FrameWalk, code: u64) {
         return;
     }
     if read_u64(code + u64::from(walk.object_type)) != Some(walk.code_type) {
+        // Not retried on this CPU for the rest of the interval: 3.13 and 3.14 put `None` in the
+        // code slot of every entry (shim) frame, which the relay drops anyway.
         bump(counter::INTERP_BAD_CODE);
+        mark_seen(seen);
         return;
     }
     let Some(copy) = INTERP_CODE_SCRATCH.get_ptr_mut(0) else {

@@ -449,7 +449,8 @@ pub mod counter {
     pub const INTERP_STACKS_FULL: u32 = 28;
     /// Code objects not copied because `INTERP_CODES` was full.
     pub const INTERP_CODES_FULL: u32 = 29;
-    /// Frames whose code pointer was not a code object (its type differed): left unnamed.
+    /// Code pointers that were not code objects (their type differed), each counted once per
+    /// CPU and interval: left unnamed. 3.13 on counts its entry (shim) frames' `None` here.
     pub const INTERP_BAD_CODE: u32 = 30;
     /// Number of slots.
     pub const LEN: u32 = 31;
