@@ -47,6 +47,57 @@ static INTERP_CODES_0: HashMap<InterpCodeKey, InterpCode> =
 #[map]
 static INTERP_CODES_1: HashMap<InterpCodeKey, InterpCode> =
     HashMap::with_max_entries(CODES_ENTRIES, 0);
+/// What each process added to this interval's `INTERP_STACKS` and `INTERP_CODES`, by
+/// `tgid << 32 | epoch`: an interval's entries of old epochs age out of the LRU by themselves.
+#[map]
+static INTERP_SPENT: LruHashMap<u64, Spent> = LruHashMap::with_max_entries(PROCS_ENTRIES, 0);
+
+/// Entries one process may add to an interval's stack and code maps: half of each, so that
+/// a process filling them (distinct forged code pointers, endless distinct stacks) spends its own
+/// share and leaves the rest to the others.
+const STACKS_PER_PROCESS: u32 = STACKS_ENTRIES / 2;
+const CODES_PER_PROCESS: u32 = CODES_ENTRIES / 2;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Spent {
+    stacks: u32,
+    codes: u32,
+}
+
+/// Takes one entry of `tgid`'s share for this interval (`codes`: of the code map, else of the
+/// stack map); `false` when its share is used up. Counts may race across CPUs by a few entries.
+#[inline(always)]
+fn spend(tgid: u32, epoch: u32, codes: bool) -> bool {
+    let key = u64::from(tgid) << 32 | u64::from(epoch);
+    if INTERP_SPENT.get_ptr_mut(&key).is_none() {
+        let _ = INTERP_SPENT.insert(
+            &key,
+            &Spent {
+                stacks: 0,
+                codes: 0,
+            },
+            BPF_NOEXIST as u64,
+        );
+    }
+    let Some(spent) = INTERP_SPENT.get_ptr_mut(&key) else {
+        return false;
+    };
+    // SAFETY: a live value of the map for this program run; a racing CPU can only make the
+    // count off by its own increment.
+    let spent = unsafe { &mut *spent };
+    let (count, cap) = if codes {
+        (&mut spent.codes, CODES_PER_PROCESS)
+    } else {
+        (&mut spent.stacks, STACKS_PER_PROCESS)
+    };
+    if *count >= cap {
+        return false;
+    }
+    *count += 1;
+    true
+}
+
 /// Per-CPU room to build one stack and one code copy (too large for the 512-byte BPF stack).
 #[map]
 static INTERP_STACK_SCRATCH: PerCpuArray<InterpStack> = PerCpuArray::with_max_entries(1, 0);
@@ -418,6 +469,10 @@ fn copy_code(walk: &FrameWalk, code: u64) {
         mark_seen(seen);
         return;
     }
+    if !spend(walk.tgid, walk.epoch, true) {
+        bump(counter::INTERP_CODES_FULL);
+        return;
+    }
     let Some(copy) = INTERP_CODE_SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -561,6 +616,10 @@ pub fn walk(tgid: u32, tid: u32, key_tgid: u32, generation: u32, epoch: u32) -> 
     };
     if stacks.get_ptr(&hash).is_some() {
         return hash;
+    }
+    if !spend(key_tgid, epoch, false) {
+        bump(counter::INTERP_STACKS_FULL);
+        return 0;
     }
     match stacks.insert(&hash, stack, BPF_NOEXIST as u64) {
         Ok(()) => hash,

@@ -445,9 +445,11 @@ pub mod counter {
     pub const INTERP_READ_FAILED: u32 = 26;
     /// Interpreter walks cut at [`super::MAX_INTERP_FRAMES`].
     pub const INTERP_CUT: u32 = 27;
-    /// Interpreter stacks lost because `INTERP_STACKS` was full.
+    /// Interpreter stacks lost because `INTERP_STACKS` was full, or their process had used its
+    /// share of it (half) for the interval.
     pub const INTERP_STACKS_FULL: u32 = 28;
-    /// Code objects not copied because `INTERP_CODES` was full.
+    /// Code objects not copied because `INTERP_CODES` was full, or their process had used its
+    /// share of it (half) for the interval.
     pub const INTERP_CODES_FULL: u32 = 29;
     /// Code pointers that were not code objects (their type differed), each counted once per
     /// CPU and interval: left unnamed. 3.13 on counts its entry (shim) frames' `None` here.
