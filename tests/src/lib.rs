@@ -498,6 +498,14 @@ pub fn is_connected(line: &Value) -> bool {
     message(line) == "sampler connected"
 }
 
+/// The relay took the sampler's hello: the sampler has attached its program and samples. The
+/// relay logs "sampler connected" ([`is_connected`]) before that, while the sampler still loads
+/// and verifies its program, which takes a second or more on a busy host: a workload started
+/// at "connected" runs unsampled meanwhile.
+pub fn is_sampling(line: &Value) -> bool {
+    message(line) == "sampler hello"
+}
+
 pub fn is_closing_error(line: &Value) -> bool {
     level(line) == "ERROR" && message(line).starts_with("closing connection")
 }

@@ -209,7 +209,7 @@ fn ground_truth_split_matches_the_workload() {
     // The sampler says hello only after its perf events are attached.
     record
         .log
-        .expect(0, FIRST_BATCH_TIMEOUT, "sampler connected", is_connected);
+        .expect(0, FIRST_BATCH_TIMEOUT, "sampler hello", is_sampling);
     let cpu_before = process_cpu_time(pid);
     workload.signal(Signal::SIGCONT);
     thread::sleep(RUN);

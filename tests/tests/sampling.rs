@@ -330,7 +330,7 @@ fn many_drains_lose_no_sample() {
         .record();
     record
         .log
-        .expect(0, FIRST_BATCH_TIMEOUT, "sampler connected", is_connected);
+        .expect(0, FIRST_BATCH_TIMEOUT, "sampler hello", is_sampling);
     let first = record.log.len();
     let cpu = run_stopped_workload(workload, RUN);
     assert!(

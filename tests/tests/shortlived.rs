@@ -88,13 +88,6 @@ fn facts_latency(stderr: &str) -> String {
         .unwrap_or_else(|| "no sampler status line".into())
 }
 
-/// The relay took the sampler's hello: the sampler has attached its program and samples. (The
-/// relay logs "sampler connected" before that, while the sampler still loads, which takes
-/// seconds with the DWARF unwinder's maps on a busy host.)
-fn is_sampling(line: &Value) -> bool {
-    message(line) == "sampler hello"
-}
-
 #[test]
 fn short_lived_processes_are_symbolized() {
     if !privileged() {

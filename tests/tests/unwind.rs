@@ -881,7 +881,7 @@ fn a_full_budget_evicts_the_least_recently_sampled_table_and_stacks_stay_right()
     let relay = &mut scenario.relay;
     relay
         .log
-        .expect(0, TIMEOUT, "the sampler connected", is_connected);
+        .expect(0, TIMEOUT, "the sampler's hello", is_sampling);
     // When the workload starts burning (all three libraries are mapped already).
     {
         use std::io::Write as _;
