@@ -20,7 +20,9 @@ esac
 #    needs no Docker engine for that), python3-venv (the venvs of kubernetes-validate, step 4,
 #    and of the OTLP decoders, step 5), openssl (certificates for the TLS export tests),
 #    golang-go (`go tool pprof -raw`, a pprof reader that is not ours, reads profile.pb.gz in
-#    tests/tests/e2e.rs).
+#    tests/tests/e2e.rs; and Go 1.19, whose programs the Go tests profile), and the other
+#    runtimes the JIT tests profile: nodejs (Node 18) and openjdk-17-jdk-headless (`java`,
+#    `jcmd`; the newer lines of each are in the roots of scripts/runtime-roots.sh, step 9).
 #    EMBER_SETUP_GATES=0 leaves the gate and test tools out (compose/Dockerfile, which only builds).
 gates=${EMBER_SETUP_GATES:-1}
 if [ "$purpose" = record ]; then
@@ -29,7 +31,8 @@ if [ "$purpose" = record ]; then
 else
   pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
 fi
-[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl golang-go)
+[ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl golang-go nodejs
+  openjdk-17-jdk-headless)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -160,13 +163,13 @@ if [ "$gates" != 0 ] && ! "$root/.tools/venv/bin/python" -c "import importlib.me
   "$root/.tools/venv/bin/pip" install -q --disable-pip-version-check "jsonschema==$js_version"
 fi
 
-# 9. The CPython builds the relay's interpreter tests read (relay/src/interp/cpython/tests.rs)
-#    and the Python-frame e2e tests run (tests/tests/python.rs, under chroot): Debian trixie
-#    (3.13) and sid (3.14) roots under /var/cache/ember/roots, made once, before scripts/test.sh
-#    runs any test; pyenv's 3.6-3.13 and the host's python3 are the machine's own
+# 9. The runtimes the tests profile beyond the host's own (scripts/runtime-roots.sh): Debian
+#    trixie (CPython 3.13, Node 20, Go 1.24, OpenJDK 21) and sid (CPython 3.14, Node 24,
+#    OpenJDK 25) roots under /var/cache/ember/roots, run under chroot, made once, before
+#    scripts/test.sh runs any test; pyenv's 3.6-3.13 and the host's python3 are the machine's own
 #    (docs/runtimes.md).
 if [ "$gates" != 0 ] && [ "$(id -u)" -eq 0 ]; then
-  bash "$root/scripts/python-roots.sh"
+  bash "$root/scripts/runtime-roots.sh"
 fi
 
 gate_tools=""

@@ -1,5 +1,5 @@
 //! CPython for the Python-frame tests (tests/tests/python.rs): finding each interpreter the
-//! tests run (pyenv's builds, the host's, the Debian roots of `scripts/python-roots.sh`),
+//! tests run (pyenv's builds, the host's, the Debian roots of `scripts/runtime-roots.sh`),
 //! starting the workloads of tests/workloads/python under it, reading the windows a relay
 //! writes, and parsing Python frames out of ember's outputs.
 //!
@@ -132,7 +132,7 @@ pub enum Source {
     Pyenv(&'static str),
     /// An interpreter of the host (Debian's `/usr/bin/python3.11`: statically linked).
     Host(&'static str),
-    /// Debian's python3 in a root of `scripts/python-roots.sh` (`trixie`: 3.13, `sid`: 3.14),
+    /// Debian's python3 in a root of `scripts/runtime-roots.sh` (`trixie`: 3.13, `sid`: 3.14),
     /// run with `chroot ROOT`.
     Root(&'static str),
 }
@@ -160,15 +160,16 @@ fn pyenv_root() -> PathBuf {
 }
 
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
 /// How to install what is missing (the skip's, or under `CI` the failure's, message).
 const INSTALL: &str = "run `pyenv install 3.6 3.7 3.8 3.9 3.10 3.11 3.12 3.13` (shared builds: \
                        PYTHON_CONFIGURE_OPTS=--enable-shared), `apt-get install python3.11` and \
-                       `sudo scripts/python-roots.sh` (Debian's 3.13 and 3.14), or set \
-                       PYENV_ROOT / EMBER_PYTHON_ROOTS";
+                       `sudo scripts/runtime-roots.sh` (Debian's 3.13 and 3.14), or set \
+                       PYENV_ROOT / EMBER_ROOTS";
 
 impl Python {
     /// The interpreter of `source`, or None after a skip (a failure under `CI` or

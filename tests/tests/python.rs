@@ -6,7 +6,7 @@
 //!
 //! The interpreters (`ember_tests::python`): pyenv's 3.6 to 3.13 (shared builds), Debian's
 //! `/usr/bin/python3.11` (static), and Debian's python3 3.13 and 3.14 in the roots of
-//! `scripts/python-roots.sh`, run under `chroot`. A missing one fails the test under `CI` or
+//! `scripts/runtime-roots.sh`, run under `chroot`. A missing one fails the test under `CI` or
 //! `EMBER_REQUIRE_ALL=1` and is a printed skip otherwise.
 //!
 //! Most tests read the windows of an `ember-relay run --window 2s --output-dir` and leave out

@@ -1,6 +1,6 @@
 //! CPython recognition against real binaries: every release line 3.6 to 3.14 must be found on
 //! the test machine (pyenv's builds, the host's `/usr/bin/python3.N`, the Debian roots of
-//! `scripts/python-roots.sh`), recognized with the version the interpreter itself reports, and
+//! `scripts/runtime-roots.sh`), recognized with the version the interpreter itself reports, and
 //! its layout checked field by field against that interpreter running (`check.py`). Plus hostile
 //! inputs: truncated binaries, forged debug offsets.
 
@@ -18,9 +18,10 @@ use crate::interp::{recognize, Limits, Recognized};
 /// The release lines every test machine must hold a binary of.
 const LINES: std::ops::RangeInclusive<u8> = 6..=14;
 
-/// Where the Debian roots are (scripts/python-roots.sh).
+/// Where the Debian roots are (scripts/runtime-roots.sh).
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
@@ -123,8 +124,8 @@ pub(crate) fn missing(what: &str) {
         .any(|v| env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
     let message = format!(
         "{what}: run `pyenv install 3.6 3.7 3.8 3.9 3.10 3.11 3.12 3.13` (shared builds: \
-         PYTHON_CONFIGURE_OPTS=--enable-shared) and `sudo scripts/python-roots.sh` (Debian's \
-         3.13 and 3.14), or set PYENV_ROOT / EMBER_PYTHON_ROOTS"
+         PYTHON_CONFIGURE_OPTS=--enable-shared) and `sudo scripts/runtime-roots.sh` (Debian's \
+         3.13 and 3.14), or set PYENV_ROOT / EMBER_ROOTS"
     );
     assert!(!required, "{message}");
     eprintln!("SKIPPED: {message}");

@@ -243,7 +243,8 @@ fn random_bytes_never_panic_and_prefixes_never_contradict() {
 const LINES: std::ops::RangeInclusive<u8> = 6..=14;
 
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
@@ -323,8 +324,8 @@ fn missing(what: &str) {
         .any(|v| env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
     let message = format!(
         "{what}: run `pyenv install 3.6 3.7 3.8 3.9 3.10 3.11 3.12 3.13` and `sudo \
-         scripts/python-roots.sh` (Debian's 3.13 and 3.14), or set PYENV_ROOT / \
-         EMBER_PYTHON_ROOTS"
+         scripts/runtime-roots.sh` (Debian's 3.13 and 3.14), or set PYENV_ROOT / \
+         EMBER_ROOTS"
     );
     assert!(!required, "{message}");
     eprintln!("SKIPPED: {message}");
