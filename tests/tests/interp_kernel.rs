@@ -42,7 +42,9 @@ fn record_busy_python(python: &Path) {
     recording.finish(Duration::from_secs(60));
     let lines = recording.log.json();
     // The samples of the batches since the sampler took the interpreter (the relay describes
-    // it after the process's first samples): how many carried interpreter frames.
+    // it after the process's first samples): how many carried interpreter frames. The first
+    // batch with frames is left out too: the interpreter was taken part way through it (on a
+    // busy machine, 2 of its 19 samples had frames).
     let batches: Vec<(u64, u64)> = lines
         .iter()
         .filter(|(_, line)| is_batch(line))
@@ -53,12 +55,16 @@ fn record_busy_python(python: &Path) {
             )
         })
         .collect();
-    let walking: Vec<&(u64, u64)> = batches.iter().skip_while(|(_, i)| *i == 0).collect();
+    let walking: Vec<&(u64, u64)> = batches
+        .iter()
+        .skip_while(|(_, i)| *i == 0)
+        .skip(1)
+        .collect();
     let samples: u64 = walking.iter().map(|(s, _)| s).sum();
     let with_frames: u64 = walking.iter().map(|(_, i)| i).sum();
     let log = || tail(&recording.log.text(), 80);
     assert!(
-        samples >= 100,
+        samples >= 60,
         "too few samples once the kernel walked {} ({samples}, batches {batches:?}):\n{}",
         python.display(),
         log()
