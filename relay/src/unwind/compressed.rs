@@ -70,7 +70,9 @@ fn inflate(section: &'static str, stream: &[u8], size: u64, max: u64) -> Result<
         .map_err(|e| bad(format!("zlib: {e}")))?;
     let got = out.len() as u64;
     if got > size {
-        return Err(bad(format!("inflates past the {size} bytes it claims")));
+        return Err(bad(format!(
+            "inflates past the {size} bytes it claims (stopped after {got})"
+        )));
     }
     if got < size {
         return Err(bad(format!(
@@ -141,7 +143,7 @@ mod tests {
         big_claim.extend_from_slice(&zeros);
         // When / Then: the first stops one byte past 4 KiB, the second is refused unread.
         let reason = refused(elf_section(".debug_frame", &small_claim, 32 << 20));
-        assert!(reason.contains("past the 4096"), "{reason}");
+        assert!(reason.contains("(stopped after 4097)"), "{reason}");
         let reason = refused(elf_section(".debug_frame", &big_claim, 32 << 20));
         assert!(reason.contains("over the limit"), "{reason}");
     }

@@ -1429,7 +1429,7 @@ fn compressed_debug_frame_that_lies_about_its_size_or_is_cut_is_refused() {
     let zeros = vec![0u8; 64 << 20];
     for form in [Form::ElfZlib, Form::GnuZlib] {
         let small = elf_with_debug_frame(&zeros, form, 4096 - (64 << 20));
-        refused("bomb", &small, "past the 4096");
+        refused("bomb", &small, "stopped after 4097");
         let big = elf_with_debug_frame(&zeros, form, 0);
         refused("bomb-whole", &big, "over the limit");
     }
