@@ -1098,6 +1098,10 @@ fn figures() {
             .iter()
             .filter_map(|p| fs::canonicalize(p).ok()),
     );
+    // More binaries by hand, e.g. an unstripped Go tool: EMBER_FIGURES_BINARIES=a:b.
+    if let Some(extra) = std::env::var_os("EMBER_FIGURES_BINARIES") {
+        binaries.extend(std::env::split_paths(&extra));
+    }
     eprintln!(
         "{:<44} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
         "binary", "section", "KiB", "work", "FDEs", "cfi rows", "rows", "KiB out", "ms", "ms/MB"
@@ -1314,7 +1318,7 @@ fn dwarf4_debug_frame(address_size: u8, segment_size: u8) -> Vec<u8> {
     cie.extend([1, 0x78, 16]); // code align 1, data align -8, return address r16
     cie.extend([0x0c, 7, 8]); // DW_CFA_def_cfa rsp 8
     cie.extend([0x90, 1]); // DW_CFA_offset r16 at cfa-8
-    while (cie.len() + 4) % 8 != 0 {
+    while !(cie.len() + 4).is_multiple_of(8) {
         cie.push(0); // DW_CFA_nop
     }
     let mut out = (cie.len() as u32).to_le_bytes().to_vec();
@@ -1332,7 +1336,7 @@ fn dwarf4_debug_frame(address_size: u8, segment_size: u8) -> Vec<u8> {
         }
     }
     fde.extend([0x44, 0x0e, 16]); // advance 4; DW_CFA_def_cfa_offset 16
-    while (fde.len() + 4) % 8 != 0 {
+    while !(fde.len() + 4).is_multiple_of(8) {
         fde.push(0);
     }
     out.extend_from_slice(&(fde.len() as u32).to_le_bytes());
