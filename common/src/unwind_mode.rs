@@ -7,8 +7,8 @@ pub enum UnwindMode {
     /// Frame pointers only (`bpf_get_stackid`): the relay compiles and sends no unwind tables,
     /// the sampler refuses any.
     Fp,
-    /// Unwind tables the relay compiles from each passed binary's .eh_frame, checked and kept by
-    /// the sampler (the default).
+    /// Unwind tables the relay compiles from each passed binary's CFI (.eh_frame and
+    /// .debug_frame), checked and kept by the sampler (the default).
     #[default]
     Dwarf,
 }

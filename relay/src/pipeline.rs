@@ -299,6 +299,7 @@ impl Pipeline {
             unwind_tables_over_share: self.budget_counters.over_share.load(Ordering::Relaxed),
             unwind_tables_withdrawn: self.budget_counters.withdrawn.load(Ordering::Relaxed),
             unwind_tables_reoffered: self.budget_counters.reoffered.load(Ordering::Relaxed),
+            unwind_cfi_refused: self.budget_counters.cfi_refused.load(Ordering::Relaxed),
             sampler: (t.batches > 0).then_some(self.last_losses),
             last_batch: t.last_batch,
             interval: t.interval,

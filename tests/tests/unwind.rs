@@ -1099,7 +1099,12 @@ fn assert_dwarf_chain(source: &str, flags: &[&str], chain: &[&str], min_share: f
     let dir = tempfile::tempdir().expect("temp dir");
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
     let binary = compile_workload(dir.path(), source, source, flags);
-    let workload = spawn_workload(&binary, 120);
+    assert_chain_of(&binary, source, chain, min_share);
+}
+
+/// [`assert_dwarf_chain`] for a `binary` built already, whose file name is `source`.
+fn assert_chain_of(binary: &std::path::Path, source: &str, chain: &[&str], min_share: f64) {
+    let workload = spawn_workload(binary, 120);
     let (folded, _log) = profile_dwarf(source, workload.pid(), &[]);
     drop(workload);
     let (total, matching, other) = chain_share(&folded, source, chain);
@@ -1131,6 +1136,88 @@ fn a_frameless_leaf_keeps_its_caller() {
         &["main", "caller_work", "leaf_work"],
         0.95,
     );
+}
+
+/// C built without unwind tables and without frame pointers, its debug info compressed
+/// (`-g -gz=zlib -fno-asynchronous-unwind-tables -fno-unwind-tables -fomit-frame-pointer`):
+/// the CFI of its own code is only in a zlib-compressed (`SHF_COMPRESSED`) `.debug_frame`, and
+/// `.eh_frame` only describes the C runtime's `_start`. >= 90% of the leaf's samples carry
+/// main -> caller_work -> leaf_work. Fails when the relay reads `.eh_frame` alone (main gets no
+/// table row and the frame-pointer walk from the frameless leaf loses main).
+#[test]
+fn a_program_whose_cfi_is_only_in_a_compressed_debug_frame_unwinds_whole() {
+    let Some(_lock) = ebpf_gate() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let flags = [
+        "-O2",
+        "-fomit-frame-pointer",
+        "-gz=zlib",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-unwind-tables",
+    ];
+    let binary = compile_workload(dir.path(), "frameless", "frameless", &flags);
+    let sections = readelf(&binary, &["-S", "-W"]);
+    let debug_frame = sections
+        .lines()
+        .find(|l| l.contains(" .debug_frame "))
+        .unwrap_or_else(|| panic!("no .debug_frame:\n{sections}"));
+    assert!(
+        debug_frame.split_whitespace().rev().nth(3) == Some("C"),
+        ".debug_frame not compressed: {debug_frame}"
+    );
+    let eh_frame = readelf(&binary, &["--debug-dump=frames"]);
+    let eh_frame = eh_frame
+        .split("Contents of the .debug_frame")
+        .next()
+        .unwrap_or_default();
+    for func in ["main", "caller_work", "leaf_work"] {
+        let addr = symbol_address(&binary, func);
+        let described = eh_frame
+            .lines()
+            .filter_map(fde_range)
+            .any(|r| r.contains(&addr));
+        assert!(!described, ".eh_frame describes {func}:\n{eh_frame}");
+    }
+    assert_chain_of(
+        &binary,
+        "frameless",
+        &["main", "caller_work", "leaf_work"],
+        0.90,
+    );
+}
+
+/// `readelf ARGS binary`'s output.
+fn readelf(binary: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("readelf")
+        .args(args)
+        .arg(binary)
+        .output()
+        .expect("running readelf (binutils)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The address of `name` in `binary`'s symbol table (`nm`).
+fn symbol_address(binary: &std::path::Path, name: &str) -> u64 {
+    let out = std::process::Command::new("nm")
+        .arg(binary)
+        .output()
+        .expect("running nm (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            let (addr, _, sym) = (w.next()?, w.next()?, w.next()?);
+            (sym == name).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("no symbol {name} in {}", binary.display()))
+}
+
+/// The `pc=START..END` range of a readelf FDE line.
+fn fde_range(line: &str) -> Option<std::ops::Range<u64>> {
+    let (start, end) = line.split_once(" pc=")?.1.split_once("..")?;
+    let hex = |s: &str| u64::from_str_radix(s.trim(), 16).ok();
+    Some(hex(start)?..hex(end)?)
 }
 
 /// A non-PIE executable (-no-pie, no frame pointers) unwinds as well as the PIE one of

@@ -150,8 +150,8 @@ impl FileLimitArgs {
 #[derive(clap::Args, Debug)]
 pub(super) struct UnwindArgs {
     /// How user stacks are walked: `dwarf` (the default: the relay compiles each profiled
-    /// binary's .eh_frame into an unwind table and sends it to the sampler, which checks it
-    /// before use) or `fp` (frame pointers only: nothing compiled or sent). `record` passes it
+    /// binary's CFI, .eh_frame and .debug_frame, compressed or not, into an unwind table and
+    /// sends it to the sampler, which checks it before use) or `fp` (frame pointers only: nothing compiled or sent). `record` passes it
     /// to the sampler it starts; with `run`, start the sampler with the same --unwind.
     #[arg(long, value_enum, default_value_t = UnwindMode::Dwarf)]
     unwind: UnwindMode,

@@ -72,6 +72,7 @@ const RELAY: &[RelaySeries] = &[
     ("unwind_tables_over_share", "Unwind tables not sent for now: their file owner's fair share of the sampler's rows was full (offered again when sampled).", Kind::Counter, |s| s.unwind_tables_over_share),
     ("unwind_tables_withdrawn", "Unwind tables the relay had the sampler drop to make room for another within the fair shares.", Kind::Counter, |s| s.unwind_tables_withdrawn),
     ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),
+    ("unwind_cfi_refused", "Binaries whose compressed .debug_frame was refused (claims more than the limit, or does not inflate to the size it claims: a broken or hostile file); they unwind by frame pointers.", Kind::Counter, |s| s.unwind_cfi_refused),
 ];
 
 /// The sinks' windows unwritten (`run --output-dir`, `record --output`): name, help, value.
@@ -633,6 +634,7 @@ mod tests {
             unwind_tables_over_share: 2028,
             unwind_tables_withdrawn: 2029,
             unwind_tables_reoffered: 2030,
+            unwind_cfi_refused: 2031,
             sampler: Some(distinct_losses()),
             ..RelayStats::default()
         };
@@ -705,6 +707,7 @@ mod tests {
             ("ember_relay_unwind_tables_over_share_total", 2028),
             ("ember_relay_unwind_tables_withdrawn_total", 2029),
             ("ember_relay_unwind_tables_reoffered_total", 2030),
+            ("ember_relay_unwind_cfi_refused_total", 2031),
         ];
         // (in the order of the fields of `Losses`, which `distinct_losses` numbers from 1000)
         let sampler = [

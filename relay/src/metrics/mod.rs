@@ -194,6 +194,9 @@ pub(crate) struct RelayStats {
     pub unwind_tables_over_share: u64,
     pub unwind_tables_withdrawn: u64,
     pub unwind_tables_reoffered: u64,
+    /// Binaries whose compressed CFI was refused (over the limit, or not inflating to the size
+    /// it claims): they unwind by frame pointers.
+    pub unwind_cfi_refused: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.

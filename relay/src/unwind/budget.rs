@@ -51,6 +51,10 @@ pub(crate) struct BudgetCounters {
     pub withdrawn: AtomicU64,
     /// Tables offered again (evicted, refused for now, skipped by a full compile queue, unsure).
     pub reoffered: AtomicU64,
+    /// Files whose compressed CFI was refused (over the size limit, or not inflating to the size
+    /// it claims: a broken or hostile file). Counted here, where the compile worker and the
+    /// relay's metrics already share counters.
+    pub cfi_refused: AtomicU64,
 }
 
 impl BudgetCounters {
@@ -130,6 +134,12 @@ impl Budget {
     /// No table could be built for the file: it is not offered again.
     pub(crate) fn no_table(&mut self, file_id: u64) {
         self.files.insert(file_id, State::Never);
+    }
+
+    /// The file's compressed CFI was refused: no table, not offered again, counted.
+    pub(crate) fn cfi_refused(&mut self, file_id: u64) {
+        BudgetCounters::add(&self.counters.cfi_refused);
+        self.no_table(file_id);
     }
 
     /// Forgets the files `known` no longer holds (closed by the sampler).

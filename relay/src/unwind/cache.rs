@@ -31,8 +31,11 @@ use ring::digest::{Context, SHA256};
 
 use super::{compile_input, elf, row::ROW_BYTES, table::HEADER_BYTES, Error, Limits, UnwindTable};
 
-/// Bumped whenever the compiler's output for the same input changes.
-const COMPILER_VERSION: u32 = 1;
+/// Bumped whenever the compiler's output for the same input changes. 2: `.debug_frame` (also
+/// compressed) is read beside `.eh_frame`, so a binary whose `.eh_frame` only covers the C
+/// runtime gets a new table, never the one version 1 compiled from that `.eh_frame` alone (the
+/// digest's layout changed too: version 1 digests cannot match).
+const COMPILER_VERSION: u32 = 2;
 const MAGIC: [u8; 8] = *b"EMBRUNW1";
 const DIGEST_BYTES: usize = 32;
 const PREAMBLE_BYTES: usize = MAGIC.len() + 2 * DIGEST_BYTES;
@@ -252,8 +255,15 @@ fn key_for(file: &File, build_id: Option<&[u8]>) -> String {
     }
 }
 
-/// SHA-256 of everything the compiled table depends on.
+/// SHA-256 of everything the compiled table depends on: both CFI sections as decompressed
+/// (how a section was stored does not change the table), each with its length and address.
 fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
+    let present = |cfi: &Option<elf::CfiData>| {
+        cfi.as_ref()
+            .map_or((0, 0, 0), |c| (1, c.addr, c.data.len() as u64))
+    };
+    let (eh, eh_addr, eh_len) = present(&input.eh_frame);
+    let (debug, debug_addr, debug_len) = present(&input.debug_frame);
     let words = [
         u64::from(COMPILER_VERSION),
         limits.max_read_bytes,
@@ -266,16 +276,29 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
         match input.section {
             elf::CfiSection::EhFrame => 1,
             elf::CfiSection::DebugFrame => 2,
+            elf::CfiSection::Both => 3,
         },
-        input.section_addr,
+        eh,
+        eh_addr,
+        eh_len,
+        debug,
+        debug_addr,
+        debug_len,
         input.text_addr,
         input.got_addr,
         input.exec.start,
         input.exec.end,
-        input.data.len() as u64,
     ];
     let header: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    sha256(&[&header, &input.data])
+    sha256(&[
+        &header,
+        cfi_bytes(input.eh_frame.as_ref()),
+        cfi_bytes(input.debug_frame.as_ref()),
+    ])
+}
+
+fn cfi_bytes(cfi: Option<&elf::CfiData>) -> &[u8] {
+    cfi.map_or(&[], |c| c.data.as_slice())
 }
 
 fn sha256(parts: &[&[u8]]) -> [u8; DIGEST_BYTES] {

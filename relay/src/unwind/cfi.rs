@@ -1,5 +1,6 @@
-//! CFI evaluation: every FDE of the section through gimli's unwind-table evaluator, each row
-//! classified into a [`Rule`] the eBPF unwinder can follow, or a stop row with its reason.
+//! CFI evaluation: every FDE of `.eh_frame`, then of `.debug_frame` where `.eh_frame` says
+//! nothing, through gimli's unwind-table evaluator, each row classified into a [`Rule`] the eBPF
+//! unwinder can follow, or a stop row with its reason.
 //!
 //! Invariant: the work is bounded before it is done. An FDE costs the bytes of its CIE and its
 //! own entry (every CFI instruction is at least one byte, and the CIE's initial instructions run
@@ -17,7 +18,7 @@ use gimli::{
 };
 
 use super::{
-    elf::{CfiSection, Input},
+    elf::Input,
     row::{Cfa, Rbp, Rule, StopReason},
     Limits, Stats, Truncation,
 };
@@ -32,95 +33,156 @@ pub struct Span {
     pub rule: Rule,
 }
 
-/// Evaluates the whole section of `input` into spans, in section order.
+/// Evaluates the CFI of `input` into spans: `.eh_frame` in section order, then the
+/// `.debug_frame` FDEs whose range `.eh_frame` does not already describe.
+///
+/// The two differ in framing and addressing, which gimli's `EhFrame` and `DebugFrame` readers
+/// handle: in `.debug_frame` a CIE's id is all ones (32- or 64-bit DWARF) and an FDE's CIE
+/// pointer is an offset from the section start (not back from the pointer itself), a CIE has no
+/// augmentation data and no pointer encoding, so FDE addresses are absolute `address_size`
+/// values (never pc-relative: the section is not loaded and has no base). A version 4 CIE names
+/// its own `address_size` and `segment_size`; older ones take the ELF class's 8 bytes, set here.
 pub fn evaluate(input: &Input, limits: &Limits, stats: &mut Stats) -> Vec<Span> {
-    let bases = BaseAddresses::default()
-        .set_eh_frame(input.section_addr)
-        .set_text(input.text_addr)
-        .set_got(input.got_addr);
-    match input.section {
-        CfiSection::EhFrame => {
-            let section = EhFrame::new(&input.data, gimli::LittleEndian);
-            walk(&section, &bases, input, limits, stats)
-        }
-        CfiSection::DebugFrame => {
-            let mut section = DebugFrame::new(&input.data, gimli::LittleEndian);
-            section.set_address_size(8);
-            walk(&section, &bases, input, limits, stats)
-        }
+    let mut walk = Walk {
+        input,
+        limits,
+        spans: Vec::new(),
+        started: Instant::now(),
+        work_budget: limits.work_budget(input.cfi_bytes()),
+        described: Vec::new(),
+    };
+    if let Some(eh) = &input.eh_frame {
+        let bases = BaseAddresses::default()
+            .set_eh_frame(eh.addr)
+            .set_text(input.text_addr)
+            .set_got(input.got_addr);
+        walk.section(&EhFrame::new(&eh.data, gimli::LittleEndian), &bases, stats);
     }
+    let out_of_budget = matches!(
+        stats.truncated,
+        Some(Truncation::RowBudget | Truncation::TimeBudget)
+    );
+    if let (Some(debug), false) = (&input.debug_frame, out_of_budget) {
+        walk.described = described(&walk.spans);
+        let mut section = DebugFrame::new(&debug.data, gimli::LittleEndian);
+        section.set_address_size(8);
+        walk.section(&section, &BaseAddresses::default(), stats);
+    }
+    walk.spans
 }
 
-fn walk<'a, S: UnwindSection<Slice<'a>>>(
-    section: &S,
-    bases: &BaseAddresses,
-    input: &Input,
-    limits: &Limits,
-    stats: &mut Stats,
-) -> Vec<Span> {
-    let mut spans = Vec::new();
-    let mut ctx = UnwindContext::new();
-    let started = Instant::now();
-    let work_budget = limits.work_budget(input.data.len() as u64);
-    let mut entries = section.entries(bases);
-    loop {
-        let partial = match entries.next() {
-            Ok(Some(CieOrFde::Fde(partial))) => partial,
-            Ok(Some(CieOrFde::Cie(_))) => continue,
-            Ok(None) => break,
-            Err(_) => {
-                // The framing of the section itself is broken: nothing after it can be trusted.
-                stats.truncated.get_or_insert(Truncation::MalformedSection);
-                break;
-            }
-        };
-        stats.fdes += 1;
-        let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
-            stats.fdes_malformed += 1;
-            continue;
-        };
-        let (start, end) = (fde.initial_address(), fde.end_address());
-        if start >= end {
-            stats.fdes_empty += 1;
-            continue;
-        }
-        if start < input.exec.start || end > input.exec.end {
-            stats.fdes_out_of_range += 1;
-            continue;
-        }
-        let cie_cost = fde.cie().entry_len() as u64;
-        let cost = cie_cost.saturating_add(fde.entry_len() as u64);
-        // Past the work budget, FDEs are still read (their headers cost no evaluation) so their
-        // ranges become stop rows rather than gaps: the unwinder stops instead of guessing.
-        let over_work = stats.work_bytes.saturating_add(cost) > work_budget;
-        if over_work {
-            stats.truncated.get_or_insert(Truncation::WorkBudget);
-        }
-        if spans.len() >= limits.max_rows {
-            stats.truncated.get_or_insert(Truncation::RowBudget);
-            break;
-        }
-        if started.elapsed() > limits.max_time {
-            stats.truncated.get_or_insert(Truncation::TimeBudget);
-            break;
-        }
-        if over_work || cost > limits.max_fde_bytes || cie_cost > limits.max_cie_bytes {
-            stats.fdes_over_budget += 1;
-            spans.push(Span {
-                start,
-                end,
-                rule: Rule::Stop(StopReason::Budget),
-            });
-            continue;
-        }
-        stats.work_bytes += cost;
-        let before = spans.len();
-        fde_rows(section, bases, &mut ctx, &fde, limits, stats, &mut spans);
-        if spans.len() == before {
-            stats.fdes_empty += 1;
+/// The address ranges `spans` cover, sorted and merged.
+fn described(spans: &[Span]) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = spans.iter().map(|s| (s.start, s.end)).collect();
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
         }
     }
-    spans
+    merged
+}
+
+/// One compilation's state across its sections.
+struct Walk<'i> {
+    input: &'i Input,
+    limits: &'i Limits,
+    spans: Vec<Span>,
+    started: Instant,
+    work_budget: u64,
+    /// Ranges an earlier section described (sorted, merged): FDEs overlapping them are skipped.
+    described: Vec<(u64, u64)>,
+}
+
+impl Walk<'_> {
+    /// Whether `[start, end)` overlaps a range an earlier section described.
+    fn already_described(&self, start: u64, end: u64) -> bool {
+        let at = self.described.partition_point(|r| r.1 <= start);
+        self.described.get(at).is_some_and(|r| r.0 < end)
+    }
+
+    fn section<'a, S: UnwindSection<Slice<'a>>>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        stats: &mut Stats,
+    ) {
+        let (input, limits) = (self.input, self.limits);
+        let mut ctx = UnwindContext::new();
+        let mut entries = section.entries(bases);
+        loop {
+            let partial = match entries.next() {
+                Ok(Some(CieOrFde::Fde(partial))) => partial,
+                Ok(Some(CieOrFde::Cie(_))) => continue,
+                Ok(None) => break,
+                Err(_) => {
+                    // The framing of the section itself is broken: nothing after it can be trusted.
+                    stats.truncated.get_or_insert(Truncation::MalformedSection);
+                    break;
+                }
+            };
+            stats.fdes += 1;
+            let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
+                stats.fdes_malformed += 1;
+                continue;
+            };
+            let (start, end) = (fde.initial_address(), fde.end_address());
+            if start >= end {
+                stats.fdes_empty += 1;
+                continue;
+            }
+            if start < input.exec.start || end > input.exec.end {
+                stats.fdes_out_of_range += 1;
+                continue;
+            }
+            if self.already_described(start, end) {
+                stats.fdes_described_twice += 1;
+                continue;
+            }
+            let cie_cost = fde.cie().entry_len() as u64;
+            let cost = cie_cost.saturating_add(fde.entry_len() as u64);
+            // Past the work budget, FDEs are still read (their headers cost no evaluation) so
+            // their ranges become stop rows rather than gaps: the unwinder stops instead of
+            // guessing.
+            let over_work = stats.work_bytes.saturating_add(cost) > self.work_budget;
+            if over_work {
+                stats.truncated.get_or_insert(Truncation::WorkBudget);
+            }
+            if self.spans.len() >= limits.max_rows {
+                stats.truncated.get_or_insert(Truncation::RowBudget);
+                break;
+            }
+            if self.started.elapsed() > limits.max_time {
+                stats.truncated.get_or_insert(Truncation::TimeBudget);
+                break;
+            }
+            if over_work || cost > limits.max_fde_bytes || cie_cost > limits.max_cie_bytes {
+                stats.fdes_over_budget += 1;
+                self.spans.push(Span {
+                    start,
+                    end,
+                    rule: Rule::Stop(StopReason::Budget),
+                });
+                continue;
+            }
+            stats.work_bytes += cost;
+            let before = self.spans.len();
+            fde_rows(
+                section,
+                bases,
+                &mut ctx,
+                &fde,
+                limits,
+                stats,
+                &mut self.spans,
+            );
+            if self.spans.len() == before {
+                stats.fdes_empty += 1;
+            }
+        }
+    }
 }
 
 /// Evaluates one admitted FDE into `spans`. Rows evaluated before a bad instruction are kept;

@@ -1,6 +1,7 @@
-//! Reads what the unwind compiler needs from an untrusted ELF file: the CFI section
-//! (`.eh_frame`, else `.debug_frame`), where it is loaded, the executable address range and the
-//! build id. Nothing else of the file is read.
+//! Reads what the unwind compiler needs from an untrusted ELF file: the CFI sections
+//! (`.eh_frame` and `.debug_frame` or `.zdebug_frame`, decompressed within bounds by
+//! [`compressed`]), where they are loaded, the executable address range and the build id.
+//! Nothing else of the file is read.
 //!
 //! Invariant: every read goes through [`Bounded`], which refuses any single read over
 //! `Limits::max_read_bytes` before allocating, and through positional reads (`pread`), so a
@@ -18,13 +19,17 @@ use object::{
     LittleEndian,
 };
 
-use super::{Error, Limits};
+use super::{compressed, Error, Limits};
 
-/// Which section the CFI came from.
+/// Which sections the CFI came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CfiSection {
     EhFrame,
     DebugFrame,
+    /// Both: `.eh_frame` first, `.debug_frame` for the code it does not describe (a C program
+    /// built without unwind tables still links the C runtime's `.eh_frame` for `_start`; a Go
+    /// program linked with cgo has `.eh_frame` for its C part only).
+    Both,
 }
 
 impl CfiSection {
@@ -32,18 +37,42 @@ impl CfiSection {
         match self {
             Self::EhFrame => ".eh_frame",
             Self::DebugFrame => ".debug_frame",
+            Self::Both => ".eh_frame+.debug_frame",
         }
     }
+}
+
+/// How a CFI section was stored in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// `SHF_COMPRESSED` with an `Elf64_Chdr` of type `ELFCOMPRESS_ZLIB` (what `-gz=zlib`, Go's
+    /// linker and `objcopy --compress-debug-sections` write).
+    ElfZlib,
+    /// The older GNU form: a `.zdebug_frame` section holding `ZLIB`, the size as a big-endian
+    /// u64, then a zlib stream.
+    GnuZlib,
+}
+
+/// One CFI section's bytes (decompressed) and where it is loaded.
+#[derive(Debug)]
+pub struct CfiData {
+    /// At most `Limits::max_section_bytes`, compressed or not.
+    pub data: Vec<u8>,
+    /// The section's load address (`sh_addr`): the base of pc-relative pointers in `.eh_frame`
+    /// (0 for `.debug_frame`, whose addresses are absolute).
+    pub addr: u64,
+    /// `None` when stored as is.
+    pub compression: Option<Compression>,
 }
 
 /// What the compiler reads from one binary.
 #[derive(Debug)]
 pub struct Input {
     pub section: CfiSection,
-    /// The section's bytes, at most `Limits::max_section_bytes`.
-    pub data: Vec<u8>,
-    /// The section's load address (`sh_addr`): the base of pc-relative pointers in `.eh_frame`.
-    pub section_addr: u64,
+    /// `.eh_frame`, when the file has one (`SHT_PROGBITS`).
+    pub eh_frame: Option<CfiData>,
+    /// `.debug_frame` (or `.zdebug_frame`), when the file has one.
+    pub debug_frame: Option<CfiData>,
     /// The `.text` address (base of `DW_EH_PE_textrel` pointers), 0 without `.text`.
     pub text_addr: u64,
     /// The `.got` address (base of `DW_EH_PE_datarel` pointers), 0 without `.got`.
@@ -55,6 +84,17 @@ pub struct Input {
     pub vaddr_minus_offset: i64,
     /// The GNU build id note, if any: a name for the cache, never trusted for content.
     pub build_id: Option<Vec<u8>>,
+}
+
+impl Input {
+    /// CFI bytes of both sections (decompressed).
+    pub fn cfi_bytes(&self) -> u64 {
+        [&self.eh_frame, &self.debug_frame]
+            .into_iter()
+            .flatten()
+            .map(|c| c.data.len() as u64)
+            .sum()
+    }
 }
 
 /// `pread`-based reader: keeps the shared descriptor's file offset untouched. Also the reader of
@@ -145,20 +185,52 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
             .map(|(_, s)| s.sh_addr(endian))
     };
 
-    let (kind, (_, cfi)) = if let Some(found) = sections
+    let eh_frame = sections
         .section_by_name(endian, b".eh_frame")
         .filter(|(_, s)| s.sh_type(endian) == elf::SHT_PROGBITS)
-    {
-        (CfiSection::EhFrame, found)
-    } else if let Some(found) = sections.section_by_name(endian, b".debug_frame") {
-        (CfiSection::DebugFrame, found)
-    } else {
-        return Err(Error::NoCfi);
+        .map(|(_, s)| section_data(CfiSection::EhFrame, s, false, endian, data, limits))
+        .transpose()?;
+    let debug_frame = match debug_frame(&sections, endian, data, limits) {
+        // Compressed data that lies about its size refuses the file (counted); any other
+        // `.debug_frame` we cannot read (too large, zstd) beside `.eh_frame` leaves that alone.
+        Err(err @ Error::BadCompression { .. }) => return Err(err),
+        Err(_) if eh_frame.is_some() => None,
+        other => other?,
     };
-    if cfi.sh_flags(endian) & u64::from(elf::SHF_COMPRESSED) != 0 {
-        return Err(Error::Compressed(kind.name()));
+    let section = match (&eh_frame, &debug_frame) {
+        (Some(_), Some(_)) => CfiSection::Both,
+        (Some(_), None) => CfiSection::EhFrame,
+        (None, Some(_)) => CfiSection::DebugFrame,
+        (None, None) => return Err(Error::NoCfi),
+    };
+
+    let exec = exec_range(header, endian, data, &sections)?;
+    if exec.end - exec.start > u64::from(u32::MAX) {
+        return Err(Error::ExecTooLarge(exec.end - exec.start));
     }
-    let size = cfi.sh_size(endian);
+    Ok(Input {
+        section,
+        eh_frame,
+        debug_frame,
+        text_addr: section_addr_of(b".text").unwrap_or(0),
+        got_addr: section_addr_of(b".got").unwrap_or(0),
+        exec,
+        vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
+        build_id: build_id(endian, data, &sections),
+    })
+}
+
+/// The bytes of CFI section `shdr` (named `kind`), decompressed when stored compressed:
+/// `SHF_COMPRESSED`, or `gnu` (a `.zdebug_*` section).
+fn section_data<'a, 'f>(
+    kind: CfiSection,
+    shdr: &elf::SectionHeader64<LittleEndian>,
+    gnu: bool,
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    limits: &Limits,
+) -> Result<CfiData, Error> {
+    let size = shdr.sh_size(endian);
     if size > limits.max_section_bytes {
         return Err(Error::SectionTooLarge {
             section: kind.name(),
@@ -166,25 +238,41 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
             limit: limits.max_section_bytes,
         });
     }
-    let bytes = cfi
+    let bytes = shdr
         .data(endian, data)
-        .map_err(|e| Error::Elf(format!("{}: {e}", kind.name())))?
-        .to_vec();
-
-    let exec = exec_range(header, endian, data, &sections)?;
-    if exec.end - exec.start > u64::from(u32::MAX) {
-        return Err(Error::ExecTooLarge(exec.end - exec.start));
-    }
-    Ok(Input {
-        section: kind,
-        data: bytes,
-        section_addr: cfi.sh_addr(endian),
-        text_addr: section_addr_of(b".text").unwrap_or(0),
-        got_addr: section_addr_of(b".got").unwrap_or(0),
-        exec,
-        vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
-        build_id: build_id(endian, data, &sections),
+        .map_err(|e| Error::Elf(format!("{}: {e}", kind.name())))?;
+    let max = limits.max_section_bytes;
+    let (data, compression) = if shdr.sh_flags(endian) & u64::from(elf::SHF_COMPRESSED) != 0 {
+        let inflated = compressed::elf_section(kind.name(), bytes, max)?;
+        (inflated, Some(Compression::ElfZlib))
+    } else if gnu {
+        let inflated = compressed::gnu_section(kind.name(), bytes, max)?;
+        (inflated, Some(Compression::GnuZlib))
+    } else {
+        (bytes.to_vec(), None)
+    };
+    Ok(CfiData {
+        data,
+        addr: shdr.sh_addr(endian),
+        compression,
     })
+}
+
+/// `.debug_frame`, else the GNU `.zdebug_frame`; `None` when the file has neither.
+fn debug_frame<'a, 'f>(
+    sections: &object::read::elf::SectionTable<'a, Header, Bounded<'a, 'f>>,
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    limits: &Limits,
+) -> Result<Option<CfiData>, Error> {
+    let (shdr, gnu) = if let Some((_, s)) = sections.section_by_name(endian, b".debug_frame") {
+        (s, false)
+    } else if let Some((_, s)) = sections.section_by_name(endian, b".zdebug_frame") {
+        (s, true)
+    } else {
+        return Ok(None);
+    };
+    section_data(CfiSection::DebugFrame, shdr, gnu, endian, data, limits).map(Some)
 }
 
 /// The executable address range: executable `PT_LOAD` segments, else (no program headers, e.g.

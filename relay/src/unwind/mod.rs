@@ -1,5 +1,7 @@
 //! The unwind-table compiler: from a binary handed over as a file, the CFI of
-//! `.eh_frame` (or `.debug_frame` when there is no `.eh_frame`) evaluated into a compact, sorted
+//! `.eh_frame`, and of `.debug_frame` (plain, `SHF_COMPRESSED` or GNU `.zdebug_frame`: what Go
+//! binaries and C built without unwind tables carry) for the code `.eh_frame` does not describe,
+//! evaluated into a compact, sorted
 //! row table for x86-64 that an eBPF unwinder can binary-search: per address range, where the
 //! CFA is (rsp+N, rbp+N, the PLT expression, the signal trampoline), the return address at
 //! CFA - 8, and how to restore rbp. Rows the eBPF side cannot express are explicit stop rows
@@ -22,15 +24,19 @@
 //! `.eh_frame_hdr` is not read: it is a lookup index over the FDEs, and the compiler evaluates
 //! every FDE anyway; sorting happens in [`table`].
 //!
-//! Layout: `elf` reads the file, `cfi` evaluates and classifies, `table` sorts, fills gaps and
+//! Layout: `elf` reads the file, `compressed` inflates compressed sections within bounds, `cfi`
+//! evaluates and classifies, `table` sorts, fills gaps and
 //! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
 
 pub(crate) mod budget;
 pub mod cache;
 mod cfi;
+mod compressed;
 pub(crate) mod elf;
 pub mod row;
 pub(crate) mod sender;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod synthetic;
 pub mod table;
 
 use std::{
@@ -40,7 +46,10 @@ use std::{
 
 #[cfg(test)]
 use self::row::{Cfa, Rbp, Rule, StopReason};
-pub use self::{elf::CfiSection, table::UnwindTable};
+pub use self::{
+    elf::{CfiSection, Compression},
+    table::UnwindTable,
+};
 
 /// Bounds on what one compilation may read, do and produce.
 ///
@@ -52,7 +61,8 @@ pub use self::{elf::CfiSection, table::UnwindTable};
 pub struct Limits {
     /// Largest single read from the file (ELF headers, tables, notes).
     pub max_read_bytes: u64,
-    /// Largest CFI section accepted; a larger one is an error.
+    /// Largest CFI section accepted, stored or decompressed (each of `.eh_frame` and
+    /// `.debug_frame`); a larger one is an error.
     pub max_section_bytes: u64,
     /// Largest CIE entry evaluated (real CIEs hold a few instructions); FDEs of a larger CIE
     /// become stop rows.
@@ -124,6 +134,10 @@ pub struct Stats {
     pub fdes_out_of_range: u64,
     /// FDEs over `Limits::max_fde_bytes`: one stop row each.
     pub fdes_over_budget: u64,
+    /// `.debug_frame` FDEs over code `.eh_frame` already describes: skipped.
+    pub fdes_described_twice: u64,
+    /// How `.debug_frame` was stored, when it was read and compressed.
+    pub debug_frame_compression: Option<Compression>,
     /// FDE rows that overlapped an earlier one and lost the overlap.
     pub fdes_overlapping: u64,
     /// Rows gimli evaluated, before merging.
@@ -144,8 +158,18 @@ pub enum Error {
     Machine(u16),
     #[error("no .eh_frame or .debug_frame section")]
     NoCfi,
-    #[error("{0} is compressed (not supported)")]
-    Compressed(&'static str),
+    #[error("{section} is compressed with {format}, which is not supported")]
+    UnsupportedCompression {
+        section: &'static str,
+        format: &'static str,
+    },
+    /// A compressed section that claims too much or does not inflate to what it claims: a
+    /// broken or hostile file, counted by the sender.
+    #[error("{section}: compressed data refused: {reason}")]
+    BadCompression {
+        section: &'static str,
+        reason: String,
+    },
     #[error("{section} is {size} bytes, over the limit of {limit}")]
     SectionTooLarge {
         section: &'static str,
@@ -182,12 +206,14 @@ fn compile_input(input: &elf::Input, limits: &Limits) -> Compiled {
     let started = Instant::now();
     let mut stats = Stats {
         section: input.section,
-        section_bytes: input.data.len() as u64,
+        section_bytes: input.cfi_bytes(),
         fdes: 0,
         fdes_malformed: 0,
         fdes_empty: 0,
         fdes_out_of_range: 0,
         fdes_over_budget: 0,
+        fdes_described_twice: 0,
+        debug_frame_compression: input.debug_frame.as_ref().and_then(|d| d.compression),
         fdes_overlapping: 0,
         cfi_rows: 0,
         work_bytes: 0,

@@ -43,7 +43,7 @@ use ember_protocol::{
 use super::{
     budget::{Admission, Budget},
     cache::{Cache, Outcome},
-    compile, Limits, UnwindTable,
+    compile, Error, Limits, UnwindTable,
 };
 
 /// How user stacks are walked; `dwarf` makes the relay compile and send unwind tables.
@@ -164,7 +164,8 @@ pub(crate) struct CacheStats {
 
 fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
     let limits = Limits::default();
-    let (mut logged_too_large, mut logged_over_share) = (false, false);
+    let (mut logged_too_large, mut logged_over_share, mut logged_cfi_refused) =
+        (false, false, false);
     let mut stats = CacheStats::default();
     let mut logged = stats;
     loop {
@@ -197,9 +198,12 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
         // Charged to the file's owner as the kernel reports it; unknown owners share one part.
         let owner = file.metadata().map_or(u32::MAX, |m| m.uid());
         drop(file);
-        let Some((table, vaddr_minus_offset)) = built else {
-            lock(&job.budget).no_table(job.file_id);
-            continue;
+        let (table, vaddr_minus_offset) = match built {
+            Ok(built) => built,
+            Err(err) => {
+                no_table(&job.budget, job.file_id, &err, &mut logged_cfi_refused);
+                continue;
+            }
         };
         let rows = table.rows().len() as u64;
         let admission = lock(&job.budget).admit(job.file_id, owner, rows, Instant::now());
@@ -240,6 +244,25 @@ fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
                 }
             }
         }
+    }
+}
+
+/// No table for `file_id`: not offered again; a refused compressed section is counted (and
+/// logged once, at warning level, per worker).
+fn no_table(budget: &Mutex<Budget>, file_id: u64, err: &Error, logged_cfi_refused: &mut bool) {
+    if let Error::BadCompression { .. } = err {
+        if !std::mem::replace(logged_cfi_refused, true) {
+            tracing::warn!(
+                file_id,
+                %err,
+                "a binary's compressed CFI was refused: it unwinds by frame pointers (counted \
+                 in ember_relay_unwind_cfi_refused_total)"
+            );
+        }
+        lock(budget).cfi_refused(file_id);
+    } else {
+        tracing::debug!(file_id, %err, "no unwind table");
+        lock(budget).no_table(file_id);
     }
 }
 
@@ -289,26 +312,13 @@ fn table_for(
     cache: Option<&Cache>,
     limits: &Limits,
     stats: &mut CacheStats,
-) -> Option<(UnwindTable, i64)> {
+) -> Result<(UnwindTable, i64), Error> {
     let Some(cache) = cache else {
-        return match compile(file, limits) {
-            Ok(compiled) => {
-                stats.compiled += 1;
-                Some((compiled.table, compiled.vaddr_minus_offset))
-            }
-            Err(err) => {
-                tracing::debug!(file_id, %err, "no unwind table");
-                None
-            }
-        };
+        let compiled = compile(file, limits)?;
+        stats.compiled += 1;
+        return Ok((compiled.table, compiled.vaddr_minus_offset));
     };
-    let cached = match cache.get_or_compile(file) {
-        Ok(cached) => cached,
-        Err(err) => {
-            tracing::debug!(file_id, %err, "no unwind table");
-            return None;
-        }
-    };
+    let cached = cache.get_or_compile(file)?;
     match &cached.outcome {
         Outcome::Hit => stats.hits += 1,
         Outcome::Compiled {
@@ -330,7 +340,7 @@ fn table_for(
         hit = matches!(cached.outcome, Outcome::Hit),
         "unwind table from the cache directory"
     );
-    Some((cached.table, cached.vaddr_minus_offset))
+    Ok((cached.table, cached.vaddr_minus_offset))
 }
 
 /// Sends one table in chunks on the job's connection.
@@ -374,7 +384,43 @@ pub(crate) fn chunks(file_id: u64, bytes: &[u8], vaddr_minus_offset: i64) -> Vec
 
 #[cfg(test)]
 mod tests {
+    use std::{io::Write as _, sync::atomic::Ordering};
+
     use super::*;
+    use crate::unwind::{
+        budget::BudgetCounters,
+        synthetic::{elf_with_debug_frame, Form},
+    };
+
+    /// The error compiling `bytes` as a file gives.
+    fn compile_error(bytes: &[u8]) -> Error {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(bytes).unwrap();
+        compile(&file, &Limits::default()).unwrap_err()
+    }
+
+    #[test]
+    fn a_refused_compressed_section_is_counted_and_other_misses_are_not() {
+        // Given: a zip bomb claiming 4 KiB, a section claiming more than its stream holds, and
+        // a file that is not ELF.
+        let counters = Arc::new(BudgetCounters::default());
+        let budget = Mutex::new(Budget::new(1000, 10, Arc::clone(&counters)));
+        let mut logged = false;
+        let bomb = elf_with_debug_frame(&vec![0; 16 << 20], Form::ElfZlib, 4096 - (16 << 20));
+        let short = elf_with_debug_frame(&[1; 4000], Form::GnuZlib, 100);
+        let garbage = compile_error(b"not an ELF file at all, but long enough for a header ....");
+        // When
+        for (id, err) in [
+            (1, compile_error(&bomb)),
+            (2, compile_error(&short)),
+            (3, garbage),
+        ] {
+            no_table(&budget, id, &err, &mut logged);
+        }
+        // Then: the two refusals counted (and logged), the plain miss not.
+        assert_eq!(counters.cfi_refused.load(Ordering::Relaxed), 2);
+        assert!(logged);
+    }
 
     #[test]
     fn a_table_is_cut_into_ordered_chunks_that_concatenate_to_it() {

@@ -13,8 +13,8 @@ use std::{
 
 use super::{
     cache::{Cache, Outcome},
-    compile, Cfa, CfiSection, Compiled, Error, Limits, Rbp, Rule, StopReason, Truncation,
-    UnwindTable,
+    compile, Cfa, CfiSection, Compiled, Compression, Error, Limits, Rbp, Rule, StopReason,
+    Truncation, UnwindTable,
 };
 
 const WORKLOAD: &str = r#"
@@ -249,7 +249,9 @@ fn oracle(path: &Path, section: &str) -> Vec<OracleRow> {
         if line.starts_with("Contents of the ") {
             parser.flush();
             parser.cies.clear();
-            in_section = line.contains(&format!("{section} section"));
+            // The GNU form of .debug_frame is named .zdebug_frame.
+            in_section = line.contains(&format!("{section} section"))
+                || (section == ".debug_frame" && line.contains(".zdebug_frame section"));
         } else if in_section {
             parser.line(line);
         }
@@ -300,8 +302,11 @@ fn expect(row: &OracleRow) -> Expect {
 /// Checks every `every`-th oracle row (first and last address) against the table; returns the
 /// number of addresses checked. Panics listing the first mismatches.
 fn check_against_readelf(path: &Path, compiled: &Compiled, every: usize) -> usize {
-    let section = compiled.stats.section.name();
-    let rows = oracle(path, section);
+    let sections: &[&str] = match compiled.stats.section {
+        CfiSection::Both => &[".eh_frame", ".debug_frame"],
+        one => &[one.name()],
+    };
+    let rows: Vec<OracleRow> = sections.iter().flat_map(|s| oracle(path, s)).collect();
     assert!(!rows.is_empty(), "readelf shows no rows for {path:?}");
     let table = &compiled.table;
     let mut checked = 0;
@@ -1093,6 +1098,10 @@ fn figures() {
             .iter()
             .filter_map(|p| fs::canonicalize(p).ok()),
     );
+    // More binaries by hand, e.g. an unstripped Go tool: EMBER_FIGURES_BINARIES=a:b.
+    if let Some(extra) = std::env::var_os("EMBER_FIGURES_BINARIES") {
+        binaries.extend(std::env::split_paths(&extra));
+    }
     eprintln!(
         "{:<44} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}  stops",
         "binary", "section", "KiB", "work", "FDEs", "cfi rows", "rows", "KiB out", "ms", "ms/MB"
@@ -1163,4 +1172,471 @@ fn vaddr_minus_offset_matches_the_executable_segment() {
         let compiled = compile_path(&path, &Limits::default()).expect("compiles");
         assert_eq!(compiled.vaddr_minus_offset, expected, "{name}");
     }
+}
+
+// ---- .debug_frame: C built without unwind tables, compressed or not; Go; hostile forms ----
+
+/// C without unwind tables and without frame pointers: the CFI of the program's own code is in
+/// `.debug_frame` only; `.eh_frame` holds the C runtime's (`_start`, `_init`) alone.
+const NO_UNWIND_TABLES: [&str; 5] = [
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-unwind-tables",
+];
+
+/// Whether readelf's `.eh_frame` rows of `path` describe `address`.
+fn eh_frame_describes(path: &Path, address: u64) -> bool {
+    oracle(path, ".eh_frame")
+        .iter()
+        .any(|r| r.start <= address && address < r.end)
+}
+
+/// The section header flags column of `name` (e.g. "C" when compressed), from readelf.
+fn section_flags(path: &Path, name: &str) -> String {
+    let out = run(Command::new("readelf").args(["-S", "-W"]).arg(path));
+    out.lines()
+        .find_map(|l| {
+            let (_, rest) = l.trim_start().strip_prefix('[')?.split_once(']')?;
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            // name type addr off size es [flags] lk inf al
+            (w.first() == Some(&name)).then(|| {
+                if w.len() == 10 {
+                    w[6].to_owned()
+                } else {
+                    String::new()
+                }
+            })
+        })
+        .unwrap_or_else(|| panic!("no {name} in {path:?}"))
+}
+
+fn objcopy(args: &[&str], from: &Path, to: &Path) {
+    run(Command::new("objcopy").args(args).arg(from).arg(to));
+}
+
+#[test]
+fn c_without_unwind_tables_unwinds_from_its_debug_frame_stored_plain_or_compressed() {
+    // Given: the workload built without unwind tables, with .debug_frame plain, compressed by
+    // the compiler (-gz=zlib: SHF_COMPRESSED) and rewritten in the GNU .zdebug_frame form.
+    let dir = scratch();
+    let plain = build_workload(dir.path(), "plain", &NO_UNWIND_TABLES);
+    let mut gz_flags = NO_UNWIND_TABLES.to_vec();
+    gz_flags.push("-gz=zlib");
+    let zlib = build_workload(dir.path(), "zlib", &gz_flags);
+    let gnu = dir.path().join("gnu");
+    objcopy(&["--compress-debug-sections=zlib-gnu"], &plain, &gnu);
+    assert_eq!(section_flags(&plain, ".debug_frame"), "");
+    assert_eq!(section_flags(&zlib, ".debug_frame"), "C");
+    section_header(&gnu, ".zdebug_frame");
+    let mut tables = Vec::new();
+    for (exe, compression) in [
+        (&plain, None),
+        (&zlib, Some(Compression::ElfZlib)),
+        (&gnu, Some(Compression::GnuZlib)),
+    ] {
+        for f in ["main", "leaf", "recurse", "big_frame"] {
+            assert!(
+                !eh_frame_describes(exe, symbol(exe, f)),
+                "{exe:?}: .eh_frame describes {f}: the test needs a binary where it does not"
+            );
+        }
+        // When
+        let compiled = compile_path(exe, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+        // Then: both sections read, every row as readelf interprets them (which decompresses
+        // on its own), the program's functions described.
+        assert_eq!(compiled.stats.section, CfiSection::Both, "{exe:?}");
+        assert_eq!(compiled.stats.debug_frame_compression, compression);
+        assert_eq!(compiled.stats.truncated, None);
+        assert_eq!(compiled.stats.fdes_malformed, 0);
+        let checked = check_against_readelf(exe, &compiled, 1);
+        assert!(checked > 20, "only {checked} addresses checked");
+        let table = &compiled.table;
+        assert_eq!(
+            table.lookup(symbol(exe, "leaf")),
+            Some(Rule::Frame {
+                cfa: Cfa::Rsp(8),
+                rbp: Rbp::Unchanged
+            })
+        );
+        let big = symbol(exe, "big_frame");
+        assert!(
+            (big..big + 64)
+                .filter_map(|a| table.lookup(a))
+                .any(|r| matches!(r, Rule::Frame { cfa: Cfa::Rsp(off), .. } if off > 70_000)),
+            "{exe:?}: no rsp+70000 row in big_frame"
+        );
+        // _start keeps its .eh_frame row: the outermost frame.
+        assert_eq!(
+            table.lookup(symbol(exe, "_start")),
+            Some(Rule::Stop(StopReason::Outermost))
+        );
+        tables.push(compiled.table);
+    }
+    // The same code: the same table however .debug_frame was stored.
+    assert_eq!(tables[0], tables[1]);
+    assert_eq!(tables[0], tables[2]);
+}
+
+#[test]
+fn sixty_four_bit_dwarf_debug_frame_matches_readelf() {
+    // Given: 64-bit DWARF CFI (CIE id all ones over 8 bytes, 8-byte CIE pointers), version 3
+    // CIEs as GCC writes them without the assembler's CFI directives.
+    let dir = scratch();
+    let mut flags = NO_UNWIND_TABLES.to_vec();
+    flags.extend(["-gdwarf-5", "-gdwarf64", "-fno-dwarf2-cfi-asm", "-gz=zlib"]);
+    let exe = build_workload(dir.path(), "dwarf64", &flags);
+    let dump = run(Command::new("readelf").arg("--debug-dump=frames").arg(&exe));
+    assert!(
+        dump.contains("ffffffffffffffff CIE"),
+        "not 64-bit DWARF CFI:\n{dump}"
+    );
+    // When
+    let compiled = compile_path(&exe, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then
+    assert_eq!(compiled.stats.fdes_malformed, 0);
+    assert!(check_against_readelf(&exe, &compiled, 1) > 20);
+    assert_eq!(
+        compiled.table.lookup(symbol(&exe, "leaf")),
+        Some(Rule::Frame {
+            cfa: Cfa::Rsp(8),
+            rbp: Rbp::Unchanged
+        })
+    );
+}
+
+/// A DWARF 4 `.debug_frame`: a CIE naming its address size (`address_size`) and a zero
+/// segment size, one FDE over `[TEXT.start, TEXT.start + 0x20)` that pushes one word at +4.
+fn dwarf4_debug_frame(address_size: u8, segment_size: u8) -> Vec<u8> {
+    let mut cie = Vec::new();
+    cie.extend_from_slice(&u32::MAX.to_le_bytes()); // CIE id
+    cie.push(4); // version
+    cie.push(0); // augmentation ""
+    cie.push(address_size);
+    cie.push(segment_size);
+    cie.extend([1, 0x78, 16]); // code align 1, data align -8, return address r16
+    cie.extend([0x0c, 7, 8]); // DW_CFA_def_cfa rsp 8
+    cie.extend([0x90, 1]); // DW_CFA_offset r16 at cfa-8
+    while !(cie.len() + 4).is_multiple_of(8) {
+        cie.push(0); // DW_CFA_nop
+    }
+    let mut out = (cie.len() as u32).to_le_bytes().to_vec();
+    out.extend(cie);
+    let mut fde = 0u32.to_le_bytes().to_vec(); // CIE pointer: offset 0 in the section
+    let (start, len) = (super::synthetic::TEXT.start, 0x20u64);
+    match address_size {
+        4 => {
+            fde.extend_from_slice(&(start as u32).to_le_bytes());
+            fde.extend_from_slice(&(len as u32).to_le_bytes());
+        }
+        _ => {
+            fde.extend_from_slice(&start.to_le_bytes());
+            fde.extend_from_slice(&len.to_le_bytes());
+        }
+    }
+    fde.extend([0x44, 0x0e, 16]); // advance 4; DW_CFA_def_cfa_offset 16
+    while !(fde.len() + 4).is_multiple_of(8) {
+        fde.push(0);
+    }
+    out.extend_from_slice(&(fde.len() as u32).to_le_bytes());
+    out.extend(fde);
+    out
+}
+
+fn compile_bytes(dir: &Path, name: &str, bytes: &[u8]) -> Result<Compiled, Error> {
+    compile_path(&write_file(dir, name, bytes), &Limits::default())
+}
+
+#[test]
+fn dwarf4_cies_name_their_address_size_and_a_segment_size_is_refused() {
+    use super::synthetic::{elf_with_debug_frame, Form, TEXT};
+    let dir = scratch();
+    let pushed = |off| Rule::Frame {
+        cfa: Cfa::Rsp(off),
+        rbp: Rbp::Unchanged,
+    };
+    for (address_size, form) in [(8, Form::Plain), (4, Form::ElfZlib), (8, Form::GnuZlib)] {
+        // Given: a version 4 CIE with 8- or 4-byte addresses, stored in each form.
+        let cfi = dwarf4_debug_frame(address_size, 0);
+        let bytes = elf_with_debug_frame(&cfi, form, 0);
+        // When
+        let compiled = compile_bytes(dir.path(), "v4", &bytes).unwrap_or_else(|e| panic!("{e}"));
+        // Then: the FDE's two rows, then a gap to the end of the executable range.
+        assert_eq!(compiled.stats.section, CfiSection::DebugFrame);
+        assert_eq!((compiled.stats.fdes, compiled.stats.fdes_malformed), (1, 0));
+        let table = &compiled.table;
+        assert_eq!(table.lookup(TEXT.start), Some(pushed(8)), "{form:?}");
+        assert_eq!(table.lookup(TEXT.start + 3), Some(pushed(8)));
+        assert_eq!(table.lookup(TEXT.start + 4), Some(pushed(16)));
+        assert_eq!(table.lookup(TEXT.start + 0x1f), Some(pushed(16)));
+        assert_eq!(table.lookup(TEXT.start + 0x20), Some(Rule::Gap));
+    }
+    // A segment selector (never on x86-64) or an address size gimli cannot read: the CIE does
+    // not parse, so the section's framing is broken from there on; the table is all gap.
+    for (address_size, segment_size) in [(8, 1), (3, 0)] {
+        let bytes = elf_with_debug_frame(
+            &dwarf4_debug_frame(address_size, segment_size),
+            Form::Plain,
+            0,
+        );
+        let compiled = compile_bytes(dir.path(), "bad", &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            compiled.stats.truncated,
+            Some(Truncation::MalformedSection),
+            "{address_size}/{segment_size}: {:?}",
+            compiled.stats
+        );
+        assert_eq!(compiled.table.rows().len(), 1);
+        assert_eq!(compiled.table.lookup(TEXT.start), Some(Rule::Gap));
+    }
+}
+
+#[test]
+fn compressed_debug_frame_that_lies_about_its_size_or_is_cut_is_refused() {
+    use super::synthetic::{elf_with_debug_frame, Form};
+    let dir = scratch();
+    let mut gz_flags = NO_UNWIND_TABLES.to_vec();
+    gz_flags.push("-gz=zlib");
+    let exe = build_workload(dir.path(), "zlib", &gz_flags);
+    let real = fs::read(&exe).unwrap_or_else(|e| panic!("{e}"));
+    let (index, offset, size) = section_header(&exe, ".debug_frame");
+    let ch_size = offset as usize + 8;
+    let claimed = u64::from_le_bytes(real[ch_size..ch_size + 8].try_into().unwrap_or([0; 8]));
+    let refused = |name: &str, bytes: &[u8], why: &str| {
+        let err = compile_bytes(dir.path(), name, bytes).err();
+        assert!(
+            matches!(&err, Some(Error::BadCompression { reason, .. }) if reason.contains(why)),
+            "{name}: {err:?}"
+        );
+    };
+    // A claim of 1 TiB: refused before anything is allocated or inflated.
+    let mut huge = real.clone();
+    huge[ch_size..ch_size + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    refused("huge", &huge, "over the limit");
+    // A claim one byte short (the stream inflates past it) or one byte long.
+    for (name, claim, why) in [
+        ("short", claimed - 1, "past the"),
+        ("long", claimed + 1, "not the"),
+    ] {
+        let mut bytes = real.clone();
+        bytes[ch_size..ch_size + 8].copy_from_slice(&claim.to_le_bytes());
+        refused(name, &bytes, why);
+    }
+    // The compressed section cut short (its header's size shrunk): the stream ends early.
+    let mut cut = real.clone();
+    let at = shdr_field(&cut, index, 0x20);
+    cut[at..at + 8].copy_from_slice(&(size - 8).to_le_bytes());
+    refused("cut", &cut, "");
+    // A zip bomb: 64 MiB of zeros (64 KiB compressed) claiming 4 KiB costs 4 KiB; claiming its
+    // real size, it is over the limit and not inflated at all.
+    let zeros = vec![0u8; 64 << 20];
+    for form in [Form::ElfZlib, Form::GnuZlib] {
+        let small = elf_with_debug_frame(&zeros, form, 4096 - (64 << 20));
+        refused("bomb", &small, "stopped after 4097");
+        let big = elf_with_debug_frame(&zeros, form, 0);
+        refused("bomb-whole", &big, "over the limit");
+    }
+}
+
+#[test]
+fn zstd_debug_frame_is_refused_as_unsupported_and_eh_frame_alone_is_kept() {
+    // Given: the plain build with .debug_frame recompressed with zstd, with and without the C
+    // runtime's .eh_frame.
+    let dir = scratch();
+    let plain = build_workload(dir.path(), "plain", &NO_UNWIND_TABLES);
+    let zstd = dir.path().join("zstd");
+    objcopy(&["--compress-debug-sections=zstd"], &plain, &zstd);
+    let bare = dir.path().join("zstd-bare");
+    objcopy(&["--remove-section=.eh_frame"], &zstd, &bare);
+    // When / Then: .eh_frame alone, as before; without it, an error (not a bad file).
+    let compiled = compile_path(&zstd, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.stats.section, CfiSection::EhFrame);
+    assert!(matches!(
+        compile_path(&bare, &Limits::default()),
+        Err(Error::UnsupportedCompression { format: "zstd", .. })
+    ));
+}
+
+/// A Go program: main.main calls main.caller (a frame) calls main.leaf (frameless), all
+/// `//go:noinline`.
+const GO_PROGRAM: &str = r#"package main
+
+//go:noinline
+func leaf(n int) int {
+	s := 0
+	for i := 0; i < n; i++ {
+		s += i*i ^ (s >> 3)
+	}
+	return s
+}
+
+//go:noinline
+func caller(n int) int {
+	return leaf(n) + 1
+}
+
+func main() {
+	t := 0
+	for i := 0; i < 3; i++ {
+		t += caller(1000)
+	}
+	println(t)
+}
+"#;
+
+/// Builds [`GO_PROGRAM`] with the host's `go` (Debian's golang-go) into `dir`.
+pub(super) fn build_go(dir: &Path) -> PathBuf {
+    let src = dir.join("gosrc");
+    fs::create_dir_all(&src).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(src.join("main.go"), GO_PROGRAM).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(src.join("go.mod"), "module leaf\n\ngo 1.19\n").unwrap_or_else(|e| panic!("{e}"));
+    let out = dir.join("goleaf");
+    run(Command::new("go")
+        .current_dir(&src)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOFLAGS", "-mod=mod")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg("."));
+    out
+}
+
+#[test]
+fn a_go_binary_unwinds_from_its_compressed_debug_frame() {
+    // Given: a Go binary as `go build` makes it: no .eh_frame, zlib-compressed .debug_frame.
+    let dir = scratch();
+    let exe = build_go(dir.path());
+    assert_eq!(section_flags(&exe, ".debug_frame"), "C");
+    let headers = run(Command::new("readelf").args(["-S", "-W"]).arg(&exe));
+    assert!(!headers.contains(".eh_frame"), "{headers}");
+    // When
+    let compiled = compile_path(&exe, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then: every row as readelf interprets it, Go's text covered, the frameless leaf and its
+    // framed caller as the compiler laid them out.
+    assert_eq!(compiled.stats.section, CfiSection::DebugFrame);
+    assert_eq!(
+        compiled.stats.debug_frame_compression,
+        Some(Compression::ElfZlib)
+    );
+    assert_eq!(compiled.stats.truncated, None);
+    assert_eq!(compiled.stats.fdes_malformed, 0);
+    let checked = check_against_readelf(&exe, &compiled, 1);
+    assert!(checked > 1000, "only {checked} addresses checked");
+    let gaps = check_text_coverage(&exe, &compiled.table);
+    assert!(gaps < 0.05, "{:.1}% of .text has no CFI", gaps * 100.0);
+    let leaf = symbol(&exe, "main.leaf");
+    let frameless = Rule::Frame {
+        cfa: Cfa::Rsp(8),
+        rbp: Rbp::Unchanged,
+    };
+    assert!(
+        (leaf..leaf + 16).all(|a| compiled.table.lookup(a) == Some(frameless)),
+        "main.leaf is not frameless"
+    );
+    let caller = symbol(&exe, "main.caller");
+    assert!(
+        (caller..caller + 32).any(|a| matches!(
+            compiled.table.lookup(a),
+            Some(Rule::Frame { cfa: Cfa::Rsp(off), .. }) if off > 8
+        )),
+        "main.caller has no frame"
+    );
+}
+
+#[test]
+fn a_table_cached_from_eh_frame_alone_is_not_served_once_debug_frame_is_read() {
+    // Given: the cache entry a relay from before .debug_frame was read beside .eh_frame would
+    // have stored for this binary: compiler version 1, its digest over .eh_frame alone, and the
+    // table of the C runtime's .eh_frame alone (what the old code compiled).
+    let dir = scratch();
+    let state = dir.path().join("cache");
+    let mut gz_flags = NO_UNWIND_TABLES.to_vec();
+    gz_flags.push("-gz=zlib");
+    let exe = build_workload(dir.path(), "zlib", &gz_flags);
+    let eh_only = dir.path().join("eh-only");
+    objcopy(&["--remove-section=.debug_frame"], &exe, &eh_only);
+    let old_table = compile_path(&eh_only, &Limits::default())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .table;
+    let cache = Cache::open(&state, 1 << 20, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let key = get(&cache, &exe).key;
+    fs::write(
+        state.join(format!("{key}.unw")),
+        version1_entry(&exe, &old_table),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // When
+    let got = get(&cache, &exe);
+    // Then: compiled again (the old entry found unusable), with the program's functions.
+    assert!(
+        matches!(
+            got.outcome,
+            Outcome::Compiled {
+                replaced_bad: true,
+                ..
+            }
+        ),
+        "{:?}",
+        got.outcome
+    );
+    assert_ne!(got.table, old_table);
+    assert_eq!(
+        got.table.lookup(symbol(&exe, "leaf")),
+        Some(Rule::Frame {
+            cfa: Cfa::Rsp(8),
+            rbp: Rbp::Unchanged,
+        })
+    );
+    // And the rewritten entry is served from then on.
+    assert!(matches!(get(&cache, &exe).outcome, Outcome::Hit));
+}
+
+/// A cache file as compiler version 1 wrote it for `exe` (`.eh_frame` alone, default limits).
+fn version1_entry(exe: &Path, table: &UnwindTable) -> Vec<u8> {
+    use ring::digest::{digest, SHA256};
+    let (_, eh_offset, eh_size) = section_header(exe, ".eh_frame");
+    let bytes = fs::read(exe).unwrap_or_else(|e| panic!("{e}"));
+    let eh = &bytes[eh_offset as usize..(eh_offset + eh_size) as usize];
+    let eh_addr = section_addr(exe, ".eh_frame");
+    let file = File::open(exe).unwrap_or_else(|e| panic!("{e}"));
+    let input = super::elf::read(&file, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let l = Limits::default();
+    let words = [
+        1,
+        l.max_read_bytes,
+        l.max_section_bytes,
+        l.max_cie_bytes,
+        l.max_fde_bytes,
+        l.max_work_bytes,
+        l.max_work_factor,
+        l.max_rows as u64,
+        1, // .eh_frame
+        eh_addr,
+        input.text_addr,
+        input.got_addr,
+        input.exec.start,
+        input.exec.end,
+        eh.len() as u64,
+    ];
+    let mut hashed: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    hashed.extend_from_slice(eh);
+    let body = table.encode();
+    let mut out = b"EMBRUNW1".to_vec();
+    out.extend_from_slice(digest(&SHA256, &hashed).as_ref());
+    out.extend_from_slice(digest(&SHA256, &body).as_ref());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A section's address (`sh_addr`), from readelf.
+fn section_addr(path: &Path, name: &str) -> u64 {
+    let out = run(Command::new("readelf").args(["-S", "-W"]).arg(path));
+    out.lines()
+        .find_map(|l| {
+            let (_, rest) = l.trim_start().strip_prefix('[')?.split_once(']')?;
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            (w.first() == Some(&name)).then(|| hex(w[2]))
+        })
+        .unwrap_or_else(|| panic!("no {name} in {path:?}"))
 }
