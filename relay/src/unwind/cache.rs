@@ -32,7 +32,8 @@ use ring::digest::{Context, SHA256};
 use super::{compile_input, elf, row::ROW_BYTES, table::HEADER_BYTES, Error, Limits, UnwindTable};
 
 /// Bumped whenever the compiler's output for the same input changes.
-const COMPILER_VERSION: u32 = 1;
+/// 2: Go binaries get rows from their Go table (`go.rs`).
+const COMPILER_VERSION: u32 = 2;
 const MAGIC: [u8; 8] = *b"EMBRUNW1";
 const DIGEST_BYTES: usize = 32;
 const PREAMBLE_BYTES: usize = MAGIC.len() + 2 * DIGEST_BYTES;
@@ -266,6 +267,7 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
         match input.section {
             elf::CfiSection::EhFrame => 1,
             elf::CfiSection::DebugFrame => 2,
+            elf::CfiSection::GoPclntab => 3,
         },
         input.section_addr,
         input.text_addr,
@@ -273,9 +275,12 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
         input.exec.start,
         input.exec.end,
         input.data.len() as u64,
+        input.go.as_ref().map_or(0, |t| t.text_start),
+        input.go.as_ref().map_or(0, |t| t.byte_len() as u64),
     ];
     let header: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    sha256(&[&header, &input.data])
+    let go: &[u8] = input.go.as_ref().map_or(&[], |t| t.data());
+    sha256(&[&header, &input.data, go])
 }
 
 fn sha256(parts: &[&[u8]]) -> [u8; DIGEST_BYTES] {

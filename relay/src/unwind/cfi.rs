@@ -48,6 +48,8 @@ pub fn evaluate(input: &Input, limits: &Limits, stats: &mut Stats) -> Vec<Span> 
             section.set_address_size(8);
             walk(&section, &bases, input, limits, stats)
         }
+        // A Go binary without CFI: its rows come from the Go table alone.
+        CfiSection::GoPclntab => Vec::new(),
     }
 }
 

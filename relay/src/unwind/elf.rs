@@ -19,12 +19,15 @@ use object::{
 };
 
 use super::{Error, Limits};
+use crate::symbolize::{gofile, gopclntab::Table};
 
 /// Which section the CFI came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CfiSection {
     EhFrame,
     DebugFrame,
+    /// No CFI section: a Go binary whose rows all come from its Go table.
+    GoPclntab,
 }
 
 impl CfiSection {
@@ -32,6 +35,7 @@ impl CfiSection {
         match self {
             Self::EhFrame => ".eh_frame",
             Self::DebugFrame => ".debug_frame",
+            Self::GoPclntab => ".gopclntab",
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct Input {
     pub vaddr_minus_offset: i64,
     /// The GNU build id note, if any: a name for the cache, never trusted for content.
     pub build_id: Option<Vec<u8>>,
+    /// A Go binary's Go table (`crate::symbolize::gofile`): rows for its Go functions.
+    pub go: Option<Table>,
 }
 
 /// `pread`-based reader: keeps the shared descriptor's file offset untouched. Also the reader of
@@ -145,11 +151,17 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
             .map(|(_, s)| s.sh_addr(endian))
     };
 
-    let (kind, (_, cfi)) = if let Some(found) = sections
+    // A Go binary's Go functions are unwound from its Go table, which stripping keeps; its
+    // `.debug_frame` (compressed, and gone when stripped) is not read. A cgo binary's
+    // `.eh_frame` still covers its C code.
+    let go = gofile::locate(file, false).ok().map(|found| found.table);
+    let eh_frame = sections
         .section_by_name(endian, b".eh_frame")
-        .filter(|(_, s)| s.sh_type(endian) == elf::SHT_PROGBITS)
-    {
+        .filter(|(_, s)| s.sh_type(endian) == elf::SHT_PROGBITS);
+    let (kind, (_, cfi)) = if let Some(found) = eh_frame {
         (CfiSection::EhFrame, found)
+    } else if go.is_some() {
+        return go_only(header, endian, data, &sections, go);
     } else if let Some(found) = sections.section_by_name(endian, b".debug_frame") {
         (CfiSection::DebugFrame, found)
     } else {
@@ -184,6 +196,32 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
         exec,
         vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
         build_id: build_id(endian, data, &sections),
+        go,
+    })
+}
+
+/// The input of a Go binary without CFI: its Go table only.
+fn go_only<'a, 'f>(
+    header: &Header,
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    sections: &object::read::elf::SectionTable<'a, Header, Bounded<'a, 'f>>,
+    go: Option<Table>,
+) -> Result<Input, Error> {
+    let exec = exec_range(header, endian, data, sections)?;
+    if exec.end - exec.start > u64::from(u32::MAX) {
+        return Err(Error::ExecTooLarge(exec.end - exec.start));
+    }
+    Ok(Input {
+        section: CfiSection::GoPclntab,
+        data: Vec::new(),
+        section_addr: 0,
+        text_addr: 0,
+        got_addr: 0,
+        exec,
+        vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
+        build_id: build_id(endian, data, sections),
+        go,
     })
 }
 
