@@ -281,7 +281,8 @@ fn scan_for_table(
     None
 }
 
-/// The funcdata bytes from the runtime's `gofunc` to the end of its segment, found through the
+/// The funcdata bytes from the runtime's `gofunc` to the end of its segment (or to the table,
+/// when that comes first), found through the
 /// runtime's `moduledata` (first field: the table's address; second: its name table's).
 fn funcdata(
     file: &File,
@@ -304,9 +305,13 @@ fn funcdata(
     })?;
     let field = read_at(file, moduledata.checked_add(gofunc_at as u64)?, 8, 8)?;
     let gofunc = u64::from_le_bytes(field.get(..8)?.try_into().ok()?);
-    let (offset, left) = loads.iter().find_map(|(off, va, size, _)| {
+    let (offset, mut left) = loads.iter().find_map(|(off, va, size, _)| {
         (gofunc >= *va && gofunc - va < *size).then(|| (off + (gofunc - va), size - (gofunc - va)))
     })?;
+    // The linker puts the table after the funcdata in the same segment: it is held already.
+    if table_vaddr > gofunc {
+        left = left.min(table_vaddr - gofunc);
+    }
     let bytes = read_at(file, offset, left, MAX_FUNCDATA_BYTES)?;
     Some(FuncData {
         vaddr: gofunc,

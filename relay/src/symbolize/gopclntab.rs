@@ -572,9 +572,135 @@ struct InlinedCall {
     parent_pc: u64,
 }
 
+/// A small Go 1.20 table made here: `main.a` (16 bytes, no frame, line 10) and `main.b` (16
+/// bytes, a 24-byte frame from its 5th byte, line 11, `main.a` inlined in its first 8 bytes,
+/// called from its 13th), at text 0x401000, with its inline tree at offset 268 of the same bytes.
+/// The unit tests read it and the `go_pclntab` fuzz target's seed is it (behind an 8-byte pc).
+#[cfg(test)]
+pub(crate) fn synthetic() -> Vec<u8> {
+    let mut t = vec![0u8; 284];
+    let put32 = |t: &mut Vec<u8>, at: usize, v: u32| t[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 = |t: &mut Vec<u8>, at: usize, v: u64| t[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    t[..8].copy_from_slice(&[0xf1, 0xff, 0xff, 0xff, 0, 0, 1, 8]);
+    for (i, word) in [2u64, 1, 0x40_1000, 72, 88, 92, 104, 128].into_iter().enumerate() {
+        put64(&mut t, 8 + 8 * i, word);
+    }
+    t[72..86].copy_from_slice(b"main.a\0main.b\0");
+    put32(&mut t, 88, 0);
+    t[92..102].copy_from_slice(b"/src/a.go\0");
+    // pctab: a's sp (1), file (4), line (7); b's sp (10), line (15), inline index (18).
+    let pctab: [u8; 23] = [
+        0, 2, 16, 0, 2, 16, 0, 22, 16, 0, 2, 4, 48, 12, 0, 24, 16, 0, 2, 8, 1, 8, 0,
+    ];
+    t[104..127].copy_from_slice(&pctab);
+    // functab: (entry offset, record offset from 128).
+    for (i, (entry, record)) in [(0u32, 24u32), (16, 68), (32, 0)].into_iter().enumerate() {
+        put32(&mut t, 128 + 8 * i, entry);
+        put32(&mut t, 132 + 8 * i, record);
+    }
+    // main.a at 152: name 0, pcsp 1, pcfile 4, pcln 7, no pcdata, no funcdata.
+    for (field, value) in [(0, 0u32), (4, 0), (16, 1), (20, 4), (24, 7)] {
+        put32(&mut t, 152 + field, value);
+    }
+    // main.b at 196: name 7, pcsp 10, pcfile 4, pcln 15, 3 pcdata (the inline index is the
+    // third), 4 funcdata (the inline tree is the fourth, at 268).
+    for (field, value) in [(0, 16u32), (4, 7), (16, 10), (20, 4), (24, 15), (28, 3)] {
+        put32(&mut t, 196 + field, value);
+    }
+    t[196 + 43] = 4;
+    put32(&mut t, 240 + 8, 18);
+    for (i, value) in [u32::MAX, u32::MAX, u32::MAX, 268].into_iter().enumerate() {
+        put32(&mut t, 252 + 4 * i, value);
+    }
+    // The inline tree: one call of main.a (name 0), from b's byte 12.
+    put32(&mut t, 268 + 4, 0);
+    put32(&mut t, 268 + 8, 12);
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frame(function: &str, line: u32, inlined: bool) -> GoFrame {
+        GoFrame {
+            function: function.to_owned(),
+            file: Some("/src/a.go".to_owned()),
+            line: Some(line),
+            inlined,
+        }
+    }
+
+    #[test]
+    fn a_synthetic_table_reads_back() {
+        // Given the table made by `synthetic`
+        let bytes = synthetic();
+        let funcdata = FuncData {
+            vaddr: 0,
+            bytes: bytes.clone(),
+        };
+        let table = Table::parse(bytes, 0).expect("parses");
+        assert_eq!((table.version, table.func_count()), (Version::Go120, 2));
+        // Then each pc is in its function, with its line, and b's first bytes in inlined a
+        let a = table.find(0x40_1004).expect("main.a");
+        assert_eq!(table.frames(&a, 0x40_1004, Some(&funcdata)), [frame("main.a", 10, false)]);
+        let b = table.find(0x40_1014).expect("main.b");
+        assert_eq!(
+            table.frames(&b, 0x40_1014, Some(&funcdata)),
+            [frame("main.a", 11, true), frame("main.b", 11, false)]
+        );
+        assert_eq!(table.frames(&b, 0x40_101c, Some(&funcdata)), [frame("main.b", 11, false)]);
+        assert!(table.find(0x40_1020).is_none() && table.find(0x40_0fff).is_none());
+        // And b's stack-pointer runs are its frame's
+        let mut runs = Vec::new();
+        table.sp_runs(&b, |run, delta| runs.push((run, delta)));
+        assert_eq!(runs, [(0x40_1010..0x40_1014, 0), (0x40_1014..0x40_1020, 24)]);
+    }
+
+    #[test]
+    fn the_fuzz_seed_is_the_synthetic_table() {
+        let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/seeds/go_pclntab/synthetic-1.20");
+        let mut expected = 0x40_1014u64.to_le_bytes().to_vec();
+        expected.extend(synthetic());
+        if std::env::var_os("EMBER_WRITE_SEEDS").is_some() {
+            std::fs::write(&seed, &expected).expect("write seed");
+        }
+        assert_eq!(
+            std::fs::read(&seed).expect("the seed (EMBER_WRITE_SEEDS=1 writes it)"),
+            expected,
+            "fuzz/seeds/go_pclntab/synthetic-1.20 drifted from `synthetic` (EMBER_WRITE_SEEDS=1 \
+             rewrites it)"
+        );
+    }
+
+    #[test]
+    fn every_cut_of_a_table_is_refused_or_read_within_bounds() {
+        // Given the synthetic table cut at every length, and with every byte flipped
+        let whole = synthetic();
+        let mut inputs: Vec<Vec<u8>> = (0..whole.len()).map(|n| whole[..n].to_vec()).collect();
+        for i in 0..whole.len() {
+            let mut flipped = whole.clone();
+            flipped[i] ^= 0xff;
+            inputs.push(flipped);
+        }
+        // When each is parsed and looked up everywhere, Then nothing panics
+        for bytes in inputs {
+            let funcdata = FuncData {
+                vaddr: 0,
+                bytes: bytes.clone(),
+            };
+            let Ok(table) = Table::parse(bytes, 0x40_1000) else {
+                continue;
+            };
+            for pc in 0x40_0ff0..0x40_1030 {
+                if let Some(f) = table.find(pc) {
+                    let _ = table.frames(&f, pc, Some(&funcdata));
+                    table.sp_runs(&f, |_, _| {});
+                }
+            }
+        }
+    }
 
     #[test]
     fn varints_and_zigzag_decode_as_go_writes_them() {
