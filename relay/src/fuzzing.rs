@@ -84,6 +84,33 @@ pub fn unwind_compile(data: &[u8]) {
     let _ = unwind::compile(&File::from(fd), &unwind::Limits::default());
 }
 
+/// A Go binary's `.gopclntab` (from the input's 9th byte on; the same bytes stand for the
+/// funcdata the inline trees are in), looked up at the pc in the first 8 bytes and at the
+/// entries of its first functions, whose stack-pointer runs are read as the unwind compiler
+/// reads them. ELF files holding one reach the same parser through `elf_symbolize` and
+/// `unwind_compile`.
+pub fn go_pclntab(data: &[u8]) {
+    use symbolize::gopclntab::{FuncData, Table};
+    let Some((pc, bytes)) = data.split_first_chunk::<8>() else {
+        return;
+    };
+    let Ok(table) = Table::parse(bytes.to_vec(), 0x40_1000) else {
+        return;
+    };
+    let funcdata = FuncData {
+        vaddr: 0,
+        bytes: bytes.to_vec(),
+    };
+    let pc = u64::from_le_bytes(*pc);
+    if let Some(func) = table.find(pc) {
+        let _ = table.frames(&func, pc, Some(&funcdata));
+    }
+    for func in table.funcs().take(256) {
+        let _ = table.frames(&func, func.entry, Some(&funcdata));
+        table.sp_runs(&func, |_, _| {});
+    }
+}
+
 /// A process's cgroup text as the sampler forwards it: container id, runtime, systemd unit.
 pub fn cgroup(text: &str) {
     let _ = labels::cgroup::labels(text);

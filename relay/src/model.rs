@@ -32,6 +32,10 @@ pub enum FrameKind {
     /// could not tell), `address` 0 and no module, so one function at one line is one frame
     /// whichever process ran it.
     CPython,
+    /// A Go function's frame (native code, named from the binary's own Go table,
+    /// `symbolize::gopclntab`): OpenTelemetry's `go` frame type, so a backend can tell Go code
+    /// from C in a cgo binary.
+    Go,
 }
 
 impl FrameKind {
@@ -42,6 +46,7 @@ impl FrameKind {
             Self::Native => "native",
             Self::Marker => "abort-marker",
             Self::CPython => "cpython",
+            Self::Go => "go",
         }
     }
 }

@@ -707,7 +707,11 @@ fn user_frames(
                         function: Arc::clone(&r.function),
                         file: r.file.clone(),
                         line: r.line,
-                        kind: FrameKind::Native,
+                        kind: if r.go {
+                            FrameKind::Go
+                        } else {
+                            FrameKind::Native
+                        },
                         inlined: r.inlined,
                         address,
                         module: Some(Arc::clone(module)),

@@ -18,6 +18,7 @@
 pub mod attack;
 mod gate;
 pub mod go_pprof;
+pub mod golang;
 pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;

@@ -31,7 +31,10 @@ use blazesym::{
     },
 };
 
-use super::debug_links::{self, Policy};
+use super::{
+    debug_links::{self, Policy},
+    gofile::{self, GoBinary},
+};
 
 /// Cache key of a passed file: what the relay's own `fstat` of the descriptor says, never what
 /// the file's content claims. Size and both times change whenever the content is rewritten
@@ -67,12 +70,18 @@ pub struct Resolved {
     pub file: Option<Arc<str>>,
     pub line: Option<u32>,
     pub inlined: bool,
+    /// Named from the binary's Go table ([`super::gopclntab`]): a Go function.
+    pub go: bool,
 }
 
 /// A passed file, opened for symbolization.
 pub struct OpenElf {
     /// `None` when the file cannot be symbolized (the reason was logged when it was opened).
     resolver: Option<Resolver>,
+    /// The file's Go table, when it is a Go binary: it names Go functions first (it is there
+    /// even when the binary is stripped, and lists inlined calls and lines alike in every
+    /// build); what it does not cover (a cgo binary's C code) goes to `resolver`.
+    go: Option<Box<GoBinary>>,
     last_used: Instant,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
@@ -229,6 +238,7 @@ impl Resolver {
                         file: None,
                         line: None,
                         inlined: false,
+                        go: false,
                     }],
                     _ => Vec::new(),
                 }
@@ -541,6 +551,20 @@ impl ElfCache {
             self.hits += 1;
             return Some(Rc::clone(found));
         }
+        if let Some(go) = &entry.go {
+            // Our own bounded parser: it cannot panic on any input, but its answers are
+            // memoized like blazesym's.
+            if let Some(found) = go_lookup(go, file_offset) {
+                self.misses += 1;
+                let found: Rc<[Resolved]> = Rc::from(found);
+                entry.memo.insert(file_offset, Rc::clone(&found));
+                self.memo_entries += 1;
+                if self.memo_entries > MEMO_LIMIT {
+                    self.clear_memos();
+                }
+                return Some(found);
+            }
+        }
         let resolver = entry.resolver.as_ref()?;
         self.misses += 1;
         entry.touched = true;
@@ -582,7 +606,8 @@ impl ElfCache {
 
     /// Opens a resolver for a file not in the cache (a failure is cached too, logged once).
     fn open(&mut self, fd: &OwnedFd, path: &str) -> OpenElf {
-        let (opened, allocated) = super::alloc::measure(|| open_resolver(fd, self.copy_cap()));
+        let ((opened, go), allocated) =
+            super::alloc::measure(|| (open_resolver(fd, self.copy_cap()), open_go(fd, path)));
         let bytes = u64::try_from(allocated).unwrap_or(0);
         self.bytes += bytes;
         let (resolver, copy_bytes) = match opened {
@@ -627,6 +652,7 @@ impl ElfCache {
         };
         OpenElf {
             resolver,
+            go,
             last_used: Instant::now(),
             memo: HashMap::new(),
             copy_bytes,
@@ -810,6 +836,35 @@ fn blazesym_mappings(maps: &str) -> Vec<(usize, usize)> {
     maps.lines().filter_map(parse).collect()
 }
 
+/// The Go table of a passed file, when it is a Go binary (read through the descriptor itself, so
+/// a file the relay may not reopen has one too).
+fn open_go(fd: &OwnedFd, path: &str) -> Option<Box<GoBinary>> {
+    if !regular_file(fd).ok()? {
+        return None;
+    }
+    let file = std::fs::File::from(fd.try_clone().ok()?);
+    match gofile::locate(&file, true) {
+        Ok(go) => {
+            tracing::debug!(
+                file = %path,
+                version = go.table.version.name(),
+                functions = go.table.func_count(),
+                bytes = go.table.byte_len(),
+                found_by = ?go.found_by,
+                table_address = go.vaddr,
+                funcdata_address = go.funcdata.as_ref().map(|f| f.vaddr),
+                "Go binary: its Go functions are named from its pclntab"
+            );
+            Some(Box::new(go))
+        }
+        Err(gofile::LocateError::NotGo | gofile::LocateError::Elf) => None,
+        Err(err) => {
+            tracing::info!(file = %path, %err, "Go table not read; its Go functions are named from its symbols only");
+            None
+        }
+    }
+}
+
 /// Runs `parse`, a call into blazesym on a file the relay does not trust, so that a panic in
 /// it (a bug a hostile file reaches, like the unwrap in its DWARF line reader that the
 /// `elf_symbolize` fuzz target found) leaves one file unnamed instead of ending the relay. The
@@ -834,6 +889,7 @@ fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
             file: inlined.code_info.as_ref().map(code_file),
             line: inlined.code_info.as_ref().and_then(|c| c.line),
             inlined: true,
+            go: false,
         });
     }
     out.push(Resolved {
@@ -841,8 +897,29 @@ fn lookup(resolver: &ElfResolver, file_offset: u64) -> Vec<Resolved> {
         file: sym.code_info.as_deref().map(code_file),
         line: sym.code_info.as_ref().and_then(|c| c.line),
         inlined: false,
+        go: false,
     });
     out
+}
+
+/// Names `file_offset` from a Go binary's table: the calls inlined there and the function,
+/// when the offset is in a Go function.
+fn go_lookup(go: &GoBinary, file_offset: u64) -> Option<Vec<Resolved>> {
+    let pc = go.vaddr_of(file_offset)?;
+    let func = go.table.find(pc)?;
+    let frames = go.table.frames(&func, pc, go.funcdata.as_ref());
+    Some(
+        frames
+            .into_iter()
+            .map(|f| Resolved {
+                function: Arc::from(f.function),
+                file: f.file.map(Arc::from),
+                line: f.line,
+                inlined: f.inlined,
+                go: true,
+            })
+            .collect(),
+    )
 }
 
 fn code_file(info: &blazesym::symbolize::CodeInfo<'_>) -> Arc<str> {

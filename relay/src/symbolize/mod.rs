@@ -4,9 +4,14 @@
 pub mod alloc;
 pub mod debug_links;
 pub mod elf;
+pub mod gofile;
+pub mod gopclntab;
 pub mod headers;
 pub mod kernel;
 pub mod sigbus;
+
+#[cfg(test)]
+mod go_tests;
 
 use std::sync::Arc;
 

@@ -31,11 +31,12 @@ use ring::digest::{Context, SHA256};
 
 use super::{compile_input, elf, row::ROW_BYTES, table::HEADER_BYTES, Error, Limits, UnwindTable};
 
-/// Bumped whenever the compiler's output for the same input changes. 2: `.debug_frame` (also
+/// Bumped whenever the compiler's output for the same input changes. 3: `.debug_frame` (also
 /// compressed) is read beside `.eh_frame`, so a binary whose `.eh_frame` only covers the C
-/// runtime gets a new table, never the one version 1 compiled from that `.eh_frame` alone (the
-/// digest's layout changed too: version 1 digests cannot match).
-const COMPILER_VERSION: u32 = 2;
+/// runtime gets a new table, never the one version 1 compiled from that `.eh_frame` alone, and
+/// Go binaries get rows from their Go table (`go.rs`) (the digest's layout changed too: older
+/// digests cannot match).
+const COMPILER_VERSION: u32 = 3;
 const MAGIC: [u8; 8] = *b"EMBRUNW1";
 const DIGEST_BYTES: usize = 32;
 const PREAMBLE_BYTES: usize = MAGIC.len() + 2 * DIGEST_BYTES;
@@ -277,6 +278,7 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
             elf::CfiSection::EhFrame => 1,
             elf::CfiSection::DebugFrame => 2,
             elf::CfiSection::Both => 3,
+            elf::CfiSection::GoPclntab => 4,
         },
         eh,
         eh_addr,
@@ -288,12 +290,15 @@ fn input_digest(input: &elf::Input, limits: &Limits) -> [u8; DIGEST_BYTES] {
         input.got_addr,
         input.exec.start,
         input.exec.end,
+        input.go.as_ref().map_or(0, |t| t.text_start),
+        input.go.as_ref().map_or(0, |t| t.byte_len() as u64),
     ];
     let header: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     sha256(&[
         &header,
         cfi_bytes(input.eh_frame.as_ref()),
         cfi_bytes(input.debug_frame.as_ref()),
+        input.go.as_ref().map_or(&[], |t| t.data()),
     ])
 }
 

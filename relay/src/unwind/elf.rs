@@ -20,6 +20,7 @@ use object::{
 };
 
 use super::{compressed, Error, Limits};
+use crate::symbolize::{gofile, gopclntab::Table};
 
 /// Which sections the CFI came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +31,8 @@ pub enum CfiSection {
     /// built without unwind tables still links the C runtime's `.eh_frame` for `_start`; a Go
     /// program linked with cgo has `.eh_frame` for its C part only).
     Both,
+    /// No CFI read: a Go binary without `.eh_frame`, whose rows all come from its Go table.
+    GoPclntab,
 }
 
 impl CfiSection {
@@ -38,6 +41,7 @@ impl CfiSection {
             Self::EhFrame => ".eh_frame",
             Self::DebugFrame => ".debug_frame",
             Self::Both => ".eh_frame+.debug_frame",
+            Self::GoPclntab => ".gopclntab",
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Input {
     pub vaddr_minus_offset: i64,
     /// The GNU build id note, if any: a name for the cache, never trusted for content.
     pub build_id: Option<Vec<u8>>,
+    /// A Go binary's Go table (`crate::symbolize::gofile`): rows for its Go functions.
+    pub go: Option<Table>,
 }
 
 impl Input {
@@ -185,11 +191,18 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
             .map(|(_, s)| s.sh_addr(endian))
     };
 
+    // A Go binary's Go functions are unwound from its Go table, which stripping keeps; its
+    // `.debug_frame` (compressed, and gone when stripped) is not read. A cgo binary's
+    // `.eh_frame` still covers its C code.
+    let go = gofile::locate(file, false).ok().map(|found| found.table);
     let eh_frame = sections
         .section_by_name(endian, b".eh_frame")
         .filter(|(_, s)| s.sh_type(endian) == elf::SHT_PROGBITS)
         .map(|(_, s)| section_data(CfiSection::EhFrame, s, false, endian, data, limits))
         .transpose()?;
+    if eh_frame.is_none() && go.is_some() {
+        return go_only(header, endian, data, &sections, go);
+    }
     let debug_frame = match debug_frame(&sections, endian, data, limits) {
         // Compressed data that lies about its size refuses the file (counted); any other
         // `.debug_frame` we cannot read (too large, zstd) beside `.eh_frame` leaves that alone.
@@ -217,6 +230,32 @@ pub fn read(file: &File, limits: &Limits) -> Result<Input, Error> {
         exec,
         vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
         build_id: build_id(endian, data, &sections),
+        go,
+    })
+}
+
+/// The input of a Go binary without `.eh_frame`: its Go table only.
+fn go_only<'a, 'f>(
+    header: &Header,
+    endian: LittleEndian,
+    data: Bounded<'a, 'f>,
+    sections: &object::read::elf::SectionTable<'a, Header, Bounded<'a, 'f>>,
+    go: Option<Table>,
+) -> Result<Input, Error> {
+    let exec = exec_range(header, endian, data, sections)?;
+    if exec.end - exec.start > u64::from(u32::MAX) {
+        return Err(Error::ExecTooLarge(exec.end - exec.start));
+    }
+    Ok(Input {
+        section: CfiSection::GoPclntab,
+        eh_frame: None,
+        debug_frame: None,
+        text_addr: 0,
+        got_addr: 0,
+        exec,
+        vaddr_minus_offset: vaddr_minus_offset(header, endian, data),
+        build_id: build_id(endian, data, sections),
+        go,
     })
 }
 

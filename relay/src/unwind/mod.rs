@@ -1,7 +1,7 @@
 //! The unwind-table compiler: from a binary handed over as a file, the CFI of
-//! `.eh_frame`, and of `.debug_frame` (plain, `SHF_COMPRESSED` or GNU `.zdebug_frame`: what Go
-//! binaries and C built without unwind tables carry) for the code `.eh_frame` does not describe,
-//! evaluated into a compact, sorted
+//! `.eh_frame`, and of `.debug_frame` (plain, `SHF_COMPRESSED` or GNU `.zdebug_frame`: what
+//! C built without unwind tables carries) for the code `.eh_frame` does not describe, and for a
+//! Go binary the stack-pointer deltas of its Go table (`go`), evaluated into a compact, sorted
 //! row table for x86-64 that an eBPF unwinder can binary-search: per address range, where the
 //! CFA is (rsp+N, rbp+N, the PLT expression, the signal trampoline), the return address at
 //! CFA - 8, and how to restore rbp. Rows the eBPF side cannot express are explicit stop rows
@@ -25,7 +25,7 @@
 //! every FDE anyway; sorting happens in [`table`].
 //!
 //! Layout: `elf` reads the file, `compressed` inflates compressed sections within bounds, `cfi`
-//! evaluates and classifies, `table` sorts, fills gaps and
+//! evaluates and classifies, `go` reads a Go binary's pcsp tables, `table` sorts, fills gaps and
 //! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
 
 pub(crate) mod budget;
@@ -33,6 +33,7 @@ pub mod cache;
 mod cfi;
 mod compressed;
 pub(crate) mod elf;
+mod go;
 pub mod row;
 pub(crate) mod sender;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -140,8 +141,10 @@ pub struct Stats {
     pub debug_frame_compression: Option<Compression>,
     /// FDE rows that overlapped an earlier one and lost the overlap.
     pub fdes_overlapping: u64,
-    /// Rows gimli evaluated, before merging.
+    /// Rows gimli evaluated (and pcsp runs of Go functions read), before merging.
     pub cfi_rows: u64,
+    /// Go functions whose rows came from the binary's Go table (`go`).
+    pub go_funcs: u64,
     /// CIE + FDE bytes evaluated.
     pub work_bytes: u64,
     pub truncated: Option<Truncation>,
@@ -216,11 +219,18 @@ fn compile_input(input: &elf::Input, limits: &Limits) -> Compiled {
         debug_frame_compression: input.debug_frame.as_ref().and_then(|d| d.compression),
         fdes_overlapping: 0,
         cfi_rows: 0,
+        go_funcs: 0,
         work_bytes: 0,
         truncated: None,
         elapsed: Duration::ZERO,
     };
-    let spans = cfi::evaluate(input, limits, &mut stats);
+    // Go functions first: at equal starts the earlier span wins (a cgo binary's `.eh_frame`
+    // covers its C code, not the Go functions).
+    let mut spans = match &input.go {
+        Some(table) => go::evaluate(table, &input.exec, limits, &mut stats),
+        None => Vec::new(),
+    };
+    spans.extend(cfi::evaluate(input, limits, &mut stats));
     let table = UnwindTable::from_spans(spans, input.exec.clone(), &mut stats.fdes_overlapping);
     stats.elapsed = started.elapsed();
     Compiled {

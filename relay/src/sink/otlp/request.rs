@@ -397,7 +397,7 @@ struct Builder {
     function_by_ptr: HashMap<(usize, usize, u32), i32>,
     /// Mapping index -> the function naming its unnamed frames (one name per module).
     unknown_by_mapping: HashMap<i32, i32>,
-    frame_type: [Option<i32>; 4],
+    frame_type: [Option<i32>; 5],
 }
 
 impl Default for Builder {
@@ -424,7 +424,7 @@ impl Default for Builder {
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
             unknown_by_mapping: HashMap::default(),
-            frame_type: [None; 4],
+            frame_type: [None; 5],
         }
     }
 }
@@ -568,6 +568,7 @@ impl Builder {
             FrameKind::Native => 1,
             FrameKind::Marker => 2,
             FrameKind::CPython => 3,
+            FrameKind::Go => 4,
         };
         let kind = match self.frame_type[slot] {
             Some(kind) => kind,
