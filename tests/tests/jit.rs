@@ -493,6 +493,28 @@ fn python_perf(python: &Python, name: &str) -> Workload {
     Workload::spawn(name, command)
 }
 
+/// The host's node under the name `name` (a hard link: the same file, another name for the
+/// process) running truth.js with `--perf-basic-prof`.
+fn node_as(name: &str) -> Workload {
+    let (dir, _) = Place::Host.dirs();
+    let script = copy_workload(Place::Host, "jit/truth.js");
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).expect("bin dir");
+    let link = bin.join(name);
+    let _ = fs::remove_file(&link);
+    let node = fs::canonicalize(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("node"))
+            .find(|p| p.exists())
+            .expect("node on PATH"),
+    )
+    .expect("resolve node");
+    fs::hard_link(&node, &link).expect("hard-link node (same file system as target/)");
+    let mut command = Command::new(&link);
+    command.args(["--perf-basic-prof", "--no-turbo-inlining", &script, "120"]);
+    Workload::spawn(name, command)
+}
+
 fn perf_map(pid: u32) -> PathBuf {
     PathBuf::from(format!("/tmp/perf-{pid}.map"))
 }
@@ -502,18 +524,23 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
     if !privileged() {
         return;
     }
+    if !Place::Host.has("node") {
+        skip(&format!("no node on the host: {INSTALL}"));
+        return;
+    }
     let Some(python) = Python::find(Source::Pyenv("3.12")) else {
         return;
     };
     let _lock = ebpf_lock();
-    // Given an honest process, and attackers whose perf maps are: owned by another user; a
-    // symlink to a root-only file; larger than the sampler passes (1 GiB, sparse); full of
-    // garbage and over-long lines; and one whose /tmp is a symlink (a static program chrooted
-    // in a root whose tmp points elsewhere)
-    let victim = python_perf(&python, "jitvictim");
-    let owned = python_perf(&python, "jitowned");
-    let linked = python_perf(&python, "jitlinked");
-    let huge = python_perf(&python, "jithuge");
+    // Given an honest Node process, and Node processes whose perf maps are: owned by another
+    // user; a symlink to a root-only file; larger than the sampler passes (1 GiB, sparse);
+    // a CPython -X perf process whose map (appended to, never rewritten) is full of garbage and
+    // over-long lines; and one whose /tmp is a symlink (a static program chrooted in a root
+    // whose tmp points elsewhere)
+    let victim = node_as("jitvictim");
+    let owned = node_as("jitowned");
+    let linked = node_as("jitlinked");
+    let huge = node_as("jithuge");
     let garbage = python_perf(&python, "jitgarbage");
     nix::unistd::chown(
         &perf_map(owned.pid()),
@@ -522,7 +549,7 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
     )
     .expect("chown the map");
     let secret = target_dir().join("ember-jit-secret");
-    fs::write(&secret, "7f0000000000 1000 secret\n").expect("write the secret");
+    fs::write(&secret, "0 ffffffffffff secret\n").expect("write the secret");
     fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).expect("chmod");
     fs::remove_file(perf_map(linked.pid())).expect("remove the map");
     std::os::unix::fs::symlink(&secret, perf_map(linked.pid())).expect("symlink");
@@ -567,7 +594,7 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
         "jittmplinked",
         Command::new("chroot").arg(root.path()).arg("/spin"),
     );
-    // When the whole machine's processes of these names are recorded
+    // When the machine's processes of these names are recorded
     let filter = "jit(victim|owned|linked|huge|garbage)|spin";
     let recorded = spawn_record(&[
         "--duration",
@@ -592,7 +619,16 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
             .cloned()
             .collect()
     };
-    // Then every refusal is counted (other owner, symlink, too large, tmp a symlink)
+    let show = |stacks: &[FoldedStack]| {
+        stacks
+            .iter()
+            .take(5)
+            .map(|s| format!("  {} {}", s.frames.join(";"), s.count))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // Then every refusal is counted (other owner, symlink, too large, tmp a symlink), and the
+    // garbage lines and the over-long one
     let refused = last_batch_counter(log, "jit_maps_refused");
     let garbage_lines = last_batch_counter(log, "jit_garbage_lines");
     let long_lines = last_batch_counter(log, "jit_long_lines");
@@ -613,14 +649,19 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
     // And no refused map names anything: those processes' JIT frames are one unnamed frame
     for name in ["jitowned", "jitlinked", "jithuge"] {
         let stacks = of(name);
-        assert!(!stacks.is_empty(), "no samples of {name}");
-        let named = count(&stacks, &PYTHON).named();
-        assert_eq!(named, 0, "{name}'s refused map named frames");
+        let named = count(&stacks, &NODE);
+        eprintln!("{name}: {named:?}");
+        assert!(named.samples >= 50, "too few samples of {name}");
+        assert_eq!(named.named(), 0, "{name}'s refused map named frames");
+        let unnamed: u64 = stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == &format!("[jit] {name}_[j]")))
+            .map(|s| s.count)
+            .sum();
         assert!(
-            stacks
-                .iter()
-                .any(|s| s.frames.iter().any(|f| f == &format!("[jit] {name}_[j]"))),
-            "{name}'s JIT frames are not `[jit] {name}`"
+            unnamed as f64 >= MIN_NAMED * named.samples as f64,
+            "{name}'s JIT frames are not `[jit] {name}`:\n{}",
+            show(&stacks)
         );
         assert!(
             !stacks
@@ -629,16 +670,15 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
             "the root-only file's content named a frame"
         );
     }
-    // And the garbage process keeps the names its good lines gave, and the honest one all of its
-    for (name, min) in [("jitgarbage", MIN_NAMED), ("jitvictim", MIN_NAMED)] {
-        let named = count(&of(name), &PYTHON);
-        eprintln!("{name}: {named:?}");
-        assert!(
-            named.share() >= min,
-            "{name}: named in {:.1}% of its samples",
-            100.0 * named.share()
-        );
-    }
+    // And the honest process keeps all of its names
+    let named = count(&of("jitvictim"), &NODE);
+    eprintln!("jitvictim: {named:?}");
+    assert!(
+        named.share() >= MIN_NAMED,
+        "jitvictim: named in {:.1}% of its samples:\n{}",
+        100.0 * named.share(),
+        show(&of("jitvictim"))
+    );
     for workload in [victim, owned, linked, huge, garbage] {
         let _ = fs::remove_file(perf_map(workload.pid()));
         drop(workload);
