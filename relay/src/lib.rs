@@ -20,6 +20,7 @@ pub(crate) mod driver;
 pub mod fuzzing;
 pub(crate) mod interp;
 pub(crate) mod invoker_files;
+pub mod jit;
 pub(crate) mod labels;
 pub(crate) mod layers;
 pub(crate) mod metrics;
