@@ -216,11 +216,22 @@ impl JitDump {
     }
 
     /// What this reader has done so far.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the tests' figures; the store counts what it consumes"
+        )
+    )]
     pub fn stats(&self) -> Stats {
         self.stats
     }
 
     /// The file offset read up to (the header and every whole record before it).
+    #[cfg_attr(
+        not(any(test, feature = "fuzzing")),
+        expect(dead_code, reason = "the tests' and the fuzz target's check")
+    )]
     pub fn offset(&self) -> u64 {
         self.offset
     }
