@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes every parser of untrusted input with cargo-fuzz (libFuzzer, nightly toolchain): the
 # protocol decoders of both directions, and what the relay reads from hostile processes and
-# files: /proc/kallsyms text, ELF files (symbolization and unwind-table compilation), cgroup
+# files: /proc/kallsyms text, ELF files (symbolization and unwind-table compilation), jitdump
+# files a JIT runtime writes about its code, cgroup
 # text, OTEL_RESOURCE_ATTRIBUTES and the YAML config with its relabel rules.
 #
 #   scripts/fuzz.sh                 every target for 60 s

@@ -34,7 +34,7 @@ use crate::{
         raw::{InterpBatch, RawCode},
         seen, Recognized,
     },
-    jit::JitStores,
+    jit::{jitdump::JitDump, JitStores},
     model::{Frame, FrameKind, JitRuntime, Module, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
@@ -188,7 +188,7 @@ impl Session {
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
             python: Naming::default(),
-            jit: JitStores::default(),
+            jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
     }
 

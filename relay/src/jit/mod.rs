@@ -20,6 +20,7 @@
 //! - A file is read only when a frame of its process falls in JIT code no range names and the
 //!   file grew since the last read: one `fstat` per such process and batch otherwise.
 
+pub mod jitdump;
 pub mod perfmap;
 
 use std::{
@@ -47,10 +48,6 @@ pub struct JitEntry {
 pub enum JitReadError {
     Io(std::io::Error),
     /// The bytes are not what the format says; the reason.
-    #[allow(
-        dead_code,
-        reason = "the jitdump reader's error; a perf map has no format to break"
-    )]
     Malformed(&'static str),
 }
 
@@ -268,7 +265,6 @@ pub struct JitStores {
 
 impl JitStores {
     /// Reads the jitdump files processes map with readers `make` makes.
-    #[allow(dead_code, reason = "until the jitdump reader lands (jitdump.rs)")]
     pub fn with_jitdump(mut self, make: DumpReaderFactory) -> Self {
         self.jitdump = Some(make);
         self
