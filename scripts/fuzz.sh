@@ -2,7 +2,8 @@
 # Fuzzes every parser of untrusted input with cargo-fuzz (libFuzzer, nightly toolchain): the
 # protocol decoders of both directions, and what the relay reads from hostile processes and
 # files: /proc/kallsyms text, ELF files (symbolization and unwind-table compilation), Go's
-# .gopclntab, cgroup text, OTEL_RESOURCE_ATTRIBUTES and the YAML config with its relabel rules.
+# .gopclntab, jitdump files a JIT runtime writes about its code, cgroup text,
+# OTEL_RESOURCE_ATTRIBUTES and the YAML config with its relabel rules.
 #
 #   scripts/fuzz.sh                 every target for 60 s
 #   scripts/fuzz.sh -t SECONDS      every target for SECONDS (scripts/test.sh: 10)

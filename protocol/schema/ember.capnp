@@ -94,6 +94,14 @@ struct ProcessInfo {
   # /proc/<pid>/cmdline as read (arguments NUL-terminated), at most 4 KiB; only when the sampler
   # runs with --command-line (it can hold secrets): empty = not forwarded.
   commandLine @10 :Data;
+  # The process's perf map (`/tmp/perf-<N>.map` as the process sees it, N its pid in its own pid
+  # namespace), opened by the sampler without following any link and passed only when it is a
+  # regular file owned by the process's real uid: the index of its fd in this datagram, or -1.
+  # Sent with every `process` message of the process (the relay keeps the newest).
+  perfMapFd @11 :Int32 = -1;
+  # Why a perf map that exists was not passed (another owner, not a regular file, a symlink,
+  # too large); empty when passed or when there is none.
+  perfMapRefused @12 :Text;
 }
 
 # More executable mappings of the process whose `process` message came just before: its facts

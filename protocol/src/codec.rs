@@ -356,6 +356,8 @@ fn write_process(mut b: process_info::Builder<'_>, p: &ProcessInfo) {
     b.set_otel_service_name(p.otel_service_name.as_deref().unwrap_or(""));
     b.set_otel_resource_attributes(p.otel_resource_attributes.as_deref().unwrap_or(""));
     b.set_command_line(p.command_line.as_deref().unwrap_or_default());
+    b.set_perf_map_fd(p.perf_map_fd.unwrap_or(NO_FD));
+    b.set_perf_map_refused(&p.perf_map_refused[..]);
     write_mappings(b.init_mappings(len_u32(p.mappings.len())), &p.mappings);
 }
 
@@ -411,6 +413,8 @@ fn read_process(r: process_info::Reader<'_>) -> Result<ProcessInfo, DecodeError>
         otel_resource_attributes: Some(text(r.get_otel_resource_attributes())?)
             .filter(|v| !v.is_empty()),
         command_line: Some(r.get_command_line()?.to_vec()).filter(|v| !v.is_empty()),
+        perf_map_fd: Some(r.get_perf_map_fd()).filter(|&fd| fd >= 0),
+        perf_map_refused: text(r.get_perf_map_refused())?,
     })
 }
 
@@ -1056,6 +1060,9 @@ mod tests {
                 otel_service_name: Some("billing".into()),
                 otel_resource_attributes: Some("team=finance".into()),
                 command_line: Some(b"app\0--port\x008080\0\xff\0".to_vec()),
+                // (both at once only here: the sampler sends one or the other)
+                perf_map_fd: Some(0),
+                perf_map_refused: "it is a symlink".into(),
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,

@@ -96,6 +96,10 @@ pub struct ProcessInfo {
     /// `/proc/PID/cmdline`'s bytes (NUL-terminated arguments), bounded; `None` unless the
     /// sampler runs with `--command-line`, or when it was empty.
     pub command_line: Option<Vec<u8>>,
+    /// The index of the process's perf map descriptor in the datagram (`None`: none passed).
+    pub perf_map_fd: Option<FdIndex>,
+    /// Why the process's perf map was not passed (empty: passed, or there is none).
+    pub perf_map_refused: String,
 }
 
 /// More executable mappings of the process described just before (its facts did not fit one

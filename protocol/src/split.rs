@@ -53,7 +53,8 @@ pub fn process_messages(info: &ProcessInfo, max_bytes: usize) -> Vec<SamplerMess
                 .as_ref()
                 .map_or(0, String::len),
         )
-        + text_size(info.command_line.as_ref().map_or(0, Vec::len));
+        + text_size(info.command_line.as_ref().map_or(0, Vec::len))
+        + text_size(info.perf_map_refused.len());
     let mut rest = info.mappings.iter().peekable();
     while let Some(mapping) = rest.next_if(|m| size + mapping_size(m) <= max_bytes) {
         size += mapping_size(mapping);

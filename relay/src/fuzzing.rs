@@ -10,7 +10,7 @@ use std::{
     os::fd::{FromRawFd, OwnedFd},
 };
 
-use crate::{config, interp, labels, model, symbolize, unwind};
+use crate::{config, interp, jit, labels, model, symbolize, unwind};
 
 /// An anonymous in-memory file holding `data`, as the sampler would pass a descriptor.
 fn memfd(data: &[u8]) -> Option<OwnedFd> {
@@ -109,6 +109,36 @@ pub fn go_pclntab(data: &[u8]) {
         let _ = table.frames(&func, func.entry, Some(&funcdata));
         table.sp_runs(&func, |_, _| {});
     }
+}
+
+/// A jitdump file (`jit-<pid>.dump`) a process writes about its JIT code, read as the relay
+/// reads it: incrementally, its first half, then again after the rest is appended, the input's
+/// first byte picking the bytes read per call (256-byte steps). Checks that no call consumes
+/// past the file's end.
+pub fn jitdump(data: &[u8]) {
+    use jit::{jitdump::JitDump, JitSource};
+    let Some((&budget, rest)) = data.split_first() else {
+        return;
+    };
+    let budget = (u64::from(budget) + 1) * 256;
+    let (first, second) = rest.split_at(rest.len() / 2);
+    let Some(fd) = memfd(first) else { return };
+    let mut file = File::from(fd);
+    let mut reader = JitDump::default();
+    let drain = |reader: &mut JitDump, file: &File, len: usize| {
+        // Each call that returns more than 0 consumed a record or the header: this ends.
+        while let Ok(n) = reader.read_new(file, budget, &mut |entry| drop(entry)) {
+            assert!(reader.offset() <= len as u64, "consumed past the end");
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    drain(&mut reader, &file, first.len());
+    if file.write_all(second).is_err() {
+        return;
+    }
+    drain(&mut reader, &file, rest.len());
 }
 
 /// A process's cgroup text as the sampler forwards it: container id, runtime, systemd unit.

@@ -20,6 +20,7 @@ pub(crate) mod driver;
 pub mod fuzzing;
 pub(crate) mod interp;
 pub(crate) mod invoker_files;
+pub(crate) mod jit;
 pub(crate) mod labels;
 pub(crate) mod layers;
 pub(crate) mod metrics;
@@ -64,7 +65,7 @@ pub mod testing {
     pub mod model {
         pub use crate::{
             labels::labeled::{LabeledProfile, LabeledThread},
-            model::{Frame, FrameKind, Module, SymbolizedSample, Thread},
+            model::{Frame, FrameKind, JitRuntime, Module, SymbolizedSample, Thread},
         };
     }
 

@@ -36,17 +36,59 @@ pub enum FrameKind {
     /// `symbolize::gopclntab`): OpenTelemetry's `go` frame type, so a backend can tell Go code
     /// from C in a cgo binary.
     Go,
+    /// Code a runtime generated at run time (anonymous executable memory): `function` is the
+    /// name the runtime gave it in its perf map or jitdump (`jit`), or `[jit] <executable>` when
+    /// nothing names it; its module is `[jit]`.
+    Jit(JitRuntime),
+}
+
+/// The runtime whose JIT wrote a frame's code, as the process's executable tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JitRuntime {
+    /// Node.js (V8).
+    V8,
+    /// A Java virtual machine.
+    Jvm,
+    /// CPython's perf trampolines (`-X perf`).
+    CPython,
+    /// .NET.
+    Dotnet,
+    /// Any other program that generates code.
+    Other,
+}
+
+impl JitRuntime {
+    /// The runtime of a process, from its executable's file name (`node`, `java`,
+    /// `python3.12`, `dotnet`).
+    pub fn of_executable(name: &str) -> Self {
+        let name = name.trim_end_matches(" (deleted)");
+        if name == "node" || name == "nodejs" || name.starts_with("node-") {
+            Self::V8
+        } else if name == "java" || name == "javaw" {
+            Self::Jvm
+        } else if name.starts_with("python") {
+            Self::CPython
+        } else if name == "dotnet" {
+            Self::Dotnet
+        } else {
+            Self::Other
+        }
+    }
 }
 
 impl FrameKind {
-    /// The OpenTelemetry `profile.frame.type` value.
+    /// The OpenTelemetry `profile.frame.type` value: a JIT frame takes its runtime's own type
+    /// (`v8js`, `jvm`, `cpython`, `dotnet`), `native` when the runtime is not known.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Kernel => "kernel",
-            Self::Native => "native",
+            Self::Native | Self::Jit(JitRuntime::Other) => "native",
             Self::Marker => "abort-marker",
-            Self::CPython => "cpython",
+            Self::CPython | Self::Jit(JitRuntime::CPython) => "cpython",
             Self::Go => "go",
+            Self::Jit(JitRuntime::V8) => "v8js",
+            Self::Jit(JitRuntime::Jvm) => "jvm",
+            Self::Jit(JitRuntime::Dotnet) => "dotnet",
         }
     }
 }
@@ -118,10 +160,13 @@ impl Frame {
         } else {
             self.display_name()
         });
-        if self.kind == FrameKind::Kernel {
-            name.push_str(KERNEL_SUFFIX);
-        } else {
-            disarm_annotation(&mut name);
+        match self.kind {
+            FrameKind::Kernel => name.push_str(KERNEL_SUFFIX),
+            FrameKind::Jit(_) => {
+                disarm_annotation(&mut name);
+                name.push_str(JIT_SUFFIX);
+            }
+            _ => disarm_annotation(&mut name),
         }
         name
     }
@@ -148,9 +193,12 @@ impl Frame {
 /// palettes colour such frames apart.
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
+/// Appended to JIT frames' text names, as `stackcollapse-perf.pl --jit` does.
+pub const JIT_SUFFIX: &str = "_[j]";
+
 /// The suffixes flame-graph palettes read as a frame's kind (kernel, JIT, inlined, waker), as
 /// flamegraph.pl and inferno do.
-const ANNOTATIONS: [&str; 4] = [KERNEL_SUFFIX, "_[j]", "_[i]", "_[w]"];
+const ANNOTATIONS: [&str; 4] = [KERNEL_SUFFIX, JIT_SUFFIX, "_[i]", "_[w]"];
 
 /// Rewrites a trailing annotation that a name carries itself (`f_[k]` -> `f_(k)`), so that no
 /// function name can pass for a frame of another kind.

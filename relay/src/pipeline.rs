@@ -173,6 +173,7 @@ fn other_losses(losses: &Losses) -> String {
 fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session, ignore_sent: u64) {
     let losses = &batch.losses;
     let (python, python_codes, python_cached) = session.python_stats();
+    let jit_held = session.jit.size();
     tracing::info!(
         connection = conn,
         sequence = batch.sequence,
@@ -193,6 +194,19 @@ fn log_batch(conn: ConnectionId, batch: &Batch, samples: u64, session: &Session,
         python_mismatched_stacks = python.mismatched_stacks,
         python_codes_cached = python_cached,
         python_codes_evicted = python_codes.evicted,
+        jit_frames_named = session.stats.jit_frames_named,
+        jit_frames_unnamed = session.stats.jit_frames_unnamed,
+        jit_maps = session.jit.stats.maps,
+        jit_maps_refused = session.jit.stats.maps_refused,
+        jit_entries = session.jit.stats.entries,
+        jit_ranges_held = jit_held.0,
+        jit_bytes_held = jit_held.1,
+        jit_evicted = session.jit.stats.evicted,
+        jit_garbage_lines = session.jit.stats.garbage_lines,
+        jit_long_lines = session.jit.stats.long_lines,
+        jit_read_errors = session.jit.stats.read_errors,
+        jit_read_capped = session.jit.stats.read_capped,
+        jit_bytes_read = session.jit.stats.bytes_read,
         sampler_samples = losses.samples,
         user_stack_lost = losses.user_stack_lost,
         kernel_stack_lost = losses.kernel_stack_lost,
@@ -386,7 +400,7 @@ impl Pipeline {
         message: SamplerMessage,
         fds: Vec<OwnedFd>,
     ) -> Handled {
-        let fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+        let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
         if let SamplerMessage::Hello(hello) = message {
             tracing::info!(
                 connection = conn,
@@ -450,7 +464,11 @@ impl Pipeline {
                 // New facts (exec, or a reused pid): the labels are computed anew.
                 self.labels.forget(info.pid);
                 let pid = info.pid;
-                session.set_process(info);
+                let perf_map = info
+                    .perf_map_fd
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| fds.get_mut(i)?.take());
+                session.set_process_with_perf_map(info, perf_map);
                 if let Some(info) = session.process_info(pid) {
                     self.interp.process(conn, info, &session.runtime_files(pid));
                 }

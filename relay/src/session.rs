@@ -34,7 +34,8 @@ use crate::{
         raw::{InterpBatch, RawCode},
         seen, Recognized,
     },
-    model::{Frame, FrameKind, Module, SymbolizedProfile, Thread, UNKNOWN},
+    jit::{jitdump::JitDump, JitStores},
+    model::{Frame, FrameKind, JitRuntime, Module, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
@@ -63,6 +64,10 @@ struct Process {
     /// The path of the CPython binary it maps (`python3.X`, `libpython3.X.so`), as its modules
     /// name it: the eval loop's code when the binary's symbols do not name it.
     interpreter_path: Option<Arc<str>>,
+    /// The runtime its JIT frames are of, and the one name of its JIT frames nothing names
+    /// (`[jit] node`), so they add up to one flame-graph frame instead of one per address.
+    jit_runtime: JitRuntime,
+    jit_unnamed: Arc<str>,
 }
 
 /// Counters of what could not be named, for the logs.
@@ -83,6 +88,10 @@ pub struct SymbolStats {
     /// Executable mappings the sampler left out of the process facts it sent (its per-process
     /// cap, `mappingsOmitted`), summed over every facts message: frames in them are unknown.
     pub mappings_omitted: u64,
+    /// Frames in JIT code named from a perf map or jitdump, and frames in anonymous executable
+    /// memory nothing named (each `[jit] <executable>`), counted per sample.
+    pub jit_frames_named: u64,
+    pub jit_frames_unnamed: u64,
 }
 
 /// Per-file limits of the relay (`--max-copy-bytes`, `--max-open-files`).
@@ -144,6 +153,9 @@ pub struct Session {
     /// Names Python frames and splices them into native stacks (its code cache is per
     /// process, forgotten with the process).
     python: Naming,
+    /// Names JIT frames from the perf maps and jitdumps of the processes (per process,
+    /// forgotten with the process).
+    pub jit: JitStores,
 }
 
 impl Session {
@@ -176,6 +188,7 @@ impl Session {
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
             python: Naming::default(),
+            jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
     }
 
@@ -321,6 +334,25 @@ impl Session {
     /// Records the facts of a process, replacing what was known of its pid: newer facts of the
     /// same process, or (another start time) a new process that reused the pid.
     pub fn set_process(&mut self, info: ProcessInfo) {
+        self.set_process_with_perf_map(info, None);
+    }
+
+    /// [`Session::set_process`], with the descriptor of the process's perf map the sampler
+    /// passed with these facts, if any.
+    pub fn set_process_with_perf_map(&mut self, info: ProcessInfo, perf_map: Option<OwnedFd>) {
+        let dumps: Vec<u64> = info
+            .mappings
+            .iter()
+            .filter(|m| m.file_id != 0 && is_jitdump_path(&m.path))
+            .map(|m| m.file_id)
+            .collect();
+        self.jit.process(
+            info.pid,
+            info.start_time_unix_ns,
+            perf_map,
+            &info.perf_map_refused,
+            &dumps,
+        );
         if info.mappings_omitted > 0 {
             self.stats.mappings_omitted += u64::from(info.mappings_omitted);
             tracing::debug!(
@@ -356,6 +388,11 @@ impl Session {
                     .is_some_and(|r| matches!(r, Recognized::CPython(_)))
             })
             .map(|(_, module)| Arc::clone(&module.path));
+        let jit_runtime = JitRuntime::of_executable(&name);
+        let jit_unnamed: Arc<str> = Arc::from(format!(
+            "[jit] {}",
+            if name.is_empty() { "?" } else { &*name }
+        ));
         let process = Process {
             info,
             name,
@@ -364,6 +401,8 @@ impl Session {
             modules,
             runtimes,
             interpreter_path,
+            jit_runtime,
+            jit_unnamed,
         };
         let exec_path = Arc::clone(&process.executable_path);
         if let Some(old) = self.processes.insert(pid, process) {
@@ -427,6 +466,7 @@ impl Session {
     /// Forgets an exited process. Its files stay until the sampler closes them.
     pub fn remove_process(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.jit.forget(pid);
         self.python.cache.forget(pid);
     }
 
@@ -514,6 +554,7 @@ impl Session {
             .iter()
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
+        self.catch_up_jit(batch, left_out);
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
         let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
         let mut skipped = 0u64;
@@ -543,6 +584,7 @@ impl Session {
                             cache,
                             self.tick,
                             &mut self.stats.bad_offsets,
+                            &self.jit,
                         )
                     });
                     (frames.as_slice(), None)
@@ -578,6 +620,13 @@ impl Session {
             for frame in stack.clone() {
                 frames += 1;
                 unknown += u64::from(frame.is_unknown());
+                if let (FrameKind::Jit(_), Some(p)) = (frame.kind, process) {
+                    if Arc::ptr_eq(&frame.function, &p.jit_unnamed) {
+                        self.stats.jit_frames_unnamed += row.count;
+                    } else {
+                        self.stats.jit_frames_named += row.count;
+                    }
+                }
             }
             self.stats.frames += frames;
             self.stats.unknown_frames += unknown;
@@ -594,6 +643,51 @@ impl Session {
 }
 
 impl Session {
+    /// Reads the perf maps and jitdumps of the processes of `batch` that have frames in JIT
+    /// code no range of theirs names yet (what the files gained since; usually nothing).
+    fn catch_up_jit(&mut self, batch: &Batch, left_out: &HashSet<u32>) {
+        let mut wanting: HashSet<u32> = HashSet::new();
+        let mut seen: HashSet<(u32, u32)> = HashSet::new();
+        for row in &batch.rows {
+            let StackRef::Index(u) = row.user_stack else {
+                continue;
+            };
+            if left_out.contains(&row.pid)
+                || wanting.contains(&row.pid)
+                || !self.jit.has_sources(row.pid)
+                || !seen.insert((row.pid, u))
+            {
+                continue;
+            }
+            let Some(process) = self.processes.get(&row.pid) else {
+                continue;
+            };
+            let addrs = batch
+                .user_stacks
+                .get(u as usize)
+                .map_or(&[][..], Vec::as_slice);
+            let missing = addrs.iter().enumerate().any(|(i, &address)| {
+                let lookup = if i == 0 {
+                    address
+                } else {
+                    address.saturating_sub(1)
+                };
+                in_jit_code(process, lookup) && self.jit.lookup(row.pid, lookup).is_none()
+            });
+            if missing {
+                wanting.insert(row.pid);
+            }
+        }
+        let files = &self.files;
+        let dump_file = |id: u64| -> Option<std::fs::File> {
+            let fd = files.get(&id)?.fd.as_ref()?;
+            fd.try_clone().ok().map(std::fs::File::from)
+        };
+        for pid in wanting {
+            self.jit.catch_up(pid, &dump_file);
+        }
+    }
+
     /// Takes in the interval's code copies, each for the process its pid is known as now; a
     /// copy of a process without a usable CPython layout is dropped.
     fn take_codes(&mut self, interp: &InterpBatch) {
@@ -624,14 +718,14 @@ fn cpython_runtime(process: &Process) -> Option<Runtime<'_>> {
 }
 
 /// The module of one mapping, named by the path the process mapped (as the sampler read it in
-/// `/proc/PID/maps`; `[anon]` without one). Every output names mappings from this (pprof, both
+/// `/proc/PID/maps`; `[jit]` without one: anonymous executable memory holds generated code). Every output names mappings from this (pprof, both
 /// OTLP generations, speedscope), so it is never the name of the descriptor the file came
 /// through: that is `/proc/self/fd/N`, and for a file the relay may not reopen, its private
 /// sealed copy (`/memfd:ember-elf`), which no reader of the profile could open.
 fn module_of(mapping: &ember_protocol::Mapping, build_id: Option<Arc<str>>) -> Arc<Module> {
     Arc::new(Module {
         path: Arc::from(if mapping.path.is_empty() {
-            "[anon]"
+            "[jit]"
         } else {
             mapping.path.as_str()
         }),
@@ -671,6 +765,7 @@ fn user_frames(
     cache: &mut ElfCache,
     tick: u64,
     bad_offsets: &mut u64,
+    jit: &JitStores,
 ) -> Vec<Frame> {
     let mut out = Vec::with_capacity(addrs.len());
     for (i, &address) in addrs.iter().enumerate() {
@@ -685,10 +780,31 @@ fn user_frames(
             let mapping = &p.info.mappings[index];
             (lookup < mapping.end).then(|| (mapping, &p.modules[index]))
         });
+        let jit_code = |p: &Process| jit.lookup(p.info.pid, lookup);
         let Some((mapping, module)) = found else {
-            out.push(unknown(address, None));
+            // No mapping covers it: JIT code mapped after the facts were read, if anything.
+            match process.and_then(|p| Some((p, jit_code(p)?))) {
+                Some((p, code)) => out.push(jit_frame(code, p.jit_runtime, address, None)),
+                None => out.push(unknown(address, None)),
+            }
             continue;
         };
+        if let Some(p) = process.filter(|_| is_anonymous_code(mapping)) {
+            // JIT code: named from the process's own files, else one name per executable.
+            out.push(match jit_code(p) {
+                Some(code) => jit_frame(code, p.jit_runtime, address, Some(module)),
+                None => Frame {
+                    function: Arc::clone(&p.jit_unnamed),
+                    file: None,
+                    line: None,
+                    kind: FrameKind::Jit(p.jit_runtime),
+                    inlined: false,
+                    address,
+                    module: Some(Arc::clone(module)),
+                },
+            });
+            continue;
+        }
         // `lookup >= mapping.start` holds (found above); the sum comes from the sampler.
         let Some(file_offset) = (lookup - mapping.start).checked_add(mapping.file_offset) else {
             *bad_offsets += 1;
@@ -722,6 +838,49 @@ fn user_frames(
         }
     }
     out
+}
+
+/// Whether `address` of `process` is in JIT code: anonymous executable memory, or no mapping.
+fn in_jit_code(process: &Process, address: u64) -> bool {
+    let at = process
+        .info
+        .mappings
+        .partition_point(|m| m.start <= address);
+    match at.checked_sub(1).map(|i| &process.info.mappings[i]) {
+        Some(m) if address < m.end => is_anonymous_code(m),
+        _ => true,
+    }
+}
+
+/// Anonymous executable memory: no file, and not one of the kernel's own (`[vdso]`).
+fn is_anonymous_code(mapping: &ember_protocol::Mapping) -> bool {
+    mapping.inode == 0 && (mapping.path.is_empty() || mapping.path.starts_with("[anon:"))
+}
+
+/// A jitdump file's path: `.../jit-<digits>.dump`, as runtimes name it.
+fn is_jitdump_path(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.strip_prefix("jit-")
+        .and_then(|rest| rest.strip_suffix(".dump"))
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A frame of JIT code named by `code` (from `process`'s perf map or jitdump).
+fn jit_frame(
+    code: &crate::jit::Code,
+    runtime: JitRuntime,
+    address: u64,
+    module: Option<&Arc<Module>>,
+) -> Frame {
+    Frame {
+        function: Arc::clone(&code.name),
+        file: code.source.as_ref().map(|(file, _)| Arc::clone(file)),
+        line: code.source.as_ref().map(|&(_, line)| line),
+        kind: FrameKind::Jit(runtime),
+        inlined: false,
+        address,
+        module: module.map(Arc::clone),
+    }
 }
 
 fn unknown(address: u64, module: Option<&Arc<Module>>) -> Frame {

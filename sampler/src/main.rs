@@ -13,6 +13,7 @@ mod interp;
 mod limits;
 mod link;
 mod load;
+mod perfmap;
 mod procevents;
 mod procfs;
 mod rows;

@@ -2,7 +2,8 @@
 //! mappings, executable path, cgroup, start time, real uid, the two allowlisted variables of
 //! its environment ([`ENV_ALLOWLIST`]: nothing else of `/proc/PID/environ` is kept) and, only
 //! with `--command-line`, the command line ([`forward_command_lines`]), and opens each mapped file once per
-//! (device, inode) so the relay can read it through the passed descriptor. Thread names are not
+//! (device, inode) so the relay can read it through the passed descriptor, and its perf map if it
+//! has one ([`crate::perfmap`]). Thread names are not
 //! read here: each sample's row carries the name of its thread, from eBPF.
 //!
 //! Only kernel-formatted text is read here (maps, stat, status; environ is only scanned for two
@@ -23,10 +24,13 @@ use std::{
 
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
 
-use crate::limits::{
-    ENVIRON_MAX_BYTES, ENV_VALUE_MAX_BYTES, MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS,
-    MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES,
-    SMALL_FILE_MAX_BYTES,
+use crate::{
+    limits::{
+        ENVIRON_MAX_BYTES, ENV_VALUE_MAX_BYTES, MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS,
+        MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES,
+        SMALL_FILE_MAX_BYTES,
+    },
+    perfmap::{self, PerfMap},
 };
 
 /// One mapped file, shared by every process that maps it.
@@ -375,6 +379,8 @@ pub struct ReadProcess {
     pub info: ProcessInfo,
     /// Some mappings were left out, or the maps file was longer than read.
     pub truncated: bool,
+    /// Its perf map, opened for the relay ([`crate::perfmap`]).
+    pub perf_map: Option<OwnedFd>,
 }
 
 /// Reads the facts of `pid` and interns its mapped files. `fresh` receives ids of files to
@@ -421,9 +427,15 @@ pub fn read_process(
         cut,
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
-    let uid = ember_common::ProcStatus::read(format!("{dir}/status"))
-        .ok()
+    let status = ember_common::ProcStatus::read(format!("{dir}/status")).ok();
+    let uid = status
+        .as_ref()
         .and_then(|status| status.uids().first().copied());
+    // Its perf map, only when its real uid is known (the owner it must have).
+    let perf_map = match (&status, uid) {
+        (Some(status), Some(uid)) => perfmap::open_perf_map(pid, perfmap::ns_pid(status, pid), uid),
+        _ => PerfMap::Absent,
+    };
     // Only with --command-line, raw: the relay turns it into text.
     let (command_line, command_line_cut) = if COMMAND_LINE.load(Ordering::Relaxed) {
         read_cut(format!("{dir}/cmdline"), COMMAND_LINE_MAX_BYTES)
@@ -437,8 +449,14 @@ pub fn read_process(
         ember_common::read_bounded(format!("{dir}/environ"), ENVIRON_MAX_BYTES)
             .map(|environ| allowlisted_env(&environ))
             .unwrap_or_default();
+    let (perf_map, perf_map_refused) = match perf_map {
+        PerfMap::Open(fd) => (Some(fd), String::new()),
+        PerfMap::Refused(reason) => (None, reason.to_owned()),
+        PerfMap::Absent => (None, String::new()),
+    };
     Ok(ReadProcess {
         truncated: cut || mappings_omitted > 0 || cgroup_cut || command_line_cut,
+        perf_map,
         info: ProcessInfo {
             pid,
             start_time_unix_ns,
@@ -451,6 +469,9 @@ pub fn read_process(
             otel_service_name,
             otel_resource_attributes,
             command_line,
+            // Set to the descriptor's index where it is sent (`tracker::process_messages`).
+            perf_map_fd: None,
+            perf_map_refused,
         },
     })
 }

@@ -1,6 +1,7 @@
 //! Tracks the processes seen in samples: reads their facts on first sight and when a sampled
 //! address falls outside their known executable mappings (dlopen, exec), notices exits, and
-//! produces the protocol messages (with file descriptors) that describe them.
+//! produces the protocol messages (with file descriptors: mapped files, and the perf map that a
+//! JIT runtime writes, re-checked at those re-reads while it has none) that describe them.
 //!
 //! File lifetime is the sampler's to say: a file is held while a tracked process maps it, and
 //! when the last one stops (new facts without it, or the process is reaped) the file is closed
@@ -37,6 +38,8 @@ struct Tracked {
     /// Least time before its mappings are read again for addresses outside them: starts at
     /// [`REFRESH_GAP_MIN`], doubles after each re-read that found nothing new.
     gap: Duration,
+    /// Its perf map, passed with each of its `process` messages ([`crate::perfmap`]).
+    perf_map: Option<Rc<OwnedFd>>,
 }
 
 /// What [`Tracker::describe_now`] did.
@@ -159,7 +162,11 @@ impl Tracker {
                 Some(tracked) => {
                     tracked.exited_after.is_none()
                         && tracked.refreshed.elapsed() >= tracked.gap
-                        && addrs.iter().any(|&a| !covers(&tracked.info, a))
+                        && addrs.iter().any(|&a| {
+                            !covers(&tracked.info, a)
+                                || (tracked.perf_map.is_none()
+                                    && in_anonymous_code(&tracked.info, a))
+                        })
                 }
             };
             if stale {
@@ -202,7 +209,7 @@ impl Tracker {
         match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {
             Ok(read) => {
                 self.truncated += u64::from(read.truncated);
-                self.replace(read.info, &fresh)
+                self.replace(read.info, &fresh, read.perf_map.map(Rc::new))
             }
             Err(err) => {
                 self.errors += 1;
@@ -216,6 +223,7 @@ impl Tracker {
                     exited_after: Some(sequence.saturating_add(1)),
                     refreshed: Instant::now(),
                     gap: REFRESH_GAP_MIN,
+                    perf_map: None,
                 });
                 Vec::new()
             }
@@ -224,9 +232,14 @@ impl Tracker {
 
     /// Takes new facts of a process whose files are interned (`fresh`: those to send); returns
     /// the messages saying so, then `filesClosed` for the files only its old facts mapped.
-    fn replace(&mut self, info: ProcessInfo, fresh: &[u64]) -> Vec<Outgoing> {
+    fn replace(
+        &mut self,
+        info: ProcessInfo,
+        fresh: &[u64],
+        perf_map: Option<Rc<OwnedFd>>,
+    ) -> Vec<Outgoing> {
         let mut out = self.files_messages(fresh);
-        out.extend(process_messages(&info));
+        out.extend(process_messages(&info, perf_map.as_ref()));
         let (pid, refreshed) = (info.pid, Instant::now());
         let gap = next_gap(self.procs.get(&pid), &info);
         let tracked = Tracked {
@@ -234,6 +247,7 @@ impl Tracker {
             exited_after: None,
             refreshed,
             gap,
+            perf_map,
         };
         if let Some(old) = self.procs.insert(pid, tracked) {
             self.files.release(&old.info.mappings);
@@ -331,18 +345,40 @@ impl Tracker {
         ids.sort_unstable();
         let mut out = self.files_messages(&ids);
         for tracked in self.procs.values() {
-            out.extend(process_messages(&tracked.info));
+            out.extend(process_messages(&tracked.info, tracked.perf_map.as_ref()));
         }
         out
     }
 }
 
-/// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`].
-fn process_messages(info: &ProcessInfo) -> Vec<Outgoing> {
+/// The messages describing a process, each at most [`MAX_DATAGRAM_BYTES`]; the first carries
+/// its perf map's descriptor, if it has one.
+fn process_messages(info: &ProcessInfo, perf_map: Option<&Rc<OwnedFd>>) -> Vec<Outgoing> {
+    let with_fd;
+    let info = match perf_map {
+        Some(_) => {
+            with_fd = ProcessInfo {
+                perf_map_fd: Some(0),
+                ..info.clone()
+            };
+            &with_fd
+        }
+        None => info,
+    };
+    let mut fds: Vec<Rc<OwnedFd>> = perf_map.into_iter().cloned().collect();
     split::process_messages(info, MAX_DATAGRAM_BYTES)
         .into_iter()
-        .map(|message| state(message, Vec::new()))
+        .map(|message| state(message, std::mem::take(&mut fds)))
         .collect()
+}
+
+/// Whether a user address lies in anonymous executable memory (JIT code, not a file's).
+fn in_anonymous_code(info: &ProcessInfo, addr: u64) -> bool {
+    let i = info.mappings.partition_point(|m| m.start <= addr);
+    i > 0 && addr < info.mappings[i - 1].end && {
+        let m = &info.mappings[i - 1];
+        m.inode == 0 && (m.path.is_empty() || m.path.starts_with("[anon:"))
+    }
 }
 
 /// Whether a user address lies in one of the process's executable mappings.
@@ -441,7 +477,7 @@ mod tests {
         // When its facts are turned into datagrams
         let mut out = tracker.files_messages(&fresh);
         let files_datagrams = out.len();
-        out.extend(process_messages(&info));
+        out.extend(process_messages(&info, None));
         let sizes: Vec<usize> = out.iter().map(|o| o.bytes.len()).collect();
         eprintln!(
             "uncapped process datagram: {before} bytes; now {} datagrams ({files_datagrams} files), largest {} bytes, total {} bytes",
@@ -490,6 +526,7 @@ mod tests {
                 exited_after: Some(after),
                 refreshed: Instant::now(),
                 gap: REFRESH_GAP_MIN,
+                perf_map: None,
             },
         );
     }
@@ -512,6 +549,7 @@ mod tests {
             exited_after: None,
             refreshed: Instant::now(),
             gap: REFRESH_GAP_MIN,
+            perf_map: None,
         };
         // Then the gap doubles up to the most
         let mut gaps = Vec::new();
@@ -568,7 +606,7 @@ mod tests {
             pid: 20,
             ..ProcessInfo::default()
         };
-        tracker.replace(info, &[]);
+        tracker.replace(info, &[], None);
         exited(&mut tracker, 21, 0);
         assert_eq!(tracker.mappings(20), Some(&[][..]));
         // When the exited one is reaped, Then the changes name 20 as changed and 21 as gone,
@@ -608,7 +646,7 @@ mod tests {
                     mappings,
                     ..ProcessInfo::default()
                 };
-                tracker.replace(info, &fresh)
+                tracker.replace(info, &fresh, None)
             } else {
                 tracker.procs.get_mut(&pid).expect("tracked").exited_after = Some(0);
                 tracker.reap(None, 1)

@@ -341,8 +341,20 @@ impl Python {
     /// Starts workload `script` (tests/workloads/python) with `args` as process `name` (see
     /// [`Python::command_as`]) and waits for its `{"ready":true,"pid":N}` line.
     pub fn spawn(&self, name: &str, script: &str, args: &[&str]) -> PyProcess {
+        self.spawn_with_options(name, &[], script, args)
+    }
+
+    /// [`Python::spawn`] with interpreter `options` before the script (e.g. `-X perf_jit`).
+    pub fn spawn_with_options(
+        &self,
+        name: &str,
+        options: &[&str],
+        script: &str,
+        args: &[&str],
+    ) -> PyProcess {
         let path = self.workload(script);
-        let mut all = vec![path.as_str()];
+        let mut all = options.to_vec();
+        all.push(path.as_str());
         all.extend_from_slice(args);
         let mut command = self.command_as(Some(name), &all);
         command.stdout(Stdio::piped()).stderr(Stdio::inherit());

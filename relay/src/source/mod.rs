@@ -29,6 +29,11 @@ pub type ConnectionId = u64;
 
 /// What the source tells the pipeline.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a message is moved once, from the socket thread to the pipeline; boxing it would \
+              allocate per datagram for nothing"
+)]
 pub enum SourceEvent {
     Connected {
         conn: ConnectionId,
@@ -365,6 +370,7 @@ fn check_fd_indices(
     match message {
         SamplerMessage::Hello(hello) => check(hello.kallsyms_fd)?,
         SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd))?,
+        SamplerMessage::Process(info) => check(info.perf_map_fd.unwrap_or(ember_protocol::NO_FD))?,
         _ => {}
     }
     let named = named.iter().filter(|n| **n).count();

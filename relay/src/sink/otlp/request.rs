@@ -397,7 +397,7 @@ struct Builder {
     function_by_ptr: HashMap<(usize, usize, u32), i32>,
     /// Mapping index -> the function naming its unnamed frames (one name per module).
     unknown_by_mapping: HashMap<i32, i32>,
-    frame_type: [Option<i32>; 5],
+    frame_type: [Option<i32>; FRAME_TYPES],
 }
 
 impl Default for Builder {
@@ -424,7 +424,7 @@ impl Default for Builder {
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
             unknown_by_mapping: HashMap::default(),
-            frame_type: [None; 5],
+            frame_type: [None; FRAME_TYPES],
         }
     }
 }
@@ -563,13 +563,7 @@ impl Builder {
                 })
                 .collect()
         };
-        let slot = match last.kind {
-            FrameKind::Kernel => 0,
-            FrameKind::Native => 1,
-            FrameKind::Marker => 2,
-            FrameKind::CPython => 3,
-            FrameKind::Go => 4,
-        };
+        let slot = frame_type_slot(last.kind);
         let kind = match self.frame_type[slot] {
             Some(kind) => kind,
             None => {
@@ -627,6 +621,24 @@ impl Builder {
 /// The `profile.frame.type` value of a frame kind.
 pub fn frame_type(kind: FrameKind) -> &'static str {
     kind.as_str()
+}
+
+/// Distinct `profile.frame.type` values ([`frame_type`]).
+const FRAME_TYPES: usize = 8;
+
+/// The slot of a frame kind's `profile.frame.type` attribute among the [`FRAME_TYPES`]: kinds
+/// with one value share one (a JIT frame of an unknown runtime is `native`).
+fn frame_type_slot(kind: FrameKind) -> usize {
+    match frame_type(kind) {
+        "kernel" => 0,
+        "native" => 1,
+        "abort-marker" => 2,
+        "cpython" => 3,
+        "v8js" => 4,
+        "jvm" => 5,
+        "go" => 6,
+        _ => 7,
+    }
 }
 
 #[cfg(test)]
