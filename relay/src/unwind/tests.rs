@@ -1640,3 +1640,31 @@ fn section_addr(path: &Path, name: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no {name} in {path:?}"))
 }
+
+#[test]
+fn debug_frame_fdes_over_code_eh_frame_describes_are_skipped() {
+    // Given: GCC without the assembler's CFI directives writes both sections in full.
+    let dir = scratch();
+    let both = build_workload(
+        dir.path(),
+        "both",
+        &["-O2", "-g", "-fomit-frame-pointer", "-fno-dwarf2-cfi-asm"],
+    );
+    let eh_only = dir.path().join("eh-only");
+    objcopy(&["--remove-section=.debug_frame"], &both, &eh_only);
+    // When
+    let compiled = compile_path(&both, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let alone = compile_path(&eh_only, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    // Then: every .debug_frame FDE skipped unevaluated, the table the one of .eh_frame alone.
+    assert_eq!(compiled.stats.section, CfiSection::Both);
+    let debug_fdes = oracle(&both, ".debug_frame").len();
+    assert!(debug_fdes > 0);
+    assert!(
+        compiled.stats.fdes_described_twice >= 5,
+        "{:?}",
+        compiled.stats
+    );
+    assert_eq!(compiled.stats.fdes_overlapping, 0);
+    assert_eq!(compiled.stats.work_bytes, alone.stats.work_bytes);
+    assert_eq!(compiled.table, alone.table);
+}
