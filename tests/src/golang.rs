@@ -177,6 +177,7 @@ impl Toolchain {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).expect("chmod workload");
         fs::rename(&tmp, &out).expect("renaming the workload into place");
         let _ = fs::remove_file(host_work.join(&unique));
+        let _ = fs::remove_file(host_work.join(format!("{unique}.go")));
         out
     }
 }

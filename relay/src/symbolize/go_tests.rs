@@ -542,4 +542,3 @@ fn unwind_rows_give_the_frame_size_at_each_call_and_a_frameless_leaf_none() {
         }
     }
 }
-

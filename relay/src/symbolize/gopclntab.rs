@@ -579,10 +579,15 @@ struct InlinedCall {
 #[cfg(test)]
 pub(crate) fn synthetic() -> Vec<u8> {
     let mut t = vec![0u8; 284];
-    let put32 = |t: &mut Vec<u8>, at: usize, v: u32| t[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    let put64 = |t: &mut Vec<u8>, at: usize, v: u64| t[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let put32 =
+        |t: &mut Vec<u8>, at: usize, v: u32| t[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |t: &mut Vec<u8>, at: usize, v: u64| t[at..at + 8].copy_from_slice(&v.to_le_bytes());
     t[..8].copy_from_slice(&[0xf1, 0xff, 0xff, 0xff, 0, 0, 1, 8]);
-    for (i, word) in [2u64, 1, 0x40_1000, 72, 88, 92, 104, 128].into_iter().enumerate() {
+    for (i, word) in [2u64, 1, 0x40_1000, 72, 88, 92, 104, 128]
+        .into_iter()
+        .enumerate()
+    {
         put64(&mut t, 8 + 8 * i, word);
     }
     t[72..86].copy_from_slice(b"main.a\0main.b\0");
@@ -643,18 +648,27 @@ mod tests {
         assert_eq!((table.version, table.func_count()), (Version::Go120, 2));
         // Then each pc is in its function, with its line, and b's first bytes in inlined a
         let a = table.find(0x40_1004).expect("main.a");
-        assert_eq!(table.frames(&a, 0x40_1004, Some(&funcdata)), [frame("main.a", 10, false)]);
+        assert_eq!(
+            table.frames(&a, 0x40_1004, Some(&funcdata)),
+            [frame("main.a", 10, false)]
+        );
         let b = table.find(0x40_1014).expect("main.b");
         assert_eq!(
             table.frames(&b, 0x40_1014, Some(&funcdata)),
             [frame("main.a", 11, true), frame("main.b", 11, false)]
         );
-        assert_eq!(table.frames(&b, 0x40_101c, Some(&funcdata)), [frame("main.b", 11, false)]);
+        assert_eq!(
+            table.frames(&b, 0x40_101c, Some(&funcdata)),
+            [frame("main.b", 11, false)]
+        );
         assert!(table.find(0x40_1020).is_none() && table.find(0x40_0fff).is_none());
         // And b's stack-pointer runs are its frame's
         let mut runs = Vec::new();
         table.sp_runs(&b, |run, delta| runs.push((run, delta)));
-        assert_eq!(runs, [(0x40_1010..0x40_1014, 0), (0x40_1014..0x40_1020, 24)]);
+        assert_eq!(
+            runs,
+            [(0x40_1010..0x40_1014, 0), (0x40_1014..0x40_1020, 24)]
+        );
     }
 
     #[test]
