@@ -1,7 +1,8 @@
 //! Go toolchains for the end-to-end tests: the host's `go` (Debian 12's golang-go, Go 1.19) and
-//! Debian trixie's (golang-go, Go 1.24) in its root of `scripts/python-roots.sh` (under
-//! `${EMBER_PYTHON_ROOTS:-/var/cache/ember/roots}`), run with `chroot` inside a private mount
-//! namespace that mounts its own /proc (the Go tool needs `/proc/self/exe`). Workloads are
+//! Debian trixie's (golang-go, Go 1.24) in its root of `scripts/runtime-roots.sh` (under
+//! `$EMBER_ROOTS`, else `$EMBER_PYTHON_ROOTS`, else `/var/cache/ember/roots`), run with `chroot`
+//! inside a private mount namespace that mounts its own /proc (the Go tool needs
+//! `/proc/self/exe`). Workloads are
 //! built from tests/workloads/go, unstripped or with `-ldflags='-s -w'`, and cached under
 //! target/ember-test-workloads/go by toolchain, flags and source, so reruns do not build again.
 //! The binaries are static: they run on the host whichever toolchain built them.
@@ -50,7 +51,8 @@ impl Toolchain {
         match self {
             Self::Host => None,
             Self::Trixie => Some(
-                env::var_os("EMBER_PYTHON_ROOTS")
+                env::var_os("EMBER_ROOTS")
+                    .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
                     .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
                     .join("trixie"),
             ),
@@ -129,7 +131,7 @@ impl Toolchain {
         }
         skip(&format!(
             "{} is not installed: the tests need Debian's golang-go on the host (1.19) and in \
-             the trixie root of scripts/python-roots.sh (1.24)",
+             the trixie root of scripts/runtime-roots.sh (1.24)",
             self.label()
         ));
         false
@@ -177,6 +179,7 @@ impl Toolchain {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).expect("chmod workload");
         fs::rename(&tmp, &out).expect("renaming the workload into place");
         let _ = fs::remove_file(host_work.join(&unique));
+        let _ = fs::remove_file(host_work.join(format!("{unique}.go")));
         out
     }
 }

@@ -1,7 +1,7 @@
 //! Tests of the Go table reader ([`super::gopclntab`], [`super::gofile`]) and of the unwind rows
 //! made from it, on real Go binaries built here by every Go toolchain the machine has: the
 //! host's `go` (Debian 12: Go 1.19, table magic `0xfffffff0`) and Debian trixie's (Go 1.24,
-//! `0xfffffff1`) in the root of `scripts/python-roots.sh`, run under `chroot` in a private mount
+//! `0xfffffff1`) in the root of `scripts/runtime-roots.sh`, run under `chroot` in a private mount
 //! namespace with its own /proc. Each program is built unstripped and with `-ldflags='-s -w'`;
 //! names and lines are checked against the toolchain's own `go tool addr2line`, frame sizes
 //! against its `go tool objdump`. Builds are cached under `target/go-fixtures`.
@@ -69,7 +69,8 @@ pub(crate) struct Toolchain {
 }
 
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
@@ -105,7 +106,7 @@ pub(crate) fn toolchains() -> Vec<Toolchain> {
         found.push(root);
     } else {
         missing(
-            "Debian trixie's Go 1.24 (golang-go in the trixie root of scripts/python-roots.sh)",
+            "Debian trixie's Go 1.24 (golang-go in the trixie root of scripts/runtime-roots.sh)",
         );
     }
     found
@@ -542,4 +543,3 @@ fn unwind_rows_give_the_frame_size_at_each_call_and_a_frameless_leaf_none() {
         }
     }
 }
-

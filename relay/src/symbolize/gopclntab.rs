@@ -35,8 +35,10 @@ pub const FLAG_SPWRITE: u8 = 2;
 pub const MAX_NAME: usize = 4096;
 /// Most inlined frames listed at one pc (real ones rarely pass 10).
 pub const MAX_INLINE_DEPTH: usize = 32;
-/// Most entries decoded from one pc-value table for one lookup.
-const MAX_PCVALUE_STEPS: usize = 1 << 20;
+/// Most entries decoded from one pc-value table for one lookup (and never more than the
+/// function has bytes, plus 2: every real entry advances the pc), so a lookup costs at most a
+/// few milliseconds whatever a hostile table says.
+const MAX_PCVALUE_STEPS: usize = 1 << 16;
 /// Most functions a table may claim (the `go` tool has about 20,000; Kubernetes' binaries 100,000).
 const MAX_FUNCS: u64 = 1 << 22;
 
@@ -382,22 +384,29 @@ impl Table {
 
     /// Decodes the pc-value table at `offset` of `pctab` for `func`, calling `each(start, end,
     /// value)` for each run of pcs; stops early when `each` returns false. Bounded by the table's
-    /// bytes and by [`MAX_PCVALUE_STEPS`].
-    fn pcvalue_runs(&self, func: &Func, offset: u32, mut each: impl FnMut(u64, u64, i32) -> bool) {
+    /// bytes, by the function's size and by [`MAX_PCVALUE_STEPS`]; returns the entries decoded.
+    fn pcvalue_runs(
+        &self,
+        func: &Func,
+        offset: u32,
+        mut each: impl FnMut(u64, u64, i32) -> bool,
+    ) -> usize {
         if offset == 0 {
-            return;
+            return 0;
         }
         let Some(mut at) = self.pctab.checked_add(offset as usize) else {
-            return;
+            return 0;
         };
         let b = self.bytes();
         let (mut pc, mut value) = (func.entry, -1i32);
-        for step in 0..MAX_PCVALUE_STEPS {
+        let size = usize::try_from(func.end - func.entry).unwrap_or(usize::MAX);
+        let steps = MAX_PCVALUE_STEPS.min(size.saturating_add(2));
+        for step in 0..steps {
             let Some(delta) = b.uvarint(&mut at) else {
-                return;
+                return step;
             };
             if delta == 0 && step > 0 {
-                return;
+                return step;
             }
             // Zig-zag: the low bit is the sign.
             let delta = if delta & 1 != 0 {
@@ -407,18 +416,19 @@ impl Table {
             };
             value = value.wrapping_add(delta);
             let Some(pc_delta) = b.uvarint(&mut at) else {
-                return;
+                return step;
             };
             let next =
                 pc.saturating_add(u64::from(pc_delta).saturating_mul(u64::from(self.min_lc)));
             if next > pc && !each(pc, next.min(func.end), value) {
-                return;
+                return step + 1;
             }
             pc = next;
             if pc >= func.end {
-                return;
+                return step + 1;
             }
         }
+        steps
     }
 
     /// The value of the pc-value table at `offset` at `pc`.
@@ -436,15 +446,15 @@ impl Table {
     }
 
     /// The stack-pointer delta of `func` (bytes below the CFA - 8, the return address) over its
-    /// code, as runs `(start..end, delta)`, in order.
-    pub fn sp_runs(&self, func: &Func, mut each: impl FnMut(Range<u64>, i32)) {
+    /// code, as runs `(start..end, delta)`, in order; returns the entries decoded (the work).
+    pub fn sp_runs(&self, func: &Func, mut each: impl FnMut(Range<u64>, i32)) -> usize {
         let Some(pcsp) = self.field(func, 3) else {
-            return;
+            return 0;
         };
         self.pcvalue_runs(func, pcsp, |start, end, value| {
             each(start..end, value);
             true
-        });
+        })
     }
 
     /// The source file and line of `pc` in `func` (for a pc in inlined code, the inlined
@@ -579,10 +589,15 @@ struct InlinedCall {
 #[cfg(test)]
 pub(crate) fn synthetic() -> Vec<u8> {
     let mut t = vec![0u8; 284];
-    let put32 = |t: &mut Vec<u8>, at: usize, v: u32| t[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    let put64 = |t: &mut Vec<u8>, at: usize, v: u64| t[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let put32 =
+        |t: &mut Vec<u8>, at: usize, v: u32| t[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |t: &mut Vec<u8>, at: usize, v: u64| t[at..at + 8].copy_from_slice(&v.to_le_bytes());
     t[..8].copy_from_slice(&[0xf1, 0xff, 0xff, 0xff, 0, 0, 1, 8]);
-    for (i, word) in [2u64, 1, 0x40_1000, 72, 88, 92, 104, 128].into_iter().enumerate() {
+    for (i, word) in [2u64, 1, 0x40_1000, 72, 88, 92, 104, 128]
+        .into_iter()
+        .enumerate()
+    {
         put64(&mut t, 8 + 8 * i, word);
     }
     t[72..86].copy_from_slice(b"main.a\0main.b\0");
@@ -643,18 +658,27 @@ mod tests {
         assert_eq!((table.version, table.func_count()), (Version::Go120, 2));
         // Then each pc is in its function, with its line, and b's first bytes in inlined a
         let a = table.find(0x40_1004).expect("main.a");
-        assert_eq!(table.frames(&a, 0x40_1004, Some(&funcdata)), [frame("main.a", 10, false)]);
+        assert_eq!(
+            table.frames(&a, 0x40_1004, Some(&funcdata)),
+            [frame("main.a", 10, false)]
+        );
         let b = table.find(0x40_1014).expect("main.b");
         assert_eq!(
             table.frames(&b, 0x40_1014, Some(&funcdata)),
             [frame("main.a", 11, true), frame("main.b", 11, false)]
         );
-        assert_eq!(table.frames(&b, 0x40_101c, Some(&funcdata)), [frame("main.b", 11, false)]);
+        assert_eq!(
+            table.frames(&b, 0x40_101c, Some(&funcdata)),
+            [frame("main.b", 11, false)]
+        );
         assert!(table.find(0x40_1020).is_none() && table.find(0x40_0fff).is_none());
         // And b's stack-pointer runs are its frame's
         let mut runs = Vec::new();
         table.sp_runs(&b, |run, delta| runs.push((run, delta)));
-        assert_eq!(runs, [(0x40_1010..0x40_1014, 0), (0x40_1014..0x40_1020, 24)]);
+        assert_eq!(
+            runs,
+            [(0x40_1010..0x40_1014, 0), (0x40_1014..0x40_1020, 24)]
+        );
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //! the same layout); those functions are recognized by name there.
 //!
 //! Invariant: the table is hostile; [`crate::symbolize::gopclntab`] reads it within its bytes.
-//! Rows stay inside the executable range, at most `Limits::max_rows` of them and within
-//! `Limits::max_time`; a delta no row can express is a stop row.
+//! Rows stay inside the executable range, at most `Limits::max_rows` of them, within
+//! `Limits::max_time` and within the work budget of the table's size (in entries decoded; kept
+//! apart from the CFI's, so a cgo binary's `.eh_frame` keeps its own); a delta no row can
+//! express is a stop row.
 
 use std::{ops::Range, time::Instant};
 
@@ -44,8 +46,17 @@ const STOP_NAMES_116: [&str; 6] = [
 /// Spans of every Go function of `table` inside `exec`, in table order.
 pub fn evaluate(table: &Table, exec: &Range<u64>, limits: &Limits, stats: &mut Stats) -> Vec<Span> {
     let started = Instant::now();
+    // Entries decoded in all: functions may share one pcsp table, so a hostile table could
+    // make the work far larger than its bytes; real ones decode fewer entries than they have
+    // bytes.
+    let budget = limits.work_budget(table.byte_len() as u64);
+    let mut work = 0u64;
     let mut spans = Vec::new();
     for func in table.funcs() {
+        if work > budget {
+            stats.truncated.get_or_insert(Truncation::WorkBudget);
+            break;
+        }
         if func.entry < exec.start || func.end > exec.end {
             stats.fdes_out_of_range += 1;
             continue;
@@ -74,14 +85,14 @@ pub fn evaluate(table: &Table, exec: &Range<u64>, limits: &Limits, stats: &mut S
             continue;
         }
         let before = spans.len();
-        table.sp_runs(&func, |run, delta| {
+        work += table.sp_runs(&func, |run, delta| {
             stats.cfi_rows += 1;
             spans.push(Span {
                 start: run.start,
                 end: run.end,
                 rule: rule(delta),
             });
-        });
+        }) as u64;
         if spans.len() == before {
             stats.fdes_empty += 1;
         }

@@ -803,6 +803,32 @@ mod tests {
     }
 
     #[test]
+    fn go_frames_carry_the_go_frame_type_and_native_ones_theirs() {
+        // Given a stripped Go binary's frames: a Go function (named from its Go table) over a
+        // cgo C function named from its symbols
+        let app = module("/usr/local/bin/server", None);
+        let go = Frame {
+            file: Some("/src/server/main.go".into()),
+            line: Some(42),
+            ..frame("main.hotLoop", 0x40_3000, FrameKind::Go, &app)
+        };
+        let stack = vec![go, frame("c_helper", 0x40_2000, FrameKind::Native, &app)];
+        // When built into a request
+        let samples = vec![sample(10, 10, "server", stack, 1)];
+        let request = build(&views(&samples), &meta(), SampleAttributes::default());
+        let d = &request.dictionary;
+        // Then the Go frame is typed `go` with its line, the C frame `native`
+        let kind_of = |index: usize| {
+            let location = &d.locations[d.stacks[1][index] as usize];
+            let kind = &d.attributes[location.attributes[0] as usize];
+            assert_eq!(d.string(kind.key), keys::FRAME_TYPE);
+            (kind.value.clone(), location.lines[0].line)
+        };
+        assert_eq!(kind_of(0), (Value::Str("go".into()), 42));
+        assert_eq!(kind_of(1).0, Value::Str("native".into()));
+    }
+
+    #[test]
     fn tables_start_empty_and_dedup() {
         // Given two threads of one process with the same thread name and the same stack, and a
         // third sample with another stack sharing a function.
