@@ -161,7 +161,11 @@ struct Workload {
 
 impl Workload {
     fn spawn(name: &str, mut command: Command) -> Self {
-        command.stdin(Stdio::null()).stdout(Stdio::piped());
+        // (node writes an isolate log into its working directory on some flags)
+        command
+            .current_dir(std::env::temp_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
         eprintln!("running {command:?}");
         let mut child = ChildGuard::spawn(name, &mut command);
         let stdout = LogReader::spawn(name, child.child_mut().stdout.take().unwrap());
