@@ -338,11 +338,12 @@ fn a_long_name_is_cut_at_the_bound() {
 
 #[test]
 fn a_partial_trailing_record_is_returned_once_a_later_append_completes_it() {
-    // Given two loads, the second cut in its code bytes
+    // Given two loads, the second cut in its code bytes (its fields and name are there), and a
+    // third cut in its name
     let mut w = Writer::new(false);
     w.load(0x1000, 16, "first");
-    let cut = w.bytes.len() + 70;
-    w.load(0x2000, 64, "second");
+    let cut = w.bytes.len() + 2000;
+    w.load(0x2000, 4096, "second");
     let (tmp, file) = file_with(&w.bytes[..cut]);
     let mut reader = JitDump::default();
     // When it is read, only the first comes out
@@ -354,9 +355,18 @@ fn a_partial_trailing_record_is_returned_once_a_later_append_completes_it() {
     append(&tmp, &w.bytes[cut..]);
     let (result, entries) = read(&mut reader, &file, u64::MAX);
     assert_eq!(first + result.unwrap(), w.bytes.len() as u64);
-    assert_eq!(entries, [entry(0x2000, 64, "second")]);
+    assert_eq!(entries, [entry(0x2000, 4096, "second")]);
     let (result, entries) = read(&mut reader, &file, u64::MAX);
     assert_eq!((result.unwrap(), entries.len()), (0, 0));
+    // And a record cut in its name waits the same way
+    let before = w.bytes.len();
+    w.load(0x3000, 8, "third-with-a-longer-name");
+    append(&tmp, &w.bytes[before..before + 60]);
+    let (result, entries) = read(&mut reader, &file, u64::MAX);
+    assert_eq!((result.unwrap(), entries.len()), (0, 0));
+    append(&tmp, &w.bytes[before + 60..]);
+    let (_, entries) = read(&mut reader, &file, u64::MAX);
+    assert_eq!(entries, [entry(0x3000, 8, "third-with-a-longer-name")]);
 }
 
 #[test]
