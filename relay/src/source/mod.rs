@@ -365,6 +365,7 @@ fn check_fd_indices(
     match message {
         SamplerMessage::Hello(hello) => check(hello.kallsyms_fd)?,
         SamplerMessage::Files(files) => files.iter().try_for_each(|f| check(f.fd))?,
+        SamplerMessage::Process(info) => check(info.perf_map_fd.unwrap_or(ember_protocol::NO_FD))?,
         _ => {}
     }
     let named = named.iter().filter(|n| **n).count();
