@@ -61,7 +61,8 @@ fn perf_jit(source: Source, suite: &str) {
     let mut workload =
         python.spawn_with_options(name, &["-X", "perf_jit"], "jit_truth.py", &["60"]);
     let pid = workload.pid();
-    let dump = env::var_os("EMBER_PYTHON_ROOTS")
+    let dump = env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
         .join(suite)
         .join(format!("tmp/jit-{pid}.dump"));

@@ -484,8 +484,11 @@ fn moves_remember_a_bounded_number_of_loads() {
 // ---------------------------------------------------------------------------------------------
 // Files real runtimes wrote
 
+/// The Debian roots of `scripts/runtime-roots.sh`: `EMBER_ROOTS`, else `EMBER_PYTHON_ROOTS`
+/// (its former name), else /var/cache/ember/roots.
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
@@ -496,8 +499,8 @@ fn missing(what: &str) {
         .iter()
         .any(|v| env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
     let message = format!(
-        "{what}: run `sudo scripts/python-roots.sh` (Debian trixie and sid roots with python3 and \
-         nodejs) as root, or set EMBER_PYTHON_ROOTS"
+        "{what}: run `sudo scripts/runtime-roots.sh` (Debian trixie and sid roots with python3 \
+         and nodejs) and `apt-get install nodejs`, or set EMBER_ROOTS"
     );
     assert!(!required, "{message}");
     eprintln!("SKIPPED: {message}");
@@ -586,6 +589,17 @@ impl Drop for Runtime {
         }
         let _ = self.child.wait();
         let _ = fs::remove_file(&self.dump);
+        // V8's --perf-prof also writes an isolate-ADDRESS-PID-v8.log beside the dump.
+        let log_suffix = format!("-{}-v8.log", self.child.id());
+        if let Some(dir) = self.dump.parent() {
+            for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("isolate-") && name.ends_with(&log_suffix) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 }
 
@@ -603,9 +617,16 @@ fn read_live(runtime: &Runtime, reader: &mut JitDump) -> Vec<JitEntry> {
     );
     let len = file.metadata().unwrap().len();
     let mut entries = Vec::new();
+    let started = std::time::Instant::now();
     reader
         .read_new(&file, u64::MAX, &mut |e| entries.push(e))
         .unwrap();
+    // A figure for the log, not asserted.
+    eprintln!(
+        "read {} entries of {name} ({len} bytes) in {:?}",
+        entries.len(),
+        started.elapsed()
+    );
     // Everything written when the call began is consumed but a record the runtime's stdio
     // buffer cut (it writes the file in 4 KiB blocks).
     let left = len - reader.offset();
