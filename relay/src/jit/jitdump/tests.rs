@@ -447,6 +447,48 @@ fn a_move_gives_the_code_its_new_address_with_its_name_and_source() {
 }
 
 #[test]
+fn moves_are_handled_a_bounded_number_per_call() {
+    // Given one load moved back and forth many times
+    let mut w = Writer::new(false);
+    w.load(0x1000, 4000, "hot");
+    let n = MAX_MOVES_PER_CALL * 3 + 7;
+    for i in 0..n as u64 {
+        let (from, to) = if i % 2 == 0 {
+            (0x1000, 0x9000)
+        } else {
+            (0x9000, 0x1000)
+        };
+        w.moved(from, to, 4000);
+    }
+    let (_tmp, file) = file_with(&w.bytes);
+    let mut reader = JitDump::default();
+    // When it is read, each call handles at most MAX_MOVES_PER_CALL of them
+    let mut calls = Vec::new();
+    loop {
+        let before = reader.stats().bytes_read;
+        let (result, entries) = read(&mut reader, &file, u64::MAX);
+        if result.unwrap() == 0 {
+            break;
+        }
+        calls.push((entries.len(), reader.stats().bytes_read - before));
+        assert!(entries.iter().all(|e| e.name == "hot" && e.size == 4000));
+    }
+    // Then all come out over several calls, each reading little per move
+    assert_eq!(calls.iter().map(|c| c.0).sum::<usize>(), n + 1);
+    assert!(
+        calls.iter().all(|c| c.0 <= MAX_MOVES_PER_CALL + 1),
+        "{calls:?}"
+    );
+    // The window, and a load record's fields and name bound per move.
+    for (entries, read) in calls {
+        assert!(
+            read <= 64 * 1024 + entries as u64 * 1100,
+            "{read} bytes for {entries}"
+        );
+    }
+}
+
+#[test]
 fn a_close_record_ends_the_file() {
     let mut w = Writer::new(false);
     w.load(0x1000, 4, "f")
