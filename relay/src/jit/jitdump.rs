@@ -10,9 +10,9 @@
 //!
 //! Invariants, since the file is written by the process it describes and may be hostile:
 //! - Only positional reads (`pread`) through the shared descriptor, from the offset reached so
-//!   far; at most `max_bytes` read per call, into one buffer of at most [`WINDOW`] bytes that is
-//!   allocated once. Code bytes are skipped by offset, never read unless they happen to lie in
-//!   the window beside the records around them.
+//!   far; at most `max_bytes` read per call, into one reused buffer of at most [`WINDOW`] bytes
+//!   (and one of about 1 KiB for moves). Code bytes are skipped by offset, never read unless
+//!   they happen to lie in the window beside the records around them.
 //! - Every size the file claims is checked against [`Limits`] and the file's length before it is
 //!   used; nothing is allocated by a claimed size. A record whose size cannot be (shorter than its
 //!   own fields, longer than [`Limits::max_record`], code longer than the record) stops the
