@@ -1060,6 +1060,9 @@ mod tests {
                 otel_service_name: Some("billing".into()),
                 otel_resource_attributes: Some("team=finance".into()),
                 command_line: Some(b"app\0--port\x008080\0\xff\0".to_vec()),
+                // (both at once only here: the sampler sends one or the other)
+                perf_map_fd: Some(0),
+                perf_map_refused: "it is a symlink".into(),
             }),
             SamplerMessage::ProcessMappings(ProcessMappings {
                 pid: 42,

@@ -850,7 +850,7 @@ fn in_jit_code(process: &Process, address: u64) -> bool {
 
 /// Anonymous executable memory: no file, and not one of the kernel's own (`[vdso]`).
 fn is_anonymous_code(mapping: &ember_protocol::Mapping) -> bool {
-    mapping.inode == 0 && (!mapping.path.starts_with('[') || mapping.path.starts_with("[anon:"))
+    mapping.inode == 0 && (mapping.path.is_empty() || mapping.path.starts_with("[anon:"))
 }
 
 /// A jitdump file's path: `.../jit-<digits>.dump`, as runtimes name it.

@@ -377,7 +377,7 @@ fn in_anonymous_code(info: &ProcessInfo, addr: u64) -> bool {
     let i = info.mappings.partition_point(|m| m.start <= addr);
     i > 0 && addr < info.mappings[i - 1].end && {
         let m = &info.mappings[i - 1];
-        m.inode == 0 && (!m.path.starts_with('[') || m.path.starts_with("[anon:"))
+        m.inode == 0 && (m.path.is_empty() || m.path.starts_with("[anon:"))
     }
 }
 

@@ -479,10 +479,10 @@ fn truth_jvm_debian_sid_25() {
 /// The value of `key` in the last "batch received" line of a record's JSON log.
 fn last_batch_counter(log: &str, key: &str) -> u64 {
     log.lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(is_batch)
-        .filter_map(|v| batch_counter(&v, key))
-        .last()
+        .find_map(|v| batch_counter(&v, key))
         .unwrap_or(0)
 }
 

@@ -394,7 +394,7 @@ impl JitStores {
             }
         };
         if let Some((file, _, reader)) = jit.perf_map.as_mut().filter(|_| !jit.perf_map_failed) {
-            let grew = file.metadata().map_or(false, |m| m.len() > reader.offset());
+            let grew = file.metadata().is_ok_and(|m| m.len() > reader.offset());
             let room = READ_PER_PROCESS.saturating_sub(jit.read_total);
             if grew && room > 0 {
                 let garbage = reader.stats;
@@ -415,7 +415,7 @@ impl JitStores {
             let Some(file) = dump_file(dump.file_id) else {
                 continue;
             };
-            let grew = file.metadata().map_or(false, |m| m.len() > dump.consumed);
+            let grew = file.metadata().is_ok_and(|m| m.len() > dump.consumed);
             if !grew || room == 0 {
                 continue;
             }

@@ -29,6 +29,11 @@ pub type ConnectionId = u64;
 
 /// What the source tells the pipeline.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a message is moved once, from the socket thread to the pipeline; boxing it would \
+              allocate per datagram for nothing"
+)]
 pub enum SourceEvent {
     Connected {
         conn: ConnectionId,
