@@ -739,6 +739,10 @@ fn python_dump(suite: &str, version: &str) {
         missing(&format!("no python{version} in {}", root.display()));
         return;
     }
+    if !nix::unistd::geteuid().is_root() {
+        missing("entering a Debian root takes chroot, as root");
+        return;
+    }
     let dir_inside = "/tmp/ember-jitdump-test";
     let dir = root.join(&dir_inside[1..]);
     fs::create_dir_all(&dir).unwrap();
@@ -821,6 +825,10 @@ fn node_dump(suite: Option<&str>) {
             let root = roots_dir().join(suite);
             if !root.join("usr/bin/node").exists() {
                 missing(&format!("no node in {}", root.display()));
+                return;
+            }
+            if !nix::unistd::geteuid().is_root() {
+                missing("entering a Debian root takes chroot, as root");
                 return;
             }
             let inside = "/tmp/ember-jitdump-test-node".to_owned();
