@@ -10,9 +10,9 @@
 //!
 //! Invariants, since the file is written by the process it describes and may be hostile:
 //! - Only positional reads (`pread`) through the shared descriptor, from the offset reached so
-//!   far; at most `max_bytes` read per call, into one buffer of at most [`WINDOW`] bytes that is
-//!   allocated once. Code bytes are skipped by offset, never read unless they happen to lie in
-//!   the window beside the records around them.
+//!   far; at most `max_bytes` read per call, into one reused buffer of at most [`WINDOW`] bytes
+//!   (and one of about 1 KiB for moves). Code bytes are skipped by offset, never read unless
+//!   they happen to lie in the window beside the records around them.
 //! - Every size the file claims is checked against [`Limits`] and the file's length before it is
 //!   used; nothing is allocated by a claimed size. A record whose size cannot be (shorter than its
 //!   own fields, longer than [`Limits::max_record`], code longer than the record) stops the
@@ -24,7 +24,7 @@
 //!   (pid, machine, timestamps) is not used: the process's identity is what the kernel says.
 //! - `CODE_MOVE` needs the moved code's name: the reader remembers where the last
 //!   [`MAX_TRACKED`] loads are in the file (not their names) and reads the name again from
-//!   there.
+//!   there, exactly the bytes it parses, for at most [`MAX_MOVES_PER_CALL`] moves a call.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -66,6 +66,8 @@ const SAME_FILE: u8 = 0xff;
 
 /// Bytes read per `pread`: the window records are parsed from.
 pub const WINDOW: usize = 64 * 1024;
+/// Moves handled per call: each reads its code's load (and debug) record again.
+pub const MAX_MOVES_PER_CALL: usize = 256;
 /// Code loads whose place in the file is remembered for a later `CODE_MOVE` (the oldest are
 /// forgotten first): their offsets, not their names; about 1.5 MiB at most, for a file that
 /// loaded that much code.
@@ -185,6 +187,8 @@ pub struct JitDump {
     moves: Moves,
     /// The window's buffer, reused across calls.
     buf: Vec<u8>,
+    /// The buffer of the records a move reads again.
+    scratch: Vec<u8>,
     stats: Stats,
 }
 
@@ -211,6 +215,7 @@ impl JitDump {
             pending: None,
             moves: Moves::default(),
             buf: Vec::new(),
+            scratch: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -371,6 +376,34 @@ impl JitDump {
         load: u64,
         debug: Option<u64>,
     ) -> Result<Option<(String, Option<Source>)>, JitReadError> {
+        // Read through a window of its own, exactly the bytes parsed, so that a move costs
+        // about 2 KiB of reads and leaves the main window where the records are.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let mut small = Window {
+            file: win.file,
+            buf: &mut scratch,
+            at: 0,
+            len: win.len,
+            budget: win.budget,
+            read: 0,
+            // A record's header and parsed part in one read.
+            chunk: u64::from(self.wanted(CODE_LOAD, u32::MAX)),
+        };
+        let result = self.reread_through(&mut small, fields, load, debug);
+        win.budget -= small.read;
+        win.read += small.read;
+        self.scratch = scratch;
+        result
+    }
+
+    fn reread_through(
+        &mut self,
+        win: &mut Window<'_>,
+        fields: Fields,
+        load: u64,
+        debug: Option<u64>,
+    ) -> Result<Option<(String, Option<Source>)>, JitReadError> {
         let Some(record) = self.record_at(win, fields, load, CODE_LOAD)? else {
             return Ok(None);
         };
@@ -418,6 +451,7 @@ impl JitDump {
             return Ok(());
         };
         let fields = Fields { big_endian };
+        let mut moves = 0;
         while !self.closed {
             let at = self.offset;
             let Some(head) = win.get(at, RECORD_HEADER)? else {
@@ -471,8 +505,13 @@ impl JitDump {
                     if new.checked_add(code_size).is_none() {
                         return Err(self.fail("code move's code wraps around"));
                     }
+                    if moves == MAX_MOVES_PER_CALL {
+                        // Each costs re-reads: the rest wait for the next call.
+                        return Ok(());
+                    }
                     match self.moves.take(old) {
                         Some(tracked) => {
+                            moves += 1;
                             match self.reread(win, fields, tracked.load, tracked.debug)? {
                                 Some((name, source)) => {
                                     self.moves.insert(new, tracked.load, tracked.debug);
@@ -530,6 +569,8 @@ impl JitSource for JitDump {
         let len = file.metadata().map_err(JitReadError::Io)?.len();
         let start = self.offset;
         let mut buf = std::mem::take(&mut self.buf);
+        // What it held was read by an earlier call, at another offset: read again.
+        buf.clear();
         let mut win = Window {
             file,
             buf: &mut buf,
@@ -537,6 +578,7 @@ impl JitSource for JitDump {
             len,
             budget: max_bytes,
             read: 0,
+            chunk: WINDOW as u64,
         };
         let result = match self.big_endian {
             Some(_) => self.read_records(&mut win, out),
@@ -575,6 +617,8 @@ struct Window<'a> {
     budget: u64,
     /// Bytes this call read.
     read: u64,
+    /// Bytes read at once when what is asked is not held (at least what is asked).
+    chunk: u64,
 }
 
 impl Window<'_> {
@@ -582,6 +626,9 @@ impl Window<'_> {
     /// does not hold them; None when the file ends or the budget runs out before them.
     fn get(&mut self, at: u64, n: u32) -> Result<Option<&[u8]>, JitReadError> {
         let n = n as usize;
+        if n > WINDOW {
+            return Ok(None);
+        }
         let Some(end) = at.checked_add(n as u64) else {
             return Ok(None);
         };
@@ -590,12 +637,13 @@ impl Window<'_> {
         }
         let held = at >= self.at && end <= self.at + self.buf.len() as u64;
         if !held {
-            // Read as much as the window, the file and the budget allow, at least `n`.
-            let want = (WINDOW as u64).min(self.len - at).min(self.budget);
+            // Read as much as the chunk, the file and the budget allow, at least `n`.
+            let want = self.chunk.max(n as u64).min(self.len - at).min(self.budget);
             if want < n as u64 {
                 return Ok(None);
             }
-            // `want` is at most WINDOW, so the buffer never grows past it.
+            // `want` is at most WINDOW (callers ask at most that much), so the buffer never
+            // grows past it.
             let want = want as usize;
             self.buf.clear();
             self.buf.resize(want, 0);

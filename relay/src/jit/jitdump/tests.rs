@@ -338,11 +338,12 @@ fn a_long_name_is_cut_at_the_bound() {
 
 #[test]
 fn a_partial_trailing_record_is_returned_once_a_later_append_completes_it() {
-    // Given two loads, the second cut in its code bytes
+    // Given two loads, the second cut in its code bytes (its fields and name are there), and a
+    // third cut in its name
     let mut w = Writer::new(false);
     w.load(0x1000, 16, "first");
-    let cut = w.bytes.len() + 70;
-    w.load(0x2000, 64, "second");
+    let cut = w.bytes.len() + 2000;
+    w.load(0x2000, 4096, "second");
     let (tmp, file) = file_with(&w.bytes[..cut]);
     let mut reader = JitDump::default();
     // When it is read, only the first comes out
@@ -354,9 +355,18 @@ fn a_partial_trailing_record_is_returned_once_a_later_append_completes_it() {
     append(&tmp, &w.bytes[cut..]);
     let (result, entries) = read(&mut reader, &file, u64::MAX);
     assert_eq!(first + result.unwrap(), w.bytes.len() as u64);
-    assert_eq!(entries, [entry(0x2000, 64, "second")]);
+    assert_eq!(entries, [entry(0x2000, 4096, "second")]);
     let (result, entries) = read(&mut reader, &file, u64::MAX);
     assert_eq!((result.unwrap(), entries.len()), (0, 0));
+    // And a record cut in its name waits the same way
+    let before = w.bytes.len();
+    w.load(0x3000, 8, "third-with-a-longer-name");
+    append(&tmp, &w.bytes[before..before + 60]);
+    let (result, entries) = read(&mut reader, &file, u64::MAX);
+    assert_eq!((result.unwrap(), entries.len()), (0, 0));
+    append(&tmp, &w.bytes[before + 60..]);
+    let (_, entries) = read(&mut reader, &file, u64::MAX);
+    assert_eq!(entries, [entry(0x3000, 8, "third-with-a-longer-name")]);
 }
 
 #[test]
@@ -437,6 +447,48 @@ fn a_move_gives_the_code_its_new_address_with_its_name_and_source() {
 }
 
 #[test]
+fn moves_are_handled_a_bounded_number_per_call() {
+    // Given one load moved back and forth many times
+    let mut w = Writer::new(false);
+    w.load(0x1000, 4000, "hot");
+    let n = MAX_MOVES_PER_CALL * 3 + 7;
+    for i in 0..n as u64 {
+        let (from, to) = if i % 2 == 0 {
+            (0x1000, 0x9000)
+        } else {
+            (0x9000, 0x1000)
+        };
+        w.moved(from, to, 4000);
+    }
+    let (_tmp, file) = file_with(&w.bytes);
+    let mut reader = JitDump::default();
+    // When it is read, each call handles at most MAX_MOVES_PER_CALL of them
+    let mut calls = Vec::new();
+    loop {
+        let before = reader.stats().bytes_read;
+        let (result, entries) = read(&mut reader, &file, u64::MAX);
+        if result.unwrap() == 0 {
+            break;
+        }
+        calls.push((entries.len(), reader.stats().bytes_read - before));
+        assert!(entries.iter().all(|e| e.name == "hot" && e.size == 4000));
+    }
+    // Then all come out over several calls, each reading little per move
+    assert_eq!(calls.iter().map(|c| c.0).sum::<usize>(), n + 1);
+    assert!(
+        calls.iter().all(|c| c.0 <= MAX_MOVES_PER_CALL + 1),
+        "{calls:?}"
+    );
+    // The window, and a load record's fields and name bound per move.
+    for (entries, read) in calls {
+        assert!(
+            read <= 64 * 1024 + entries as u64 * 1100,
+            "{read} bytes for {entries}"
+        );
+    }
+}
+
+#[test]
 fn a_close_record_ends_the_file() {
     let mut w = Writer::new(false);
     w.load(0x1000, 4, "f")
@@ -474,8 +526,11 @@ fn moves_remember_a_bounded_number_of_loads() {
 // ---------------------------------------------------------------------------------------------
 // Files real runtimes wrote
 
+/// The Debian roots of `scripts/runtime-roots.sh`: `EMBER_ROOTS`, else `EMBER_PYTHON_ROOTS`
+/// (its former name), else /var/cache/ember/roots.
 fn roots_dir() -> PathBuf {
-    env::var_os("EMBER_PYTHON_ROOTS")
+    env::var_os("EMBER_ROOTS")
+        .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))
         .map_or_else(|| PathBuf::from("/var/cache/ember/roots"), PathBuf::from)
 }
 
@@ -486,8 +541,8 @@ fn missing(what: &str) {
         .iter()
         .any(|v| env::var(v).is_ok_and(|x| !x.is_empty() && x != "0" && x != "false"));
     let message = format!(
-        "{what}: run `sudo scripts/python-roots.sh` (Debian trixie and sid roots with python3 and \
-         nodejs) as root, or set EMBER_PYTHON_ROOTS"
+        "{what}: run `sudo scripts/runtime-roots.sh` (Debian trixie and sid roots with python3 \
+         and nodejs) and `apt-get install nodejs`, or set EMBER_ROOTS"
     );
     assert!(!required, "{message}");
     eprintln!("SKIPPED: {message}");
@@ -576,6 +631,17 @@ impl Drop for Runtime {
         }
         let _ = self.child.wait();
         let _ = fs::remove_file(&self.dump);
+        // V8's --perf-prof also writes an isolate-ADDRESS-PID-v8.log beside the dump.
+        let log_suffix = format!("-{}-v8.log", self.child.id());
+        if let Some(dir) = self.dump.parent() {
+            for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("isolate-") && name.ends_with(&log_suffix) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 }
 
@@ -593,9 +659,16 @@ fn read_live(runtime: &Runtime, reader: &mut JitDump) -> Vec<JitEntry> {
     );
     let len = file.metadata().unwrap().len();
     let mut entries = Vec::new();
+    let started = std::time::Instant::now();
     reader
         .read_new(&file, u64::MAX, &mut |e| entries.push(e))
         .unwrap();
+    // A figure for the log, not asserted.
+    eprintln!(
+        "read {} entries of {name} ({len} bytes) in {:?}",
+        entries.len(),
+        started.elapsed()
+    );
     // Everything written when the call began is consumed but a record the runtime's stdio
     // buffer cut (it writes the file in 4 KiB blocks).
     let left = len - reader.offset();
@@ -664,6 +737,10 @@ fn python_dump(suite: &str, version: &str) {
     let exe = format!("/usr/bin/python{version}");
     if !root.join(&exe[1..]).exists() {
         missing(&format!("no python{version} in {}", root.display()));
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        missing("entering a Debian root takes chroot, as root");
         return;
     }
     let dir_inside = "/tmp/ember-jitdump-test";
@@ -748,6 +825,10 @@ fn node_dump(suite: Option<&str>) {
             let root = roots_dir().join(suite);
             if !root.join("usr/bin/node").exists() {
                 missing(&format!("no node in {}", root.display()));
+                return;
+            }
+            if !nix::unistd::geteuid().is_root() {
+                missing("entering a Debian root takes chroot, as root");
                 return;
             }
             let inside = "/tmp/ember-jitdump-test-node".to_owned();
