@@ -670,8 +670,9 @@ fn read_live(runtime: &Runtime, reader: &mut JitDump) -> Vec<JitEntry> {
         started.elapsed()
     );
     // Everything written when the call began is consumed but a record the runtime's stdio
-    // buffer cut (it writes the file in 4 KiB blocks).
-    let left = len - reader.offset();
+    // buffer cut (it writes the file in 4 KiB blocks). The runtime keeps writing while we
+    // read, so the reader may end past `len`.
+    let left = len.saturating_sub(reader.offset());
     assert!(left < 64 * 1024, "{left} bytes of {len} left unread");
     let outside: Vec<&JitEntry> = entries
         .iter()
