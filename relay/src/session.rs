@@ -48,6 +48,9 @@ struct PassedFile {
     build_id: Option<Arc<str>>,
     /// The session's batch tick when a frame last used this file (for LRU eviction).
     last_used: Cell<u64>,
+    /// The tick when the relay last read the file itself (a jitdump, which no frame falls in):
+    /// it counts as use for eviction, not as a sampled file.
+    last_read: Cell<u64>,
     /// The interpreter or runtime this file is, if the relay recognized one (`interp`).
     runtime: Option<Arc<Recognized>>,
 }
@@ -235,6 +238,7 @@ impl Session {
                     key,
                     build_id,
                     last_used: Cell::new(self.tick),
+                    last_read: Cell::new(0),
                     runtime,
                 },
             );
@@ -249,7 +253,7 @@ impl Session {
             .files
             .iter()
             .filter(|(_, f)| f.fd.is_some())
-            .map(|(&id, f)| (f.last_used.get(), id))
+            .map(|(&id, f)| (f.last_used.get().max(f.last_read.get()), id))
             .collect();
         let Some(excess) = open
             .len()
@@ -642,6 +646,19 @@ impl Session {
     }
 }
 
+/// A passed file the relay reads itself (a jitdump): a copy of its descriptor; the file counts
+/// as used at `tick`, so its descriptor is not the first closed past `max_open_files`.
+fn read_passed_file(
+    files: &HashMap<u64, PassedFile>,
+    tick: u64,
+    file_id: u64,
+) -> Option<std::fs::File> {
+    let file = files.get(&file_id)?;
+    let fd = file.fd.as_ref()?;
+    file.last_read.set(tick);
+    fd.try_clone().ok().map(std::fs::File::from)
+}
+
 impl Session {
     /// Reads the perf maps and jitdumps of the processes of `batch` that have frames in JIT
     /// code no range of theirs names yet (what the files gained since; usually nothing).
@@ -678,11 +695,8 @@ impl Session {
                 wanting.insert(row.pid);
             }
         }
-        let files = &self.files;
-        let dump_file = |id: u64| -> Option<std::fs::File> {
-            let fd = files.get(&id)?.fd.as_ref()?;
-            fd.try_clone().ok().map(std::fs::File::from)
-        };
+        let (files, tick) = (&self.files, self.tick);
+        let dump_file = |id: u64| read_passed_file(files, tick, id);
         for pid in wanting {
             self.jit.catch_up(pid, &dump_file);
         }
@@ -1323,6 +1337,26 @@ mod tests {
         let profile = symbolize(&mut session, &batch(10, vec![0x2010]));
         assert_eq!(profile.total_samples(), 1);
         assert_eq!(session.stats.unknown_frames, 2);
+    }
+
+    #[test]
+    fn a_file_the_relay_reads_itself_counts_as_used() {
+        // Given a session keeping at most two descriptors, a batch with a frame in the first
+        // file, and the second read by the relay itself (a jitdump no frame falls in)
+        let mut session = Session::new(Hello::default(), Vec::new()).with_max_open_files(2);
+        let (infos, fds) = files(&[1, 2]);
+        session.add_files(infos, fds);
+        session.set_process(process(10, &[1, 2, 3], 0));
+        symbolize(&mut session, &batch(10, vec![0x1010]));
+        assert!(read_passed_file(&session.files, session.tick, 2).is_some());
+        // When a third file arrives
+        let (mut infos, fds) = files(&[3]);
+        infos[0].fd = 0;
+        session.add_files(infos, fds);
+        // Then the file read keeps its descriptor, and is not taken as sampled
+        assert!(session.has_fd(2));
+        assert_eq!(session.stats.files_evicted, 1);
+        assert!(!session.files_sampled_last().contains(&2));
     }
 
     #[test]

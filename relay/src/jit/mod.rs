@@ -217,6 +217,9 @@ struct DumpFeed {
     file_id: u64,
     reader: Box<dyn JitSource>,
     consumed: u64,
+    /// The file's length when a read last found no whole record: the record the runtime has
+    /// not finished writing is read again only once the file grows past it.
+    seen: u64,
     failed: bool,
 }
 
@@ -226,6 +229,8 @@ struct ProcessJit {
     /// Its perf map, the file's identity and its reader.
     perf_map: Option<(File, (u64, u64), PerfMapReader)>,
     perf_map_failed: bool,
+    /// The perf map's length when a read last found no whole line (see [`DumpFeed::seen`]).
+    perf_map_seen: u64,
     dumps: Vec<DumpFeed>,
     map: JitMap,
     read_total: u64,
@@ -239,6 +244,7 @@ impl ProcessJit {
             start_time_unix_ns,
             perf_map: None,
             perf_map_failed: false,
+            perf_map_seen: 0,
             dumps: Vec::new(),
             map: JitMap::default(),
             read_total: 0,
@@ -318,6 +324,7 @@ impl JitStores {
                         self.stats.maps += 1;
                         jit.perf_map = Some((file, key, PerfMapReader::default()));
                         jit.perf_map_failed = false;
+                        jit.perf_map_seen = 0;
                     }
                 }
                 _ => {
@@ -341,6 +348,7 @@ impl JitStores {
                             file_id,
                             reader: make(),
                             consumed: 0,
+                            seen: 0,
                             failed: false,
                         });
                     }
@@ -394,12 +402,19 @@ impl JitStores {
             }
         };
         if let Some((file, _, reader)) = jit.perf_map.as_mut().filter(|_| !jit.perf_map_failed) {
-            let grew = file.metadata().is_ok_and(|m| m.len() > reader.offset());
+            let len = file.metadata().map_or(0, |m| m.len());
+            let grew = len > reader.offset() && len > jit.perf_map_seen;
             let room = READ_PER_PROCESS.saturating_sub(jit.read_total);
             if grew && room > 0 {
                 let garbage = reader.stats;
-                match reader.read_new(file, room.min(READ_PER_CALL), &mut add) {
-                    Ok(n) => jit.read_total += n,
+                let limit = room.min(READ_PER_CALL);
+                match reader.read_new(file, limit, &mut add) {
+                    Ok(n) => {
+                        jit.read_total += n;
+                        if n == 0 {
+                            jit.perf_map_seen = len;
+                        }
+                    }
                     Err(err) => {
                         jit.perf_map_failed = true;
                         stats.read_errors += 1;
@@ -415,17 +430,19 @@ impl JitStores {
             let Some(file) = dump_file(dump.file_id) else {
                 continue;
             };
-            let grew = file.metadata().is_ok_and(|m| m.len() > dump.consumed);
+            let len = file.metadata().map_or(0, |m| m.len());
+            let grew = len > dump.consumed && len > dump.seen;
             if !grew || room == 0 {
                 continue;
             }
-            match dump
-                .reader
-                .read_new(&file, room.min(READ_PER_CALL), &mut add)
-            {
+            let limit = room.min(READ_PER_CALL);
+            match dump.reader.read_new(&file, limit, &mut add) {
                 Ok(n) => {
                     dump.consumed += n;
                     jit.read_total += n;
+                    if n == 0 {
+                        dump.seen = len;
+                    }
                 }
                 Err(err) => {
                     dump.failed = true;
@@ -603,6 +620,49 @@ mod tests {
         // And facts that no longer map it stop reading it
         stores.process(3, 1, None, "", &[]);
         assert!(!stores.has_sources(3));
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Calls of [`Unfinished`]'s reader (only the test below makes one).
+    static UNFINISHED_READS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// A source whose file ends in a record the runtime has not finished: it consumes nothing
+    /// and counts the calls.
+    struct Unfinished;
+
+    impl JitSource for Unfinished {
+        fn read_new(
+            &mut self,
+            _file: &File,
+            _max_bytes: u64,
+            _out: &mut dyn FnMut(JitEntry),
+        ) -> Result<u64, JitReadError> {
+            UNFINISHED_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(0)
+        }
+    }
+
+    #[test]
+    fn an_unfinished_record_is_read_again_only_once_the_file_grows() {
+        // Given a jitdump that ends in half a record
+        let path = std::env::temp_dir().join(format!("ember-jit-half-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 10]).expect("write");
+        let mut stores = JitStores::default().with_jitdump(|| Box::new(Unfinished));
+        stores.process(4, 1, None, "", &[6]);
+        let opened = |id: u64| (id == 6).then(|| File::open(&path).expect("open"));
+        let read = || UNFINISHED_READS.load(std::sync::atomic::Ordering::Relaxed);
+        // When frames ask three times while the file stays as it is
+        for _ in 0..3 {
+            stores.catch_up(4, &opened);
+        }
+        // Then the tail was read once
+        assert_eq!(read(), 1);
+        // And once more when the runtime writes on
+        std::fs::write(&path, [0u8; 20]).expect("write");
+        stores.catch_up(4, &opened);
+        stores.catch_up(4, &opened);
+        assert_eq!(read(), 2);
         let _ = std::fs::remove_file(path);
     }
 
