@@ -17,6 +17,7 @@ use ember_protocol::{Batch, Losses, SamplerMessage};
 
 use crate::{
     interp::publish::InterpPublisher,
+    jit::JitStats,
     labels::{
         labeled::LabeledProfile,
         pushdown::IgnoreSender,
@@ -109,21 +110,29 @@ struct Totals {
     frames: u64,
     unknown_frames: u64,
     without_process: u64,
+    /// JIT frames named and left unnamed, and what the JIT stores read and skipped.
+    jit_frames_named: u64,
+    jit_frames_unnamed: u64,
+    jit: JitStats,
     last_batch: Option<Instant>,
     interval: Duration,
 }
 
 impl Totals {
     /// Adds a symbolized batch: `samples` in it, `filtered` of them left out, the session's
-    /// symbolization counters `before` and `after` it.
+    /// symbolization and JIT counters `before` and `after` it.
     fn count_batch(
         &mut self,
         batch: &Batch,
         samples: u64,
         filtered: u64,
-        before: &SymbolStats,
-        after: &SymbolStats,
+        before: (&SymbolStats, &JitStats),
+        after: (&SymbolStats, &JitStats),
     ) {
+        let ((before, jit_before), (after, jit_after)) = (before, after);
+        self.jit_frames_named += after.jit_frames_named - before.jit_frames_named;
+        self.jit_frames_unnamed += after.jit_frames_unnamed - before.jit_frames_unnamed;
+        self.jit.add_since(jit_before, jit_after);
         self.batches += 1;
         self.filtered += filtered;
         self.symbolized += samples.saturating_sub(filtered);
@@ -285,6 +294,11 @@ impl Pipeline {
         let t = &self.totals;
         let sessions = self.sessions.values();
         let labels = self.labels.stats();
+        let jit_held = self
+            .sessions
+            .values()
+            .map(|s| s.jit.size())
+            .fold((0, 0), |(n, b), (sn, sb)| (n + sn, b + sb));
         RelayStats {
             connections: t.connections,
             connections_total: t.connections_total,
@@ -314,6 +328,16 @@ impl Pipeline {
             unwind_tables_withdrawn: self.budget_counters.withdrawn.load(Ordering::Relaxed),
             unwind_tables_reoffered: self.budget_counters.reoffered.load(Ordering::Relaxed),
             unwind_cfi_refused: self.budget_counters.cfi_refused.load(Ordering::Relaxed),
+            jit_frames_named: t.jit_frames_named,
+            jit_frames_unnamed: t.jit_frames_unnamed,
+            jit_sources_refused: t.jit.maps_refused,
+            jit_entries: t.jit.entries,
+            jit_lines_skipped: t.jit.garbage_lines + t.jit.long_lines,
+            jit_ranges_evicted: t.jit.evicted,
+            jit_read_errors: t.jit.read_errors,
+            jit_read_capped: t.jit.read_capped,
+            jit_ranges: jit_held.0 as u64,
+            jit_bytes: jit_held.1 as u64,
             sampler: (t.batches > 0).then_some(self.last_losses),
             last_batch: t.last_batch,
             interval: t.interval,
@@ -517,6 +541,7 @@ impl Pipeline {
         self.interval
             .observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         let (before, filtered_before) = (session.stats, self.labels.stats().samples_dropped);
+        let jit_before = session.jit.stats;
         self.symbolized.clear();
         // Processes the labels stage already left out are not symbolized again.
         let left_out: HashSet<u32> = batch
@@ -567,8 +592,13 @@ impl Pipeline {
             .stats()
             .samples_dropped
             .saturating_sub(filtered_before);
-        self.totals
-            .count_batch(batch, samples, filtered, &before, &session.stats);
+        self.totals.count_batch(
+            batch,
+            samples,
+            filtered,
+            (&before, &jit_before),
+            (&session.stats, &session.jit.stats),
+        );
         log_batch(conn, batch, samples, session, self.ignore.sent);
         self.release_symbolizer_memory();
         self.check_sigbus();
@@ -952,6 +982,51 @@ mod tests {
         );
         // And the relay's own count of the part's samples keeps its key
         assert_eq!(line["samples"], 5);
+    }
+
+    #[test]
+    fn jit_counters_add_up_across_batches_and_connections() {
+        // Given two connections' JIT counters, each growing over two batches
+        let mut totals = Totals::default();
+        let batch = ember_protocol::Batch::default();
+        let symbols = |named, unnamed| SymbolStats {
+            jit_frames_named: named,
+            jit_frames_unnamed: unnamed,
+            ..SymbolStats::default()
+        };
+        let jit = |entries, errors| JitStats {
+            entries,
+            read_errors: errors,
+            ..JitStats::default()
+        };
+        // When each batch is counted with the counters before and after it
+        totals.count_batch(
+            &batch,
+            0,
+            0,
+            (&symbols(0, 0), &jit(0, 0)),
+            (&symbols(5, 1), &jit(40, 0)),
+        );
+        totals.count_batch(
+            &batch,
+            0,
+            0,
+            (&symbols(5, 1), &jit(40, 0)),
+            (&symbols(9, 1), &jit(41, 1)),
+        );
+        totals.count_batch(
+            &batch,
+            0,
+            0,
+            (&symbols(0, 0), &jit(0, 0)),
+            (&symbols(2, 3), &jit(7, 0)),
+        );
+        // Then the totals are the sums of what each batch added
+        assert_eq!(
+            (totals.jit_frames_named, totals.jit_frames_unnamed),
+            (11, 4)
+        );
+        assert_eq!((totals.jit.entries, totals.jit.read_errors), (48, 1));
     }
 
     #[test]

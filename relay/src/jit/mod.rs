@@ -212,6 +212,22 @@ pub struct JitStats {
     pub bytes_read: u64,
 }
 
+impl JitStats {
+    /// Adds what one connection's stores counted between `before` and `after`.
+    pub fn add_since(&mut self, before: &JitStats, after: &JitStats) {
+        let since = |f: fn(&JitStats) -> u64| f(after).saturating_sub(f(before));
+        self.maps += since(|s| s.maps);
+        self.maps_refused += since(|s| s.maps_refused);
+        self.entries += since(|s| s.entries);
+        self.garbage_lines += since(|s| s.garbage_lines);
+        self.long_lines += since(|s| s.long_lines);
+        self.evicted += since(|s| s.evicted);
+        self.read_errors += since(|s| s.read_errors);
+        self.read_capped += since(|s| s.read_capped);
+        self.bytes_read += since(|s| s.bytes_read);
+    }
+}
+
 /// A jitdump of a process, read through the descriptor of its mapped file.
 struct DumpFeed {
     file_id: u64,

@@ -73,6 +73,16 @@ const RELAY: &[RelaySeries] = &[
     ("unwind_tables_withdrawn", "Unwind tables the relay had the sampler drop to make room for another within the fair shares.", Kind::Counter, |s| s.unwind_tables_withdrawn),
     ("unwind_tables_reoffered", "Unwind tables offered again: evicted, refused for now, or skipped while the compile queue was full.", Kind::Counter, |s| s.unwind_tables_reoffered),
     ("unwind_cfi_refused", "Binaries whose compressed .debug_frame was refused (claims more than the limit, or does not inflate to the size it claims: a broken or hostile file); they unwind by frame pointers.", Kind::Counter, |s| s.unwind_cfi_refused),
+    ("jit_frames_named", "Frames in JIT code named from the process's perf map or jitdump (per distinct stack of a batch, weighted by its samples).", Kind::Counter, |s| s.jit_frames_named),
+    ("jit_frames_unnamed", "Frames in JIT code no perf map or jitdump named (the runtime writes none: see docs/runtimes.md to enable it), counted like jit_frames_named.", Kind::Counter, |s| s.jit_frames_unnamed),
+    ("jit_perf_maps_refused", "Perf maps the sampler found but did not pass (owned by another user than the process, a symlink, not a regular file, over the size bound), once per process and reason.", Kind::Counter, |s| s.jit_sources_refused),
+    ("jit_entries_read", "Entries read from perf maps and jitdumps.", Kind::Counter, |s| s.jit_entries),
+    ("jit_lines_skipped", "Perf map lines skipped: not an entry, or over the length bound.", Kind::Counter, |s| s.jit_lines_skipped),
+    ("jit_ranges_evicted", "JIT code ranges forgotten to keep a process (or all together) within the JIT budget, oldest first.", Kind::Counter, |s| s.jit_ranges_evicted),
+    ("jit_read_errors", "Perf maps and jitdumps no longer read after a read error or a malformed record.", Kind::Counter, |s| s.jit_read_errors),
+    ("jit_read_capped", "Processes whose perf map or jitdump reached the bytes the relay reads of one process: their newer JIT code stays unnamed.", Kind::Counter, |s| s.jit_read_capped),
+    ("jit_ranges", "JIT code ranges the relay holds now, all processes together.", Kind::Gauge, |s| s.jit_ranges),
+    ("jit_bytes", "Bytes the JIT code ranges held now take (names and sources included).", Kind::Gauge, |s| s.jit_bytes),
 ];
 
 /// The sinks' windows unwritten (`run --output-dir`, `record --output`): name, help, value.
@@ -635,6 +645,16 @@ mod tests {
             unwind_tables_withdrawn: 2029,
             unwind_tables_reoffered: 2030,
             unwind_cfi_refused: 2031,
+            jit_frames_named: 2032,
+            jit_frames_unnamed: 2033,
+            jit_sources_refused: 2034,
+            jit_entries: 2035,
+            jit_lines_skipped: 2036,
+            jit_ranges_evicted: 2037,
+            jit_read_errors: 2038,
+            jit_read_capped: 2039,
+            jit_ranges: 2040,
+            jit_bytes: 2041,
             sampler: Some(distinct_losses()),
             ..RelayStats::default()
         };
@@ -708,6 +728,16 @@ mod tests {
             ("ember_relay_unwind_tables_withdrawn_total", 2029),
             ("ember_relay_unwind_tables_reoffered_total", 2030),
             ("ember_relay_unwind_cfi_refused_total", 2031),
+            ("ember_relay_jit_frames_named_total", 2032),
+            ("ember_relay_jit_frames_unnamed_total", 2033),
+            ("ember_relay_jit_perf_maps_refused_total", 2034),
+            ("ember_relay_jit_entries_read_total", 2035),
+            ("ember_relay_jit_lines_skipped_total", 2036),
+            ("ember_relay_jit_ranges_evicted_total", 2037),
+            ("ember_relay_jit_read_errors_total", 2038),
+            ("ember_relay_jit_read_capped_total", 2039),
+            ("ember_relay_jit_ranges", 2040),
+            ("ember_relay_jit_bytes", 2041),
         ];
         // (in the order of the fields of `Losses`, which `distinct_losses` numbers from 1000)
         let sampler = [

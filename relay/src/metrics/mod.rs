@@ -197,6 +197,20 @@ pub(crate) struct RelayStats {
     /// Binaries whose compressed CFI was refused (over the limit, or not inflating to the size
     /// it claims): they unwind by frame pointers.
     pub unwind_cfi_refused: u64,
+    /// JIT frames named from perf maps and jitdumps and left unnamed; perf maps the sampler
+    /// refused; entries read, lines skipped, ranges forgotten to stay in the budget, files no
+    /// longer read after an error, processes whose files reached the read bound
+    /// (`jit/mod.rs`); ranges and bytes the JIT stores hold now.
+    pub jit_frames_named: u64,
+    pub jit_frames_unnamed: u64,
+    pub jit_sources_refused: u64,
+    pub jit_entries: u64,
+    pub jit_lines_skipped: u64,
+    pub jit_ranges_evicted: u64,
+    pub jit_read_errors: u64,
+    pub jit_read_capped: u64,
+    pub jit_ranges: u64,
+    pub jit_bytes: u64,
     /// The sampler's latest loss report; `None` before the first batch.
     pub sampler: Option<Losses>,
     /// When the latest batch arrived, and the length of its interval.
