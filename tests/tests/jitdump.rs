@@ -43,14 +43,14 @@ const MAX_SPLIT_ERROR_PP: f64 = 5.0;
 const JIT_SUFFIX: &str = "_[j]";
 
 /// The function a JIT frame names, when it is one of the workload's trampolines:
-/// `py::alpha:/tmp/.../jit_truth.py_[j]` -> `alpha`.
+/// `py::alpha:/tmp/.../truth.py_[j]` -> `alpha`.
 fn trampoline(frame: &str) -> Option<&str> {
     let name = frame.strip_suffix(JIT_SUFFIX)?.strip_prefix("py::")?;
     let (function, file) = name.split_once(':')?;
-    file.ends_with("/jit_truth.py").then_some(function)
+    file.ends_with("/truth.py").then_some(function)
 }
 
-/// Runs jit_truth.py with `-X perf_jit` under `source`'s interpreter, records it by pid, and
+/// Runs truth.py with `-X perf_jit` (records flushed into the dump before it is ready) under `source`'s interpreter, records it by pid, and
 /// checks that at least [`MIN_NAMED`] of its samples have alpha's or beta's trampoline named
 /// and that the innermost named trampoline splits them as the workload measured.
 fn perf_jit(source: Source, suite: &str) {
@@ -59,8 +59,12 @@ fn perf_jit(source: Source, suite: &str) {
         return;
     };
     let name = "jit-truth";
-    let mut workload =
-        python.spawn_with_options(name, &["-X", "perf_jit"], "jit_truth.py", &["60"]);
+    let mut workload = python.spawn_with_options(
+        name,
+        &["-X", "perf_jit"],
+        "truth.py",
+        &["60", "--flush-jitdump"],
+    );
     let pid = workload.pid();
     let dump = env::var_os("EMBER_ROOTS")
         .or_else(|| env::var_os("EMBER_PYTHON_ROOTS"))

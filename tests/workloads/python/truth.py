@@ -15,6 +15,14 @@ busy loop (time.thread_time, 3.7 on; time.process_time on 3.6, the same for one 
 their total. Usage: truth.py SECONDS. Prints {"ready":true,"pid":N} at start, and at the end
 (after SECONDS of wall time, or on SIGTERM) one JSON line with each function's share of the two
 totals, e.g. {"alpha":0.3012,"beta":0.6988,"cycles":9000,"cpu_s":2.98}.
+
+`truth.py SECONDS --flush-jitdump` is for CPython's perf trampolines (`-X perf_jit`, 3.13 on):
+CPython gives every Python function a trampoline, a few bytes of anonymous executable code
+each call goes through, and writes one record naming it (`py::alpha:FILE`) to
+/tmp/jit-PID.dump, which it maps executable, through a 4 KiB stdio buffer: the records of the
+functions called first stay in the buffer, out of a profiler's sight, until more follow. So
+before printing ready it calls outer once, then 64 new functions (about 230 bytes of records)
+push alpha's and beta's records into the file.
 """
 import json
 import os
@@ -62,11 +70,29 @@ def calibrate():
     return max(1, int(n * 100e-6 / spent))
 
 
+def flush_jitdump(unit, rng):
+    """Calls outer once, then 64 new functions whose trampoline records push the first
+    records out of CPython's buffer into the jitdump file."""
+    outer(unit, rng)
+    for i in range(64):
+        name = "filler_%d" % i
+        space = {}
+        exec("def %s():\n    return %d\n" % (name, i), space)
+        space[name]()
+    for function in TOTALS:
+        TOTALS[function] = 0.0
+
+
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.append(signum))
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
-print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+warm_up = "--flush-jitdump" in sys.argv[2:]
+if not warm_up:
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
 unit = calibrate()
 rng = random.Random(0x5EED)
+if warm_up:
+    flush_jitdump(unit, rng)
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
 deadline = time.time() + seconds
 cycles = 0
 while not STOP and time.time() < deadline:
