@@ -683,12 +683,17 @@ struct Fields {
 }
 
 impl Fields {
-    /// The u32 at `at` of `bytes` (0 past the end: callers read only checked offsets).
+    /// The `N` bytes at `at` of `bytes` (zeros past the end: callers read only checked offsets).
+    fn raw<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+        bytes
+            .get(at..at.saturating_add(N))
+            .and_then(|b| <[u8; N]>::try_from(b).ok())
+            .unwrap_or([0; N])
+    }
+
+    /// The u32 at `at` of `bytes` (0 past the end).
     fn u32(self, bytes: &[u8], at: usize) -> u32 {
-        let raw = bytes
-            .get(at..at + 4)
-            .and_then(|b| <[u8; 4]>::try_from(b).ok())
-            .unwrap_or_default();
+        let raw = Self::raw(bytes, at);
         if self.big_endian {
             u32::from_be_bytes(raw)
         } else {
@@ -698,10 +703,7 @@ impl Fields {
 
     /// The u64 at `at` of `bytes` (0 past the end).
     fn u64(self, bytes: &[u8], at: usize) -> u64 {
-        let raw = bytes
-            .get(at..at + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .unwrap_or_default();
+        let raw = Self::raw(bytes, at);
         if self.big_endian {
             u64::from_be_bytes(raw)
         } else {
