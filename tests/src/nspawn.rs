@@ -101,13 +101,20 @@ impl Booted {
             );
             thread::sleep(Duration::from_millis(100));
         }
-        let state = booted.exec(&["timeout", "60", "systemctl", "is-system-running", "--wait"]);
-        let state = String::from_utf8_lossy(&state.stdout).trim().to_owned();
-        assert!(
-            state == "running" || state == "degraded",
-            "the container's systemd did not finish starting: {state:?}\n{}",
-            booted.console()
-        );
+        // Until systemd answers on its bus, systemctl prints nothing; then --wait waits for the
+        // end of start-up.
+        let mut state = String::new();
+        while state != "running" && state != "degraded" {
+            assert!(
+                Instant::now() < deadline,
+                "the container's systemd did not finish starting ({state:?}):\n{}",
+                booted.console()
+            );
+            thread::sleep(Duration::from_millis(100));
+            let output =
+                booted.exec(&["timeout", "60", "systemctl", "is-system-running", "--wait"]);
+            state = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        }
         booted
     }
 
