@@ -9,7 +9,7 @@
 # The Docker image itself is imported by the test into its own dockerd (its --data-root lives
 # under the same cache, so the import is done once too).
 #
-# Idempotent: a root that boots its packages is left as it is (well under a second); a root
+# Idempotent: a root that has its packages is left as it is (well under a second); a root
 # left half-made by an interrupted run is made again.
 #
 # Needs root (debootstrap, chroot) and the Debian mirror apt uses; about a minute the first time.
