@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Makes (once) and caches what tests/tests/deploy_live.rs runs the deployments on, outside the
 # checkout, under $EMBER_DEPLOY_CACHE (default /var/cache/ember/deploy):
-#   bookworm/   a Debian 12 root (debootstrap minbase) with systemd, dbus, libnss-systemd (the
-#               relay's DynamicUser= name resolves through it) and ca-certificates:
-#               booted with `systemd-nspawn -b` to run systemd/*.service for real, and imported
-#               into Docker as the base image of compose/Dockerfile (no registry needed).
-#   bookworm.tar  that root as a tar stream, what `docker import` reads (made once per root).
+#   bookworm/, trixie/  Debian 12 and 13 roots (debootstrap minbase) with systemd (252 and 257),
+#               dbus, libnss-systemd (the relay's DynamicUser= name resolves through it) and
+#               ca-certificates: booted with `systemd-nspawn -b` to run systemd/*.service for
+#               real under both systemd versions (they differ in what a unit grants).
+#   bookworm.tar  the Debian 12 root as a tar stream, what `docker import` reads to make the
+#               base image of compose/Dockerfile (no registry needed).
 # The Docker image itself is imported by the test into its own dockerd (its --data-root lives
 # under the same cache, so the import is done once too).
 #
@@ -17,7 +18,6 @@
 set -euo pipefail
 log() { printf '[deploy-roots] %s\n' "$*"; }
 dest=${EMBER_DEPLOY_CACHE:-/var/cache/ember/deploy}
-suite=bookworm
 packages="systemd systemd-sysv dbus libnss-systemd ca-certificates"
 mirror=${EMBER_DEBIAN_MIRROR:-}
 if [ -z "$mirror" ]; then
@@ -40,7 +40,6 @@ for tool in debootstrap; do
   }
 done
 mkdir -p "$dest"
-dir=$dest/$suite
 complete() {
   local p
   chroot "$1" true 2>/dev/null || return 1
@@ -49,31 +48,36 @@ complete() {
       return 1
   done
 }
-if complete "$dir"; then
-  log "$suite: $packages already in $dir"
-else
-  rm -rf "$dir.partial" "$dest/$suite.tar"
-  log "$suite: debootstrap from $mirror into $dir"
-  # shellcheck disable=SC2086 # one word per package
-  debootstrap --variant=minbase --include="$(echo $packages | tr ' ' ,)" "$suite" "$dir.partial" \
-    "$mirror" >"$dest/$suite.log" 2>&1 || {
-    echo "error: debootstrap $suite failed; see $dest/$suite.log" >&2
-    exit 1
-  }
-  # No apt lists or caches in the image; a machine id is made at each boot.
-  rm -rf "$dir.partial"/var/lib/apt/lists/* "$dir.partial"/var/cache/apt/*.bin
-  : >"$dir.partial/etc/machine-id"
-  complete "$dir.partial" || {
-    echo "error: $suite root lacks some of: $packages; see $dest/$suite.log" >&2
-    exit 1
-  }
-  rm -rf "$dir"
-  mv "$dir.partial" "$dir"
-  log "$suite: $(chroot "$dir" systemctl --version | head -n1) in $dir"
-fi
+for suite in bookworm trixie; do
+  dir=$dest/$suite
+  if complete "$dir"; then
+    log "$suite: $packages already in $dir"
+  else
+    rm -rf "$dir.partial" "$dest/$suite.tar"
+    log "$suite: debootstrap from $mirror into $dir"
+    # shellcheck disable=SC2086 # one word per package
+    debootstrap --variant=minbase --include="$(echo $packages | tr ' ' ,)" "$suite" "$dir.partial" \
+      "$mirror" >"$dest/$suite.log" 2>&1 || {
+      echo "error: debootstrap $suite failed; see $dest/$suite.log" >&2
+      exit 1
+    }
+    # No apt lists or caches in the image; a machine id is made at each boot.
+    rm -rf "$dir.partial"/var/lib/apt/lists/* "$dir.partial"/var/cache/apt/*.bin
+    : >"$dir.partial/etc/machine-id"
+    complete "$dir.partial" || {
+      echo "error: $suite root lacks some of: $packages; see $dest/$suite.log" >&2
+      exit 1
+    }
+    rm -rf "$dir"
+    mv "$dir.partial" "$dir"
+    log "$suite: $(chroot "$dir" systemctl --version | head -n1) in $dir"
+  fi
+done
+suite=bookworm
+dir=$dest/$suite
 if [ ! -s "$dest/$suite.tar" ] || [ "$dest/$suite.tar" -ot "$dir" ]; then
   log "$suite: packing $dest/$suite.tar (docker import reads it)"
   tar -C "$dir" --numeric-owner -cf "$dest/$suite.tar.partial" .
   mv "$dest/$suite.tar.partial" "$dest/$suite.tar"
 fi
-log "ready: $dir, $dest/$suite.tar"
+log "ready: $dest/bookworm, $dest/trixie, $dest/$suite.tar"

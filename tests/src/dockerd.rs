@@ -172,8 +172,8 @@ fn stop_stale() {
     else {
         return;
     };
-    let is_dockerd = fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|comm| comm.trim() == "dockerd");
+    let is_dockerd =
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "dockerd");
     if !is_dockerd {
         return;
     }

@@ -29,9 +29,10 @@ pub fn deploy_cache() -> PathBuf {
         .map_or_else(|| PathBuf::from("/var/cache/ember/deploy"), PathBuf::from)
 }
 
-/// The cached Debian 12 root with systemd; panics naming the script that makes it.
-pub fn debian_root() -> PathBuf {
-    let root = deploy_cache().join("bookworm");
+/// The cached Debian root of `suite` (bookworm: systemd 252, trixie: systemd 257); panics naming
+/// the script that makes it.
+pub fn debian_root(suite: &str) -> PathBuf {
+    let root = deploy_cache().join(suite);
     assert!(
         root.join("usr/lib/systemd/systemd").is_file(),
         "{} has no systemd: run `sudo scripts/deploy-roots.sh` (scripts/setup.sh does)",
@@ -60,7 +61,12 @@ impl Booted {
         command
             .arg("--directory")
             .arg(root)
-            .args(["--volatile=overlay", "--boot", "--register=no", "--keep-unit"])
+            .args([
+                "--volatile=overlay",
+                "--boot",
+                "--register=no",
+                "--keep-unit",
+            ])
             .arg(format!("--machine=ember-test-{}", std::process::id()))
             .arg(format!("--capability={EXTRA_CAPS}"))
             .arg("--system-call-filter=bpf perf_event_open")

@@ -928,3 +928,67 @@ fn pyroscope_versions_map_to_proto_versions() {
         Some(1.2)
     );
 }
+
+/// compose.docker20.yaml (engines before Docker 23.0) replaces the shipped sampler with
+/// `sampler-docker20`: the same service but for its capabilities, where CAP_SYS_ADMIN stands in
+/// for the three such engines do not know. Anything else that drifted between the two would be
+/// a difference no one meant.
+#[test]
+fn compose_override_for_old_engines_differs_only_in_capabilities() {
+    let Some(compose) = require_tool(&["docker-compose".into()], "docker-compose (v1)") else {
+        return;
+    };
+    let output = run_quiet(
+        Command::new(&compose)
+            .current_dir(repo_root())
+            .args(["--file", "compose/compose.yaml"])
+            .args(["--file", "compose/compose.docker20.yaml", "config"])
+            .env("COMPOSE_PROJECT_NAME", "ember"),
+    );
+    assert!(
+        output.status.success(),
+        "docker-compose config with compose.docker20.yaml: {}",
+        text(&output.stderr)
+    );
+    let config = text(&output.stdout);
+    let shipped = yaml_block(&config, &["services", "sampler"]);
+    let old = yaml_block(&config, &["services", "sampler-docker20"]);
+    let without = |block: &[&str]| -> Vec<String> {
+        let joined = block.join("\n");
+        let caps = yaml_block(&joined, &["cap_add"]);
+        block
+            .iter()
+            .filter(|l| !caps.contains(l) && l.trim() != "cap_add:")
+            // The shipped service's build section (the override's reuses its image) and the
+            // profile that keeps it from starting there.
+            .filter(|l| !l.trim_start().starts_with("profiles:"))
+            .map(|l| (*l).to_owned())
+            .collect()
+    };
+    let shipped_rest: Vec<String> = without(&shipped)
+        .into_iter()
+        .filter(|l| {
+            !matches!(
+                l.trim(),
+                "build:" | "context: /dev/null" | "- docker-engine-23"
+            ) && !l.trim().starts_with("context: ")
+                && !l.trim().starts_with("dockerfile: ")
+        })
+        .collect();
+    assert_eq!(
+        without(&old),
+        shipped_rest,
+        "sampler-docker20 and sampler differ beyond cap_add"
+    );
+    let old_caps: BTreeSet<String> = yaml_list(&old, "cap_add")
+        .into_iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    let expected: BTreeSet<String> = SAMPLER_START_CAPS
+        .into_iter()
+        .filter(|c| !matches!(*c, "CAP_BPF" | "CAP_PERFMON" | "CAP_CHECKPOINT_RESTORE"))
+        .chain(["CAP_SYS_ADMIN"])
+        .map(String::from)
+        .collect();
+    assert_eq!(old_caps, expected, "sampler-docker20: cap_add");
+}

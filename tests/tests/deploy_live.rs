@@ -176,7 +176,10 @@ fn compose_pair_profiles_the_host() {
     fs::copy(&workloads().spinner, &exe).unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let mut command = Command::new(&exe);
-    command.arg("120").stdin(Stdio::null()).stdout(Stdio::null());
+    command
+        .arg("120")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
     let workload = ChildGuard::spawn(WORKLOAD, &mut command);
     let of_workload = |a: &BTreeMap<String, String>| {
         a.get("process.executable.name").map(String::as_str) == Some(WORKLOAD)
@@ -200,7 +203,9 @@ fn compose_pair_profiles_the_host() {
         assert_eq!(*pid, workload.pid().to_string(), "{spinner:?}");
     }
     assert_eq!(
-        spinner.get("deployment.environment.name").map(String::as_str),
+        spinner
+            .get("deployment.environment.name")
+            .map(String::as_str),
         Some("compose"),
         "the compose file's --tags: {spinner:?}"
     );
@@ -275,14 +280,22 @@ fn systemd_pair_profiles_the_host() {
     let _lock = ebpf_lock();
     require("systemd-nspawn", "systemd-container");
     require("nsenter", "util-linux");
-    let root = debian_root();
+    // Two systemd versions: they differ in what a unit's settings grant (systemd >= 255 took
+    // CAP_SETUID from the sampler unless it is ambient).
+    for suite in ["bookworm", "trixie"] {
+        println!("Debian {suite}:");
+        systemd_pair_in(&debian_root(suite));
+    }
+}
+
+fn systemd_pair_in(root: &Path) {
     let dir = tempfile::Builder::new()
         .prefix("ember-systemd-")
         .tempdir()
         .unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
 
-    // Given a Debian 12 root booted by systemd-nspawn (its own pid namespace), with the shipped
+    // Given a Debian root booted by systemd-nspawn (its own pid namespace), with the shipped
     // units, this build's binaries where the units expect them, a workload, and the relay's
     // environment file pointing OTLP at the test's receiver
     let receiver = Receiver::grpc(None);
@@ -310,15 +323,17 @@ fn systemd_pair_profiles_the_host() {
         (env, "/etc/ember/relay.env"),
         (workloads().spinner.clone(), "/usr/local/bin/ember-spinner"),
     ];
-    let container = Booted::boot(&root, &binds, dir.path().join("console.log"));
+    let container = Booted::boot(root, &binds, dir.path().join("console.log"));
     let version = container.run(&["systemctl", "--version"]);
-    println!(
-        "container: {}",
-        version.lines().next().unwrap_or_default()
-    );
+    println!("container: {}", version.lines().next().unwrap_or_default());
 
     // When both units start, and a workload runs in a unit of its own
-    container.run(&["systemctl", "start", "ember-relay.service", "ember-sampler.service"]);
+    container.run(&[
+        "systemctl",
+        "start",
+        "ember-relay.service",
+        "ember-sampler.service",
+    ]);
     container.run(&[
         "systemd-run",
         "--unit",
@@ -331,8 +346,9 @@ fn systemd_pair_profiles_the_host() {
     assert_ne!(spinner_pid, 0, "the workload's unit has no main pid");
     let spinner = spinner_pid.to_string();
     let journal = || container.journal(&["ember-relay.service", "ember-sampler.service"]);
-    let of_spinner =
-        |a: &BTreeMap<String, String>| a.get("systemd.unit").map(String::as_str) == Some(SPINNER_UNIT);
+    let of_spinner = |a: &BTreeMap<String, String>| {
+        a.get("systemd.unit").map(String::as_str) == Some(SPINNER_UNIT)
+    };
     let spinner_profiles = || {
         resources(&receiver, "1.10")
             .iter()
@@ -374,7 +390,11 @@ fn systemd_pair_profiles_the_host() {
     let sampler_pid = container.main_pid("ember-sampler.service");
     let sampler = container.status(sampler_pid);
     assert_eq!(field(&sampler, "Uid"), "65534\t65534\t65534\t65534");
-    assert_eq!(cap_eff(&sampler), SAMPLER_CAPS, "sampler CapEff: {sampler:?}");
+    assert_eq!(
+        cap_eff(&sampler),
+        SAMPLER_CAPS,
+        "sampler CapEff: {sampler:?}"
+    );
     assert_eq!(field(&sampler, "NoNewPrivs"), "1");
     assert_eq!(field(&sampler, "Seccomp"), "2");
 
@@ -393,10 +413,7 @@ fn systemd_pair_profiles_the_host() {
         "the sampler restarted with the relay"
     );
     let intervals = batch_intervals(&journal());
-    let gaps: Vec<_> = intervals
-        .windows(2)
-        .filter(|w| w[0].1 != w[1].0)
-        .collect();
+    let gaps: Vec<_> = intervals.windows(2).filter(|w| w[0].1 != w[1].0).collect();
     assert!(
         intervals.len() >= 2 && gaps.is_empty(),
         "intervals lost across the relay's restart: {gaps:?} in {intervals:?}"
