@@ -8,9 +8,9 @@
 //! network and the sampler none. A daemon a failed run left behind (its pidfile names a live
 //! dockerd) is stopped first.
 //!
-//! Dropping a [`Project`] runs `docker-compose down -v`; dropping the [`Dockerd`] stops it
-//! (SIGTERM: it stops its containers; SIGKILL after 30 s) and unmounts whatever it left mounted
-//! under its roots.
+//! Dropping a [`Project`] runs `docker-compose down -v`; dropping the [`Dockerd`] removes untagged
+//! images, stops it (SIGTERM: it stops its containers; SIGKILL after 30 s) and unmounts whatever
+//! it left mounted under its roots.
 
 use std::{
     fs,
@@ -154,6 +154,9 @@ impl Dockerd {
 
 impl Drop for Dockerd {
     fn drop(&mut self) {
+        // Each run builds the image anew: the previous one, untagged, would pile up in the
+        // cached data root. The base image is tagged and stays.
+        let _ = self.docker(&["image", "prune", "--force"]);
         self.daemon.signal(Signal::SIGTERM);
         if self.daemon.wait_timeout(Duration::from_secs(30)).is_none() {
             eprintln!("dockerd did not stop within 30 s of SIGTERM: killing it");

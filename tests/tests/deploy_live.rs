@@ -398,6 +398,18 @@ fn systemd_pair_in(root: &Path) {
     assert_eq!(field(&sampler, "NoNewPrivs"), "1");
     assert_eq!(field(&sampler, "Seccomp"), "2");
 
+    // And the host's tasks, outside the container's pid namespace, are dropped and counted
+    let filtered = journal()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|v| v["message"] == "batch received")
+        .any(|v| v["losses"].as_str().is_some_and(|l| l.contains("filtered_samples=")));
+    assert!(
+        filtered,
+        "no batch counted the host's samples as filtered:\n{}",
+        journal()
+    );
+
     // When the relay restarts, the sampler keeps going (same process) and its backlog reaches
     // the new relay: the intervals the relay received stay contiguous
     let before = spinner_profiles();
