@@ -403,7 +403,11 @@ fn systemd_pair_in(root: &Path) {
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|v| v["message"] == "batch received")
-        .any(|v| v["losses"].as_str().is_some_and(|l| l.contains("filtered_samples=")));
+        .any(|v| {
+            v["losses"]
+                .as_str()
+                .is_some_and(|l| l.contains("filtered_samples="))
+        });
     assert!(
         filtered,
         "no batch counted the host's samples as filtered:\n{}",
