@@ -22,7 +22,10 @@ esac
 #    golang-go (`go tool pprof -raw`, a pprof reader that is not ours, reads profile.pb.gz in
 #    tests/tests/e2e.rs; and Go 1.19, whose programs the Go tests profile), and the other
 #    runtimes the JIT tests profile: nodejs (Node 18) and openjdk-17-jdk-headless (`java`,
-#    `jcmd`; the newer lines of each are in the roots of scripts/runtime-roots.sh, step 9).
+#    `jcmd`; the newer lines of each are in the roots of scripts/runtime-roots.sh, step 9), and
+#    what tests/tests/deploy_live.rs runs the deployments on for real: docker.io (an engine the
+#    test starts and stops itself; it never runs as a service here), debootstrap and
+#    systemd-container (systemd-nspawn boots the root of scripts/deploy-roots.sh, step 10).
 #    EMBER_SETUP_GATES=0 leaves the gate and test tools out (compose/Dockerfile, which only builds).
 gates=${EMBER_SETUP_GATES:-1}
 if [ "$purpose" = record ]; then
@@ -32,7 +35,7 @@ else
   pkgs=(capnproto gcc make linux-perf bpftrace libcap2-bin procps)
 fi
 [ "$gates" = 0 ] || pkgs+=(systemd docker-compose python3-venv openssl golang-go nodejs
-  openjdk-17-jdk-headless)
+  openjdk-17-jdk-headless docker.io debootstrap systemd-container)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -170,6 +173,13 @@ fi
 #    (docs/runtimes.md).
 if [ "$gates" != 0 ] && [ "$(id -u)" -eq 0 ]; then
   bash "$root/scripts/runtime-roots.sh"
+fi
+
+# 10. The Debian 12 root with systemd that tests/tests/deploy_live.rs boots with systemd-nspawn
+#     and imports as the base image of compose/Dockerfile (scripts/deploy-roots.sh), cached under
+#     /var/cache/ember/deploy: about two minutes the first time, then well under a second.
+if [ "$gates" != 0 ] && [ "$(id -u)" -eq 0 ]; then
+  bash "$root/scripts/deploy-roots.sh"
 fi
 
 gate_tools=""

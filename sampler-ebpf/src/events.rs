@@ -12,7 +12,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
@@ -81,18 +81,13 @@ pub fn reuse_tag(tgid: u32, generation: u32) -> u32 {
     }
 }
 
-/// The current task's (tgid, pid).
-#[inline(always)]
-fn current() -> (u32, u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    ((pid_tgid >> 32) as u32, pid_tgid as u32)
-}
-
 // Raw tracepoints: attached by name, without tracefs (often not mounted in containers).
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn ember_process_exec(_ctx: RawTracePointContext) -> i32 {
     // Runs in the task that exec'd: its next sample is of the new image.
-    let (tgid, _) = current();
+    let Some((tgid, _)) = crate::pidns::current() else {
+        return 0;
+    };
     let _ = KNOWN_TGIDS.remove(&tgid);
     bump(event_counter::EXECS);
     0
@@ -101,7 +96,9 @@ pub fn ember_process_exec(_ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn ember_process_exit(_ctx: RawTracePointContext) -> i32 {
     // Runs in the exiting task; only the group leader's exit frees the process's entry.
-    let (tgid, pid) = current();
+    let Some((tgid, pid)) = crate::pidns::current() else {
+        return 0;
+    };
     if tgid == pid {
         let _ = KNOWN_TGIDS.remove(&tgid);
         let generation = crate::program::CONTROL.get(0).copied().unwrap_or(0) & 1;

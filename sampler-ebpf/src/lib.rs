@@ -387,6 +387,10 @@ pub const MAX_IGNORED: u32 = 16384;
 pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
 /// Name of the read-only global that turns the DWARF unwinder on (1) or off (0).
 pub const DWARF_GLOBAL: &str = "DWARF";
+/// Names of the read-only globals holding the device and inode of the sampler's pid namespace
+/// when it is not the initial one (both 0 otherwise): tasks are then numbered in it.
+pub const PIDNS_DEV_GLOBAL: &str = "PIDNS_DEV";
+pub const PIDNS_INO_GLOBAL: &str = "PIDNS_INO";
 
 /// Slots of the per-CPU `COUNTERS` array: what the program saw and what it had to drop.
 pub mod counter {
@@ -400,7 +404,8 @@ pub mod counter {
     pub const KERNEL_STACK_LOST: u32 = 3;
     /// Samples dropped because the counts map was full.
     pub const COUNTS_FULL: u32 = 4;
-    /// Samples skipped because a target pid filter was set and they were of another process.
+    /// Samples skipped because a target pid filter was set and they were of another process, or
+    /// because the sampler runs in a pid namespace of its own and the task is not in it.
     pub const FILTERED: u32 = 5;
     /// DWARF unwinder: user stacks that ended on a stop row other than the outermost frame's
     /// (CFI the unwinder cannot follow: the stack is cut there).

@@ -9,15 +9,14 @@
 mod events;
 #[cfg(target_arch = "bpf")]
 mod interp;
+#[cfg(target_arch = "bpf")]
+mod pidns;
 
 #[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{
-            bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_loop,
-            bpf_probe_read_user,
-        },
+        helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user},
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
@@ -438,13 +437,16 @@ mod program {
     #[inline(always)]
     fn sample(ctx: &PerfEventContext) {
         bump(counter::SAMPLES);
-        let pid_tgid = bpf_get_current_pid_tgid();
-        let tgid = (pid_tgid >> 32) as u32;
-        let tid = pid_tgid as u32;
-        if tid == 0 {
+        if crate::pidns::kernel_ids().1 == 0 {
             bump(counter::IDLE);
             return;
         }
+        // Numbered as the sampler's /proc numbers them; a task outside its pid namespace is
+        // one it cannot read: counted with the filtered ones.
+        let Some((tgid, tid)) = crate::pidns::current() else {
+            bump(counter::FILTERED);
+            return;
+        };
         // SAFETY: a read of a read-only global the loader set before load.
         let target = unsafe { core::ptr::read_volatile(&TARGET_TGID) };
         if target != 0 && target != tgid {

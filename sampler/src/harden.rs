@@ -73,18 +73,19 @@ pub enum Mode {
 /// `parent` (inherited mode only) is the pid of `ember-relay record` that started us, read at
 /// start: the sampler must not outlive it.
 pub fn harden(identity: &Identity, mode: Mode, parent: Option<i32>) -> anyhow::Result<()> {
+    let kept = kept_of_granted()?;
     let groups: Vec<Gid> = identity.groups.iter().copied().map(Gid::from_raw).collect();
     nix::unistd::setgroups(&groups)
         .with_context(|| format!("setting the supplementary groups to {:?}", identity.groups))?;
     let gid = Gid::from_raw(identity.gid);
     nix::unistd::setresgid(gid, gid, gid)
         .with_context(|| format!("setresgid({})", identity.gid))?;
-    cut_bounding_set()?;
+    cut_bounding_set(&kept)?;
     set_keepcaps(true)?;
     let uid = Uid::from_raw(identity.uid);
     nix::unistd::setresuid(uid, uid, uid)
         .with_context(|| format!("setresuid({})", identity.uid))?;
-    keep_only_needed()?;
+    keep_only_needed(&kept)?;
     set_keepcaps(false)?;
     check_identity(identity)?;
     if let Some(parent) = parent {
@@ -97,10 +98,30 @@ pub fn harden(identity: &Identity, mode: Mode, parent: Option<i32>) -> anyhow::R
     Ok(())
 }
 
-/// Drops every capability but [`KEPT`] from the bounding set (needs CAP_SETPCAP, still held),
+/// The capabilities of [`KEPT`] the sampler was started with. A container engine that does not
+/// know CAP_CHECKPOINT_RESTORE (Docker Engine before 23.0, where CAP_SYS_ADMIN stands in for it
+/// at start and goes here) cannot grant it: the sampler then keeps the other two and opens mapped
+/// binaries through /proc/<pid>/root instead of map_files/ (deleted binaries are missed). Never
+/// more than [`KEPT`].
+fn kept_of_granted() -> anyhow::Result<CapsHashSet> {
+    let granted = caps::read(None, CapSet::Permitted).context("reading the permitted set")?;
+    let mut kept = CapsHashSet::new();
+    for cap in KEPT {
+        if granted.contains(&cap) {
+            kept.insert(cap);
+        } else {
+            tracing::warn!(
+                capability = %cap,
+                "not granted at start, so not kept: grant it to the sampler (docs/deploy.md)"
+            );
+        }
+    }
+    Ok(kept)
+}
+
+/// Drops every capability but `kept` from the bounding set (needs CAP_SETPCAP, still held),
 /// and empties the ambient and inheritable sets, so nothing can come back through an exec.
-fn cut_bounding_set() -> anyhow::Result<()> {
-    let kept: CapsHashSet = KEPT.into_iter().collect();
+fn cut_bounding_set(kept: &CapsHashSet) -> anyhow::Result<()> {
     for cap in caps::all() {
         if !kept.contains(&cap) {
             caps::drop(None, CapSet::Bounding, cap)
@@ -143,14 +164,13 @@ fn set_keepcaps(keep: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Effective = permitted = [`KEPT`] (raised again after setresuid emptied the effective set).
-fn keep_only_needed() -> anyhow::Result<()> {
-    let kept: CapsHashSet = KEPT.into_iter().collect();
-    caps::set(None, CapSet::Permitted, &kept).context("setting the permitted set")?;
-    caps::set(None, CapSet::Effective, &kept).context("setting the effective set")?;
+/// Effective = permitted = `kept` (raised again after setresuid emptied the effective set).
+fn keep_only_needed(kept: &CapsHashSet) -> anyhow::Result<()> {
+    caps::set(None, CapSet::Permitted, kept).context("setting the permitted set")?;
+    caps::set(None, CapSet::Effective, kept).context("setting the effective set")?;
     let effective = caps::read(None, CapSet::Effective)?;
     let permitted = caps::read(None, CapSet::Permitted)?;
-    if effective != kept || permitted != kept {
+    if effective != *kept || permitted != *kept {
         return Err(anyhow!(
             "capabilities after the drop are {effective:?} (permitted {permitted:?}), expected {kept:?}"
         ));

@@ -19,7 +19,7 @@ use ember_protocol::Mapping;
 use ember_sampler_ebpf::{
     maps, programs, InterpCode, InterpCodeKey, InterpProc, InterpStack, MappingEntry, ProcMappings,
     SampleKey, UnwindRow, UnwindTableInfo, UserStack, DWARF_GLOBAL, MAX_PROC_MAPPINGS,
-    TARGET_TGID_GLOBAL,
+    PIDNS_DEV_GLOBAL, PIDNS_INO_GLOBAL, TARGET_TGID_GLOBAL,
 };
 
 use crate::{
@@ -281,6 +281,18 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
     let dwarf = u32::from(config.unwind == Unwind::Dwarf);
     loader.override_global(DWARF_GLOBAL, &dwarf, true);
+    // In a pid namespace of its own, the program numbers tasks as this /proc does and drops
+    // (counts as filtered) those outside it.
+    let (pidns_dev, pidns_ino) = crate::pidns::own()?.unwrap_or((0, 0));
+    if pidns_ino != 0 {
+        tracing::info!(
+            pidns_dev,
+            pidns_ino,
+            "in a pid namespace of its own: sampling only its tasks (Linux >= 5.7)"
+        );
+    }
+    loader.override_global(PIDNS_DEV_GLOBAL, &pidns_dev, true);
+    loader.override_global(PIDNS_INO_GLOBAL, &pidns_ino, true);
     let sizes = size_maps(&mut loader, config);
     let mut ebpf = loader.load(EBPF_OBJECT).context(
         "loading the eBPF program failed; ember-sampler needs root (or CAP_BPF + CAP_PERFMON) \

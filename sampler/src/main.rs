@@ -14,6 +14,7 @@ mod limits;
 mod link;
 mod load;
 mod perfmap;
+mod pidns;
 mod procevents;
 mod procfs;
 mod rows;

@@ -16,9 +16,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod attack;
+pub mod dockerd;
 mod gate;
 pub mod go_pprof;
 pub mod golang;
+pub mod nspawn;
 pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;

@@ -928,3 +928,195 @@ fn pyroscope_versions_map_to_proto_versions() {
         Some(1.2)
     );
 }
+
+/// compose.docker20.yaml (engines before Docker 23.0) replaces the shipped sampler with
+/// `sampler-docker20`: the same service but for its capabilities, where CAP_SYS_ADMIN stands in
+/// for the three such engines do not know. Anything else that drifted between the two would be
+/// a difference no one meant.
+#[test]
+fn compose_override_for_old_engines_differs_only_in_capabilities() {
+    let Some(compose) = require_tool(&["docker-compose".into()], "docker-compose (v1)") else {
+        return;
+    };
+    let output = run_quiet(
+        Command::new(&compose)
+            .current_dir(repo_root())
+            .args(["--file", "compose/compose.yaml"])
+            .args(["--file", "compose/compose.docker20.yaml", "config"])
+            .env("COMPOSE_PROJECT_NAME", "ember"),
+    );
+    assert!(
+        output.status.success(),
+        "docker-compose config with compose.docker20.yaml: {}",
+        text(&output.stderr)
+    );
+    let config = text(&output.stdout);
+    let shipped = yaml_block(&config, &["services", "sampler"]);
+    let old = yaml_block(&config, &["services", "sampler-docker20"]);
+    let without = |block: &[&str]| -> Vec<String> {
+        let joined = block.join("\n");
+        let caps = yaml_block(&joined, &["cap_add"]);
+        block
+            .iter()
+            .filter(|l| !caps.contains(l) && l.trim() != "cap_add:")
+            // The shipped service's build section (the override's reuses its image) and the
+            // profile that keeps it from starting there.
+            .filter(|l| !l.trim_start().starts_with("profiles:"))
+            .map(|l| (*l).to_owned())
+            .collect()
+    };
+    let shipped_rest: Vec<String> = without(&shipped)
+        .into_iter()
+        .filter(|l| {
+            !matches!(
+                l.trim(),
+                "build:" | "context: /dev/null" | "- docker-engine-23"
+            ) && !l.trim().starts_with("context: ")
+                && !l.trim().starts_with("dockerfile: ")
+        })
+        .collect();
+    assert_eq!(
+        without(&old),
+        shipped_rest,
+        "sampler-docker20 and sampler differ beyond cap_add"
+    );
+    let old_caps: BTreeSet<String> = yaml_list(&old, "cap_add")
+        .into_iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    let expected: BTreeSet<String> = SAMPLER_START_CAPS
+        .into_iter()
+        .filter(|c| !matches!(*c, "CAP_BPF" | "CAP_PERFMON" | "CAP_CHECKPOINT_RESTORE"))
+        .chain(["CAP_SYS_ADMIN"])
+        .map(String::from)
+        .collect();
+    assert_eq!(old_caps, expected, "sampler-docker20: cap_add");
+}
+
+/// The three deployments side by side, each read from its own file: the sampler's start
+/// capabilities, the relay's uid, what the sampler mounts, and the uids each side names for the
+/// other. The per-deployment tests above hold each to the documented values; this one fails on
+/// any disagreement between them, whatever the documented values become.
+#[test]
+fn the_three_deployments_agree() {
+    let Some(compose) = require_tool(&["docker-compose".into()], "docker-compose (v1)") else {
+        return;
+    };
+    let output = run_quiet(
+        Command::new(&compose)
+            .current_dir(repo_root())
+            .args(["--file", "compose/compose.yaml", "config"])
+            .env("COMPOSE_PROJECT_NAME", "ember"),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let config = text(&output.stdout);
+    let compose_sampler = yaml_block(&config, &["services", "sampler"]);
+    let compose_relay = yaml_block(&config, &["services", "relay"]);
+    let daemonset = read("deploy/kubernetes/30-daemonset.yaml");
+    let containers = yaml_block(&daemonset, &["spec", "template", "spec", "containers"]);
+    let containers = containers.join("\n");
+    let pod_sampler = yaml_block(&containers, &["name: sampler"]);
+    let pod_relay = yaml_block(&containers, &["name: relay"]);
+    let unit = read("systemd/ember-sampler.service");
+    let relay_unit = read("systemd/ember-relay.service");
+
+    let caps = |list: Vec<String>| -> BTreeSet<String> {
+        list.into_iter().map(|c| format!("CAP_{c}")).collect()
+    };
+    let unit_caps: BTreeSet<String> = unit_value(&unit, "sampler", "CapabilityBoundingSet")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let compose_caps = caps(yaml_list(&compose_sampler, "cap_add"));
+    let pod_caps = caps(yaml_list(
+        &yaml_block(
+            &pod_sampler.join("\n"),
+            &["securityContext", "capabilities"],
+        ),
+        "add",
+    ));
+    assert_eq!(
+        unit_caps, compose_caps,
+        "systemd unit vs Compose: sampler capabilities"
+    );
+    assert_eq!(
+        compose_caps, pod_caps,
+        "Compose vs DaemonSet: sampler capabilities"
+    );
+
+    // The relay's uid: Compose's user and the DaemonSet's runAsUser; each sampler names it.
+    let compose_uid = compose_relay
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("user: "))
+        .and_then(|u| u.trim_matches(['"', '\'']).split(':').next())
+        .map(str::to_owned)
+        .expect("relay user");
+    let pod_uid = pod_relay
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("runAsUser: "))
+        .map(str::to_owned)
+        .expect("relay runAsUser");
+    assert_eq!(
+        compose_uid, pod_uid,
+        "Compose vs DaemonSet: the relay's uid"
+    );
+    for (name, sampler) in [("Compose", &compose_sampler), ("DaemonSet", &pod_sampler)] {
+        assert_eq!(
+            flag_value(&yaml_list(sampler, "command"), "--relay-uid").as_deref(),
+            Some(compose_uid.as_str()),
+            "{name}: the sampler's --relay-uid names the relay's uid"
+        );
+    }
+    let relay_user = unit_value(&relay_unit, "relay", "User");
+    assert!(
+        unit_value(&unit, "sampler", "ExecStart").contains(&format!("--relay-uid {relay_user}")),
+        "systemd: the sampler's --relay-uid names the relay's User="
+    );
+
+    // The uid the sampler becomes, as every relay expects it.
+    let relay_flags = [
+        (
+            "Compose",
+            flag_value(&yaml_list(&compose_relay, "command"), "--sampler-uid"),
+        ),
+        (
+            "DaemonSet",
+            flag_value(&yaml_list(&pod_relay, "command"), "--sampler-uid"),
+        ),
+        (
+            "systemd",
+            unit_value(&relay_unit, "relay", "ExecStart")
+                .split_whitespace()
+                .skip_while(|w| *w != "--sampler-uid")
+                .nth(1)
+                .map(str::to_owned),
+        ),
+    ];
+    for (name, uid) in &relay_flags {
+        assert_eq!(uid, &relay_flags[0].1, "{name}: --sampler-uid");
+    }
+
+    // The sampler mounts the socket and nothing else: Compose's only volume is the socket's,
+    // and it is the DaemonSet sampler's only mount.
+    let compose_volumes = yaml_list(&compose_sampler, "volumes");
+    assert_eq!(
+        compose_volumes.len(),
+        1,
+        "Compose sampler volumes: {compose_volumes:?}"
+    );
+    assert!(
+        compose_volumes[0].contains(":/run/ember"),
+        "{compose_volumes:?}"
+    );
+    let pod_sampler_text = pod_sampler.join("\n");
+    let pod_mounts: Vec<&str> = yaml_block(&pod_sampler_text, &["volumeMounts"])
+        .into_iter()
+        .filter_map(|l| l.trim().strip_prefix("mountPath: "))
+        .collect();
+    assert_eq!(pod_mounts, ["/run/ember"], "DaemonSet sampler mounts");
+    assert_eq!(
+        unit_value(&relay_unit, "relay", "RuntimeDirectory"),
+        "ember",
+        "systemd: the socket directory is /run/ember"
+    );
+}
