@@ -20,6 +20,9 @@
 //!   enabled: true
 //! metrics:                    # /metrics, /healthz, /readyz (crate::metrics)
 //!   address: 0.0.0.0:17471    # HOST:PORT or off
+//! off_cpu:                    # off-CPU time as a second sample type (docs/offcpu.md)
+//!   enabled: true
+//!   min: 1ms                  # waits shorter than this are sampled, weighed to stay unbiased
 //! ```
 //!
 //! The label sections are resolved with the label flags in [`labels`]; `run` reloads them on
@@ -61,6 +64,46 @@ pub struct RelayConfig {
     /// The relay's own metrics and health endpoint (`address: HOST:PORT | off`).
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
+    /// Off-CPU time (`--off-cpu`, `--off-cpu-min` win over it).
+    #[serde(default)]
+    pub off_cpu: OffCpuConfig,
+}
+
+/// `off_cpu:`: whether off-CPU time is recorded, and the minimum wait kept whole.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffCpuConfig {
+    /// Record off-CPU time (`--off-cpu`).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Waits at least this long are kept whole, shorter ones sampled (`--off-cpu-min`), e.g.
+    /// `1ms`, `200us`.
+    #[serde(default, deserialize_with = "off_cpu_min")]
+    pub min: Option<std::time::Duration>,
+}
+
+/// `--off-cpu-min`'s default: 1 ms. A thread blocked all the time then costs at most about a
+/// thousand stack walks a second however short its waits, while any wait of 1 ms or more (a
+/// lock held across I/O, a sleep, a full pool) is kept whole with its own stack.
+pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn off_cpu_min<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::time::Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    ember_common::parse_off_cpu_min(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Alias of [`RelayConfig`] for callers outside the file's own sections.
+pub type Config = RelayConfig;
+
+impl RelayConfig {
+    /// [`load`] as a method: the file at `path`, parsed and checked.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
 }
 
 /// Parses a config file's text; `path` names it in errors.

@@ -18,7 +18,7 @@ use prost::Message;
 
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{Frame, FrameKind, Module},
+    model::{Frame, FrameKind, Module, SampleKind},
 };
 
 /// Mapping name for kernel frames that carry no module.
@@ -174,11 +174,27 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
         tables.string("process_name"),
     ];
 
-    let samples = profile
+    // Off-CPU rows (`--off-cpu`) add a third sample type, `off_cpu` / `nanoseconds`; CPU rows
+    // hold 0 there and off-CPU rows 0 in the CPU types (`go tool pprof -sample_index=off_cpu`).
+    let off_cpu_rows = profile.samples_of(SampleKind::OffCpu);
+    let off_cpu_type = (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
+    let rows = profile
         .samples()
         .into_iter()
         .map(|sample| {
             let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
+            let mut value = vec![count, count.saturating_mul(period)];
+            if off_cpu_type.is_some() {
+                value.push(0);
+            }
+            (sample, value)
+        })
+        .chain(off_cpu_rows.into_iter().map(|sample| {
+            let ns = i64::try_from(sample.count).unwrap_or(i64::MAX);
+            (sample, vec![0, 0, ns])
+        }));
+    let samples = rows
+        .map(|(sample, value)| {
             let thread = &sample.thread;
             let [pid, tid, thread_name, process_name] = keys;
             proto::Sample {
@@ -187,7 +203,7 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
                     .iter()
                     .map(|frame| tables.location(frame))
                     .collect(),
-                value: vec![count, count.saturating_mul(period)],
+                value,
                 label: [
                     num_label(pid, thread.pid),
                     num_label(tid, thread.tid),
@@ -217,7 +233,10 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
     let comment = tables.string(&format!("ember: sampled at {} Hz", profile.frequency_hz));
     let default_sample_type = cpu_nanoseconds.r#type;
     proto::Profile {
-        sample_type: vec![samples_count, cpu_nanoseconds.clone()],
+        sample_type: [samples_count, cpu_nanoseconds.clone()]
+            .into_iter()
+            .chain(off_cpu_type)
+            .collect(),
         sample: samples,
         mapping: tables.mappings,
         location: tables.locations,

@@ -26,7 +26,10 @@ use opentelemetry_proto::tonic::{
 };
 
 use super::request::{self, Request, SampleAttributes};
-use crate::labels::labeled::{LabeledProfile, LabeledSample};
+use crate::{
+    labels::labeled::{LabeledProfile, LabeledSample},
+    model::SampleKind,
+};
 
 /// The OTLP profiles wire generation a receiver speaks (see docs/otlp.md's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
@@ -143,12 +146,29 @@ pub fn encode(
 /// Hands `each` the requests `profile` becomes under `settings`, in sample order (see
 /// [`encode`]). An empty profile becomes no request.
 pub fn split(profile: &LabeledProfile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
-    let samples = profile.samples();
+    let meta = request::Meta::of(profile);
+    split_of(&profile.samples(), &meta, settings, &mut each);
+    // Off-CPU rows (`--off-cpu`) go in requests of their own, sample type off_cpu/nanoseconds.
+    let off_cpu = profile.samples_of(SampleKind::OffCpu);
+    let meta = request::Meta {
+        off_cpu: true,
+        ..meta
+    };
+    split_of(&off_cpu, &meta, settings, &mut each);
+}
+
+/// [`split`] of one kind of samples.
+fn split_of(
+    samples: &[LabeledSample<'_>],
+    meta: &request::Meta,
+    settings: &EncodeSettings,
+    each: &mut impl FnMut(Part),
+) {
     if samples.is_empty() {
         return;
     }
-    let meta = request::Meta::of(profile);
-    let mut pending: Vec<&[LabeledSample<'_>]> = vec![&samples];
+    let meta = meta.clone();
+    let mut pending: Vec<&[LabeledSample<'_>]> = vec![samples];
     while let Some(part) = pending.pop() {
         let request = request::build(part, &meta, settings.attributes);
         let body = settings.version.encode(&request);
