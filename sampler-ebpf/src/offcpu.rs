@@ -61,6 +61,9 @@ static OFF_CPU_SCRATCH: PerCpuArray<OffCpuPending> = PerCpuArray::with_max_entri
 
 /// `TASK_DEAD` in `prev_state`: the thread is exiting, it will not come back.
 const TASK_DEAD: u64 = 0x80;
+/// Kernel frames left out at the leaf (`BPF_F_SKIP_FIELD_MASK`): the program's own and
+/// `bpf_trace_run4`'s, so the stack starts in `__schedule`.
+const KERNEL_SKIP: u64 = 2;
 /// "No space": the stack map was full when the wait's stack was stored (a lost stack).
 const ERRNO_ENOSPC: i32 = 28;
 
@@ -199,7 +202,8 @@ fn switch_out(ctx: &BtfTracePointContext, now: u64) {
     if !walked {
         pending.user.len = read_stack(ctx, &mut pending.user, BPF_F_USER_STACK as u64);
     }
-    pending.kernel.len = read_stack(ctx, &mut pending.kernel, 0);
+    // The two innermost kernel frames are this program's and the tracepoint's runner.
+    pending.kernel.len = read_stack(ctx, &mut pending.kernel, KERNEL_SKIP);
     pending.kernel.dwarf_frames = 0;
     pending.user_hash = if pending.user.len > 0 {
         stack_hash(&pending.user)

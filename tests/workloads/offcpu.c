@@ -1,17 +1,24 @@
 /*
- * offcpu: the ground truth of off-CPU profiles. Three threads, each blocked in a function of
- * its own, for SECONDS seconds (argv[1]):
+ * offcpu: the ground truth of off-CPU profiles. Waits for a line on stdin (the test sends it
+ * once the profiler has this program's unwind tables; meanwhile the main thread wakes every
+ * 20 ms, so the profiler sees it), then runs four threads for SECONDS (argv[1]), each naming
+ * itself:
  *   - sleeper: burns 2 ms of its own CPU time in `offcpu_burn`, then sleeps 8 ms in
- *     `offcpu_sleep` (nanosleep), over and over: 80% of its wall time is off-CPU, under
+ *     `offcpu_sleep`, over and over: about 80% of its wall time is off-CPU, under
  *     offcpu_sleep;
- *   - reader: blocks in `offcpu_read_pipe` on a pipe nobody writes to until the end;
- *   - two lockers: take one mutex in turn in `offcpu_lock`, each holding it 5 ms (a sleep
- *     under the lock), so each one waits about half the time in pthread_mutex_lock.
- * Prints "ready" on stdout once the threads run; exits after SECONDS.
+ *   - reader: reads a pipe in `offcpu_read_pipe`; the main thread writes one byte to it every
+ *     50 ms, so the reader is blocked there nearly all the time;
+ *   - locker1, locker2: take one mutex in turn in `offcpu_lock`, each holding it for a 5 ms
+ *     sleep, so each waits for the other in pthread_mutex_lock.
+ * At the end prints one JSON line: the sleeper's wall and CPU time in nanoseconds.
  *
  * Build: cc -O1 -g -fno-omit-frame-pointer -fno-inline -fno-optimize-sibling-calls -pthread
  */
+#define _GNU_SOURCE
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -20,17 +27,18 @@
 static volatile int stop;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int pipe_fds[2];
+static uint64_t sleeper_wall_ns, sleeper_cpu_ns;
 
-static double thread_cpu_ms(void) {
+static uint64_t now_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-__attribute__((noinline)) void offcpu_burn(double ms) {
-    double until = thread_cpu_ms() + ms;
+__attribute__((noinline)) void offcpu_burn(uint64_t ns) {
+    uint64_t until = now_ns(CLOCK_THREAD_CPUTIME_ID) + ns;
     volatile unsigned long x = 0;
-    while (thread_cpu_ms() < until)
+    while (now_ns(CLOCK_THREAD_CPUTIME_ID) < until)
         for (int i = 0; i < 1000; i++)
             x += i;
 }
@@ -41,11 +49,11 @@ __attribute__((noinline)) void offcpu_sleep(long ms) {
     __asm__ volatile("" ::: "memory");
 }
 
-__attribute__((noinline)) void offcpu_read_pipe(void) {
+__attribute__((noinline)) int offcpu_read_pipe(void) {
     char byte;
-    if (read(pipe_fds[0], &byte, 1) < 0)
-        perror("read");
+    int n = (int)read(pipe_fds[0], &byte, 1);
     __asm__ volatile("" ::: "memory");
+    return n;
 }
 
 __attribute__((noinline)) void offcpu_lock(void) {
@@ -55,21 +63,27 @@ __attribute__((noinline)) void offcpu_lock(void) {
 
 static void *sleeper(void *arg) {
     (void)arg;
+    pthread_setname_np(pthread_self(), "sleeper");
+    uint64_t wall = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
     while (!stop) {
-        offcpu_burn(2.0);
+        offcpu_burn(2000000);
         offcpu_sleep(8);
     }
+    sleeper_wall_ns = now_ns(CLOCK_MONOTONIC) - wall;
+    sleeper_cpu_ns = now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
     return NULL;
 }
 
 static void *reader(void *arg) {
     (void)arg;
-    offcpu_read_pipe();
+    pthread_setname_np(pthread_self(), "reader");
+    while (offcpu_read_pipe() == 1 && !stop)
+        ;
     return NULL;
 }
 
 static void *locker(void *arg) {
-    (void)arg;
+    pthread_setname_np(pthread_self(), (const char *)arg);
     while (!stop) {
         offcpu_lock();
         struct timespec hold = {0, 5000000L};
@@ -81,25 +95,33 @@ static void *locker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int seconds = argc > 1 ? atoi(argv[1]) : 5;
+    int seconds = argc > 1 ? atoi(argv[1]) : 3;
     if (pipe(pipe_fds) != 0)
+        return 1;
+    struct pollfd in = {0, POLLIN, 0};
+    while (poll(&in, 1, 20) == 0)
+        ;
+    char line[16];
+    if (!fgets(line, sizeof line, stdin))
         return 1;
     pthread_t threads[4];
     pthread_create(&threads[0], NULL, sleeper, NULL);
     pthread_create(&threads[1], NULL, reader, NULL);
-    pthread_create(&threads[2], NULL, locker, NULL);
-    pthread_create(&threads[3], NULL, locker, NULL);
-    pthread_setname_np(threads[0], "sleeper");
-    pthread_setname_np(threads[1], "reader");
-    pthread_setname_np(threads[2], "locker1");
-    pthread_setname_np(threads[3], "locker2");
-    printf("ready\n");
-    fflush(stdout);
-    sleep(seconds);
+    pthread_create(&threads[2], NULL, locker, "locker1");
+    pthread_create(&threads[3], NULL, locker, "locker2");
+    uint64_t end = now_ns(CLOCK_MONOTONIC) + (uint64_t)seconds * 1000000000ull;
+    while (now_ns(CLOCK_MONOTONIC) < end) {
+        struct timespec tick = {0, 50000000L};
+        nanosleep(&tick, NULL);
+        if (write(pipe_fds[1], "x", 1) != 1)
+            return 1;
+    }
     stop = 1;
     if (write(pipe_fds[1], "x", 1) != 1)
         return 1;
     for (int i = 0; i < 4; i++)
         pthread_join(threads[i], NULL);
+    printf("{\"sleeper_wall_ns\": %llu, \"sleeper_cpu_ns\": %llu}\n",
+           (unsigned long long)sleeper_wall_ns, (unsigned long long)sleeper_cpu_ns);
     return 0;
 }
