@@ -7,8 +7,8 @@
 //! (`next`) only as a pointer:
 //! - `next`'s pending wait, if it has one, ends: its length is weighed (below) and, when kept,
 //!   its stacks go into the generation's `USTACKS` map and its weight into the counts;
-//! - `prev`, when it gives the CPU up (not preempted: a preempted thread is runnable, not
-//!   waiting; not exiting), has its user stack walked as a CPU sample's is (unwind tables or
+//! - `prev`, when it blocks (gives the CPU up in a sleeping state: not preempted, not yielding
+//!   or rescheduled while runnable, not exiting), has its user stack walked as a CPU sample's is (unwind tables or
 //!   frame pointers) and its kernel stack read, both kept with the time in `OFF_CPU_PENDING`.
 //!
 //! The stacks are walked when the thread leaves: when it comes back the program runs in another
@@ -76,7 +76,9 @@ pub fn ember_offcpu_switch(ctx: BtfTracePointContext) -> u32 {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     switch_in(next, now);
-    if preempt & 0xff == 0 && prev_state & TASK_DEAD == 0 {
+    // Blocked: it gave the CPU up (not preempted) in a sleeping state (not TASK_RUNNING: a
+    // yield or a reschedule on the way back to user space leaves it runnable), not exiting.
+    if preempt & 0xff == 0 && prev_state != 0 && prev_state & TASK_DEAD == 0 {
         switch_out(&ctx, now);
     }
     0

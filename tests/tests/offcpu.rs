@@ -61,18 +61,28 @@ fn has(stack: &[String], function: &str) -> bool {
     stack.iter().any(|f| f == function)
 }
 
-#[test]
-fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
-    let Some(_lock) = ebpf_gate() else { return };
+/// What one recording of the workload left: its output directory, its summary, the workload's
+/// truth line and the last batch's log line.
+struct Recorded {
+    record: ember_tests::scenario::Recording,
+    summary: String,
+    truth: serde_json::Value,
+    last_batch: serde_json::Value,
+}
+
+/// Records the workload run with `args` (after SECONDS) under `record --off-cpu --pid`,
+/// exporting OTLP v1.10 to `otlp_url`: its threads start once the sampler holds its unwind
+/// tables (the program's and libc's), so their stacks are walked whole from the first wait;
+/// the record stops one batch after the workload ends.
+fn record_workload(args: &[&str], otlp_url: &str) -> Recorded {
     let mut command = Command::new(workload());
     command
         .arg(SECONDS.to_string())
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     let mut workload = ChildGuard::spawn("offcpu", &mut command);
     let pid = workload.pid().to_string();
-    let receiver = Receiver::grpc(None);
-    let url = receiver.url();
     let mut record = Scenario::new("offcpu record")
         .relay_args([
             "--off-cpu",
@@ -83,7 +93,7 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
             "--interval",
             "500ms",
             "--otlp-endpoint",
-            &url,
+            otlp_url,
             "--otlp-protocol",
             "grpc",
             "--otlp-proto-version",
@@ -91,8 +101,6 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
         ])
         .record();
     record.first_batch(TIMEOUT);
-    // The workload's threads start once the sampler holds its unwind tables (the program's and
-    // libc's): their stacks are then walked whole from the first wait.
     record.log.expect(0, TIMEOUT, "the workload's unwind tables loaded", |line| {
         is_batch(line) && batch_counter(line, "unwind_tables_loaded").unwrap_or(0) >= 2
     });
@@ -109,10 +117,9 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
     std::io::Read::read_to_string(&mut workload.child_mut().stdout.take().unwrap(), &mut stdout)
         .unwrap();
     let truth: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the truth line");
-    let sleeper_wall = truth["sleeper_wall_ns"].as_i64().unwrap();
-    // The last batch holds the last waits: stop after one more interval.
+    // The last waits end in the batch after the workload's end: stop after it.
     let lines = record.log.len();
-    record.log.expect(lines, TIMEOUT, "one more batch", is_batch);
+    let (_, last_batch) = record.log.expect(lines, TIMEOUT, "one more batch", is_batch);
     record.child.signal(Signal::SIGINT);
     let (status, summary) = record.wait(TIMEOUT);
     assert!(
@@ -120,17 +127,41 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
         "record failed: {status:?}\n{summary}\n{}",
         record.log.text()
     );
+    Recorded {
+        record,
+        summary,
+        truth,
+        last_batch,
+    }
+}
+
+/// The index of the `off_cpu` / `nanoseconds` sample type.
+fn off_cpu_index(profile: &RawProfile) -> usize {
+    profile
+        .sample_types
+        .iter()
+        .position(|t| t.0 == "off_cpu" && t.1 == "nanoseconds")
+        .unwrap_or_else(|| panic!("no off_cpu sample type: {:?}", profile.sample_types))
+}
+
+#[test]
+fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
+    let Some(_lock) = ebpf_gate() else { return };
+    let receiver = Receiver::grpc(None);
+    let Recorded {
+        record,
+        summary,
+        truth,
+        ..
+    } = record_workload(&[], &receiver.url());
+    let sleeper_wall = truth["sleeper_wall_ns"].as_i64().unwrap();
 
     // Go's pprof: the off_cpu sample type, and where each thread's waits went.
     let pb = record.out_dir.join("profile.pb.gz");
     let Some(profile) = go_pprof::read_raw(&pb) else {
         return;
     };
-    let index = profile
-        .sample_types
-        .iter()
-        .position(|t| t.0 == "off_cpu" && t.1 == "nanoseconds")
-        .unwrap_or_else(|| panic!("no off_cpu sample type: {:?}", profile.sample_types));
+    let index = off_cpu_index(&profile);
     let top = go_pprof::top_of(&pb, "off_cpu").unwrap();
     assert!(top.contains("offcpu_sleep"), "pprof -sample_index=off_cpu:\n{top}");
 
@@ -246,4 +277,56 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
         .map(|(_, s)| s.count)
         .sum();
     assert_eq!(sleep_in_otlp, all_sleep, "OTLP stacks under offcpu_sleep");
+}
+
+#[test]
+fn short_waits_are_sampled_and_weighed_so_the_total_stays_unbiased() {
+    let Some(_lock) = ebpf_gate() else { return };
+    // Ping and pong pass a byte back and forth: every wait far under --off-cpu-min (1 ms), so
+    // each is kept with probability wait / 1 ms and counted as 1 ms.
+    let receiver = Receiver::grpc(None);
+    let Recorded {
+        record,
+        truth,
+        last_batch,
+        ..
+    } = record_workload(&["pingpong"], &receiver.url());
+    let pb = record.out_dir.join("profile.pb.gz");
+    let Some(profile) = go_pprof::read_raw(&pb) else {
+        return;
+    };
+    let index = off_cpu_index(&profile);
+    let (reading, ping) = off_cpu_of(&profile, index, "ping", |s| has(s, "offcpu_ping_read"));
+    let field = |name: &str| truth[name].as_i64().unwrap();
+    let (wall, cpu, rq) = (
+        field("ping_wall_ns"),
+        field("ping_cpu_ns"),
+        field("ping_rq_ns"),
+    );
+    // Off the CPU and not runnable, plus the wait for a CPU after each wake-up (ember counts
+    // that, not the time a preempted thread waits): between wall - cpu - rq and wall - cpu.
+    let (low, high) = (wall - cpu - rq, wall - cpu);
+    let sampled_out = batch_counter(&last_batch, "off_cpu_sampled_out").unwrap_or(0);
+    let kept = batch_counter(&last_batch, "off_cpu_kept").unwrap_or(0);
+    println!(
+        "ping: {} round trips; off-CPU recorded {:.3} s, truth {:.3} s to {:.3} s; waits kept \
+         {kept}, sampled out {sampled_out}; {:.1}% under offcpu_ping_read",
+        field("round_trips"),
+        ping as f64 / 1e9,
+        low as f64 / 1e9,
+        high as f64 / 1e9,
+        100.0 * reading as f64 / ping.max(1) as f64
+    );
+    assert!(
+        sampled_out > kept,
+        "the waits were not short: {kept} kept, {sampled_out} sampled out"
+    );
+    assert!(
+        ping as f64 >= 0.85 * low as f64 && ping as f64 <= 1.15 * high as f64,
+        "ping's off-CPU time {ping} ns is outside the truth {low}..{high} ns (+- 15%)"
+    );
+    assert!(
+        reading as f64 >= 0.9 * ping as f64,
+        "only {reading} of ping's {ping} off-CPU ns under offcpu_ping_read"
+    );
 }
