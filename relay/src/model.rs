@@ -857,6 +857,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn off_cpu_rows_stay_apart_from_cpu_samples() {
+        // Given a thread with 4 CPU samples and 9 ms off-CPU on the same stack, and 2 ms on a
+        // stack whose innermost frames are the kernel's
+        let thread = Thread::bare((1, 1), "app", "app", "/usr/bin/app");
+        let user = Frame::bare("read_config", FrameKind::Native, 0x1000);
+        let kernel = Frame::bare("__schedule", FrameKind::Kernel, 0xffff_ffff_8100_0000);
+        let mut profile = Profile::<Thread>::new(99);
+        profile.add_frames(&thread, [&user], 4);
+        profile.add_frames_of(SampleKind::OffCpu, &thread, [&user], 9_000_000);
+        profile.add_frames_of(SampleKind::OffCpu, &thread, [&kernel, &user], 2_000_000);
+        let mut merged = Profile::<Thread>::new(99);
+        merged.merge(profile.clone());
+        for p in [&profile, &merged] {
+            // Then the CPU view is what it was: 4 samples, one row
+            assert_eq!(p.total_samples(), 4);
+            assert_eq!(p.samples().len(), 1);
+            assert_eq!(p.samples()[0].count, 4);
+            // And the off-CPU rows are their own, in nanoseconds
+            assert_eq!(p.total_of(SampleKind::OffCpu), 11_000_000);
+            assert_eq!(p.samples_of(SampleKind::OffCpu).len(), 2);
+            // And off-CPU time is named by the innermost frame outside the kernel
+            assert_eq!(
+                p.top_self_of(SampleKind::OffCpu, 5),
+                [("read_config".to_owned(), 11_000_000)]
+            );
+            assert_eq!(p.top_self(5), [("read_config".to_owned(), 4)]);
+        }
+    }
+
+    #[test]
     fn text_names_escape_terminal_controls_and_bidi_overrides() {
         // Given names with an OSC title, an OSC 52 clipboard write, a colour, a bidi override
         // and a zero-width space

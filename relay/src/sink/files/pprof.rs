@@ -596,6 +596,52 @@ mod tests {
     }
 
     #[test]
+    fn off_cpu_rows_add_an_off_cpu_sample_type_and_only_then() {
+        // Given the CPU profile, without and then with off-CPU nanoseconds of one thread
+        let cpu_only = render(&profile());
+        let mut with = profile();
+        let app = app_module();
+        let waiting = [
+            kernel("__schedule", 0xffff_ffff_8100_3000),
+            native("wait_for_lock", 0x40_4000, &app),
+            native("main", 0x40_1000, &app),
+        ];
+        with.add_frames_of(SampleKind::OffCpu, &thread(10, 13).into(), &waiting, 7_000_000);
+        let with = render(&with);
+        // Then without it the types are the two CPU ones, as before
+        let types = |p: &proto::Profile| -> Vec<(String, String)> {
+            p.sample_type
+                .iter()
+                .map(|t| (string(p, t.r#type).to_owned(), string(p, t.unit).to_owned()))
+                .collect()
+        };
+        let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(
+            types(&cpu_only),
+            [pair("samples", "count"), pair("cpu", "nanoseconds")]
+        );
+        // And with it a third, off_cpu / nanoseconds: CPU rows hold 0 there, the off-CPU row
+        // its nanoseconds and 0 in the CPU types
+        assert_eq!(
+            types(&with),
+            [
+                pair("samples", "count"),
+                pair("cpu", "nanoseconds"),
+                pair("off_cpu", "nanoseconds")
+            ]
+        );
+        let off: Vec<_> = with.sample.iter().filter(|s| s.value[2] != 0).collect();
+        assert_eq!(off.len(), 1);
+        assert_eq!(off[0].value, [0, 0, 7_000_000]);
+        assert_eq!(names(&with, off[0]), ["__schedule", "wait_for_lock", "main"]);
+        assert!(with
+            .sample
+            .iter()
+            .filter(|s| s.value[2] == 0)
+            .all(|s| s.value[0] > 0 && s.value.len() == 3));
+    }
+
+    #[test]
     fn python_frames_carry_their_function_file_and_line() {
         // Given a sample whose leaf is a Python function over the native main
         let app = app_module();

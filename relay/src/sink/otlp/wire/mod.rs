@@ -810,6 +810,43 @@ mod tests {
     }
 
     #[test]
+    fn off_cpu_rows_go_in_profiles_of_their_own_in_both_generations() {
+        // Given a profile with CPU samples and off-CPU nanoseconds of one process
+        let mut profile = LabeledProfile::new(99);
+        add_sample(&mut profile, 1, "compute", 3);
+        let waiting = one_sample(1, "wait_for_lock", 0);
+        let thread: crate::labels::labeled::LabeledThread = waiting.thread.into();
+        profile.add_frames_of(SampleKind::OffCpu, &thread, waiting.stack.iter(), 5_000_000);
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            // When encoded and decoded with the generation's own definitions
+            let decoded = decode_all(&profile, version, usize::MAX);
+            // Then the CPU samples are one profile and the off-CPU time another, typed
+            // off_cpu / nanoseconds with period 1, its values nanoseconds
+            assert_eq!(decoded.len(), 2, "{version}");
+            assert_eq!(
+                decoded[0].period_type,
+                ("cpu".to_owned(), "nanoseconds".to_owned())
+            );
+            assert_eq!(decoded[0].samples, [("compute".to_owned(), vec![3])]);
+            assert_eq!(
+                decoded[1].period_type,
+                ("off_cpu".to_owned(), "nanoseconds".to_owned()),
+                "{version}"
+            );
+            assert_eq!(decoded[1].period, 1, "{version}");
+            assert_eq!(
+                decoded[1].samples,
+                [("wait_for_lock".to_owned(), vec![5_000_000])],
+                "{version}"
+            );
+        }
+        // And the export counts CPU samples only
+        let encoded = encode(&profile, ProtoVersion::V1_10, SampleAttributes::default(), 1 << 20);
+        let samples: u64 = encoded.requests.iter().map(|r| r.samples).sum();
+        assert_eq!(samples, 3);
+    }
+
+    #[test]
     fn every_stack_keeps_its_own_count() {
         // Given one process with three stacks of different counts next to each other, and a
         // second process with one more
