@@ -54,7 +54,11 @@ pub fn parse_off_cpu_min(text: &str) -> Result<Duration, String> {
         "us" | "µs" => value * 1e3,
         "ms" | "" => value * 1e6,
         "s" => value * 1e9,
-        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use ns, us, ms or s")),
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{text}`; use ns, us, ms or s"
+            ))
+        }
     };
     if !(0.0..=1e9).contains(&nanos) {
         return Err(format!("`{text}` is out of range (0 to 1s)"));

@@ -118,11 +118,11 @@ pub(crate) fn prepare(settings: Settings) -> anyhow::Result<Prepared> {
                     settings.formats.clone()
                 },
             )
-                .map_err(|source| OutputUnwritable {
-                    dir: dir.clone(),
-                    source,
-                })?
-                .with_folded_root(settings.labels.folded_root),
+            .map_err(|source| OutputUnwritable {
+                dir: dir.clone(),
+                source,
+            })?
+            .with_folded_root(settings.labels.folded_root),
         ),
         None => None,
     };

@@ -35,9 +35,7 @@ use crate::{
         seen, Recognized,
     },
     jit::{jitdump::JitDump, JitStores},
-    model::{
-        Frame, FrameKind, JitRuntime, Module, SampleKind, SymbolizedProfile, Thread, UNKNOWN,
-    },
+    model::{Frame, FrameKind, JitRuntime, Module, SampleKind, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 

@@ -41,9 +41,11 @@ mod program {
     const STACKS_ENTRIES: u32 = 16384;
 
     #[map]
-    pub(crate) static COUNTS_0: HashMap<SampleKey, u64> = HashMap::with_max_entries(COUNTS_ENTRIES, 0);
+    pub(crate) static COUNTS_0: HashMap<SampleKey, u64> =
+        HashMap::with_max_entries(COUNTS_ENTRIES, 0);
     #[map]
-    pub(crate) static COUNTS_1: HashMap<SampleKey, u64> = HashMap::with_max_entries(COUNTS_ENTRIES, 0);
+    pub(crate) static COUNTS_1: HashMap<SampleKey, u64> =
+        HashMap::with_max_entries(COUNTS_ENTRIES, 0);
     #[map]
     static STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
     #[map]

@@ -101,9 +101,11 @@ fn record_workload(args: &[&str], otlp_url: &str) -> Recorded {
         ])
         .record();
     record.first_batch(TIMEOUT);
-    record.log.expect(0, TIMEOUT, "the workload's unwind tables loaded", |line| {
-        is_batch(line) && batch_counter(line, "unwind_tables_loaded").unwrap_or(0) >= 2
-    });
+    record
+        .log
+        .expect(0, TIMEOUT, "the workload's unwind tables loaded", |line| {
+            is_batch(line) && batch_counter(line, "unwind_tables_loaded").unwrap_or(0) >= 2
+        });
     workload
         .child_mut()
         .stdin
@@ -114,12 +116,17 @@ fn record_workload(args: &[&str], otlp_url: &str) -> Recorded {
     let exited = workload.wait_timeout(TIMEOUT).expect("the workload ends");
     assert!(exited.success(), "the workload failed: {exited}");
     let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut workload.child_mut().stdout.take().unwrap(), &mut stdout)
-        .unwrap();
+    std::io::Read::read_to_string(
+        &mut workload.child_mut().stdout.take().unwrap(),
+        &mut stdout,
+    )
+    .unwrap();
     let truth: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the truth line");
     // The last waits end in the batch after the workload's end: stop after it.
     let lines = record.log.len();
-    let (_, last_batch) = record.log.expect(lines, TIMEOUT, "one more batch", is_batch);
+    let (_, last_batch) = record
+        .log
+        .expect(lines, TIMEOUT, "one more batch", is_batch);
     record.child.signal(Signal::SIGINT);
     let (status, summary) = record.wait(TIMEOUT);
     assert!(
@@ -163,7 +170,10 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
     };
     let index = off_cpu_index(&profile);
     let top = go_pprof::top_of(&pb, "off_cpu").unwrap();
-    assert!(top.contains("offcpu_sleep"), "pprof -sample_index=off_cpu:\n{top}");
+    assert!(
+        top.contains("offcpu_sleep"),
+        "pprof -sample_index=off_cpu:\n{top}"
+    );
 
     let (sleeping, sleeper) = off_cpu_of(&profile, index, "sleeper", |s| has(s, "offcpu_sleep"));
     let share = sleeper as f64 / sleeper_wall as f64;
@@ -224,7 +234,10 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
         .filter(|s| s.label("thread_name") == Some("sleeper") && has(&s.stack, "offcpu_burn"))
         .map(|s| s.values[0])
         .sum();
-    assert!(cpu_burn > 0, "no CPU sample of the sleeper under offcpu_burn");
+    assert!(
+        cpu_burn > 0,
+        "no CPU sample of the sleeper under offcpu_burn"
+    );
 
     // The off-CPU folded file and flame graph: the same nanoseconds.
     let folded = fs::read_to_string(record.out_dir.join("stacks.offcpu.folded")).unwrap();
@@ -239,7 +252,10 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
         .filter(|s| has(&s.stack, "offcpu_sleep"))
         .map(|s| s.values[index])
         .sum();
-    assert_eq!(folded_sleep, all_sleep, "stacks.offcpu.folded and pprof disagree");
+    assert_eq!(
+        folded_sleep, all_sleep,
+        "stacks.offcpu.folded and pprof disagree"
+    );
     let svg = fs::read_to_string(record.out_dir.join("flamegraph.offcpu.svg")).unwrap();
     assert!(
         svg.contains("off-CPU") && svg.contains("offcpu_sleep"),
@@ -262,7 +278,10 @@ fn off_cpu_time_lands_under_the_functions_that_block_in_every_output() {
     let pprof_total: i64 = profile.samples.iter().map(|s| s.values[index]).sum();
     assert_eq!(otlp_total, pprof_total, "OTLP off_cpu and pprof totals");
     let view = pyroscope::ingest(&decoded, Rules::V1_20);
-    assert_eq!(view.unknown_type, 0, "a request of a type Pyroscope does not map");
+    assert_eq!(
+        view.unknown_type, 0,
+        "a request of a type Pyroscope does not map"
+    );
     let in_off_cpu: i64 = view
         .series
         .iter()

@@ -70,7 +70,10 @@ impl OutputFormat {
     /// `formats` with the off-CPU files of those that have one (`--off-cpu`): svg and folded.
     pub fn with_off_cpu(formats: &[Self]) -> Vec<Self> {
         let mut all = formats.to_vec();
-        for (cpu, off_cpu) in [(Self::Svg, Self::OffCpuSvg), (Self::Folded, Self::OffCpuFolded)] {
+        for (cpu, off_cpu) in [
+            (Self::Svg, Self::OffCpuSvg),
+            (Self::Folded, Self::OffCpuFolded),
+        ] {
             if formats.contains(&cpu) {
                 all.push(off_cpu);
             }

@@ -177,7 +177,8 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
     // Off-CPU rows (`--off-cpu`) add a third sample type, `off_cpu` / `nanoseconds`; CPU rows
     // hold 0 there and off-CPU rows 0 in the CPU types (`go tool pprof -sample_index=off_cpu`).
     let off_cpu_rows = profile.samples_of(SampleKind::OffCpu);
-    let off_cpu_type = (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
+    let off_cpu_type =
+        (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
     let rows = profile
         .samples()
         .into_iter()
@@ -606,7 +607,12 @@ mod tests {
             native("wait_for_lock", 0x40_4000, &app),
             native("main", 0x40_1000, &app),
         ];
-        with.add_frames_of(SampleKind::OffCpu, &thread(10, 13).into(), &waiting, 7_000_000);
+        with.add_frames_of(
+            SampleKind::OffCpu,
+            &thread(10, 13).into(),
+            &waiting,
+            7_000_000,
+        );
         let with = render(&with);
         // Then without it the types are the two CPU ones, as before
         let types = |p: &proto::Profile| -> Vec<(String, String)> {
@@ -633,7 +639,10 @@ mod tests {
         let off: Vec<_> = with.sample.iter().filter(|s| s.value[2] != 0).collect();
         assert_eq!(off.len(), 1);
         assert_eq!(off[0].value, [0, 0, 7_000_000]);
-        assert_eq!(names(&with, off[0]), ["__schedule", "wait_for_lock", "main"]);
+        assert_eq!(
+            names(&with, off[0]),
+            ["__schedule", "wait_for_lock", "main"]
+        );
         assert!(with
             .sample
             .iter()

@@ -841,7 +841,12 @@ mod tests {
             );
         }
         // And the export counts CPU samples only
-        let encoded = encode(&profile, ProtoVersion::V1_10, SampleAttributes::default(), 1 << 20);
+        let encoded = encode(
+            &profile,
+            ProtoVersion::V1_10,
+            SampleAttributes::default(),
+            1 << 20,
+        );
         let samples: u64 = encoded.requests.iter().map(|r| r.samples).sum();
         assert_eq!(samples, 3);
     }
