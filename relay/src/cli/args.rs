@@ -224,9 +224,9 @@ pub(super) struct PartsArgs {
     #[arg(long)]
     off_cpu: bool,
     /// With --off-cpu: waits at least this long are kept whole; shorter ones are kept with
-    /// probability wait / min and counted as min, so totals stay unbiased while the kernel
-    /// walks few stacks for the many short waits (e.g. 1ms, 200us; 0 keeps every wait; at
-    /// most 1s). Config file: `off_cpu.min`.
+    /// probability wait / min and counted as min, so totals stay unbiased while the many short
+    /// waits add few rows (default 1ms; e.g. 200us; 0 keeps every wait; at most 1s). Config
+    /// file: `off_cpu.min`.
     #[arg(long, value_name = "DURATION", value_parser = ember_common::parse_off_cpu_min)]
     off_cpu_min: Option<Duration>,
 }

@@ -172,6 +172,23 @@ mod tests {
     }
 
     #[test]
+    fn the_off_cpu_section_reads_its_switch_and_minimum_and_refuses_the_rest() {
+        // Given files with and without the section
+        let on = parse("off_cpu:\n  enabled: true\n  min: 200us\n", "c.yaml").unwrap();
+        let off = parse("labels: { env: prod }\n", "c.yaml").unwrap();
+        // Then the switch and the minimum are read, and absent means off
+        assert!(on.off_cpu.enabled);
+        assert_eq!(on.off_cpu.min, Some(Duration::from_micros(200)));
+        assert!(!off.off_cpu.enabled);
+        assert_eq!(off.off_cpu.min, None);
+        // And an unknown key or a minimum over 1s is refused with the file named
+        for bad in ["off_cpu:\n  threshold: 1ms\n", "off_cpu:\n  min: 2s\n"] {
+            let err = parse(bad, "c.yaml").unwrap_err().to_string();
+            assert!(err.contains("c.yaml"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn full_file_parses() {
         let config = parse(
             r#"
