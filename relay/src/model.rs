@@ -806,8 +806,9 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     }
 
     /// [`Profile::top_self`] of one kind. Off-CPU, a thread's leaf is always the scheduler's
-    /// (it left the CPU there): the function is its innermost frame outside the kernel (the
-    /// code that blocked), a kernel thread's leaf otherwise.
+    /// (it left the CPU there): the function is its innermost frame outside the kernel and the
+    /// C library (the code that blocked, not the `read` or `nanosleep` wrapper it called), a
+    /// kernel thread's leaf otherwise.
     pub fn top_self_of(&self, kind: SampleKind, n: usize) -> Vec<(String, u64)> {
         let mut by_leaf: HashMap<u32, u64, Hasher> = HashMap::default();
         for (&(_, stack, k), &count) in &self.counts {
@@ -817,13 +818,17 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
             let Some(ids) = self.stacks.get_index(stack as usize) else {
                 continue;
             };
-            let outside_kernel = ids.iter().find(|&&f| {
-                self.frames
-                    .get_index(f as usize)
-                    .is_some_and(|frame| frame.kind != FrameKind::Kernel)
-            });
+            let frame = |f: &&u32| self.frames.get_index(**f as usize);
+            let user = |f: &&u32| frame(f).is_some_and(|frame| frame.kind != FrameKind::Kernel);
+            let callers = |f: &&u32| {
+                user(f) && !frame(f).is_some_and(|frame| in_c_library(frame.module.as_deref()))
+            };
             let leaf = match kind {
-                SampleKind::OffCpu => outside_kernel.or(ids.first()),
+                SampleKind::OffCpu => ids
+                    .iter()
+                    .find(callers)
+                    .or_else(|| ids.iter().find(user))
+                    .or(ids.first()),
                 SampleKind::Cpu => ids.first(),
             };
             if let Some(&leaf) = leaf {
@@ -841,6 +846,19 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         top.truncate(n);
         top
     }
+}
+
+/// Whether `module` is the C library or the dynamic loader (glibc's `libc.so.6`,
+/// `libpthread`, `ld-linux`; musl's `libc.musl`, `ld-musl`), whose wrappers every blocking call
+/// goes through.
+fn in_c_library(module: Option<&Module>) -> bool {
+    let Some(module) = module else {
+        return false;
+    };
+    let name = module.path.rsplit('/').next().unwrap_or(&module.path);
+    ["libc.so", "libc-", "libc.musl", "libpthread", "ld-linux", "ld-musl"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
 }
 
 /// Table sizes of a [`Profile`] (see [`Profile::sizes`]).
@@ -882,6 +900,13 @@ mod tests {
                 p.top_self_of(SampleKind::OffCpu, 5),
                 [("read_config".to_owned(), 11_000_000)]
             );
+            assert!(in_c_library(Some(&Module {
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                build_id: None,
+                start: 0,
+                end: 0,
+                file_offset: 0,
+            })));
             assert_eq!(p.top_self(5), [("read_config".to_owned(), 4)]);
         }
     }
