@@ -856,9 +856,16 @@ fn in_c_library(module: Option<&Module>) -> bool {
         return false;
     };
     let name = module.path.rsplit('/').next().unwrap_or(&module.path);
-    ["libc.so", "libc-", "libc.musl", "libpthread", "ld-linux", "ld-musl"]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
+    [
+        "libc.so",
+        "libc-",
+        "libc.musl",
+        "libpthread",
+        "ld-linux",
+        "ld-musl",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
 }
 
 /// Table sizes of a [`Profile`] (see [`Profile::sizes`]).
