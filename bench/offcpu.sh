@@ -96,15 +96,10 @@ WORKLOAD_PID=$!
 exec 3> "$TMP/go"
 echo go >&3
 
-# The workload's voluntary context switches so far.
+# The workload's voluntary context switches so far (all its threads).
 switches() {
-  local total=0 n f
-  for f in /proc/"$WORKLOAD_PID"/task/*/status; do
-    while read -r key n; do
-      [ "$key" = voluntary_ctxt_switches: ] && total=$((total + n))
-    done < "$f" 2>/dev/null || true
-  done
-  echo "$total"
+  awk '$1 == "voluntary_ctxt_switches:" { s += $2 } END { print s + 0 }' \
+    /proc/"$WORKLOAD_PID"/task/*/status
 }
 # CPU ticks (user+sys) of the processes named.
 ticks() {
