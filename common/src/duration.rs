@@ -35,6 +35,37 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Longest `--off-cpu-min`: the kernel's keep test multiplies it by a 32-bit random number.
+pub const MAX_OFF_CPU_MIN: Duration = Duration::from_secs(1);
+
+/// Parses `--off-cpu-min`: `1ms`, `200us`, `50000ns`, `0.5ms`, from 0 to 1s (a bare number is
+/// milliseconds).
+pub fn parse_off_cpu_min(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 1ms, 200us or 0.5ms"))?;
+    let nanos = match unit {
+        "ns" => value,
+        "us" | "µs" => value * 1e3,
+        "ms" | "" => value * 1e6,
+        "s" => value * 1e9,
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{text}`; use ns, us, ms or s"
+            ))
+        }
+    };
+    if !(0.0..=1e9).contains(&nanos) {
+        return Err(format!("`{text}` is out of range (0 to 1s)"));
+    }
+    Ok(Duration::from_nanos(nanos as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

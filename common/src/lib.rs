@@ -18,7 +18,7 @@ mod unwind_mode;
 
 pub use account::{resolve_account, Account};
 pub use clock::now_unix_ns;
-pub use duration::parse_duration;
+pub use duration::{parse_duration, parse_off_cpu_min, MAX_OFF_CPU_MIN};
 pub use logging::{init_logging, init_logging_at, log_filter_in_env, LogFormat, LOG_ENV};
 pub use privileges::{check_identity, raise_nofile_limit, set_no_new_privs, Identity};
 pub use signal::{

@@ -141,6 +141,9 @@ struct Row {
   count @7 :UInt64;
   # Index + 1 into `Batch.interpStacks` of the interpreter frames walked for these samples; 0: none.
   interpStack @8 :UInt32;
+  # Nanoseconds this thread spent off the CPU (blocked) with these stacks: the sum of the kept
+  # waits' weights (`--off-cpu`: an unbiased estimate of the total). An off-CPU row has count 0.
+  offCpuNs @9 :UInt64;
 }
 
 # One interpreter frame as the kernel read it (docs/design/interpreters.md): the code object's
@@ -211,6 +214,9 @@ struct Losses {
   interpCodesFull @37 :UInt64;  # code objects not copied: the kernel's code map was full
   interpBadCode @38 :UInt64;    # frames whose code pointer was not a code object (left unnamed)
   interpRefused @39 :UInt64;    # interpreterProcess messages the sampler refused
+  offCpuKept @40 :UInt64;      # off-CPU waits kept (each weighed into an off-CPU row; not a loss)
+  offCpuSampledOut @41 :UInt64; # off-CPU waits under --off-cpu-min left out by the draw (by design: the kept ones are weighed; not a loss)
+  offCpuCountsFull @42 :UInt64; # off-CPU waits dropped: the counts map was full
 }
 
 # The samples of one interval. A large interval is split into several parts with the same

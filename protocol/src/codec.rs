@@ -547,6 +547,9 @@ fn write_batch(mut b: batch::Builder<'_>, batch: &Batch) {
     lb.set_interp_codes_full(l.interp_codes_full);
     lb.set_interp_bad_code(l.interp_bad_code);
     lb.set_interp_refused(l.interp_refused);
+    lb.set_off_cpu_kept(l.off_cpu_kept);
+    lb.set_off_cpu_sampled_out(l.off_cpu_sampled_out);
+    lb.set_off_cpu_counts_full(l.off_cpu_counts_full);
 }
 
 fn write_row(mut b: row::Builder<'_>, row: &Row) {
@@ -561,6 +564,7 @@ fn write_row(mut b: row::Builder<'_>, row: &Row) {
     b.set_kernel_stack_errno(kernel_errno);
     b.set_count(row.count);
     b.set_interp_stack(row.interp_stack.map_or(0, |i| i.saturating_add(1)));
+    b.set_off_cpu_ns(row.off_cpu_ns);
 }
 
 fn write_interp_stacks(
@@ -699,6 +703,7 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
                     })
                 }
             },
+            off_cpu_ns: row.get_off_cpu_ns(),
         });
     }
     let l = r.get_losses()?;
@@ -753,6 +758,9 @@ fn read_batch(r: batch::Reader<'_>) -> Result<Batch, DecodeError> {
             interp_codes_full: l.get_interp_codes_full(),
             interp_bad_code: l.get_interp_bad_code(),
             interp_refused: l.get_interp_refused(),
+            off_cpu_kept: l.get_off_cpu_kept(),
+            off_cpu_sampled_out: l.get_off_cpu_sampled_out(),
+            off_cpu_counts_full: l.get_off_cpu_counts_full(),
         }),
         ignore: IgnoreStats {
             ignored_samples: r.get_ignored_samples(),
@@ -787,6 +795,7 @@ mod tests {
                     kernel_stack: StackRef::Index(0),
                     count: 7,
                     interp_stack: Some(1),
+                    off_cpu_ns: 0,
                 },
                 Row {
                     pid: 42,
@@ -796,6 +805,7 @@ mod tests {
                     kernel_stack: StackRef::Missing(14),
                     count: 1,
                     interp_stack: None,
+                    off_cpu_ns: 0,
                 },
             ],
             losses: Box::new(Losses {

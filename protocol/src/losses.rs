@@ -72,6 +72,12 @@ pub struct Losses {
     pub interp_bad_code: u64,
     /// `interpreterProcess` messages the sampler refused.
     pub interp_refused: u64,
+    /// Off-CPU waits kept, each weighed into an off-CPU row (not a loss).
+    pub off_cpu_kept: u64,
+    /// Off-CPU waits under `--off-cpu-min` left out by the draw (by design, not a loss).
+    pub off_cpu_sampled_out: u64,
+    /// Off-CPU waits dropped because the counts map was full.
+    pub off_cpu_counts_full: u64,
 }
 
 impl Losses {
@@ -265,6 +271,16 @@ pub const LOSS_COUNTERS: &[LossCounter] = &[
         help: "Interpreter code pointers that were not code objects, each counted once per CPU and interval (left unnamed; 3.13 on: its entry frames' None)."),
     counter!(interp_refused, log: "interp_refused", metric: "interp_refused", summary: Summary::Hidden,
         help: "Interpreter descriptions (interpreterProcess) the sampler refused: unknown process, file not mapped or not named like CPython, address outside the file, offset out of range."),
+    counter!(off_cpu_kept, log: "off_cpu_kept", metric: "off_cpu_kept", summary: Summary::Hidden,
+        help: "Off-CPU waits kept (--off-cpu), each weighed into an off-CPU row."),
+    counter!(off_cpu_sampled_out, log: "off_cpu_sampled_out", metric: "off_cpu_sampled_out", summary: Summary::Hidden,
+        help: "Off-CPU waits under --off-cpu-min left out by the draw (by design: the kept ones carry their weight)."),
+    counter!(off_cpu_counts_full, log: "off_cpu_counts_full", metric: "off_cpu_counts_full",
+        summary: Summary::Lost(
+            "lost: {n} off-CPU wait{s}: more distinct stacks came in one interval than the sampler's \
+             in-kernel table holds (a larger --off-cpu-min helps)"
+        ),
+        help: "Off-CPU waits dropped because the counts map was full."),
 ];
 
 /// Losses whose counter `i` of [`LOSS_COUNTERS`] holds `first + i`: every field its own value.

@@ -129,6 +129,9 @@ pub struct Row {
     pub count: u64,
     /// Index into [`Batch::interp_stacks`] of the interpreter frames walked for these samples.
     pub interp_stack: Option<u32>,
+    /// Nanoseconds blocked (`--off-cpu`), the kept waits' weights summed; an off-CPU row has
+    /// `count` 0.
+    pub off_cpu_ns: u64,
 }
 
 /// Deepest interpreter stack a batch may carry (the kernel's `MAX_INTERP_FRAMES`); deeper ones

@@ -118,6 +118,8 @@ pub struct SampleIn<'a> {
     pub count: u64,
     /// The key of its interpreter frames in [`InterpTables::stacks`]; 0: none.
     pub interp_stack: u64,
+    /// Nanoseconds blocked (an off-CPU row: `count` 0).
+    pub off_cpu_ns: u64,
 }
 
 /// One interval's interpreter frames and code objects, as the sampler drained them.
@@ -234,6 +236,7 @@ pub fn batch_parts<'a>(
             kernel_stack,
             count: sample.count,
             interp_stack,
+            off_cpu_ns: sample.off_cpu_ns,
         });
     }
     parts.push(current);
@@ -361,6 +364,7 @@ mod tests {
             kernel_stack: -14,
             count: 1,
             interp_stack: u64::from(i % 41),
+            off_cpu_ns: 0,
         });
         // When split into parts of 16 KiB
         let parts = batch_parts(samples, &HashMap::new(), &interp, &header(), 16 << 10);

@@ -26,6 +26,7 @@ fn batch_with_stack(frames: usize) -> SamplerMessage {
             kernel_stack: StackRef::Missing(14),
             count: 5,
             interp_stack: None,
+            off_cpu_ns: 0,
         }],
         ..Batch::default()
     })

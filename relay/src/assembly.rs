@@ -71,6 +71,9 @@ pub(crate) struct Settings {
     pub state_dir: Option<PathBuf>,
     /// `--interpreters`: walk the frames of recognized interpreters (CPython) in the kernel.
     pub interpreters: bool,
+    /// `--off-cpu`: the minimum wait kept whole when off-CPU time is recorded (adds the
+    /// off-CPU files beside svg and folded); `None`: CPU only.
+    pub off_cpu: Option<Duration>,
 }
 
 /// The output directory or its files could not be created: its own error, so a command can
@@ -107,12 +110,19 @@ pub(crate) fn prepare(settings: Settings) -> anyhow::Result<Prepared> {
     source::raise_nofile_limit();
     let files = match &settings.output_dir {
         Some(dir) => Some(
-            FilesSink::create(dir, &settings.formats)
-                .map_err(|source| OutputUnwritable {
-                    dir: dir.clone(),
-                    source,
-                })?
-                .with_folded_root(settings.labels.folded_root),
+            FilesSink::create(
+                dir,
+                &if settings.off_cpu.is_some() {
+                    OutputFormat::with_off_cpu(&settings.formats)
+                } else {
+                    settings.formats.clone()
+                },
+            )
+            .map_err(|source| OutputUnwritable {
+                dir: dir.clone(),
+                source,
+            })?
+            .with_folded_root(settings.labels.folded_root),
         ),
         None => None,
     };
@@ -210,6 +220,7 @@ mod tests {
             unwind: UnwindMode::Fp,
             state_dir: None,
             interpreters: true,
+            off_cpu: None,
         }
     }
 

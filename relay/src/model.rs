@@ -427,6 +427,16 @@ impl<'a> StackView<'a> {
 /// flooding resistance here.
 type Hasher = foldhash::fast::RandomState;
 
+/// What a row of a [`Profile`] measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SampleKind {
+    /// CPU samples: the row's value is a count of samples (each 1 / Hz of CPU time).
+    Cpu,
+    /// Off-CPU time (`--off-cpu`): the row's value is nanoseconds blocked, the kept waits'
+    /// weights summed (docs/offcpu.md).
+    OffCpu,
+}
+
 /// Samples aggregated over a time range, keyed by who they belong to (`T`): a [`Thread`] after
 /// symbolization ([`SymbolizedProfile`]), the labels stage's own type after it (what sinks
 /// receive).
@@ -444,13 +454,14 @@ pub struct Profile<T = Thread> {
     frames: IndexSet<Frame, Hasher>,
     stacks: IndexSet<Box<[u32]>, Hasher>,
     threads: IndexSet<T, Hasher>,
-    counts: HashMap<(u32, u32), u64, Hasher>,
+    /// Values by (thread id, stack id, kind): samples for CPU rows, nanoseconds off-CPU.
+    counts: HashMap<(u32, u32, SampleKind), u64, Hasher>,
     /// The frame ids of the stack being added (reused, so adding allocates only for new stacks).
     scratch: Vec<u32>,
     /// The rows (thread id, stack id, count) in output order, sorted by the first
     /// [`Profile::samples`] after a change and kept until the next: every file format of a
     /// closed window reads them, and sorting a large window is the costly part.
-    order: OnceLock<Vec<(u32, u32, u64)>>,
+    order: OnceLock<Vec<(u32, u32, SampleKind, u64)>>,
 }
 
 /// One batch's samples as symbolization leaves them: keyed by thread (pid first), no labels.
@@ -556,6 +567,18 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         frames: impl IntoIterator<Item = &'f Frame>,
         count: u64,
     ) {
+        self.add_frames_of(SampleKind::Cpu, thread, frames, count);
+    }
+
+    /// Adds `value` of `kind` (samples, or nanoseconds off-CPU) to `thread` with the stack
+    /// `frames` (leaf first), as [`Profile::add_frames`] does.
+    pub fn add_frames_of<'f>(
+        &mut self,
+        kind: SampleKind,
+        thread: &T,
+        frames: impl IntoIterator<Item = &'f Frame>,
+        count: u64,
+    ) {
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.extend(frames.into_iter().map(|f| intern(&mut self.frames, f)));
@@ -565,10 +588,10 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         };
         self.scratch = ids;
         let thread = intern(&mut self.threads, thread);
-        self.count((thread, stack), count);
+        self.count((thread, stack, kind), count);
     }
 
-    fn count(&mut self, key: (u32, u32), count: u64) {
+    fn count(&mut self, key: (u32, u32, SampleKind), count: u64) {
         self.order.take();
         // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
         let total = self.counts.entry(key).or_insert(0);
@@ -606,11 +629,11 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
                 intern_owned(&mut self.stacks, ids)
             })
             .collect();
-        for ((thread, stack), count) in other.counts {
+        for ((thread, stack, kind), count) in other.counts {
             if let (Some(&thread), Some(&stack)) =
                 (threads.get(thread as usize), stacks.get(stack as usize))
             {
-                self.count((thread, stack), count);
+                self.count((thread, stack, kind), count);
             }
         }
     }
@@ -639,9 +662,11 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         let mut frames: Vec<Option<u32>> = vec![None; other.frames.len()];
         let mut stacks: Vec<Option<u32>> = vec![None; other.stacks.len()];
         let mut left_out = 0u64;
-        for (&(thread, stack), &count) in &other.counts {
+        for (&(thread, stack, kind), &count) in &other.counts {
             let Some(&Some(thread)) = threads.get(thread as usize) else {
-                left_out = left_out.saturating_add(count);
+                if kind == SampleKind::Cpu {
+                    left_out = left_out.saturating_add(count);
+                }
                 continue;
             };
             let Some(slot) = stacks.get_mut(stack as usize) else {
@@ -670,13 +695,22 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
                     id
                 }
             };
-            self.count((thread, stack), count);
+            self.count((thread, stack, kind), count);
         }
         left_out
     }
 
+    /// CPU samples in the profile.
     pub fn total_samples(&self) -> u64 {
-        self.counts.values().sum()
+        self.total_of(SampleKind::Cpu)
+    }
+
+    /// The sum of the values of one kind (samples, or nanoseconds off-CPU).
+    pub fn total_of(&self, kind: SampleKind) -> u64 {
+        self.counts
+            .iter()
+            .filter(|((_, _, k), _)| *k == kind)
+            .fold(0u64, |total, (_, &v)| total.saturating_add(v))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -694,6 +728,7 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     }
 
     fn row(&self, (thread, stack): (u32, u32), count: u64) -> Option<SampleRef<'_, T>> {
+        // (the kind is the caller's: it picked the rows)
         Some(SampleRef {
             thread: self.threads.get_index(thread as usize)?,
             stack: StackView(Repr::Interned {
@@ -708,16 +743,24 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     /// deterministic outputs. Threads and frames are ranked once; rows are then sorted by
     /// those ranks, so a window of hundreds of thousands of stacks compares integers, not
     /// frames' strings.
+    /// CPU rows only: every sink reads these; the off-CPU rows are [`Profile::samples_of`].
     pub fn samples(&self) -> Vec<SampleRef<'_, T>> {
+        self.samples_of(SampleKind::Cpu)
+    }
+
+    /// The rows of one kind, in the order of [`Profile::samples`] (`count` holds nanoseconds
+    /// for [`SampleKind::OffCpu`]).
+    pub fn samples_of(&self, kind: SampleKind) -> Vec<SampleRef<'_, T>> {
         self.order
             .get_or_init(|| self.sorted_rows())
             .iter()
-            .filter_map(|&(thread, stack, count)| self.row((thread, stack), count))
+            .filter(|row| row.2 == kind)
+            .filter_map(|&(thread, stack, _, count)| self.row((thread, stack), count))
             .collect()
     }
 
     /// The rows in the order of [`Profile::samples`].
-    fn sorted_rows(&self) -> Vec<(u32, u32, u64)> {
+    fn sorted_rows(&self) -> Vec<(u32, u32, SampleKind, u64)> {
         let thread_rank = ranks(&self.threads);
         let frame_rank = ranks(&self.frames);
         let rank_of = |f: &u32| frame_rank.get(*f as usize).copied().unwrap_or(u32::MAX);
@@ -726,12 +769,12 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
                 .get_index(s as usize)
                 .map_or(&[][..], |ids| &ids[..])
         };
-        let mut rows: Vec<(u32, u32, u32, u64)> = self
+        let mut rows: Vec<(u32, u32, u32, SampleKind, u64)> = self
             .counts
             .iter()
-            .map(|(&(thread, s), &count)| {
+            .map(|(&(thread, s, kind), &count)| {
                 let rank = thread_rank.get(thread as usize).copied();
-                (rank.unwrap_or(u32::MAX), thread, s, count)
+                (rank.unwrap_or(u32::MAX), thread, s, kind, count)
             })
             .collect();
         rows.sort_unstable_by(|a, b| {
@@ -746,7 +789,7 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
             })
         });
         rows.into_iter()
-            .map(|(_, thread, stack, count)| (thread, stack, count))
+            .map(|(_, thread, stack, kind, count)| (thread, stack, kind, count))
             .collect()
     }
 
@@ -759,13 +802,36 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     /// first, ties by name. Named by [`Frame::text_name`] (kernel frames end in `_[k]`); samples
     /// with an empty stack have no function and are not counted.
     pub fn top_self(&self, n: usize) -> Vec<(String, u64)> {
+        self.top_self_of(SampleKind::Cpu, n)
+    }
+
+    /// [`Profile::top_self`] of one kind. Off-CPU, a thread's leaf is always the scheduler's
+    /// (it left the CPU there): the function is its innermost frame outside the kernel and the
+    /// C library (the code that blocked, not the `read` or `nanosleep` wrapper it called), a
+    /// kernel thread's leaf otherwise.
+    pub fn top_self_of(&self, kind: SampleKind, n: usize) -> Vec<(String, u64)> {
         let mut by_leaf: HashMap<u32, u64, Hasher> = HashMap::default();
-        for (&(_, stack), &count) in &self.counts {
-            if let Some(&leaf) = self
-                .stacks
-                .get_index(stack as usize)
-                .and_then(|s| s.first())
-            {
+        for (&(_, stack, k), &count) in &self.counts {
+            if k != kind {
+                continue;
+            }
+            let Some(ids) = self.stacks.get_index(stack as usize) else {
+                continue;
+            };
+            let frame = |f: &&u32| self.frames.get_index(**f as usize);
+            let user = |f: &&u32| frame(f).is_some_and(|frame| frame.kind != FrameKind::Kernel);
+            let callers = |f: &&u32| {
+                user(f) && !frame(f).is_some_and(|frame| in_c_library(frame.module.as_deref()))
+            };
+            let leaf = match kind {
+                SampleKind::OffCpu => ids
+                    .iter()
+                    .find(callers)
+                    .or_else(|| ids.iter().find(user))
+                    .or(ids.first()),
+                SampleKind::Cpu => ids.first(),
+            };
+            if let Some(&leaf) = leaf {
                 *by_leaf.entry(leaf).or_insert(0) += count;
             }
         }
@@ -782,6 +848,26 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     }
 }
 
+/// Whether `module` is the C library or the dynamic loader (glibc's `libc.so.6`,
+/// `libpthread`, `ld-linux`; musl's `libc.musl`, `ld-musl`), whose wrappers every blocking call
+/// goes through.
+fn in_c_library(module: Option<&Module>) -> bool {
+    let Some(module) = module else {
+        return false;
+    };
+    let name = module.path.rsplit('/').next().unwrap_or(&module.path);
+    [
+        "libc.so",
+        "libc-",
+        "libc.musl",
+        "libpthread",
+        "ld-linux",
+        "ld-musl",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
+}
+
 /// Table sizes of a [`Profile`] (see [`Profile::sizes`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProfileSizes {
@@ -794,6 +880,43 @@ pub struct ProfileSizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn off_cpu_rows_stay_apart_from_cpu_samples() {
+        // Given a thread with 4 CPU samples and 9 ms off-CPU on the same stack, and 2 ms on a
+        // stack whose innermost frames are the kernel's
+        let thread = Thread::bare((1, 1), "app", "app", "/usr/bin/app");
+        let user = Frame::bare("read_config", FrameKind::Native, 0x1000);
+        let kernel = Frame::bare("__schedule", FrameKind::Kernel, 0xffff_ffff_8100_0000);
+        let mut profile = Profile::<Thread>::new(99);
+        profile.add_frames(&thread, [&user], 4);
+        profile.add_frames_of(SampleKind::OffCpu, &thread, [&user], 9_000_000);
+        profile.add_frames_of(SampleKind::OffCpu, &thread, [&kernel, &user], 2_000_000);
+        let mut merged = Profile::<Thread>::new(99);
+        merged.merge(profile.clone());
+        for p in [&profile, &merged] {
+            // Then the CPU view is what it was: 4 samples, one row
+            assert_eq!(p.total_samples(), 4);
+            assert_eq!(p.samples().len(), 1);
+            assert_eq!(p.samples()[0].count, 4);
+            // And the off-CPU rows are their own, in nanoseconds
+            assert_eq!(p.total_of(SampleKind::OffCpu), 11_000_000);
+            assert_eq!(p.samples_of(SampleKind::OffCpu).len(), 2);
+            // And off-CPU time is named by the innermost frame outside the kernel
+            assert_eq!(
+                p.top_self_of(SampleKind::OffCpu, 5),
+                [("read_config".to_owned(), 11_000_000)]
+            );
+            assert!(in_c_library(Some(&Module {
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                build_id: None,
+                start: 0,
+                end: 0,
+                file_offset: 0,
+            })));
+            assert_eq!(p.top_self(5), [("read_config".to_owned(), 4)]);
+        }
+    }
 
     #[test]
     fn text_names_escape_terminal_controls_and_bidi_overrides() {

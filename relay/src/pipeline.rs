@@ -842,6 +842,7 @@ pub(crate) mod fixtures {
             kernel_stack,
             count,
             interp_stack: None,
+            off_cpu_ns: 0,
         };
         let second = 1_000_000_000;
         message(

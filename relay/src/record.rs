@@ -30,6 +30,7 @@ use crate::{
     browser::{self, Opener},
     driver::{Ended, Flow, Policy, Tick},
     labels::labeled::LabeledProfile,
+    model::SampleKind,
     pipeline::Handled,
     privileges::{self, Target},
     sampler_binary,
@@ -73,6 +74,8 @@ pub struct SamplerLaunch {
     pub log_format: LogFormat,
     /// `--command-line`, passed to the sampler (which decides what leaves it).
     pub command_line: bool,
+    /// `--off-cpu` with its `--off-cpu-min`, passed to the sampler.
+    pub off_cpu_min: Option<Duration>,
 }
 
 /// How long to wait for the sampler's last batch after asking it to stop.
@@ -221,6 +224,12 @@ fn start_sampler(
     }
     if config.command_line {
         command.arg("--command-line");
+    }
+    if let Some(min) = config.off_cpu_min {
+        command
+            .arg("--off-cpu")
+            .arg("--off-cpu-min")
+            .arg(format!("{}ns", min.as_nanos()));
     }
     if !ember_common::log_filter_in_env() {
         command.env(ember_common::LOG_ENV, log_level);
@@ -522,6 +531,27 @@ fn print_summary(profile: &LabeledProfile, paths: &[PathBuf], losses: &Losses, s
         println!(
             "  {:5.1}%  {count:>7}  {name}",
             100.0 * count as f64 / total.max(1) as f64
+        );
+    }
+    print_off_cpu_summary(profile);
+}
+
+/// With `--off-cpu`: the total time threads spent blocked and the 10 functions they blocked
+/// in most (each thread's innermost frame outside the kernel), in seconds.
+fn print_off_cpu_summary(profile: &LabeledProfile) {
+    let total = profile.total_of(SampleKind::OffCpu);
+    if total == 0 {
+        return;
+    }
+    println!(
+        "off-CPU: {:.3} s blocked in all threads; top 10 functions by off-CPU time:",
+        total as f64 / 1e9
+    );
+    for (name, ns) in profile.top_self_of(SampleKind::OffCpu, 10) {
+        println!(
+            "  {:5.1}%  {:>9.3}s  {name}",
+            100.0 * ns as f64 / total as f64,
+            ns as f64 / 1e9
         );
     }
 }

@@ -35,7 +35,7 @@ use crate::{
         seen, Recognized,
     },
     jit::{jitdump::JitDump, JitStores},
-    model::{Frame, FrameKind, JitRuntime, Module, SymbolizedProfile, Thread, UNKNOWN},
+    model::{Frame, FrameKind, JitRuntime, Module, SampleKind, SymbolizedProfile, Thread, UNKNOWN},
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
@@ -636,7 +636,12 @@ impl Session {
             self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
             let thread = thread_of(row, process);
-            profile.add_frames(&thread, stack, row.count);
+            if row.count > 0 || row.off_cpu_ns == 0 {
+                profile.add_frames(&thread, stack.clone(), row.count);
+            }
+            if row.off_cpu_ns > 0 {
+                profile.add_frames_of(SampleKind::OffCpu, &thread, stack, row.off_cpu_ns);
+            }
         }
         profile.observe(batch.interval_start_unix_ns, batch.interval_end_unix_ns);
         if profile.hostname.is_none() && !self.hello.hostname.is_empty() {
@@ -1261,6 +1266,7 @@ mod tests {
                 kernel_stack: StackRef::Missing(14),
                 count: 1,
                 interp_stack: None,
+                off_cpu_ns: 0,
             }],
             ..Batch::default()
         }

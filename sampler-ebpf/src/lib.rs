@@ -35,11 +35,15 @@ pub struct SampleKey {
     /// The key of the interpreter frames walked for this sample in the generation's
     /// `INTERP_STACKS` map (a hash of its frames, never 0); 0 when none were walked.
     pub interp_stack_hash: u64,
+    /// Off-CPU rows: the key of the kernel stack in the generation's `USTACKS` map (copied
+    /// there when the wait ended; a hash of its frames, never 0); 0 when `kernel_stack_id`
+    /// holds the stack.
+    pub kernel_stack_hash: u64,
 }
 
 #[cfg(feature = "user")]
 // SAFETY: `SampleKey` is `repr(C)`, made only of integers and byte arrays, has no padding
-// (4 * 4 + 16 + 8 + 8 bytes) and every bit pattern is a valid value.
+// (4 * 4 + 16 + 8 + 8 + 8 bytes) and every bit pattern is a valid value.
 unsafe impl aya::Pod for SampleKey {}
 
 /// `bpf_get_stackid` error meaning "this context has no such stack".
@@ -176,6 +180,31 @@ pub mod process_event {
 /// Set in a `SampleKey`'s tgid (pids stay below 2^22) for the samples of a process whose pid
 /// another process's group leader left in the same generation: the newer of the two.
 pub const REUSED_TGID_BIT: u32 = 1 << 31;
+
+/// Set in a `SampleKey`'s tid (tids stay below 2^22) for off-CPU rows: their value is
+/// nanoseconds blocked (each kept wait's weight), not a sample count.
+pub const OFF_CPU_TID_BIT: u32 = 1 << 31;
+
+/// Threads the off-CPU program holds a pending wait for at once (an LRU of about 1 KiB per
+/// entry, 9 MiB: a thread blocked while this many others blocked after it loses that wait).
+pub const MAX_OFF_CPU_THREADS: u32 = 8192;
+
+/// A blocked thread as the off-CPU program saw it leave the CPU: when, who, and its stacks
+/// (walked then: when it comes back, the program runs in another thread's context).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuPending {
+    /// CLOCK_MONOTONIC ns when it left the CPU.
+    pub start: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: [u8; COMM_LEN],
+    /// `stack_hash` of `user` and of `kernel` (0: empty).
+    pub user_hash: u64,
+    pub kernel_hash: u64,
+    pub user: UserStack,
+    pub kernel: UserStack,
+}
 
 /// Entries of `KNOWN_TGIDS` (an LRU: an evicted process is reported again at its next sample).
 pub const MAX_KNOWN_TGIDS: u32 = 16384;
@@ -369,6 +398,9 @@ pub mod maps {
     pub const INTERP_STACKS: [&str; 2] = ["INTERP_STACKS_0", "INTERP_STACKS_1"];
     /// `HashMap<InterpCodeKey, InterpCode>` per generation.
     pub const INTERP_CODES: [&str; 2] = ["INTERP_CODES_0", "INTERP_CODES_1"];
+    /// `LruHashMap<u64 task, OffCpuPending>`: each blocked thread's pending wait
+    /// (`--off-cpu`).
+    pub const OFF_CPU_PENDING: &str = "OFF_CPU_PENDING";
 }
 
 /// Names of the tracepoint programs that keep `KNOWN_TGIDS` right.
@@ -378,6 +410,9 @@ pub mod programs {
     /// On `sched/sched_process_exit`: a group leader ended, its entry is freed (a process that
     /// reuses the pid is reported as new).
     pub const EXIT: &str = "ember_process_exit";
+    /// `tp_btf/sched_switch` (`--off-cpu`): weighs the wait of the thread coming in, walks the
+    /// stacks of the thread going out to wait.
+    pub const OFF_CPU_SWITCH: &str = "ember_offcpu_switch";
 }
 
 /// Most processes the sampler ignores at once (the `IGNORED` map's size).
@@ -391,6 +426,11 @@ pub const DWARF_GLOBAL: &str = "DWARF";
 /// when it is not the initial one (both 0 otherwise): tasks are then numbered in it.
 pub const PIDNS_DEV_GLOBAL: &str = "PIDNS_DEV";
 pub const PIDNS_INO_GLOBAL: &str = "PIDNS_INO";
+/// Name of the read-only global holding `--off-cpu-min` in nanoseconds (waits at least this
+/// long are kept whole; shorter ones with probability wait / min, weighed min).
+pub const OFF_CPU_MIN_GLOBAL: &str = "OFF_CPU_MIN_NS";
+/// Largest `--off-cpu-min` (the keep test multiplies it by a 32-bit random number).
+pub const MAX_OFF_CPU_MIN_NS: u64 = 1_000_000_000;
 
 /// Slots of the per-CPU `COUNTERS` array: what the program saw and what it had to drop.
 pub mod counter {
@@ -459,6 +499,13 @@ pub mod counter {
     /// Code pointers that were not code objects (their type differed), each counted once per
     /// CPU and interval: left unnamed. 3.13 on counts its entry (shim) frames' `None` here.
     pub const INTERP_BAD_CODE: u32 = 30;
+    /// Off-CPU waits kept (`--off-cpu`): each added its weight to an off-CPU row.
+    pub const OFF_CPU_KEPT: u32 = 31;
+    /// Off-CPU waits shorter than `--off-cpu-min` left out by the draw (by design: the kept
+    /// ones are weighed so the total stays unbiased; not a loss).
+    pub const OFF_CPU_SAMPLED_OUT: u32 = 32;
+    /// Off-CPU waits dropped because the counts map was full (a loss).
+    pub const OFF_CPU_COUNTS_FULL: u32 = 33;
     /// Number of slots.
-    pub const LEN: u32 = 31;
+    pub const LEN: u32 = 34;
 }

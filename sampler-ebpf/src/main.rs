@@ -10,6 +10,8 @@ mod events;
 #[cfg(target_arch = "bpf")]
 mod interp;
 #[cfg(target_arch = "bpf")]
+mod offcpu;
+#[cfg(target_arch = "bpf")]
 mod pidns;
 
 #[cfg(target_arch = "bpf")]
@@ -28,19 +30,21 @@ mod program {
 
     /// Set by the loader; 0 samples every process.
     #[no_mangle]
-    static TARGET_TGID: u32 = 0;
+    pub(crate) static TARGET_TGID: u32 = 0;
     /// Set by the loader: 1 walks user stacks with the unwind tables (`--unwind dwarf`).
     #[no_mangle]
-    static DWARF: u32 = 0;
+    pub(crate) static DWARF: u32 = 0;
 
     /// Default sizes; the loader overrides them from its flags.
     const COUNTS_ENTRIES: u32 = 16384;
     const STACKS_ENTRIES: u32 = 16384;
 
     #[map]
-    static COUNTS_0: HashMap<SampleKey, u64> = HashMap::with_max_entries(COUNTS_ENTRIES, 0);
+    pub(crate) static COUNTS_0: HashMap<SampleKey, u64> =
+        HashMap::with_max_entries(COUNTS_ENTRIES, 0);
     #[map]
-    static COUNTS_1: HashMap<SampleKey, u64> = HashMap::with_max_entries(COUNTS_ENTRIES, 0);
+    pub(crate) static COUNTS_1: HashMap<SampleKey, u64> =
+        HashMap::with_max_entries(COUNTS_ENTRIES, 0);
     #[map]
     static STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
     #[map]
@@ -62,15 +66,15 @@ mod program {
     static PROC_MAPPINGS: HashMap<u32, ProcMappings> = HashMap::with_max_entries(1, 0);
     /// Stacks the DWARF unwinder walked, by the hash of their frames, per generation.
     #[map]
-    static USTACKS_0: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
+    pub(crate) static USTACKS_0: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
     #[map]
-    static USTACKS_1: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
+    pub(crate) static USTACKS_1: HashMap<u64, UserStack> = HashMap::with_max_entries(1, 0);
     /// Processes not sampled: the relay's process filter, each entry verified by the sampler.
     #[map]
-    static IGNORED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_IGNORED, 0);
+    pub(crate) static IGNORED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_IGNORED, 0);
     /// Per-CPU room to build one stack (too large for the 512-byte BPF stack).
     #[map]
-    static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+    pub(crate) static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 
     /// Bisection steps: 2^7 >= MAX_PROC_MAPPINGS mappings, 2^24 rows per table.
     const MAPPING_STEPS: usize = 7;
@@ -352,18 +356,36 @@ mod program {
     fn dwarf_stack(ctx: &PerfEventContext, tgid: u32, ustacks: &HashMap<u64, UserStack>) -> u64 {
         // SAFETY: the perf_event context always points at the sample's registers.
         let regs = unsafe { &(*ctx.ctx).regs };
-        if regs.cs & 3 != 3 {
+        let Some(stack) = walk_user(regs, tgid) else {
             return 0;
+        };
+        let hash = stack_hash(stack);
+        if ustacks.insert(&hash, stack, 0).is_err() {
+            bump(counter::UNWIND_FULL);
+            return 0;
+        }
+        hash
+    }
+
+    /// Walks the user stack the registers `regs` describe (a perf sample's, or those a thread
+    /// saved when it entered the kernel) into this CPU's `SCRATCH` slot, and returns it; `None`
+    /// when no walk was possible (kernel-mode registers, no mappings known).
+    #[inline(always)]
+    pub(crate) fn walk_user(
+        regs: &aya_ebpf::bindings::pt_regs,
+        tgid: u32,
+    ) -> Option<&'static mut UserStack> {
+        if regs.cs & 3 != 3 {
+            return None;
         }
         // SAFETY: a lookup in a map only the sampler writes.
         if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
             bump(counter::UNWIND_NO_PROCESS);
-            return 0;
+            return None;
         }
-        let Some(stack) = SCRATCH.get_ptr_mut(0) else {
-            return 0;
-        };
-        // SAFETY: this CPU's scratch slot; perf_event programs do not nest on one CPU.
+        let stack = SCRATCH.get_ptr_mut(0)?;
+        // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
+        // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts off).
         let stack = unsafe { &mut *stack };
         stack.len = 0;
         stack.dwarf_frames = 0;
@@ -390,6 +412,12 @@ mod program {
         if walk.ended == 0 {
             bump(counter::UNWIND_CUT);
         }
+        Some(stack)
+    }
+
+    /// The key of a stack in `USTACKS`: a hash of its frames, never 0.
+    #[inline(always)]
+    pub(crate) fn stack_hash(stack: &UserStack) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for i in 0..MAX_DWARF_FRAMES {
             if i as u32 >= stack.len {
@@ -398,12 +426,7 @@ mod program {
             hash = (hash ^ stack.frames[i]).wrapping_mul(0x0000_0100_0000_01b3);
             hash ^= hash >> 29;
         }
-        let hash = hash.max(1);
-        if ustacks.insert(&hash, stack, 0).is_err() {
-            bump(counter::UNWIND_FULL);
-            return 0;
-        }
-        hash
+        hash.max(1)
     }
 
     #[perf_event]
@@ -493,6 +516,7 @@ mod program {
             comm,
             user_stack_hash,
             interp_stack_hash,
+            kernel_stack_hash: 0,
         };
         // The key holds the thread id and a thread runs on one CPU at a time, so no two CPUs
         // update the same entry at once: a plain increment is exact without atomics.

@@ -24,6 +24,9 @@ pub struct SamplerConfig {
     pub unwind_memory_bytes: usize,
     /// `--command-line`: forward each process's command line (off: it can hold secrets).
     pub command_line: bool,
+    /// `--off-cpu-min`: record off-CPU time (blocked threads) with this minimum wait in
+    /// nanoseconds; `None` loads no off-CPU program.
+    pub off_cpu_min_ns: Option<u64>,
 }
 
 /// How user stacks are walked (`--unwind`, the relay's flag of the same name).
@@ -45,6 +48,7 @@ impl Default for SamplerConfig {
             unwind: Unwind::Dwarf,
             unwind_memory_bytes: 64 << 20,
             command_line: false,
+            off_cpu_min_ns: None,
         }
     }
 }

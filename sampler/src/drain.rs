@@ -18,7 +18,9 @@ use ember_protocol::{
     split::{self, BatchHeader, SampleIn},
     Batch, InterpCodeWire, InterpFrameWire, InterpStackWire, Losses,
 };
-use ember_sampler_ebpf::{counter, InterpCode, InterpStack, SampleKey, REUSED_TGID_BIT};
+use ember_sampler_ebpf::{
+    counter, InterpCode, InterpStack, SampleKey, OFF_CPU_TID_BIT, REUSED_TGID_BIT,
+};
 
 /// "No such entry": the stack the key names is not in the map.
 const ERRNO_ENOENT: i32 = 2;
@@ -195,6 +197,9 @@ impl Drainer {
             interp_stacks_full: read(counter::INTERP_STACKS_FULL),
             interp_codes_full: read(counter::INTERP_CODES_FULL),
             interp_bad_code: read(counter::INTERP_BAD_CODE),
+            off_cpu_kept: read(counter::OFF_CPU_KEPT),
+            off_cpu_sampled_out: read(counter::OFF_CPU_SAMPLED_OUT),
+            off_cpu_counts_full: read(counter::OFF_CPU_COUNTS_FULL),
             ..Losses::default()
         }
     }
@@ -263,6 +268,12 @@ fn adopt_walked(drained: &mut Drained, walked: HashMap<u64, Vec<u64>>) {
                 .get(&key.user_stack_hash)
                 .map_or(-ERRNO_ENOENT, |&id| id as i32);
         }
+        // Off-CPU rows keep their kernel stack there too (walked when the thread blocked).
+        if key.kernel_stack_hash != 0 {
+            key.kernel_stack_id = ids
+                .get(&key.kernel_stack_hash)
+                .map_or(-ERRNO_ENOENT, |&id| id as i32);
+        }
     }
 }
 
@@ -327,14 +338,19 @@ pub fn split_reused(
 /// ([`split::batch_parts`]): every part carries the stacks its rows use, and a row whose stack
 /// vanished keeps its count with the stack reported missing (ENOENT).
 pub fn build_batches(drained: &Drained, header: &BatchHeader, max_bytes: usize) -> Vec<Batch> {
-    let samples = drained.rows.iter().map(|(key, count)| SampleIn {
-        pid: key.tgid,
-        tid: key.tid,
-        comm: &key.comm,
-        user_stack: key.user_stack_id,
-        kernel_stack: key.kernel_stack_id,
-        count: *count,
-        interp_stack: key.interp_stack_hash,
+    let samples = drained.rows.iter().map(|(key, value)| {
+        // An off-CPU row (tagged tid) holds nanoseconds blocked, not samples.
+        let off_cpu = key.tid & OFF_CPU_TID_BIT != 0;
+        SampleIn {
+            pid: key.tgid,
+            tid: key.tid & !OFF_CPU_TID_BIT,
+            comm: &key.comm,
+            user_stack: key.user_stack_id,
+            kernel_stack: key.kernel_stack_id,
+            count: if off_cpu { 0 } else { *value },
+            interp_stack: key.interp_stack_hash,
+            off_cpu_ns: if off_cpu { *value } else { 0 },
+        }
     });
     split::batch_parts(samples, &drained.stacks, &drained.interp, header, max_bytes)
 }
@@ -373,6 +389,7 @@ mod tests {
             comm,
             user_stack_hash: 0,
             interp_stack_hash: 0,
+            kernel_stack_hash: 0,
         }
     }
 
@@ -464,6 +481,7 @@ mod tests {
             comm: [0; 16],
             user_stack_hash: 0,
             interp_stack_hash: 0,
+            kernel_stack_hash: 0,
         };
         (key, 1)
     }

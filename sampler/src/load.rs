@@ -10,16 +10,16 @@ use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, RawTracePoint,
+        BtfTracePoint, PerfEvent, RawTracePoint,
     },
     util::online_cpus,
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
 };
 use ember_protocol::Mapping;
 use ember_sampler_ebpf::{
     maps, programs, InterpCode, InterpCodeKey, InterpProc, InterpStack, MappingEntry, ProcMappings,
     SampleKey, UnwindRow, UnwindTableInfo, UserStack, DWARF_GLOBAL, MAX_PROC_MAPPINGS,
-    PIDNS_DEV_GLOBAL, PIDNS_INO_GLOBAL, TARGET_TGID_GLOBAL,
+    OFF_CPU_MIN_GLOBAL, PIDNS_DEV_GLOBAL, PIDNS_INO_GLOBAL, TARGET_TGID_GLOBAL,
 };
 
 use crate::{
@@ -240,8 +240,17 @@ impl TableMaps for UnwindMaps {
 /// unwinder (rows, tables, process mappings, walked stacks) is allocated at load, so with
 /// `--unwind fp` each of its maps gets one entry.
 fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> UnwindSizes {
+    // Off-CPU rows share the counts maps (their keys are tagged): twice the room for them.
+    let counts = if config.off_cpu_min_ns.is_some() {
+        config.counts_map_size.saturating_mul(2)
+    } else {
+        config.counts_map_size
+    };
     for name in maps::COUNTS {
-        loader.map_max_entries(name, config.counts_map_size);
+        loader.map_max_entries(name, counts);
+    }
+    if config.off_cpu_min_ns.is_none() {
+        loader.map_max_entries(maps::OFF_CPU_PENDING, 1);
     }
     for name in maps::STACKS {
         loader.map_max_entries(name, config.stack_map_size);
@@ -263,8 +272,15 @@ fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> UnwindSizes
             sizes
         }
     };
+    // Off-CPU waits store their user and kernel stacks there too (`--off-cpu`): room for
+    // half a stack map more of them, whichever way CPU samples are walked.
+    let off_cpu_stacks = if config.off_cpu_min_ns.is_some() {
+        config.stack_map_size / 2
+    } else {
+        0
+    };
     for name in maps::USTACKS {
-        loader.map_max_entries(name, sizes.walked_stacks);
+        loader.map_max_entries(name, sizes.walked_stacks.saturating_add(off_cpu_stacks));
     }
     loader.map_max_entries(maps::UNWIND_ROWS, sizes.rows);
     loader.map_max_entries(maps::UNWIND_TABLES, sizes.tables);
@@ -276,8 +292,18 @@ fn size_maps(loader: &mut EbpfLoader<'_>, config: &SamplerConfig) -> UnwindSizes
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember-ebpf"));
 
 pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
+    // The off-CPU program attaches by BTF (tp_btf): the kernel's BTF is read for it.
+    let kernel_btf = match config.off_cpu_min_ns {
+        Some(_) => Some(Btf::from_sys_fs().context(
+            "--off-cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)",
+        )?),
+        None => None,
+    };
     hide_kernel_btf();
     let mut loader = EbpfLoader::new();
+    if let Some(min) = &config.off_cpu_min_ns {
+        loader.override_global(OFF_CPU_MIN_GLOBAL, min, true);
+    }
     loader.override_global(TARGET_TGID_GLOBAL, &config.target_pid, true);
     let dwarf = u32::from(config.unwind == Unwind::Dwarf);
     loader.override_global(DWARF_GLOBAL, &dwarf, true);
@@ -319,6 +345,10 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
     }
 
     attach_process_tracepoints(&mut ebpf);
+    if let (Some(btf), Some(min)) = (&kernel_btf, config.off_cpu_min_ns) {
+        attach_off_cpu(&mut ebpf, btf, min)?;
+    }
+    drop(kernel_btf);
 
     let mut take = |name: &str| {
         ebpf.take_map(name)
@@ -479,6 +509,31 @@ fn attach_process_tracepoints(ebpf: &mut Ebpf) {
             );
         }
     }
+}
+
+/// Loads and attaches the off-CPU program (`--off-cpu`) on `tp_btf/sched_switch`. A failure
+/// fails the start: the user asked for off-CPU profiles.
+fn attach_off_cpu(ebpf: &mut Ebpf, btf: &Btf, min_ns: u64) -> anyhow::Result<()> {
+    let hint = "--off-cpu needs Linux >= 5.18 with BTF (CONFIG_DEBUG_INFO_BTF: tp_btf, \
+                bpf_task_pt_regs, sched_switch's prev_state); run without --off-cpu on older \
+                kernels";
+    let name = programs::OFF_CPU_SWITCH;
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program `{name}` missing from the eBPF object"))?
+        .try_into()?;
+    program
+        .load("sched_switch", btf)
+        .with_context(|| format!("loading tp_btf/sched_switch; {hint}"))?;
+    program
+        .attach()
+        .with_context(|| format!("attaching tp_btf/sched_switch; {hint}"))?;
+    tracing::info!(
+        min_ns,
+        "off-CPU program attached (tp_btf/sched_switch): waits of at least min_ns kept whole, \
+         shorter ones sampled and weighed"
+    );
+    Ok(())
 }
 
 #[cfg(test)]

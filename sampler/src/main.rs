@@ -99,6 +99,15 @@ struct Cli {
     /// this side decides what leaves it.
     #[arg(long)]
     command_line: bool,
+    /// Also record off-CPU time: where threads block and for how long (docs/offcpu.md).
+    /// Waits of at least --off-cpu-min are kept whole; shorter ones are kept with probability
+    /// wait / min and weighed min, so totals stay unbiased. Needs Linux >= 5.18 with BTF
+    /// (tp_btf/sched_switch).
+    #[arg(long)]
+    off_cpu: bool,
+    /// The minimum off-CPU wait kept whole (see --off-cpu), e.g. 1ms, 200us; at most 1s.
+    #[arg(long, default_value = "1ms", value_parser = ember_common::parse_off_cpu_min)]
+    off_cpu_min: Duration,
 }
 
 impl Cli {
@@ -117,6 +126,11 @@ impl Cli {
             unwind: self.unwind,
             unwind_memory_bytes: self.unwind_memory_bytes,
             command_line: self.command_line,
+            off_cpu_min_ns: self.off_cpu.then(|| {
+                u64::try_from(self.off_cpu_min.as_nanos())
+                    .unwrap_or(u64::MAX)
+                    .min(ember_sampler_ebpf::MAX_OFF_CPU_MIN_NS)
+            }),
         }
     }
 }

@@ -70,6 +70,22 @@ pub fn top(path: &Path) -> Option<String> {
     )
 }
 
+/// Runs `go tool pprof -top -sample_index=INDEX` on `path`, every function listed (e.g.
+/// `off_cpu`: pprof refuses an index the profile has no sample type of); `None` when `go` is
+/// not installed (as [`read_raw`]).
+pub fn top_of(path: &Path, sample_index: &str) -> Option<String> {
+    pprof_output(
+        &[
+            "-top",
+            &format!("-sample_index={sample_index}"),
+            "-nodecount=100000",
+            "-nodefraction=0",
+            "-symbolize=none",
+        ],
+        path,
+    )
+}
+
 /// Runs `go tool pprof -top` on `path` symbolizing again what the profile left unnamed, as a
 /// user's `-symbolize=demangle=full` does: pprof opens each such mapping's file by its name and
 /// warns on stderr (`Local symbolization failed for NAME`) when it cannot. Returns (stdout,

@@ -8,7 +8,10 @@
 //! - Frames: only a location's lines make frames (a function name per line). A location without
 //!   lines contributes no frame (the fallback naming needs an experimental symbolizer that is off
 //!   by default); a stack of such locations only is empty.
-//! - Series labels: `__name__` (`process_cpu`), `service_name`, the string resource attributes and
+//! - Profile names: sample type `samples`/`count` with period type `cpu`/`nanoseconds` is
+//!   `process_cpu`; sample type `off_cpu`/`nanoseconds` is `off_cpu` (values summed as they
+//!   come: nanoseconds blocked); any other type is not ingested (counted in `unknown_type`).
+//! - Series labels: `__name__` (the profile name), `service_name`, the string resource attributes and
 //!   the string sample attributes; integer attributes are dropped up to 1.19 and become labels
 //!   (as text) from 1.20. Each distinct label set is a series.
 //! - `service_name`: the sample's `service.name`, else the resource's, else
@@ -37,7 +40,7 @@ pub enum Rules {
 pub struct View {
     /// Series (label name -> value) with the samples each got.
     pub series: BTreeMap<BTreeMap<String, String>, i64>,
-    /// Samples in all.
+    /// Sample values in all (samples, and nanoseconds of off-CPU profiles).
     pub total: i64,
     /// Samples whose stack is empty in Pyroscope (every location without lines).
     pub empty_stack: i64,
@@ -45,6 +48,23 @@ pub struct View {
     pub lost_frame: i64,
     /// Series over [`MAX_LABELS`] (rejected by Pyroscope).
     pub over_label_limit: usize,
+    /// Samples of requests whose sample type maps to no profile name (not ingested).
+    pub unknown_type: i64,
+}
+
+/// The profile name Pyroscope files a request's samples under, from its sample and period
+/// types; `None`: a type it does not map.
+pub fn profile_name(request: &Decoded) -> Option<&'static str> {
+    let is = |t: &(String, String), a: &str, b: &str| t.0 == a && t.1 == b;
+    if is(&request.sample_type, "off_cpu", "nanoseconds") {
+        return Some("off_cpu");
+    }
+    if is(&request.sample_type, "samples", "count")
+        && is(&request.period_type, "cpu", "nanoseconds")
+    {
+        return Some("process_cpu");
+    }
+    None
 }
 
 impl View {
@@ -77,6 +97,10 @@ pub fn label_name(attribute: &str) -> String {
 pub fn ingest(requests: &[Decoded], rules: Rules) -> View {
     let mut view = View::default();
     for request in requests {
+        let Some(name) = profile_name(request) else {
+            view.unknown_type += request.total();
+            continue;
+        };
         for resource in &request.resources {
             for sample in &resource.samples {
                 let service = sample
@@ -105,7 +129,7 @@ pub fn ingest(requests: &[Decoded], rules: Rules) -> View {
                     }
                 }
                 labels.insert("service_name".to_owned(), service);
-                labels.insert("__name__".to_owned(), "process_cpu".to_owned());
+                labels.insert("__name__".to_owned(), name.to_owned());
                 view.total += sample.count;
                 if sample.line_names.is_empty() {
                     view.empty_stack += sample.count;

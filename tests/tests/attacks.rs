@@ -1010,6 +1010,7 @@ fn fake_batch(sequence: u64, pid: u32, addresses: Vec<u64>) -> Vec<u8> {
                 kernel_stack: StackRef::Missing(14),
                 count: 1,
                 interp_stack: None,
+                off_cpu_ns: 0,
             }],
         )
     };

@@ -31,7 +31,7 @@ const LOG_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Each loss field of the relay's `batch received` log line and the `ember_sampler_` counter
 /// serving the same field of the sampler's `Losses`.
-const LOSSES: [(&str, &str); 40] = [
+const LOSSES: [(&str, &str); 43] = [
     ("sampler_samples", "ember_sampler_samples_total"),
     ("idle_samples", "ember_sampler_idle_samples_total"),
     ("filtered_samples", "ember_sampler_filtered_samples_total"),
@@ -126,6 +126,15 @@ const LOSSES: [(&str, &str); 40] = [
     ("interp_codes_full", "ember_sampler_interp_codes_full_total"),
     ("interp_bad_code", "ember_sampler_interp_bad_code_total"),
     ("interp_refused", "ember_sampler_interp_refused_total"),
+    ("off_cpu_kept", "ember_sampler_off_cpu_kept_total"),
+    (
+        "off_cpu_sampled_out",
+        "ember_sampler_off_cpu_sampled_out_total",
+    ),
+    (
+        "off_cpu_counts_full",
+        "ember_sampler_off_cpu_counts_full_total",
+    ),
 ];
 
 /// The Python of scripts/setup.sh's tools venv, which holds `prometheus_client`.

@@ -216,9 +216,39 @@ pub(super) struct PartsArgs {
         action = clap::ArgAction::Set
     )]
     interpreters: bool,
+    /// Also record off-CPU time: where threads block (locks, I/O, sleeps) and for how long, as
+    /// a second sample type (`off_cpu` / `nanoseconds` in pprof and OTLP) and its own files
+    /// (flamegraph.offcpu.svg, stacks.offcpu.folded). `record` starts the sampler with it;
+    /// with `run`, start ember-sampler with --off-cpu too (docs/offcpu.md). Config file:
+    /// `off_cpu.enabled`.
+    #[arg(long)]
+    off_cpu: bool,
+    /// With --off-cpu: waits at least this long are kept whole; shorter ones are kept with
+    /// probability wait / min and counted as min, so totals stay unbiased while the many short
+    /// waits add few rows (default 1ms; e.g. 200us; 0 keeps every wait; at most 1s). Config
+    /// file: `off_cpu.min`.
+    #[arg(long, value_name = "DURATION", value_parser = ember_common::parse_off_cpu_min)]
+    off_cpu_min: Option<Duration>,
 }
 
 impl PartsArgs {
+    /// `--off-cpu` and `--off-cpu-min` over the config file's `off_cpu` section: the minimum
+    /// wait when off-CPU time is recorded.
+    fn off_cpu(&self, config: Option<&Path>) -> anyhow::Result<Option<Duration>> {
+        let file = match config {
+            Some(path) => crate::config::Config::load(path)?.off_cpu,
+            None => crate::config::OffCpuConfig::default(),
+        };
+        if !(self.off_cpu || file.enabled) {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.off_cpu_min
+                .or(file.min)
+                .unwrap_or(crate::config::DEFAULT_OFF_CPU_MIN),
+        ))
+    }
+
     /// The parts' settings, with the config file and the environment resolved: the exporters,
     /// the labels, Kubernetes (`run`'s flags, when given), the metrics address (over the
     /// command's `metrics_default`). `output_dir`, `format` and `window` are flags the command
@@ -232,6 +262,7 @@ impl PartsArgs {
         kubernetes: Option<&KubernetesArgs>,
     ) -> anyhow::Result<assembly::Settings> {
         let config = self.export.config.as_deref();
+        let off_cpu = self.off_cpu(config)?;
         Ok(assembly::Settings {
             exporters: self.export.resolve()?,
             labels: self.labels.flags().resolve(config)?,
@@ -248,6 +279,7 @@ impl PartsArgs {
             unwind: self.unwind.unwind,
             state_dir: self.unwind.state_dir,
             interpreters: self.interpreters,
+            off_cpu,
         })
     }
 
@@ -422,6 +454,7 @@ impl RecordArgs {
         if self.open && !self.format.formats.contains(&OutputFormat::Svg) {
             return Err(UsageError(OPEN_NEEDS_SVG.to_owned()).into());
         }
+        let off_cpu_min = self.parts.off_cpu(self.parts.export.config.as_deref())?;
         Ok(record::RecordConfig {
             parts: self.parts.settings(
                 Some(self.output),
@@ -440,6 +473,7 @@ impl RecordArgs {
                 interval: self.interval,
                 log_format,
                 command_line: self.command_line,
+                off_cpu_min,
             },
             log_level,
             export_timeout: self.export_timeout,

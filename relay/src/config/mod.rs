@@ -20,6 +20,9 @@
 //!   enabled: true
 //! metrics:                    # /metrics, /healthz, /readyz (crate::metrics)
 //!   address: 0.0.0.0:17471    # HOST:PORT or off
+//! off_cpu:                    # off-CPU time as a second sample type (docs/offcpu.md)
+//!   enabled: true
+//!   min: 1ms                  # waits shorter than this are sampled, weighed to stay unbiased
 //! ```
 //!
 //! The label sections are resolved with the label flags in [`labels`]; `run` reloads them on
@@ -61,6 +64,46 @@ pub struct RelayConfig {
     /// The relay's own metrics and health endpoint (`address: HOST:PORT | off`).
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
+    /// Off-CPU time (`--off-cpu`, `--off-cpu-min` win over it).
+    #[serde(default)]
+    pub off_cpu: OffCpuConfig,
+}
+
+/// `off_cpu:`: whether off-CPU time is recorded, and the minimum wait kept whole.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffCpuConfig {
+    /// Record off-CPU time (`--off-cpu`).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Waits at least this long are kept whole, shorter ones sampled (`--off-cpu-min`), e.g.
+    /// `1ms`, `200us`.
+    #[serde(default, deserialize_with = "off_cpu_min")]
+    pub min: Option<std::time::Duration>,
+}
+
+/// `--off-cpu-min`'s default: 1 ms. A thread blocked all the time then costs at most about a
+/// thousand stack walks a second however short its waits, while any wait of 1 ms or more (a
+/// lock held across I/O, a sleep, a full pool) is kept whole with its own stack.
+pub const DEFAULT_OFF_CPU_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn off_cpu_min<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::time::Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    ember_common::parse_off_cpu_min(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Alias of [`RelayConfig`] for callers outside the file's own sections.
+pub type Config = RelayConfig;
+
+impl RelayConfig {
+    /// [`load`] as a method: the file at `path`, parsed and checked.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        load(path)
+    }
 }
 
 /// Parses a config file's text; `path` names it in errors.
@@ -126,6 +169,23 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |key| vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn the_off_cpu_section_reads_its_switch_and_minimum_and_refuses_the_rest() {
+        // Given files with and without the section
+        let on = parse("off_cpu:\n  enabled: true\n  min: 200us\n", "c.yaml").unwrap();
+        let off = parse("labels: { env: prod }\n", "c.yaml").unwrap();
+        // Then the switch and the minimum are read, and absent means off
+        assert!(on.off_cpu.enabled);
+        assert_eq!(on.off_cpu.min, Some(Duration::from_micros(200)));
+        assert!(!off.off_cpu.enabled);
+        assert_eq!(off.off_cpu.min, None);
+        // And an unknown key or a minimum over 1s is refused with the file named
+        for bad in ["off_cpu:\n  threshold: 1ms\n", "off_cpu:\n  min: 2s\n"] {
+            let err = parse(bad, "c.yaml").unwrap_err().to_string();
+            assert!(err.contains("c.yaml"), "{bad}: {err}");
+        }
     }
 
     #[test]

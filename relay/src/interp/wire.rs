@@ -78,6 +78,7 @@ mod tests {
             kernel_stack: StackRef::Missing(14),
             count: 1,
             interp_stack,
+            off_cpu_ns: 0,
         };
         let batch = Batch {
             rows: vec![row(None), row(Some(0))],

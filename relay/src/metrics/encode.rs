@@ -781,6 +781,9 @@ mod tests {
             "interp_codes_full",
             "interp_bad_code",
             "interp_refused",
+            "off_cpu_kept",
+            "off_cpu_sampled_out",
+            "off_cpu_counts_full",
         ];
         let sampler = sampler
             .iter()

@@ -9,12 +9,17 @@
 use super::FoldedRoot;
 use std::io;
 
-use inferno::flamegraph::{self, color::MultiPalette, Direction, Options, Palette};
+use inferno::flamegraph::{
+    self,
+    color::{BasicPalette, MultiPalette},
+    Direction, Options, Palette,
+};
 
 use super::folded;
-use crate::labels::labeled::LabeledProfile;
+use crate::{labels::labeled::LabeledProfile, model::SampleKind};
 
 const TITLE: &str = "ember CPU flamegraph";
+const OFF_CPU_TITLE: &str = "ember off-CPU flamegraph";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -34,7 +39,7 @@ pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>
     let lines = folded::lines_with(profile, root);
     let subtitle = subtitle(profile);
     if lines.is_empty() {
-        return Ok(no_samples_svg(&subtitle).into_bytes());
+        return Ok(no_samples_svg(TITLE, &subtitle).into_bytes());
     }
     let mut options = Options::default();
     options.title = TITLE.to_owned();
@@ -55,13 +60,50 @@ pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>
     Ok(svg)
 }
 
+/// The off-CPU flame graph (`flamegraph.offcpu.svg`): where threads blocked, each frame as wide
+/// as the nanoseconds spent blocked under it, in inferno's blue `io` palette so it is not taken
+/// for the CPU graph at a glance.
+pub fn render_off_cpu(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+) -> Result<Vec<u8>, FlamegraphError> {
+    let lines = folded::lines_of(profile, root, SampleKind::OffCpu);
+    let total = profile.total_of(SampleKind::OffCpu);
+    let subtitle = range(
+        format!("{:.3} s off-CPU (blocked)", total as f64 / 1e9),
+        profile,
+    );
+    if lines.is_empty() {
+        return Ok(no_samples_svg(OFF_CPU_TITLE, &subtitle).into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = OFF_CPU_TITLE.to_owned();
+    options.subtitle = Some(subtitle);
+    options.count_name = "ns".to_owned();
+    options.direction = Direction::Inverted;
+    options.colors = Palette::Basic(BasicPalette::Io);
+    options.hash = true;
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+        .map_err(FlamegraphError::Render)?;
+    Ok(svg)
+}
+
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
 fn subtitle(profile: &LabeledProfile) -> String {
-    let mut subtitle = format!(
-        "{} samples at {} Hz",
-        profile.total_samples(),
-        profile.frequency_hz
-    );
+    range(
+        format!(
+            "{} samples at {} Hz",
+            profile.total_samples(),
+            profile.frequency_hz
+        ),
+        profile,
+    )
+}
+
+/// `what`, then ", from START to END UTC" (left out when unknown).
+fn range(what: String, profile: &LabeledProfile) -> String {
+    let mut subtitle = what;
     if profile.start_unix_ns != 0 {
         subtitle.push_str(&format!(
             ", from {} to {} UTC",
@@ -74,12 +116,12 @@ fn subtitle(profile: &LabeledProfile) -> String {
 
 /// The SVG for a profile inferno cannot draw. Its texts are ASCII digits and words made here,
 /// so nothing needs escaping.
-fn no_samples_svg(subtitle: &str) -> String {
+fn no_samples_svg(title: &str, subtitle: &str) -> String {
     format!(
         r##"<?xml version="1.0" standalone="no"?>
 <svg version="1.1" width="1200" height="90" viewBox="0 0 1200 90" xmlns="http://www.w3.org/2000/svg">
 <rect x="0" y="0" width="100%" height="100%" fill="#eeeeee"/>
-<text x="600" y="24" text-anchor="middle" font-family="Verdana" font-size="17">{TITLE}</text>
+<text x="600" y="24" text-anchor="middle" font-family="Verdana" font-size="17">{title}</text>
 <text x="600" y="48" text-anchor="middle" font-family="Verdana" font-size="12" fill="#a0a0a0">{subtitle}</text>
 <text x="600" y="74" text-anchor="middle" font-family="Verdana" font-size="14">no samples</text>
 </svg>

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use super::FoldedRoot;
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{text_safe, UNKNOWN},
+    model::{text_safe, SampleKind, UNKNOWN},
 };
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
@@ -25,7 +25,12 @@ pub fn lines(profile: &LabeledProfile) -> Vec<String> {
 
 /// [`lines`] with the root frame naming the process or its `service.name` (`--folded-root`).
 pub fn lines_with(profile: &LabeledProfile, root: FoldedRoot) -> Vec<String> {
-    stack_counts(profile, root)
+    lines_of(profile, root, SampleKind::Cpu)
+}
+
+/// [`lines_with`] of one kind of rows (off-CPU: nanoseconds blocked per line).
+pub fn lines_of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> Vec<String> {
+    stack_counts(profile, root, kind)
         .into_iter()
         .map(|(text, count)| format!("{text} {count}"))
         .collect()
@@ -33,9 +38,13 @@ pub fn lines_with(profile: &LabeledProfile, root: FoldedRoot) -> Vec<String> {
 
 /// Each unique stack text (root first, without its count) with its samples, sorted; stacks
 /// whose samples add up to zero left out. Each text is built once, in one string.
-fn stack_counts(profile: &LabeledProfile, root: FoldedRoot) -> BTreeMap<String, u64> {
+fn stack_counts(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    kind: SampleKind,
+) -> BTreeMap<String, u64> {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    for sample in profile.samples() {
+    for sample in profile.samples_of(kind) {
         let name = match root {
             FoldedRoot::Process => &*sample.thread.process_name,
             FoldedRoot::Service => sample.thread.service_name(),
@@ -66,7 +75,12 @@ pub fn render(profile: &LabeledProfile) -> String {
 /// lines are taken from the sorted map (a window of many stacks is held twice at most, not
 /// three times).
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> String {
-    let counts = stack_counts(profile, root);
+    render_of(profile, root, SampleKind::Cpu)
+}
+
+/// [`render_with`] of one kind of rows: `stacks.offcpu.folded` is [`SampleKind::OffCpu`].
+pub fn render_of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> String {
+    let counts = stack_counts(profile, root, kind);
     let length: usize = counts.keys().map(|text| text.len() + 22).sum();
     let mut out = String::with_capacity(length);
     for (text, count) in counts {

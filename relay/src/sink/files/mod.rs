@@ -39,6 +39,14 @@ pub enum OutputFormat {
     Folded,
     /// profile.speedscope.json: speedscope's own format, one profile per process.
     Speedscope,
+    /// flamegraph.offcpu.svg: where threads blocked, in nanoseconds (`--off-cpu` adds it
+    /// with svg).
+    #[value(skip)]
+    OffCpuSvg,
+    /// stacks.offcpu.folded: folded off-CPU stacks, nanoseconds per line (`--off-cpu` adds it
+    /// with folded).
+    #[value(skip)]
+    OffCpuFolded,
 }
 
 impl OutputFormat {
@@ -54,7 +62,23 @@ impl OutputFormat {
             Self::Pprof => writer::PPROF,
             Self::Folded => writer::FOLDED,
             Self::Speedscope => writer::SPEEDSCOPE,
+            Self::OffCpuSvg => writer::OFF_CPU_FLAMEGRAPH,
+            Self::OffCpuFolded => writer::OFF_CPU_FOLDED,
         }
+    }
+
+    /// `formats` with the off-CPU files of those that have one (`--off-cpu`): svg and folded.
+    pub fn with_off_cpu(formats: &[Self]) -> Vec<Self> {
+        let mut all = formats.to_vec();
+        for (cpu, off_cpu) in [
+            (Self::Svg, Self::OffCpuSvg),
+            (Self::Folded, Self::OffCpuFolded),
+        ] {
+            if formats.contains(&cpu) {
+                all.push(off_cpu);
+            }
+        }
+        Self::normalize(&all)
     }
 
     /// `formats` without repeats, in the order files are listed (svg, pprof, folded,

@@ -18,7 +18,7 @@ use prost::Message;
 
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{Frame, FrameKind, Module},
+    model::{Frame, FrameKind, Module, SampleKind},
 };
 
 /// Mapping name for kernel frames that carry no module.
@@ -174,11 +174,28 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
         tables.string("process_name"),
     ];
 
-    let samples = profile
+    // Off-CPU rows (`--off-cpu`) add a third sample type, `off_cpu` / `nanoseconds`; CPU rows
+    // hold 0 there and off-CPU rows 0 in the CPU types (`go tool pprof -sample_index=off_cpu`).
+    let off_cpu_rows = profile.samples_of(SampleKind::OffCpu);
+    let off_cpu_type =
+        (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
+    let rows = profile
         .samples()
         .into_iter()
         .map(|sample| {
             let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
+            let mut value = vec![count, count.saturating_mul(period)];
+            if off_cpu_type.is_some() {
+                value.push(0);
+            }
+            (sample, value)
+        })
+        .chain(off_cpu_rows.into_iter().map(|sample| {
+            let ns = i64::try_from(sample.count).unwrap_or(i64::MAX);
+            (sample, vec![0, 0, ns])
+        }));
+    let samples = rows
+        .map(|(sample, value)| {
             let thread = &sample.thread;
             let [pid, tid, thread_name, process_name] = keys;
             proto::Sample {
@@ -187,7 +204,7 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
                     .iter()
                     .map(|frame| tables.location(frame))
                     .collect(),
-                value: vec![count, count.saturating_mul(period)],
+                value,
                 label: [
                     num_label(pid, thread.pid),
                     num_label(tid, thread.tid),
@@ -217,7 +234,10 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
     let comment = tables.string(&format!("ember: sampled at {} Hz", profile.frequency_hz));
     let default_sample_type = cpu_nanoseconds.r#type;
     proto::Profile {
-        sample_type: vec![samples_count, cpu_nanoseconds.clone()],
+        sample_type: [samples_count, cpu_nanoseconds.clone()]
+            .into_iter()
+            .chain(off_cpu_type)
+            .collect(),
         sample: samples,
         mapping: tables.mappings,
         location: tables.locations,
@@ -574,6 +594,60 @@ mod tests {
             .iter()
             .find(|l| string(profile, l.key) == key)
             .unwrap()
+    }
+
+    #[test]
+    fn off_cpu_rows_add_an_off_cpu_sample_type_and_only_then() {
+        // Given the CPU profile, without and then with off-CPU nanoseconds of one thread
+        let cpu_only = render(&profile());
+        let mut with = profile();
+        let app = app_module();
+        let waiting = [
+            kernel("__schedule", 0xffff_ffff_8100_3000),
+            native("wait_for_lock", 0x40_4000, &app),
+            native("main", 0x40_1000, &app),
+        ];
+        with.add_frames_of(
+            SampleKind::OffCpu,
+            &thread(10, 13).into(),
+            &waiting,
+            7_000_000,
+        );
+        let with = render(&with);
+        // Then without it the types are the two CPU ones, as before
+        let types = |p: &proto::Profile| -> Vec<(String, String)> {
+            p.sample_type
+                .iter()
+                .map(|t| (string(p, t.r#type).to_owned(), string(p, t.unit).to_owned()))
+                .collect()
+        };
+        let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(
+            types(&cpu_only),
+            [pair("samples", "count"), pair("cpu", "nanoseconds")]
+        );
+        // And with it a third, off_cpu / nanoseconds: CPU rows hold 0 there, the off-CPU row
+        // its nanoseconds and 0 in the CPU types
+        assert_eq!(
+            types(&with),
+            [
+                pair("samples", "count"),
+                pair("cpu", "nanoseconds"),
+                pair("off_cpu", "nanoseconds")
+            ]
+        );
+        let off: Vec<_> = with.sample.iter().filter(|s| s.value[2] != 0).collect();
+        assert_eq!(off.len(), 1);
+        assert_eq!(off[0].value, [0, 0, 7_000_000]);
+        assert_eq!(
+            names(&with, off[0]),
+            ["__schedule", "wait_for_lock", "main"]
+        );
+        assert!(with
+            .sample
+            .iter()
+            .filter(|s| s.value[2] == 0)
+            .all(|s| s.value[0] > 0 && s.value.len() == 3));
     }
 
     #[test]

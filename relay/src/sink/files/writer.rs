@@ -35,12 +35,14 @@ use nix::{
 };
 
 use super::{flamegraph, folded, pprof, speedscope, OutputFormat};
-use crate::labels::labeled::LabeledProfile;
+use crate::{labels::labeled::LabeledProfile, model::SampleKind};
 
 pub const FOLDED: &str = "stacks.folded";
 pub const PPROF: &str = "profile.pb.gz";
 pub const FLAMEGRAPH: &str = "flamegraph.svg";
 pub const SPEEDSCOPE: &str = "profile.speedscope.json";
+pub const OFF_CPU_FOLDED: &str = "stacks.offcpu.folded";
+pub const OFF_CPU_FLAMEGRAPH: &str = "flamegraph.offcpu.svg";
 
 /// Mode of a directory we create: the invoking user's, listable by others as today's outputs.
 const DIR_MODE: u32 = 0o755;
@@ -170,6 +172,12 @@ impl OutputSet {
                     flamegraph::render_with(profile, root).map_err(|e| failed(&e))?
                 }
                 OutputFormat::Speedscope => speedscope::render(profile).map_err(|e| failed(&e))?,
+                OutputFormat::OffCpuFolded => {
+                    folded::render_of(profile, root, SampleKind::OffCpu).into_bytes()
+                }
+                OutputFormat::OffCpuSvg => {
+                    flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?
+                }
             };
             replace(file, &bytes).map_err(|e| failed(&e))?;
         }

@@ -152,11 +152,17 @@ pub struct Request {
     pub sample_type: (i32, i32),
     /// String indexes of `cpu` / `nanoseconds`.
     pub period_type: (i32, i32),
+    /// An off-CPU profile (`--off-cpu`): sample type `off_cpu` / `nanoseconds` (Pyroscope's
+    /// `off_cpu` profile), values nanoseconds blocked, period 1.
+    pub off_cpu: bool,
 }
 
 impl Request {
-    /// Total samples (sum of counts).
+    /// Total CPU samples (sum of counts); 0 for an off-CPU request (its values are nanoseconds).
     pub fn sample_count(&self) -> u64 {
+        if self.off_cpu {
+            return 0;
+        }
         self.resources
             .iter()
             .flat_map(|r| &r.samples)
@@ -186,6 +192,8 @@ pub struct Meta {
     pub duration_nano: u64,
     pub period: i64,
     pub hostname: Option<Arc<str>>,
+    /// The samples are off-CPU rows (values in nanoseconds): see [`Request::off_cpu`].
+    pub off_cpu: bool,
 }
 
 impl Meta {
@@ -195,6 +203,7 @@ impl Meta {
             duration_nano: profile.end_unix_ns.saturating_sub(profile.start_unix_ns),
             period: profile.period_ns(),
             hostname: profile.hostname.clone(),
+            off_cpu: false,
         }
     }
 }
@@ -202,8 +211,15 @@ impl Meta {
 /// Builds one request from `samples` (ordered by thread, as [`LabeledProfile::samples`] gives them).
 pub fn build(samples: &[LabeledSample<'_>], meta: &Meta, options: SampleAttributes) -> Request {
     let mut b = Builder::default();
-    let sample_type = (b.string("samples"), b.string("count"));
-    let period_type = (b.string("cpu"), b.string("nanoseconds"));
+    let (sample_type, period_type) = if meta.off_cpu {
+        let off_cpu = (b.string("off_cpu"), b.string("nanoseconds"));
+        (off_cpu, off_cpu)
+    } else {
+        (
+            (b.string("samples"), b.string("count")),
+            (b.string("cpu"), b.string("nanoseconds")),
+        )
+    };
     let mut resources = Resources::default();
     // (resource, stack, attributes) -> sample index, for merging.
     let mut merge: HashMap<(usize, i32, Vec<i32>), usize> = HashMap::default();
@@ -251,9 +267,10 @@ pub fn build(samples: &[LabeledSample<'_>], meta: &Meta, options: SampleAttribut
         resources: resources.list,
         time_unix_nano: meta.time_unix_nano,
         duration_nano: meta.duration_nano,
-        period: meta.period,
+        period: if meta.off_cpu { 1 } else { meta.period },
         sample_type,
         period_type,
+        off_cpu: meta.off_cpu,
     }
 }
 
@@ -703,6 +720,7 @@ mod tests {
             duration_nano: 5_000,
             period: 10_101_010,
             hostname: Some("host-1".into()),
+            off_cpu: false,
         }
     }
 

@@ -26,7 +26,10 @@ use opentelemetry_proto::tonic::{
 };
 
 use super::request::{self, Request, SampleAttributes};
-use crate::labels::labeled::{LabeledProfile, LabeledSample};
+use crate::{
+    labels::labeled::{LabeledProfile, LabeledSample},
+    model::SampleKind,
+};
 
 /// The OTLP profiles wire generation a receiver speaks (see docs/otlp.md's compatibility matrix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
@@ -143,12 +146,29 @@ pub fn encode(
 /// Hands `each` the requests `profile` becomes under `settings`, in sample order (see
 /// [`encode`]). An empty profile becomes no request.
 pub fn split(profile: &LabeledProfile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
-    let samples = profile.samples();
+    let meta = request::Meta::of(profile);
+    split_of(&profile.samples(), &meta, settings, &mut each);
+    // Off-CPU rows (`--off-cpu`) go in requests of their own, sample type off_cpu/nanoseconds.
+    let off_cpu = profile.samples_of(SampleKind::OffCpu);
+    let meta = request::Meta {
+        off_cpu: true,
+        ..meta
+    };
+    split_of(&off_cpu, &meta, settings, &mut each);
+}
+
+/// [`split`] of one kind of samples.
+fn split_of(
+    samples: &[LabeledSample<'_>],
+    meta: &request::Meta,
+    settings: &EncodeSettings,
+    each: &mut impl FnMut(Part),
+) {
     if samples.is_empty() {
         return;
     }
-    let meta = request::Meta::of(profile);
-    let mut pending: Vec<&[LabeledSample<'_>]> = vec![&samples];
+    let meta = meta.clone();
+    let mut pending: Vec<&[LabeledSample<'_>]> = vec![samples];
     while let Some(part) = pending.pop() {
         let request = request::build(part, &meta, settings.attributes);
         let body = settings.version.encode(&request);
@@ -787,6 +807,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn off_cpu_rows_go_in_profiles_of_their_own_in_both_generations() {
+        // Given a profile with CPU samples and off-CPU nanoseconds of one process
+        let mut profile = LabeledProfile::new(99);
+        add_sample(&mut profile, 1, "compute", 3);
+        let waiting = one_sample(1, "wait_for_lock", 0);
+        let thread: crate::labels::labeled::LabeledThread = waiting.thread.into();
+        profile.add_frames_of(SampleKind::OffCpu, &thread, waiting.stack.iter(), 5_000_000);
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            // When encoded and decoded with the generation's own definitions
+            let decoded = decode_all(&profile, version, usize::MAX);
+            // Then the CPU samples are one profile and the off-CPU time another, typed
+            // off_cpu / nanoseconds with period 1, its values nanoseconds
+            assert_eq!(decoded.len(), 2, "{version}");
+            assert_eq!(
+                decoded[0].period_type,
+                ("cpu".to_owned(), "nanoseconds".to_owned())
+            );
+            assert_eq!(decoded[0].samples, [("compute".to_owned(), vec![3])]);
+            assert_eq!(
+                decoded[1].period_type,
+                ("off_cpu".to_owned(), "nanoseconds".to_owned()),
+                "{version}"
+            );
+            assert_eq!(decoded[1].period, 1, "{version}");
+            assert_eq!(
+                decoded[1].samples,
+                [("wait_for_lock".to_owned(), vec![5_000_000])],
+                "{version}"
+            );
+        }
+        // And the export counts CPU samples only
+        let encoded = encode(
+            &profile,
+            ProtoVersion::V1_10,
+            SampleAttributes::default(),
+            1 << 20,
+        );
+        let samples: u64 = encoded.requests.iter().map(|r| r.samples).sum();
+        assert_eq!(samples, 3);
     }
 
     #[test]
