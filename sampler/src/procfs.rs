@@ -14,9 +14,13 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs::{self, File},
+    ffi::{CStr, CString},
+    fs::File,
     io::{BufRead as _, BufReader, Read},
-    os::{fd::OwnedFd, unix::fs::MetadataExt as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        unix::fs::MetadataExt as _,
+    },
     path::Path,
     rc::Rc,
     sync::atomic::{AtomicBool, Ordering},
@@ -317,19 +321,6 @@ pub const COMMAND_LINE_MAX_BYTES: u64 = 4 << 10;
 /// paths fit several times over; a longer file is cut after its last whole line (counted).
 pub const CGROUP_MAX_BYTES: u64 = 4 << 10;
 
-/// At most `max` bytes of a /proc file, and whether it was longer.
-pub fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
-    let mut bytes = Vec::new();
-    File::open(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
-    if cut {
-        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-    }
-    Ok((bytes, cut))
-}
-
 /// `bytes` as text (invalid UTF-8 replaced); when `cut`, without its last, partial line.
 fn whole_lines(bytes: &[u8], cut: bool) -> String {
     let end = if cut {
@@ -383,39 +374,116 @@ pub struct ReadProcess {
     pub perf_map: Option<OwnedFd>,
 }
 
+/// `/proc/<pid>` opened once for one reading of a process's facts: each file is then found
+/// without walking `/proc` and `<pid>` again, and every one is the same process's: once it has
+/// exited, a process that reuses its pid does not answer through this directory (opens fail),
+/// so one reading never mixes two processes' facts.
+pub(crate) struct ProcDir {
+    fd: OwnedFd,
+}
+
+impl ProcDir {
+    pub(crate) fn open(pid: u32) -> std::io::Result<Self> {
+        let path = CString::new(format!("/proc/{pid}")).map_err(std::io::Error::other)?;
+        Self::open_at(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY).map(|fd| Self { fd })
+    }
+
+    /// `openat(dir, name, flags | O_CLOEXEC)`.
+    fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+        // SAFETY: `name` is NUL-terminated; the flags create and truncate nothing (the seccomp
+        // filter would refuse it).
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a non-negative return is a descriptor this process now owns, once.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The directory's descriptor, for `openat` of entries below it.
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// One of its files, opened for reading.
+    fn file(&self, name: &CStr) -> std::io::Result<File> {
+        Self::open_at(self.raw(), name, libc::O_RDONLY).map(File::from)
+    }
+
+    /// At most `max` bytes of one of its files, and whether it was longer. Read into a buffer
+    /// sized for the usual file, so a small one takes one `read` and the one that says its end.
+    fn read(&self, name: &CStr, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+        let mut bytes = Vec::with_capacity(usize::try_from(max.min(4096) + 1).unwrap_or(4097));
+        self.file(name)?
+            .take(max.saturating_add(1))
+            .read_to_end(&mut bytes)?;
+        let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+        if cut {
+            bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        }
+        Ok((bytes, cut))
+    }
+
+    /// At most [`SMALL_FILE_MAX_BYTES`] of one of its files, as text.
+    fn read_small(&self, name: &CStr) -> std::io::Result<String> {
+        let (bytes, _) = self.read(name, SMALL_FILE_MAX_BYTES)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The target of one of its links (`exe`), cut by [`cap_path`].
+    fn read_link(&self, name: &CStr) -> std::io::Result<String> {
+        // One byte more than a kept path, so a longer target is seen (and cut) as such.
+        let mut buf = vec![0u8; PATH_MAX_BYTES + 1];
+        // SAFETY: `name` is NUL-terminated and `buf` is writable for its whole length.
+        let len = unsafe {
+            libc::readlinkat(
+                self.raw(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return Err(std::io::Error::last_os_error());
+        };
+        buf.truncate(len);
+        // A target longer than the buffer fills it, and is cut (and marked) like any long path.
+        Ok(cap_path(String::from_utf8_lossy(&buf).into_owned()))
+    }
+}
+
 /// Reads the facts of `pid` and interns its mapped files. `fresh` receives ids of files to
 /// send. Fails only when the process is gone or unreadable.
+///
+/// System calls: every file below is opened once through one [`ProcDir`] and read in one pass
+/// (maps in 64 KiB reads); `comm` only when the executable's path cannot name the process.
 pub fn read_process(
     pid: u32,
     boot_time_unix_ns: u64,
     files: &mut FileTable,
     fresh: &mut Vec<u64>,
 ) -> std::io::Result<ReadProcess> {
-    let dir = format!("/proc/{pid}");
-    let maps = parse_maps(
-        File::open(format!("{dir}/maps"))?,
-        MAPS_MAX_BYTES,
-        MAX_MAPPINGS_PER_PROCESS,
-    )?;
-    let executable_path = fs::read_link(format!("{dir}/exe"))
-        .map(|p| cap_path(p.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let main_comm = read_small(format!("{dir}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default();
+    let dir = ProcDir::open(pid)?;
+    let maps = parse_maps(dir.file(c"maps")?, MAPS_MAX_BYTES, MAX_MAPPINGS_PER_PROCESS)?;
+    let executable_path = dir.read_link(c"exe").unwrap_or_default();
     // A cut path has no trustworthy last component: the kernel's comm names it then.
     let executable_name = match Path::new(executable_path.trim_end_matches(" (deleted)"))
         .file_name()
         .filter(|_| !executable_path.ends_with(PATH_CUT_MARK))
     {
         Some(name) => name.to_string_lossy().into_owned(),
-        None => main_comm.clone(),
+        None => dir
+            .read_small(c"comm")
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default(),
     };
     // The whole file, unparsed (cgroup v1 hosts have one line per hierarchy): the relay reads it.
-    let (cgroup, cgroup_cut) = read_cut(format!("{dir}/cgroup"), CGROUP_MAX_BYTES)
+    let (cgroup, cgroup_cut) = dir
+        .read(c"cgroup", CGROUP_MAX_BYTES)
         .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
         .unwrap_or_default();
-    let start_time_unix_ns = read_small(format!("{dir}/stat"))
+    let start_time_unix_ns = dir
+        .read_small(c"stat")
         .ok()
         .and_then(|stat| start_ticks(&stat))
         .map_or(0, |ticks| {
@@ -427,28 +495,33 @@ pub fn read_process(
         cut,
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
-    let status = ember_common::ProcStatus::read(format!("{dir}/status")).ok();
+    let status = dir
+        .read(c"status", ember_common::STATUS_READ_LIMIT)
+        .ok()
+        .map(|(bytes, _)| ember_common::ProcStatus::parse(&bytes));
     let uid = status
         .as_ref()
         .and_then(|status| status.uids().first().copied());
     // Its perf map, only when its real uid is known (the owner it must have).
     let perf_map = match (&status, uid) {
-        (Some(status), Some(uid)) => perfmap::open_perf_map(pid, perfmap::ns_pid(status, pid), uid),
+        (Some(status), Some(uid)) => {
+            perfmap::open_perf_map_at(&dir, perfmap::ns_pid(status, pid), uid)
+        }
         _ => PerfMap::Absent,
     };
     // Only with --command-line, raw: the relay turns it into text.
     let (command_line, command_line_cut) = if COMMAND_LINE.load(Ordering::Relaxed) {
-        read_cut(format!("{dir}/cmdline"), COMMAND_LINE_MAX_BYTES)
+        dir.read(c"cmdline", COMMAND_LINE_MAX_BYTES)
             .map(|(bytes, cut)| (Some(bytes).filter(|b| !b.is_empty()), cut))
             .unwrap_or_default()
     } else {
         (None, false)
     };
     // The environment the process was started with (exec time); unreadable = nothing forwarded.
-    let [otel_service_name, otel_resource_attributes] =
-        ember_common::read_bounded(format!("{dir}/environ"), ENVIRON_MAX_BYTES)
-            .map(|environ| allowlisted_env(&environ))
-            .unwrap_or_default();
+    let [otel_service_name, otel_resource_attributes] = dir
+        .read(c"environ", ENVIRON_MAX_BYTES)
+        .map(|(environ, _)| allowlisted_env(&String::from_utf8_lossy(&environ)))
+        .unwrap_or_default();
     let (perf_map, perf_map_refused) = match perf_map {
         PerfMap::Open(fd) => (Some(fd), String::new()),
         PerfMap::Refused(reason) => (None, reason.to_owned()),
@@ -546,7 +619,8 @@ pub fn parse_maps(
     max_bytes: u64,
     max_mappings: usize,
 ) -> std::io::Result<ParsedMaps> {
-    let mut reader = BufReader::new(source.take(max_bytes));
+    // 64 KiB reads: the kernel formats the file anew from the line a read starts at.
+    let mut reader = BufReader::with_capacity(64 << 10, source.take(max_bytes));
     let mut parsed = ParsedMaps {
         mappings: Vec::new(),
         omitted: 0,
@@ -626,7 +700,22 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::fs;
+
     use super::*;
+
+    /// At most `max` bytes of a /proc file, and whether it was longer.
+    fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+        let mut bytes = Vec::new();
+        File::open(path)?
+            .take(max.saturating_add(1))
+            .read_to_end(&mut bytes)?;
+        let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+        if cut {
+            bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        }
+        Ok((bytes, cut))
+    }
 
     #[test]
     fn parses_executable_mappings_only() {
