@@ -13,7 +13,7 @@
 //! moment.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     ffi::{CStr, CString},
     fs::File,
     io::{BufRead as _, BufReader, Read},
@@ -24,6 +24,7 @@ use std::{
     path::Path,
     rc::Rc,
     sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
 };
 
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
@@ -46,7 +47,16 @@ pub struct OpenFile {
     refs: usize,
     /// Left unopened by a cap (not by an error): opened when a later process may.
     capped: bool,
+    /// Since when no process refers to it, while it is kept open for [`FILE_IDLE_GRACE`].
+    idle_since: Option<Instant>,
 }
+
+/// How long a file nobody maps any more stays open (and known to the relay under its id): a
+/// program started again and again (a shell loop, a build, cron) maps the same binaries, and
+/// with its file kept the next start costs no open, no `files` message, and no new ELF read nor
+/// unwind table in the relay. Short, because a held descriptor keeps a deleted file's blocks
+/// and its file system busy (a container's root cannot be unmounted while it is held).
+pub const FILE_IDLE_GRACE: Duration = Duration::from_secs(30);
 
 /// Mapped files by (device, inode), each opened once and reused.
 pub struct FileTable {
@@ -61,6 +71,10 @@ pub struct FileTable {
     pub unopened: u64,
     /// Ids of files closed since the last [`FileTable::take_closed`], for the relay.
     closed: Vec<u64>,
+    /// Open files nobody maps, oldest first (entries revived meanwhile are skipped).
+    idle: VecDeque<(Instant, (u64, u64))>,
+    /// How long those stay open ([`FILE_IDLE_GRACE`]; zero closes at once).
+    pub idle_grace: Duration,
 }
 
 /// The global open-file cap: [`MAX_OPEN_FILES`], and never closer than [`NOFILE_RESERVE`] to
@@ -89,6 +103,8 @@ impl FileTable {
             max_open,
             unopened: 0,
             closed: Vec::new(),
+            idle: VecDeque::new(),
+            idle_grace: FILE_IDLE_GRACE,
         }
     }
 
@@ -129,6 +145,8 @@ impl FileTable {
         budget: &mut ProcessBudget,
         mapping: &Mapping,
     ) -> (Option<Rc<OwnedFd>>, String, bool) {
+        // Files nobody maps make room before any file goes unopened.
+        while self.open >= self.max_open && self.close_oldest_idle() {}
         if let Some(reason) = self.cap_reached(budget) {
             self.unopened += 1;
             return (None, reason, true);
@@ -155,6 +173,8 @@ impl FileTable {
         let retry = match self.files.get_mut(&key) {
             Some(file) => {
                 file.refs += 1;
+                // Kept open while nobody mapped it: the relay still holds it under its id.
+                file.idle_since = None;
                 file.capped.then_some(file.id)
             }
             None => None,
@@ -194,6 +214,7 @@ impl FileTable {
                 info,
                 refs: 1,
                 capped,
+                idle_since: None,
             },
         );
         fresh.push(id);
@@ -221,26 +242,70 @@ impl FileTable {
         }
     }
 
-    /// Forgets one reference of every file of `mappings`, closing files nobody maps any more
-    /// (their ids are kept for [`FileTable::take_closed`]).
+    /// Forgets one reference of every file of `mappings`. A file nobody maps any more is kept
+    /// open for [`FileTable::idle_grace`] if it has a descriptor, else closed at once (its id is
+    /// kept for [`FileTable::take_closed`]). Only a held descriptor makes keeping it safe: it
+    /// keeps the inode alive, so no other file can take its (device, inode) meanwhile and be
+    /// taken for it; an unopened file's (device, inode) may be reused as soon as it is deleted.
     pub fn release(&mut self, mappings: &[Mapping]) {
         let mut seen = HashSet::new();
+        let now = Instant::now();
         for mapping in mappings.iter().filter(|m| m.file_id != 0) {
             let key = (mapping.device, mapping.inode);
             if !seen.insert(key) {
                 continue;
             }
-            if let Some(file) = self.files.get_mut(&key) {
-                file.refs = file.refs.saturating_sub(1);
-                if file.refs == 0 {
-                    if file.fd.is_some() {
-                        self.open -= 1;
-                    }
-                    self.ids.remove(&file.id);
-                    self.closed.push(file.id);
-                    self.files.remove(&key);
-                }
+            let Some(file) = self.files.get_mut(&key) else {
+                continue;
+            };
+            file.refs = file.refs.saturating_sub(1);
+            if file.refs > 0 {
+                continue;
             }
+            if file.fd.is_some() && !self.idle_grace.is_zero() {
+                file.idle_since = Some(now);
+                self.idle.push_back((now, key));
+            } else {
+                self.close(key);
+            }
+        }
+    }
+
+    /// Closes the files kept open longer than [`FileTable::idle_grace`] with nobody mapping
+    /// them.
+    pub fn close_idle(&mut self) {
+        while let Some(&(since, _)) = self.idle.front() {
+            if since.elapsed() < self.idle_grace {
+                break;
+            }
+            self.close_oldest_idle();
+        }
+    }
+
+    /// Closes the file idle the longest; false when none is.
+    fn close_oldest_idle(&mut self) -> bool {
+        while let Some((since, key)) = self.idle.pop_front() {
+            // Skips entries of files mapped again since (or idle again, since a later time).
+            if self
+                .files
+                .get(&key)
+                .is_some_and(|f| f.refs == 0 && f.idle_since == Some(since))
+            {
+                self.close(key);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Forgets a file: its descriptor is closed and its id kept for the relay.
+    fn close(&mut self, key: (u64, u64)) {
+        if let Some(file) = self.files.remove(&key) {
+            if file.fd.is_some() {
+                self.open -= 1;
+            }
+            self.ids.remove(&file.id);
+            self.closed.push(file.id);
         }
     }
 
