@@ -10,9 +10,9 @@
 //! the relay keeps no reference counts of its own. Facts for a known pid replace the old ones
 //! (with another start time, the pid was reused: nothing of the old process is kept).
 //!
-//! Descriptors are bounded whatever the peer says: files no known process refers to are closed at
-//! the next batch (`files_swept`, which stays 0 while the sampler's closes and the relay's facts
-//! agree), and at most `max_open_files` stay open per connection (the least recently used are
+//! Descriptors are bounded whatever the peer says: files no known process has referred to for
+//! twice the sampler's [`ember_protocol::FILE_IDLE_GRACE`] are closed at the next batch
+//! (`files_swept`, which stays 0 while the sampler's closes and the relay's facts agree), and at most `max_open_files` stay open per connection (the least recently used are
 //! closed beyond, their frames stay unnamed). Addresses and offsets from the sampler are
 //! untrusted: arithmetic on them is checked, and a result that would wrap makes an unknown frame.
 
@@ -21,6 +21,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
     sync::{Arc, Weak},
+    time::{Duration, Instant},
 };
 
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
@@ -50,6 +51,10 @@ struct PassedFile {
     last_used: Cell<u64>,
     /// The interpreter or runtime this file is, if the relay recognized one (`interp`).
     runtime: Option<Arc<Recognized>>,
+    /// Whether a known process mapped it at a sweep, and since when none does (see
+    /// [`Session::sweep_unreferenced_files`]).
+    was_referenced: bool,
+    unreferenced_since: Option<Instant>,
 }
 
 struct Process {
@@ -150,6 +155,8 @@ pub struct Session {
     max_open_files: usize,
     /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
     tick: u64,
+    /// How long a file no known process maps is kept before the relay closes it on its own.
+    sweep_after: Duration,
     /// Names Python frames and splices them into native stacks (its code cache is per
     /// process, forgotten with the process).
     python: Naming,
@@ -187,6 +194,7 @@ impl Session {
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
+            sweep_after: ember_protocol::FILE_IDLE_GRACE * 2,
             python: Naming::default(),
             jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
@@ -236,6 +244,8 @@ impl Session {
                     build_id,
                     last_used: Cell::new(self.tick),
                     runtime,
+                    was_referenced: false,
+                    unreferenced_since: None,
                 },
             );
         }
@@ -309,7 +319,10 @@ impl Session {
     }
 
     /// The bound on a peer that never closes what it passed: closes files no known process
-    /// refers to (counted; an honest sampler has closed them already).
+    /// refers to (counted; an honest sampler has closed them already). A file that a process
+    /// mapped is kept for [`Session::sweep_after`] once none does: the sampler keeps it for half
+    /// that ([`ember_protocol::FILE_IDLE_GRACE`]) so that the next start of the same program
+    /// finds it. Meanwhile it counts towards `max_open_files` like any other file.
     fn sweep_unreferenced_files(&mut self) {
         let referenced: HashSet<u64> = self
             .processes
@@ -318,7 +331,16 @@ impl Session {
             .filter(|&id| id != 0)
             .collect();
         let before = self.files.len();
-        self.files.retain(|id, _| referenced.contains(id));
+        let (now, after) = (Instant::now(), self.sweep_after);
+        self.files.retain(|id, file| {
+            if referenced.contains(id) {
+                file.was_referenced = true;
+                file.unreferenced_since = None;
+                return true;
+            }
+            let since = *file.unreferenced_since.get_or_insert(now);
+            file.was_referenced && now.saturating_duration_since(since) < after
+        });
         let swept = (before - self.files.len()) as u64;
         if swept > 0 && self.stats.files_swept == 0 {
             tracing::warn!(
@@ -1264,9 +1286,10 @@ mod tests {
     }
 
     #[test]
-    fn files_no_process_refers_to_are_closed_at_the_next_batch() {
+    fn files_no_process_refers_to_are_closed_at_the_next_batch_and_unmapped_ones_after_the_grace() {
         // Given three passed files of which one process maps only the first
         let mut session = Session::new(Hello::default(), Vec::new());
+        session.sweep_after = Duration::from_millis(200);
         let (infos, fds) = files(&[1, 2, 3]);
         session.add_files(infos, fds);
         session.set_process(process(10, &[1], 0));
@@ -1277,8 +1300,12 @@ mod tests {
         assert_eq!(session.file_count(), 1);
         assert!(session.has_fd(1));
         assert_eq!(session.stats.files_swept, 2);
-        // And when that process is replaced by facts mapping nothing, its file goes too
+        // When that process is replaced by facts mapping nothing, Then its file stays for the
+        // grace (the sampler keeps it for the next start of the same program), then goes
         session.set_process(process(10, &[], 0));
+        symbolize(&mut session, &batch(10, Vec::new()));
+        assert_eq!(session.file_count(), 1);
+        std::thread::sleep(Duration::from_millis(250));
         symbolize(&mut session, &batch(10, Vec::new()));
         assert_eq!(session.file_count(), 0);
     }

@@ -56,7 +56,7 @@ pub struct OpenFile {
 /// with its file kept the next start costs no open, no `files` message, and no new ELF read nor
 /// unwind table in the relay. Short, because a held descriptor keeps a deleted file's blocks
 /// and its file system busy (a container's root cannot be unmounted while it is held).
-pub const FILE_IDLE_GRACE: Duration = Duration::from_secs(30);
+pub use ember_protocol::FILE_IDLE_GRACE;
 
 /// Mapped files by (device, inode), each opened once and reused.
 pub struct FileTable {
