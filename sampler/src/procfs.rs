@@ -11,6 +11,17 @@
 //! and unparsed: the relay reads its v1 and v2 lines); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
 //! moment.
+//!
+//! What a process start costs here: one `/proc/<pid>` descriptor ([`ProcDir`]) through which
+//! maps, exe, cgroup, stat, status, environ (and comm, cmdline, perf map only when needed) are
+//! read, each in one pass; a mapped file is opened only for a (device, inode) the table does not
+//! hold. Taking the file's identity from the maps line (kernel-written) is safe because the
+//! table holds a descriptor of every file it names (checked against that identity when opened
+//! through `map_files/`, the exact object the process maps): while it is held the inode cannot
+//! be freed, so no other file can come to have its (device, inode), and a process mapping that
+//! pair maps that very file, whatever was renamed, replaced or deleted under its path since.
+//! A file that could not be opened is forgotten as soon as no process maps it, since nothing
+//! pins its number.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -475,13 +486,28 @@ impl ProcDir {
         Self::open_at(self.raw(), name, libc::O_RDONLY).map(File::from)
     }
 
-    /// At most `max` bytes of one of its files, and whether it was longer. Read into a buffer
-    /// sized for the usual file, so a small one takes one `read` and the one that says its end.
+    /// At most `max` bytes of one of its files, and whether it was longer. For the files read
+    /// this way (stat, status, cgroup, comm, cmdline, environ) a read that returns less than it
+    /// asked for returned all there is: the first four are produced whole by one `show` of a
+    /// `seq_file` and handed out from that, and cmdline and environ are copied page after page
+    /// until the end or the size asked. So a small file takes one `read`, not one more to
+    /// see its end. (Not maps: a `seq_file` of many records fills a read one page at a time.)
     fn read(&self, name: &CStr, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
-        let mut bytes = Vec::with_capacity(usize::try_from(max.min(4096) + 1).unwrap_or(4097));
-        self.file(name)?
-            .take(max.saturating_add(1))
-            .read_to_end(&mut bytes)?;
+        let want = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX);
+        let mut file = self.file(name)?;
+        let mut bytes = vec![0u8; want.min(4096)];
+        let n = loop {
+            match file.read(&mut bytes) {
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other?,
+            }
+        };
+        let short = n < bytes.len();
+        bytes.truncate(n);
+        if !short {
+            let rest = u64::try_from(want - n).unwrap_or(u64::MAX);
+            file.take(rest).read_to_end(&mut bytes)?;
+        }
         let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
         if cut {
             bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
@@ -567,9 +593,12 @@ pub fn read_process(
     let uid = status
         .as_ref()
         .and_then(|status| status.uids().first().copied());
-    // Its perf map, only when its real uid is known (the owner it must have).
+    // Its perf map, only when its real uid is known (the owner it must have), and only when it
+    // runs code from anonymous memory (a JIT's): others have no code a perf map could name, and
+    // the tracker reads the facts again once a sample falls in such code.
+    let jit_code = mappings.iter().any(is_anonymous);
     let perf_map = match (&status, uid) {
-        (Some(status), Some(uid)) => {
+        (Some(status), Some(uid)) if jit_code => {
             perfmap::open_perf_map_at(&dir, perfmap::ns_pid(status, pid), uid)
         }
         _ => PerfMap::Absent,
@@ -664,6 +693,12 @@ pub fn start_time_unix_ns(pid: u32, boot_time_unix_ns: u64) -> Option<u64> {
 fn start_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether an executable mapping is anonymous memory (JIT code), not a file's: no path, or a
+/// name the process gave it (`[anon:...]`); `[vdso]` and the like are the kernel's.
+pub fn is_anonymous(mapping: &Mapping) -> bool {
+    mapping.inode == 0 && (mapping.path.is_empty() || mapping.path.starts_with("[anon:"))
 }
 
 /// The executable mappings read from a maps file.
@@ -1027,6 +1062,89 @@ pub(crate) mod tests {
         let _ = child.wait();
         assert_eq!(off.command_line, None);
     }
+    #[test]
+    fn a_file_is_read_whole_up_to_its_bound_whatever_its_size() {
+        // Given files of 0, 5,000, 4,096 (one first read's worth) and 10,000 bytes
+        let dir = std::env::temp_dir().join(format!("ember-procdir-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let path = CString::new(dir.to_str().expect("UTF-8")).expect("no NUL");
+        let proc_dir = ProcDir {
+            fd: ProcDir::open_at(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY)
+                .expect("open the dir"),
+        };
+        for (len, max, kept, cut) in [
+            (0, 100, 0, false),
+            (5_000, 64 << 10, 5_000, false),
+            (4_096, 64 << 10, 4_096, false),
+            (4_096, 4_096, 4_096, false),
+            (10_000, 8_192, 8_192, true),
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            fs::write(dir.join("f"), &bytes).expect("write");
+            // When it is read with a bound
+            let (read, was_cut) = proc_dir.read(c"f", max).expect("read");
+            // Then all of it up to the bound is read, and a longer one says so
+            assert_eq!(
+                (read.len(), was_cut),
+                (kept, cut),
+                "{len} bytes, bound {max}"
+            );
+            assert_eq!(read[..], bytes[..kept]);
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_perf_map_is_looked_for_only_in_a_process_running_anonymous_code() {
+        // Given two processes of ours with a perf map each: one maps anonymous executable
+        // memory (as a JIT does), the other does not
+        let spawn = |code: &str| {
+            std::process::Command::new("python3")
+                .args(["-c", code])
+                .spawn()
+                .expect("spawn python3")
+        };
+        let mut jit = spawn(
+            "import mmap,time; m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, \
+             prot=mmap.PROT_READ | mmap.PROT_EXEC); \
+             time.sleep(20)",
+        );
+        let mut plain = spawn("import time; time.sleep(20)");
+        let maps: Vec<String> = [&jit, &plain]
+            .iter()
+            .map(|c| format!("/tmp/perf-{}.map", c.id()))
+            .collect();
+        for map in &maps {
+            fs::write(map, "1000 10 f\n").expect("write a perf map");
+        }
+        // When their facts are read (once the JIT's mapping is there)
+        let read = |pid: u32| {
+            read_process(pid, 0, &mut FileTable::new(64), &mut Vec::new()).expect("read facts")
+        };
+        let mut facts = read(jit.id());
+        for _ in 0..300 {
+            if facts.info.mappings.iter().any(is_anonymous) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            facts = read(jit.id());
+        }
+        let plain_facts = read(plain.id());
+        for child in [&mut jit, &mut plain] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for map in &maps {
+            let _ = fs::remove_file(map);
+        }
+        // Then the JIT's map is passed, and the other process's is not even looked for
+        assert!(facts.info.mappings.iter().any(is_anonymous));
+        assert!(facts.perf_map.is_some(), "the JIT process's perf map");
+        assert!(!plain_facts.info.mappings.iter().any(is_anonymous));
+        assert!(plain_facts.perf_map.is_none());
+        assert_eq!(plain_facts.info.perf_map_refused, "");
+    }
+
     #[test]
     fn start_time_survives_odd_comm() {
         let stat = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 777 1000 10";

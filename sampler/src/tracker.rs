@@ -376,10 +376,7 @@ fn process_messages(info: &ProcessInfo, perf_map: Option<&Rc<OwnedFd>>) -> Vec<O
 /// Whether a user address lies in anonymous executable memory (JIT code, not a file's).
 fn in_anonymous_code(info: &ProcessInfo, addr: u64) -> bool {
     let i = info.mappings.partition_point(|m| m.start <= addr);
-    i > 0 && addr < info.mappings[i - 1].end && {
-        let m = &info.mappings[i - 1];
-        m.inode == 0 && (m.path.is_empty() || m.path.starts_with("[anon:"))
-    }
+    i > 0 && addr < info.mappings[i - 1].end && procfs::is_anonymous(&info.mappings[i - 1])
 }
 
 /// Whether a user address lies in one of the process's executable mappings.
