@@ -577,8 +577,14 @@ impl Session {
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
         self.catch_up_jit(batch, left_out);
-        let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
-        let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
+        // Looked up once per row: foldhash, not SipHash (the keys are the sampler's indices).
+        let mut user_memo: HashMap<(u32, u32), Vec<Frame>, foldhash::fast::RandomState> =
+            HashMap::default();
+        let mut spliced_memo: HashMap<
+            (u32, Option<u32>, usize),
+            Vec<Frame>,
+            foldhash::fast::RandomState,
+        > = HashMap::default();
         let mut skipped = 0u64;
         for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
