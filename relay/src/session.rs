@@ -51,7 +51,7 @@ struct PassedFile {
     last_used: Cell<u64>,
     /// The interpreter or runtime this file is, if the relay recognized one (`interp`).
     runtime: Option<Arc<Recognized>>,
-    /// Whether a known process mapped it at a sweep, and since when none does (see
+    /// Whether a known process mapped it, and since when none does (see
     /// [`Session::sweep_unreferenced_files`]).
     was_referenced: bool,
     unreferenced_since: Option<Instant>,
@@ -362,6 +362,12 @@ impl Session {
     /// [`Session::set_process`], with the descriptor of the process's perf map the sampler
     /// passed with these facts, if any.
     pub fn set_process_with_perf_map(&mut self, info: ProcessInfo, perf_map: Option<OwnedFd>) {
+        // Mapped once: kept for the grace when no process maps it any more (see the sweep).
+        for mapping in info.mappings.iter().filter(|m| m.file_id != 0) {
+            if let Some(file) = self.files.get_mut(&mapping.file_id) {
+                file.was_referenced = true;
+            }
+        }
         let dumps: Vec<u64> = info
             .mappings
             .iter()
@@ -1306,11 +1312,21 @@ mod tests {
         assert_eq!(session.file_count(), 1);
         assert!(session.has_fd(1));
         assert_eq!(session.stats.files_swept, 2);
+        // When a file is passed, mapped by a process whose facts are replaced before any batch
+        // came (a pid reused at once), Then it is kept for the grace too
+        let (infos, fds) = files(&[4]);
+        session.add_files(infos, fds);
+        session.set_process(process(11, &[4], 0));
+        session.set_process(process(11, &[], 1));
+        symbolize(&mut session, &batch(10, Vec::new()));
+        assert!(session.has_fd(4));
+        assert_eq!(session.stats.files_swept, 2);
+        session.remove_process(11);
         // When that process is replaced by facts mapping nothing, Then its file stays for the
         // grace (the sampler keeps it for the next start of the same program), then goes
         session.set_process(process(10, &[], 0));
         symbolize(&mut session, &batch(10, Vec::new()));
-        assert_eq!(session.file_count(), 1);
+        assert_eq!(session.file_count(), 2);
         std::thread::sleep(Duration::from_millis(250));
         symbolize(&mut session, &batch(10, Vec::new()));
         assert_eq!(session.file_count(), 0);
