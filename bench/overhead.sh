@@ -55,6 +55,9 @@ For each profiler process it reports
                 for this); perf: from `perf script`, whose run time is printed as post-processing.
                 bpftrace: not computed (-)
   map_MiB       memory of the profiler's BPF maps (sum of memlock in /proc/PID/fdinfo of its maps)
+  syscalls      (in the notes) the system calls each ember process made in its window (perf stat
+                -e raw_syscalls:sys_enter -p PID, which adds a little to that process's CPU, alike
+                for ember and ember-before), per churn start, and the pids the whole host created
 
 Options (each also settable through the environment variable in brackets):
   -d, --duration SECONDS    sampling time per profiler             [DURATION, default 60]
