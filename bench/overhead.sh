@@ -55,6 +55,9 @@ For each profiler process it reports
                 for this); perf: from `perf script`, whose run time is printed as post-processing.
                 bpftrace: not computed (-)
   map_MiB       memory of the profiler's BPF maps (sum of memlock in /proc/PID/fdinfo of its maps)
+  syscalls      (in the notes) the system calls each ember process made in its window (perf stat
+                -e raw_syscalls:sys_enter -p PID, which adds a little to that process's CPU, alike
+                for ember and ember-before), per churn start, and the pids the whole host created
 
 Options (each also settable through the environment variable in brackets):
   -d, --duration SECONDS    sampling time per profiler             [DURATION, default 60]
@@ -368,7 +371,7 @@ json_last() { # json_last FILE MESSAGE FIELD: FIELD of the last line of MESSAGE 
 # the process exits), keeping the last reading. Results go to the W_* arrays, keyed by LABEL.
 
 declare -A W_CPU W_SECS W_HWM W_GONE W_BPF_NS W_BPF_CNT T_ALL T_WALL T_RSS SAMPLES SAMPLE_SECS NOTE PHASE_RATE
-declare -A OTHERS PHASE_EFF PHASE_SHARE W_RSS MAP_KIB FULL POST_CPU
+declare -A OTHERS PHASE_EFF PHASE_SHARE W_RSS MAP_KIB FULL POST_CPU SYSCALLS
 declare -A START_TICKS LAST_TICKS LAST_T START_T BPF_FDS START_BPF LAST_BPF
 
 other_profilers() { # profilers running on the machine that this script did not start: "comm(pid) ..."
@@ -596,10 +599,36 @@ run_ember_build() {
   t_ready=$EPOCHREALTIME
   wait_ready "$rl" "$tmp/$rl.err" '"message":"sampler hello"' 20 "$relay_pid"
   sleep "$SETTLE"
+  # The system calls each process makes during the window (perf stat on the raw_syscalls:sys_enter
+  # tracepoint, only for that pid), and the pids the whole host created meanwhile.
+  local sc_pids=() pid0 pid1 label
+  if command -v perf >/dev/null; then
+    for label in "$sl:$sampler_pid" "$rl:$relay_pid"; do
+      perf stat -x, -e raw_syscalls:sys_enter -p "${label#*:}" -o "$tmp/${label%%:*}.syscalls" \
+        -- sleep "$STEADY" >/dev/null 2>&1 &
+      sc_pids+=($!)
+    done
+    pid0=$(cat /proc/sys/kernel/ns_last_pid)
+  fi
   window "$key" "$STEADY" "$sl:$sampler_pid" "$rl:$relay_pid"
   t_stop=$EPOCHREALTIME
+  if [ ${#sc_pids[@]} -gt 0 ]; then
+    pid1=$(cat /proc/sys/kernel/ns_last_pid)
+    wait "${sc_pids[@]}" 2>/dev/null || true
+    local starts n per
+    starts=$(calc '%.0f' "$CHURN * ${W_SECS[$sl]:-$STEADY}")
+    NOTE[$key]+="host pids created in the window: $((pid1 >= pid0 ? pid1 - pid0 : 0)) (churn started about $starts); "
+    for label in "$sl" "$rl"; do
+      n=$(awk -F, '/raw_syscalls:sys_enter/ { print $1; exit }' "$tmp/$label.syscalls" 2>/dev/null || true)
+      if [[ ${n:-} =~ ^[0-9]+$ ]]; then
+        SYSCALLS[$label]=$n
+        per=
+        [ "$starts" -gt 0 ] && per=", $(calc '%.1f' "$n / $starts") per churn start"
+        NOTE[$key]+="$label syscalls: $n ($(calc '%.1f' "$n / ${W_SECS[$sl]:-$STEADY}")/s$per); "
+      fi
+    done
+  fi
   MAP_KIB[$sl]=$(bpf_map_kib "$sampler_pid")
-  local label
   for label in "$sl" "$rl"; do
     [ "${W_GONE[$label]}" = 0 ] ||
       NOTE[$label]+="PROBLEM: exited on its own during the window; log tail: $(tail -n3 "$tmp/$label.err" | cut -c1-300 | tr '\n' ' ' || true); "

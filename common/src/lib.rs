@@ -24,5 +24,5 @@ pub use privileges::{check_identity, raise_nofile_limit, set_no_new_privs, Ident
 pub use signal::{
     install_reload_handler, install_stop_handlers, stop_requested, take_reload_request,
 };
-pub use status::{read_bounded, ProcStatus};
+pub use status::{read_bounded, ProcStatus, STATUS_READ_LIMIT};
 pub use unwind_mode::UnwindMode;

@@ -26,5 +26,12 @@ pub use codec::{
 pub use losses::{distinct_losses, LossCounter, Losses, Summary, LOSS_COUNTERS};
 pub use messages::*;
 
+/// How long the sampler keeps a file open after the last process that mapped it is gone, before
+/// it names it in `filesClosed`: the next start of the same program reuses the file under its id
+/// (no new descriptor, ELF read or unwind table). The relay keeps a passed file that no known
+/// process maps for twice as long before it closes it on its own (its bound on a sampler that
+/// never closes what it passed).
+pub const FILE_IDLE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Version of the wire protocol this build speaks; checked by the relay on `Hello`.
 pub const PROTOCOL_VERSION: u32 = ember_capnp::PROTOCOL_VERSION;

@@ -10,9 +10,9 @@
 //! the relay keeps no reference counts of its own. Facts for a known pid replace the old ones
 //! (with another start time, the pid was reused: nothing of the old process is kept).
 //!
-//! Descriptors are bounded whatever the peer says: files no known process refers to are closed at
-//! the next batch (`files_swept`, which stays 0 while the sampler's closes and the relay's facts
-//! agree), and at most `max_open_files` stay open per connection (the least recently used are
+//! Descriptors are bounded whatever the peer says: files no known process has referred to for
+//! twice the sampler's [`ember_protocol::FILE_IDLE_GRACE`] are closed at the next batch
+//! (`files_swept`, which stays 0 while the sampler's closes and the relay's facts agree), and at most `max_open_files` stay open per connection (the least recently used are
 //! closed beyond, their frames stay unnamed). Addresses and offsets from the sampler are
 //! untrusted: arithmetic on them is checked, and a result that would wrap makes an unknown frame.
 
@@ -21,6 +21,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::OwnedFd,
     sync::{Arc, Weak},
+    time::{Duration, Instant},
 };
 
 use ember_protocol::{Batch, FileInfo, Hello, ProcessInfo, Row, StackRef};
@@ -53,6 +54,10 @@ struct PassedFile {
     last_read: Cell<u64>,
     /// The interpreter or runtime this file is, if the relay recognized one (`interp`).
     runtime: Option<Arc<Recognized>>,
+    /// Whether a known process mapped it, and since when none does (see
+    /// [`Session::sweep_unreferenced_files`]).
+    was_referenced: bool,
+    unreferenced_since: Option<Instant>,
 }
 
 struct Process {
@@ -153,6 +158,8 @@ pub struct Session {
     max_open_files: usize,
     /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
     tick: u64,
+    /// How long a file no known process maps is kept before the relay closes it on its own.
+    sweep_after: Duration,
     /// Names Python frames and splices them into native stacks (its code cache is per
     /// process, forgotten with the process).
     python: Naming,
@@ -190,6 +197,7 @@ impl Session {
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
+            sweep_after: ember_protocol::FILE_IDLE_GRACE * 2,
             python: Naming::default(),
             jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
@@ -240,6 +248,8 @@ impl Session {
                     last_used: Cell::new(self.tick),
                     last_read: Cell::new(0),
                     runtime,
+                    was_referenced: false,
+                    unreferenced_since: None,
                 },
             );
         }
@@ -313,7 +323,10 @@ impl Session {
     }
 
     /// The bound on a peer that never closes what it passed: closes files no known process
-    /// refers to (counted; an honest sampler has closed them already).
+    /// refers to (counted; an honest sampler has closed them already). A file that a process
+    /// mapped is kept for [`Session::sweep_after`] once none does: the sampler keeps it for half
+    /// that ([`ember_protocol::FILE_IDLE_GRACE`]) so that the next start of the same program
+    /// finds it. Meanwhile it counts towards `max_open_files` like any other file.
     fn sweep_unreferenced_files(&mut self) {
         let referenced: HashSet<u64> = self
             .processes
@@ -322,7 +335,16 @@ impl Session {
             .filter(|&id| id != 0)
             .collect();
         let before = self.files.len();
-        self.files.retain(|id, _| referenced.contains(id));
+        let (now, after) = (Instant::now(), self.sweep_after);
+        self.files.retain(|id, file| {
+            if referenced.contains(id) {
+                file.was_referenced = true;
+                file.unreferenced_since = None;
+                return true;
+            }
+            let since = *file.unreferenced_since.get_or_insert(now);
+            file.was_referenced && now.saturating_duration_since(since) < after
+        });
         let swept = (before - self.files.len()) as u64;
         if swept > 0 && self.stats.files_swept == 0 {
             tracing::warn!(
@@ -344,6 +366,12 @@ impl Session {
     /// [`Session::set_process`], with the descriptor of the process's perf map the sampler
     /// passed with these facts, if any.
     pub fn set_process_with_perf_map(&mut self, info: ProcessInfo, perf_map: Option<OwnedFd>) {
+        // Mapped once: kept for the grace when no process maps it any more (see the sweep).
+        for mapping in info.mappings.iter().filter(|m| m.file_id != 0) {
+            if let Some(file) = self.files.get_mut(&mapping.file_id) {
+                file.was_referenced = true;
+            }
+        }
         let dumps: Vec<u64> = info
             .mappings
             .iter()
@@ -559,8 +587,14 @@ impl Session {
             .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
             .collect();
         self.catch_up_jit(batch, left_out);
-        let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
-        let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
+        // Looked up once per row: foldhash, not SipHash (the keys are the sampler's indices).
+        let mut user_memo: HashMap<(u32, u32), Vec<Frame>, foldhash::fast::RandomState> =
+            HashMap::default();
+        let mut spliced_memo: HashMap<
+            (u32, Option<u32>, usize),
+            Vec<Frame>,
+            foldhash::fast::RandomState,
+        > = HashMap::default();
         let mut skipped = 0u64;
         for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
@@ -1284,9 +1318,10 @@ mod tests {
     }
 
     #[test]
-    fn files_no_process_refers_to_are_closed_at_the_next_batch() {
+    fn files_no_process_refers_to_are_closed_at_the_next_batch_and_unmapped_ones_after_the_grace() {
         // Given three passed files of which one process maps only the first
         let mut session = Session::new(Hello::default(), Vec::new());
+        session.sweep_after = Duration::from_millis(200);
         let (infos, fds) = files(&[1, 2, 3]);
         session.add_files(infos, fds);
         session.set_process(process(10, &[1], 0));
@@ -1297,8 +1332,22 @@ mod tests {
         assert_eq!(session.file_count(), 1);
         assert!(session.has_fd(1));
         assert_eq!(session.stats.files_swept, 2);
-        // And when that process is replaced by facts mapping nothing, its file goes too
+        // When a file is passed, mapped by a process whose facts are replaced before any batch
+        // came (a pid reused at once), Then it is kept for the grace too
+        let (infos, fds) = files(&[4]);
+        session.add_files(infos, fds);
+        session.set_process(process(11, &[4], 0));
+        session.set_process(process(11, &[], 1));
+        symbolize(&mut session, &batch(10, Vec::new()));
+        assert!(session.has_fd(4));
+        assert_eq!(session.stats.files_swept, 2);
+        session.remove_process(11);
+        // When that process is replaced by facts mapping nothing, Then its file stays for the
+        // grace (the sampler keeps it for the next start of the same program), then goes
         session.set_process(process(10, &[], 0));
+        symbolize(&mut session, &batch(10, Vec::new()));
+        assert_eq!(session.file_count(), 2);
+        std::thread::sleep(Duration::from_millis(250));
         symbolize(&mut session, &batch(10, Vec::new()));
         assert_eq!(session.file_count(), 0);
     }

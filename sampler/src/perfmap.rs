@@ -24,6 +24,8 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
 };
 
+use crate::procfs::ProcDir;
+
 /// Largest perf map passed, at the time it is opened (it may grow later: the relay bounds what
 /// it reads of it). A 20 MB map (a busy Node service) passes with room.
 pub const PERF_MAP_MAX_BYTES: u64 = 256 << 20;
@@ -41,11 +43,17 @@ pub enum PerfMap {
 
 /// Finds and opens `pid`'s perf map. `ns_pid` is its pid in its own namespace and `uid` its real
 /// uid, both from its status file.
+#[cfg(test)]
 pub fn open_perf_map(pid: u32, ns_pid: u32, uid: u32) -> PerfMap {
-    let Ok(root_path) = CString::new(format!("/proc/{pid}/root")) else {
-        return PerfMap::Absent;
-    };
-    let Some(root) = open_at(libc::AT_FDCWD, &root_path, libc::O_PATH | libc::O_DIRECTORY) else {
+    match ProcDir::open(pid) {
+        Ok(dir) => open_perf_map_at(&dir, ns_pid, uid),
+        Err(_) => PerfMap::Absent,
+    }
+}
+
+/// [`open_perf_map`] of the process whose `/proc/<pid>` is `dir` (its `root` is found from it).
+pub fn open_perf_map_at(dir: &ProcDir, ns_pid: u32, uid: u32) -> PerfMap {
+    let Some(root) = open_at(dir.raw(), c"root", libc::O_PATH | libc::O_DIRECTORY) else {
         return PerfMap::Absent;
     };
     let tmp = match open_at(

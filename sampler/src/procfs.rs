@@ -11,15 +11,31 @@
 //! and unparsed: the relay reads its v1 and v2 lines); file contents are never parsed.
 //! Every failure is per process and reported to the caller, never fatal: processes exit at any
 //! moment.
+//!
+//! What a process start costs here: one `/proc/<pid>` descriptor ([`ProcDir`]) through which
+//! maps, exe, cgroup, stat, status, environ (and comm, cmdline, perf map only when needed) are
+//! read, each in one pass; a mapped file is opened only for a (device, inode) the table does not
+//! hold. Taking the file's identity from the maps line (kernel-written) is safe because the
+//! table holds a descriptor of every file it names (checked against that identity when opened
+//! through `map_files/`, the exact object the process maps): while it is held the inode cannot
+//! be freed, so no other file can come to have its (device, inode), and a process mapping that
+//! pair maps that very file, whatever was renamed, replaced or deleted under its path since.
+//! A file that could not be opened is forgotten as soon as no process maps it, since nothing
+//! pins its number.
 
 use std::{
-    collections::{HashMap, HashSet},
-    fs::{self, File},
+    collections::{HashMap, HashSet, VecDeque},
+    ffi::{CStr, CString},
+    fs::File,
     io::{BufRead as _, BufReader, Read},
-    os::{fd::OwnedFd, unix::fs::MetadataExt as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        unix::fs::MetadataExt as _,
+    },
     path::Path,
     rc::Rc,
     sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
 };
 
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
@@ -42,7 +58,16 @@ pub struct OpenFile {
     refs: usize,
     /// Left unopened by a cap (not by an error): opened when a later process may.
     capped: bool,
+    /// Since when no process refers to it, while it is kept open for [`FILE_IDLE_GRACE`].
+    idle_since: Option<Instant>,
 }
+
+/// How long a file nobody maps any more stays open (and known to the relay under its id): a
+/// program started again and again (a shell loop, a build, cron) maps the same binaries, and
+/// with its file kept the next start costs no open, no `files` message, and no new ELF read nor
+/// unwind table in the relay. Short, because a held descriptor keeps a deleted file's blocks
+/// and its file system busy (a container's root cannot be unmounted while it is held).
+pub use ember_protocol::FILE_IDLE_GRACE;
 
 /// Mapped files by (device, inode), each opened once and reused.
 pub struct FileTable {
@@ -57,6 +82,10 @@ pub struct FileTable {
     pub unopened: u64,
     /// Ids of files closed since the last [`FileTable::take_closed`], for the relay.
     closed: Vec<u64>,
+    /// Open files nobody maps, oldest first (entries revived meanwhile are skipped).
+    idle: VecDeque<(Instant, (u64, u64))>,
+    /// How long those stay open ([`FILE_IDLE_GRACE`]; zero closes at once).
+    pub idle_grace: Duration,
 }
 
 /// The global open-file cap: [`MAX_OPEN_FILES`], and never closer than [`NOFILE_RESERVE`] to
@@ -85,6 +114,8 @@ impl FileTable {
             max_open,
             unopened: 0,
             closed: Vec::new(),
+            idle: VecDeque::new(),
+            idle_grace: FILE_IDLE_GRACE,
         }
     }
 
@@ -125,6 +156,8 @@ impl FileTable {
         budget: &mut ProcessBudget,
         mapping: &Mapping,
     ) -> (Option<Rc<OwnedFd>>, String, bool) {
+        // Files nobody maps make room before any file goes unopened.
+        while self.open >= self.max_open && self.close_oldest_idle() {}
         if let Some(reason) = self.cap_reached(budget) {
             self.unopened += 1;
             return (None, reason, true);
@@ -151,6 +184,8 @@ impl FileTable {
         let retry = match self.files.get_mut(&key) {
             Some(file) => {
                 file.refs += 1;
+                // Kept open while nobody mapped it: the relay still holds it under its id.
+                file.idle_since = None;
                 file.capped.then_some(file.id)
             }
             None => None,
@@ -190,6 +225,7 @@ impl FileTable {
                 info,
                 refs: 1,
                 capped,
+                idle_since: None,
             },
         );
         fresh.push(id);
@@ -217,26 +253,70 @@ impl FileTable {
         }
     }
 
-    /// Forgets one reference of every file of `mappings`, closing files nobody maps any more
-    /// (their ids are kept for [`FileTable::take_closed`]).
+    /// Forgets one reference of every file of `mappings`. A file nobody maps any more is kept
+    /// open for [`FileTable::idle_grace`] if it has a descriptor, else closed at once (its id is
+    /// kept for [`FileTable::take_closed`]). Only a held descriptor makes keeping it safe: it
+    /// keeps the inode alive, so no other file can take its (device, inode) meanwhile and be
+    /// taken for it; an unopened file's (device, inode) may be reused as soon as it is deleted.
     pub fn release(&mut self, mappings: &[Mapping]) {
         let mut seen = HashSet::new();
+        let now = Instant::now();
         for mapping in mappings.iter().filter(|m| m.file_id != 0) {
             let key = (mapping.device, mapping.inode);
             if !seen.insert(key) {
                 continue;
             }
-            if let Some(file) = self.files.get_mut(&key) {
-                file.refs = file.refs.saturating_sub(1);
-                if file.refs == 0 {
-                    if file.fd.is_some() {
-                        self.open -= 1;
-                    }
-                    self.ids.remove(&file.id);
-                    self.closed.push(file.id);
-                    self.files.remove(&key);
-                }
+            let Some(file) = self.files.get_mut(&key) else {
+                continue;
+            };
+            file.refs = file.refs.saturating_sub(1);
+            if file.refs > 0 {
+                continue;
             }
+            if file.fd.is_some() && !self.idle_grace.is_zero() {
+                file.idle_since = Some(now);
+                self.idle.push_back((now, key));
+            } else {
+                self.close(key);
+            }
+        }
+    }
+
+    /// Closes the files kept open longer than [`FileTable::idle_grace`] with nobody mapping
+    /// them.
+    pub fn close_idle(&mut self) {
+        while let Some(&(since, _)) = self.idle.front() {
+            if since.elapsed() < self.idle_grace {
+                break;
+            }
+            self.close_oldest_idle();
+        }
+    }
+
+    /// Closes the file idle the longest; false when none is.
+    fn close_oldest_idle(&mut self) -> bool {
+        while let Some((since, key)) = self.idle.pop_front() {
+            // Skips entries of files mapped again since (or idle again, since a later time).
+            if self
+                .files
+                .get(&key)
+                .is_some_and(|f| f.refs == 0 && f.idle_since == Some(since))
+            {
+                self.close(key);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Forgets a file: its descriptor is closed and its id kept for the relay.
+    fn close(&mut self, key: (u64, u64)) {
+        if let Some(file) = self.files.remove(&key) {
+            if file.fd.is_some() {
+                self.open -= 1;
+            }
+            self.ids.remove(&file.id);
+            self.closed.push(file.id);
         }
     }
 
@@ -317,19 +397,6 @@ pub const COMMAND_LINE_MAX_BYTES: u64 = 4 << 10;
 /// paths fit several times over; a longer file is cut after its last whole line (counted).
 pub const CGROUP_MAX_BYTES: u64 = 4 << 10;
 
-/// At most `max` bytes of a /proc file, and whether it was longer.
-pub fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
-    let mut bytes = Vec::new();
-    File::open(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
-    if cut {
-        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-    }
-    Ok((bytes, cut))
-}
-
 /// `bytes` as text (invalid UTF-8 replaced); when `cut`, without its last, partial line.
 fn whole_lines(bytes: &[u8], cut: bool) -> String {
     let end = if cut {
@@ -383,39 +450,131 @@ pub struct ReadProcess {
     pub perf_map: Option<OwnedFd>,
 }
 
+/// `/proc/<pid>` opened once for one reading of a process's facts: each file is then found
+/// without walking `/proc` and `<pid>` again, and every one is the same process's: once it has
+/// exited, a process that reuses its pid does not answer through this directory (opens fail),
+/// so one reading never mixes two processes' facts.
+pub(crate) struct ProcDir {
+    fd: OwnedFd,
+}
+
+impl ProcDir {
+    pub(crate) fn open(pid: u32) -> std::io::Result<Self> {
+        let path = CString::new(format!("/proc/{pid}")).map_err(std::io::Error::other)?;
+        Self::open_at(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY).map(|fd| Self { fd })
+    }
+
+    /// `openat(dir, name, flags | O_CLOEXEC)`.
+    fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+        // SAFETY: `name` is NUL-terminated; the flags create and truncate nothing (the seccomp
+        // filter would refuse it).
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a non-negative return is a descriptor this process now owns, once.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The directory's descriptor, for `openat` of entries below it.
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// One of its files, opened for reading.
+    fn file(&self, name: &CStr) -> std::io::Result<File> {
+        Self::open_at(self.raw(), name, libc::O_RDONLY).map(File::from)
+    }
+
+    /// At most `max` bytes of one of its files, and whether it was longer. For the files read
+    /// this way (stat, status, cgroup, comm, cmdline, environ) a read that returns less than it
+    /// asked for returned all there is: the first four are produced whole by one `show` of a
+    /// `seq_file` and handed out from that, and cmdline and environ are copied page after page
+    /// until the end or the size asked. So a small file takes one `read`, not one more to
+    /// see its end. (Not maps: a `seq_file` of many records fills a read one page at a time.)
+    fn read(&self, name: &CStr, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+        let want = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX);
+        let mut file = self.file(name)?;
+        let mut bytes = vec![0u8; want.min(4096)];
+        let n = loop {
+            match file.read(&mut bytes) {
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other?,
+            }
+        };
+        let short = n < bytes.len();
+        bytes.truncate(n);
+        if !short {
+            let rest = u64::try_from(want - n).unwrap_or(u64::MAX);
+            file.take(rest).read_to_end(&mut bytes)?;
+        }
+        let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+        if cut {
+            bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        }
+        Ok((bytes, cut))
+    }
+
+    /// At most [`SMALL_FILE_MAX_BYTES`] of one of its files, as text.
+    fn read_small(&self, name: &CStr) -> std::io::Result<String> {
+        let (bytes, _) = self.read(name, SMALL_FILE_MAX_BYTES)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The target of one of its links (`exe`), cut by [`cap_path`].
+    fn read_link(&self, name: &CStr) -> std::io::Result<String> {
+        // One byte more than a kept path, so a longer target is seen (and cut) as such.
+        let mut buf = vec![0u8; PATH_MAX_BYTES + 1];
+        // SAFETY: `name` is NUL-terminated and `buf` is writable for its whole length.
+        let len = unsafe {
+            libc::readlinkat(
+                self.raw(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return Err(std::io::Error::last_os_error());
+        };
+        buf.truncate(len);
+        // A target longer than the buffer fills it, and is cut (and marked) like any long path.
+        Ok(cap_path(String::from_utf8_lossy(&buf).into_owned()))
+    }
+}
+
 /// Reads the facts of `pid` and interns its mapped files. `fresh` receives ids of files to
 /// send. Fails only when the process is gone or unreadable.
+///
+/// System calls: every file below is opened once through one [`ProcDir`] and read in one pass
+/// (maps in 64 KiB reads); `comm` only when the executable's path cannot name the process.
 pub fn read_process(
     pid: u32,
     boot_time_unix_ns: u64,
     files: &mut FileTable,
     fresh: &mut Vec<u64>,
 ) -> std::io::Result<ReadProcess> {
-    let dir = format!("/proc/{pid}");
-    let maps = parse_maps(
-        File::open(format!("{dir}/maps"))?,
-        MAPS_MAX_BYTES,
-        MAX_MAPPINGS_PER_PROCESS,
-    )?;
-    let executable_path = fs::read_link(format!("{dir}/exe"))
-        .map(|p| cap_path(p.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let main_comm = read_small(format!("{dir}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default();
+    let dir = ProcDir::open(pid)?;
+    let maps = parse_maps(dir.file(c"maps")?, MAPS_MAX_BYTES, MAX_MAPPINGS_PER_PROCESS)?;
+    let executable_path = dir.read_link(c"exe").unwrap_or_default();
     // A cut path has no trustworthy last component: the kernel's comm names it then.
     let executable_name = match Path::new(executable_path.trim_end_matches(" (deleted)"))
         .file_name()
         .filter(|_| !executable_path.ends_with(PATH_CUT_MARK))
     {
         Some(name) => name.to_string_lossy().into_owned(),
-        None => main_comm.clone(),
+        None => dir
+            .read_small(c"comm")
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default(),
     };
     // The whole file, unparsed (cgroup v1 hosts have one line per hierarchy): the relay reads it.
-    let (cgroup, cgroup_cut) = read_cut(format!("{dir}/cgroup"), CGROUP_MAX_BYTES)
+    let (cgroup, cgroup_cut) = dir
+        .read(c"cgroup", CGROUP_MAX_BYTES)
         .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
         .unwrap_or_default();
-    let start_time_unix_ns = read_small(format!("{dir}/stat"))
+    let start_time_unix_ns = dir
+        .read_small(c"stat")
         .ok()
         .and_then(|stat| start_ticks(&stat))
         .map_or(0, |ticks| {
@@ -427,28 +586,36 @@ pub fn read_process(
         cut,
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
-    let status = ember_common::ProcStatus::read(format!("{dir}/status")).ok();
+    let status = dir
+        .read(c"status", ember_common::STATUS_READ_LIMIT)
+        .ok()
+        .map(|(bytes, _)| ember_common::ProcStatus::parse(&bytes));
     let uid = status
         .as_ref()
         .and_then(|status| status.uids().first().copied());
-    // Its perf map, only when its real uid is known (the owner it must have).
+    // Its perf map, only when its real uid is known (the owner it must have), and only when it
+    // runs code from anonymous memory (a JIT's): others have no code a perf map could name, and
+    // the tracker reads the facts again once a sample falls in such code.
+    let jit_code = mappings.iter().any(is_anonymous);
     let perf_map = match (&status, uid) {
-        (Some(status), Some(uid)) => perfmap::open_perf_map(pid, perfmap::ns_pid(status, pid), uid),
+        (Some(status), Some(uid)) if jit_code => {
+            perfmap::open_perf_map_at(&dir, perfmap::ns_pid(status, pid), uid)
+        }
         _ => PerfMap::Absent,
     };
     // Only with --command-line, raw: the relay turns it into text.
     let (command_line, command_line_cut) = if COMMAND_LINE.load(Ordering::Relaxed) {
-        read_cut(format!("{dir}/cmdline"), COMMAND_LINE_MAX_BYTES)
+        dir.read(c"cmdline", COMMAND_LINE_MAX_BYTES)
             .map(|(bytes, cut)| (Some(bytes).filter(|b| !b.is_empty()), cut))
             .unwrap_or_default()
     } else {
         (None, false)
     };
     // The environment the process was started with (exec time); unreadable = nothing forwarded.
-    let [otel_service_name, otel_resource_attributes] =
-        ember_common::read_bounded(format!("{dir}/environ"), ENVIRON_MAX_BYTES)
-            .map(|environ| allowlisted_env(&environ))
-            .unwrap_or_default();
+    let [otel_service_name, otel_resource_attributes] = dir
+        .read(c"environ", ENVIRON_MAX_BYTES)
+        .map(|(environ, _)| allowlisted_env(&String::from_utf8_lossy(&environ)))
+        .unwrap_or_default();
     let (perf_map, perf_map_refused) = match perf_map {
         PerfMap::Open(fd) => (Some(fd), String::new()),
         PerfMap::Refused(reason) => (None, reason.to_owned()),
@@ -528,6 +695,12 @@ fn start_ticks(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether an executable mapping is anonymous memory (JIT code), not a file's: no path, or a
+/// name the process gave it (`[anon:...]`); `[vdso]` and the like are the kernel's.
+pub fn is_anonymous(mapping: &Mapping) -> bool {
+    mapping.inode == 0 && (mapping.path.is_empty() || mapping.path.starts_with("[anon:"))
+}
+
 /// The executable mappings read from a maps file.
 #[derive(Debug)]
 pub struct ParsedMaps {
@@ -546,7 +719,8 @@ pub fn parse_maps(
     max_bytes: u64,
     max_mappings: usize,
 ) -> std::io::Result<ParsedMaps> {
-    let mut reader = BufReader::new(source.take(max_bytes));
+    // 64 KiB reads: the kernel formats the file anew from the line a read starts at.
+    let mut reader = BufReader::with_capacity(64 << 10, source.take(max_bytes));
     let mut parsed = ParsedMaps {
         mappings: Vec::new(),
         omitted: 0,
@@ -626,7 +800,22 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::fs;
+
     use super::*;
+
+    /// At most `max` bytes of a /proc file, and whether it was longer.
+    fn read_cut(path: impl AsRef<Path>, max: u64) -> std::io::Result<(Vec<u8>, bool)> {
+        let mut bytes = Vec::new();
+        File::open(path)?
+            .take(max.saturating_add(1))
+            .read_to_end(&mut bytes)?;
+        let cut = u64::try_from(bytes.len()).map_or(true, |len| len > max);
+        if cut {
+            bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        }
+        Ok((bytes, cut))
+    }
 
     #[test]
     fn parses_executable_mappings_only() {
@@ -873,6 +1062,89 @@ pub(crate) mod tests {
         let _ = child.wait();
         assert_eq!(off.command_line, None);
     }
+    #[test]
+    fn a_file_is_read_whole_up_to_its_bound_whatever_its_size() {
+        // Given files of 0, 5,000, 4,096 (one first read's worth) and 10,000 bytes
+        let dir = std::env::temp_dir().join(format!("ember-procdir-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let path = CString::new(dir.to_str().expect("UTF-8")).expect("no NUL");
+        let proc_dir = ProcDir {
+            fd: ProcDir::open_at(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY)
+                .expect("open the dir"),
+        };
+        for (len, max, kept, cut) in [
+            (0, 100, 0, false),
+            (5_000, 64 << 10, 5_000, false),
+            (4_096, 64 << 10, 4_096, false),
+            (4_096, 4_096, 4_096, false),
+            (10_000, 8_192, 8_192, true),
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            fs::write(dir.join("f"), &bytes).expect("write");
+            // When it is read with a bound
+            let (read, was_cut) = proc_dir.read(c"f", max).expect("read");
+            // Then all of it up to the bound is read, and a longer one says so
+            assert_eq!(
+                (read.len(), was_cut),
+                (kept, cut),
+                "{len} bytes, bound {max}"
+            );
+            assert_eq!(read[..], bytes[..kept]);
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_perf_map_is_looked_for_only_in_a_process_running_anonymous_code() {
+        // Given two processes of ours with a perf map each: one maps anonymous executable
+        // memory (as a JIT does), the other does not
+        let spawn = |code: &str| {
+            std::process::Command::new("python3")
+                .args(["-c", code])
+                .spawn()
+                .expect("spawn python3")
+        };
+        let mut jit = spawn(
+            "import mmap,time; m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, \
+             prot=mmap.PROT_READ | mmap.PROT_EXEC); \
+             time.sleep(20)",
+        );
+        let mut plain = spawn("import time; time.sleep(20)");
+        let maps: Vec<String> = [&jit, &plain]
+            .iter()
+            .map(|c| format!("/tmp/perf-{}.map", c.id()))
+            .collect();
+        for map in &maps {
+            fs::write(map, "1000 10 f\n").expect("write a perf map");
+        }
+        // When their facts are read (once the JIT's mapping is there)
+        let read = |pid: u32| {
+            read_process(pid, 0, &mut FileTable::new(64), &mut Vec::new()).expect("read facts")
+        };
+        let mut facts = read(jit.id());
+        for _ in 0..300 {
+            if facts.info.mappings.iter().any(is_anonymous) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            facts = read(jit.id());
+        }
+        let plain_facts = read(plain.id());
+        for child in [&mut jit, &mut plain] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for map in &maps {
+            let _ = fs::remove_file(map);
+        }
+        // Then the JIT's map is passed, and the other process's is not even looked for
+        assert!(facts.info.mappings.iter().any(is_anonymous));
+        assert!(facts.perf_map.is_some(), "the JIT process's perf map");
+        assert!(!plain_facts.info.mappings.iter().any(is_anonymous));
+        assert!(plain_facts.perf_map.is_none());
+        assert_eq!(plain_facts.info.perf_map_refused, "");
+    }
+
     #[test]
     fn start_time_survives_odd_comm() {
         let stat = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 777 1000 10";

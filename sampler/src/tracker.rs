@@ -4,9 +4,9 @@
 //! JIT runtime writes, re-checked at those re-reads while it has none) that describe them.
 //!
 //! File lifetime is the sampler's to say: a file is held while a tracked process maps it, and
-//! when the last one stops (new facts without it, or the process is reaped) the file is closed
-//! and a `filesClosed` naming it follows the message that made it unreferenced. The relay frees
-//! exactly those.
+//! for [`crate::procfs::FILE_IDLE_GRACE`] after the last one stops (new facts without it, or the
+//! process is reaped), so the next start of the same program finds it; then the file is closed
+//! and a `filesClosed` naming it is sent. The relay frees exactly those.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -335,6 +335,7 @@ impl Tracker {
                 out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
             }
         }
+        self.files.close_idle();
         out.extend(self.closed_messages());
         out
     }
@@ -375,10 +376,7 @@ fn process_messages(info: &ProcessInfo, perf_map: Option<&Rc<OwnedFd>>) -> Vec<O
 /// Whether a user address lies in anonymous executable memory (JIT code, not a file's).
 fn in_anonymous_code(info: &ProcessInfo, addr: u64) -> bool {
     let i = info.mappings.partition_point(|m| m.start <= addr);
-    i > 0 && addr < info.mappings[i - 1].end && {
-        let m = &info.mappings[i - 1];
-        m.inode == 0 && (m.path.is_empty() || m.path.starts_with("[anon:"))
-    }
+    i > 0 && addr < info.mappings[i - 1].end && procfs::is_anonymous(&info.mappings[i - 1])
 }
 
 /// Whether a user address lies in one of the process's executable mappings.
@@ -626,6 +624,8 @@ mod tests {
             .each_ref()
             .map(|f| mapping_of(f.path(), f.dev_ino().0, f.dev_ino().1));
         let mut tracker = Tracker::new(0, 16);
+        // (closed as soon as unreferenced: the grace has its own test)
+        tracker.files.idle_grace = Duration::ZERO;
         let mut relay = std::collections::BTreeSet::new();
         // When process 1 maps a and b, process 2 maps b, process 1's new facts map only a, then
         // process 2 exits (b goes), then process 1 (a goes)
@@ -674,6 +674,84 @@ mod tests {
                 "opened through /proc/self/root"
             );
         }
+    }
+
+    /// Interns `mappings` for `pid` and takes them as its facts: the decoded messages.
+    fn take_facts(
+        tracker: &mut Tracker,
+        pid: u32,
+        mut mappings: Vec<Mapping>,
+    ) -> Vec<SamplerMessage> {
+        let mut fresh = Vec::new();
+        (tracker.files).intern_mappings(std::process::id(), &mut mappings, &mut fresh);
+        let info = ProcessInfo {
+            pid,
+            mappings,
+            ..ProcessInfo::default()
+        };
+        decode_all(&tracker.replace(info, &fresh, None))
+    }
+
+    /// Marks `pid` exited and reaps it: the decoded messages.
+    fn exit_and_reap(tracker: &mut Tracker, pid: u32) -> Vec<SamplerMessage> {
+        tracker.procs.get_mut(&pid).expect("tracked").exited_after = Some(0);
+        decode_all(&tracker.reap(None, 1))
+    }
+
+    fn closed(messages: &[SamplerMessage]) -> Vec<u64> {
+        messages
+            .iter()
+            .filter_map(|m| match m {
+                SamplerMessage::FilesClosed(ids) => Some(ids.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_file_nobody_maps_stays_open_for_the_grace_so_the_next_start_reuses_it() {
+        // Given a process that mapped a file and exited, with a short grace
+        let files = [TempFile::new("grace-a"), TempFile::new("grace-b")];
+        let [a, b] = files
+            .each_ref()
+            .map(|f| mapping_of(f.path(), f.dev_ino().0, f.dev_ino().1));
+        let mut tracker = Tracker::new(0, 1);
+        tracker.files.idle_grace = Duration::from_millis(200);
+        let first = take_facts(&mut tracker, 1, vec![a.clone()]);
+        assert!(matches!(&first[0], SamplerMessage::Files(f) if f.len() == 1));
+        let id = tracker.mappings(1).expect("tracked")[0].file_id;
+        // When it is reaped, Then its file is not closed yet: still open, still known
+        assert_eq!(closed(&exit_and_reap(&mut tracker, 1)), Vec::<u64>::new());
+        assert!(tracker.files.has_id(id));
+        assert_eq!(tracker.files.open_count(), 1);
+        // When the same program starts again, Then it gets the same file: no files message,
+        // no new open
+        let again = take_facts(&mut tracker, 2, vec![a.clone()]);
+        assert!(again.iter().all(|m| !matches!(m, SamplerMessage::Files(_))));
+        assert_eq!(tracker.mappings(2).expect("tracked")[0].file_id, id);
+        assert_eq!(tracker.files.open_count(), 1);
+        // When that one exits too and the grace passes, Then the file is closed, said once
+        assert_eq!(closed(&exit_and_reap(&mut tracker, 2)), Vec::<u64>::new());
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(closed(&decode_all(&tracker.reap(None, 1))), vec![id]);
+        assert_eq!(
+            closed(&decode_all(&tracker.reap(None, 1))),
+            Vec::<u64>::new()
+        );
+        assert!(!tracker.files.has_id(id));
+        assert_eq!(tracker.files.open_count(), 0);
+        // When the open-file cap (1 here) is reached, Then an idle file makes room at once
+        tracker.files.idle_grace = Duration::from_secs(3600);
+        take_facts(&mut tracker, 3, vec![a]);
+        let id_a = tracker.mappings(3).expect("tracked")[0].file_id;
+        exit_and_reap(&mut tracker, 3);
+        let messages = take_facts(&mut tracker, 4, vec![b]);
+        assert_eq!(closed(&messages), vec![id_a]);
+        assert!(messages
+            .iter()
+            .any(|m| matches!(m, SamplerMessage::Files(f) if f[0].fd != ember_protocol::NO_FD)));
+        assert_eq!(tracker.files.unopened, 0);
     }
 
     #[test]
