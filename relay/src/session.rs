@@ -39,6 +39,65 @@ use crate::{
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
+/// The connection's kernel symbols: parsed on a thread of their own from the passed
+/// `/proc/kallsyms` (the kernel generates its 100k+ lines slowly: parsing them on the driver's
+/// thread held every message behind the hello for most of a second, the unwind tables of the
+/// first processes included), waited for at the first kernel frame to name.
+enum Kernel {
+    /// No descriptor came with the hello, or the parse failed (logged).
+    Absent,
+    Loading(std::thread::JoinHandle<Option<KernelSymbols>>),
+    Loaded(KernelSymbols),
+}
+
+impl Kernel {
+    /// Starts parsing `fd` on a thread of its own.
+    fn load(fd: OwnedFd) -> Self {
+        let spawned = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(move || Self::parse(fd));
+        match spawned {
+            Ok(handle) => Self::Loading(handle),
+            Err(err) => {
+                tracing::warn!(%err, "no thread to parse the kernel symbols: kernel frames will be unnamed");
+                Self::Absent
+            }
+        }
+    }
+
+    fn parse(fd: OwnedFd) -> Option<KernelSymbols> {
+        match KernelSymbols::from_fd(fd) {
+            Ok(symbols) => {
+                tracing::info!(
+                    symbols = symbols.len(),
+                    "kernel symbols loaded from the passed /proc/kallsyms"
+                );
+                Some(symbols)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "kernel frames will be unnamed");
+                None
+            }
+        }
+    }
+
+    /// The symbols, once parsed (waiting for the parse the first time).
+    fn symbols(&mut self) -> Option<&KernelSymbols> {
+        if let Self::Loading(_) = self {
+            let Self::Loading(handle) = std::mem::replace(self, Self::Absent) else {
+                return None;
+            };
+            if let Ok(Some(symbols)) = handle.join() {
+                *self = Self::Loaded(symbols);
+            }
+        }
+        match self {
+            Self::Loaded(symbols) => Some(symbols),
+            _ => None,
+        }
+    }
+}
+
 struct PassedFile {
     /// Shared with queued unwind-table jobs only as a `Weak`: closing it here closes it.
     fd: Option<Arc<OwnedFd>>,
@@ -139,7 +198,7 @@ impl FileLimits {
 
 pub struct Session {
     pub hello: Hello,
-    kernel: Option<KernelSymbols>,
+    kernel: Kernel,
     kernel_module: Arc<Module>,
     files: HashMap<u64, PassedFile>,
     processes: HashMap<u32, Process>,
@@ -164,19 +223,7 @@ impl Session {
         let kernel = usize::try_from(hello.kallsyms_fd)
             .ok()
             .and_then(|i| fds.get_mut(i)?.take())
-            .and_then(|fd| match KernelSymbols::from_fd(fd) {
-                Ok(symbols) => {
-                    tracing::info!(
-                        symbols = symbols.len(),
-                        "kernel symbols loaded from the passed /proc/kallsyms"
-                    );
-                    Some(symbols)
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "kernel frames will be unnamed");
-                    None
-                }
-            });
+            .map_or(Kernel::Absent, Kernel::load);
         Self {
             hello,
             kernel,
@@ -549,10 +596,11 @@ impl Session {
         self.take_codes(interp);
         self.sweep_unreferenced_files();
         self.tick += 1;
+        let kernel = self.kernel.symbols();
         let kernel_stacks: Vec<Vec<Frame>> = batch
             .kernel_stacks
             .iter()
-            .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
+            .map(|addrs| symbolize::kernel_frames(addrs, kernel, &self.kernel_module))
             .collect();
         self.catch_up_jit(batch, left_out);
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
