@@ -456,7 +456,9 @@ impl Pipeline {
                     self.controls.get(&conn),
                     self.budgets.get(&conn),
                 ) {
-                    offer_tables(sender, control, budget, session, &ids);
+                    // Not sampled yet: after every file a batch sampled, in the order they came.
+                    let cold: Vec<(u64, u64)> = ids.iter().map(|&id| (id, 0)).collect();
+                    offer_tables(sender, control, budget, session, &cold);
                 }
                 Handled::Nothing
             }
@@ -546,16 +548,28 @@ impl Pipeline {
             self.controls.get(&conn),
             self.budgets.get(&conn),
         ) {
+            // The samples of this batch per file, per MiB of the file: the files whose tables
+            // would recover the most stacks per second of compiling go first (`queue.rs`).
+            let heat: HashMap<u64, u64> = session
+                .file_samples_last()
+                .iter()
+                .map(|(&id, &samples)| {
+                    let size = session.file_key(id).map_or(u64::MAX, |k| k.size);
+                    (id, crate::unwind::queue::heat(samples, size))
+                })
+                .collect();
+            sender.reheat(budget, &heat);
             // Tables evicted, refused for now or skipped by a full queue go again (rate-limited).
             let again = {
                 let mut budget = lock(budget);
                 budget.retain(|id| session.holds_file(id));
-                budget.after_batch(
-                    &session.files_sampled_last(),
-                    batch.losses.unwind_tables_evicted,
-                    Instant::now(),
-                )
+                let sampled: Vec<u64> = heat.keys().copied().collect();
+                budget.after_batch(&sampled, batch.losses.unwind_tables_evicted, Instant::now())
             };
+            let again: Vec<(u64, u64)> = again
+                .into_iter()
+                .map(|id| (id, heat.get(&id).copied().unwrap_or(0)))
+                .collect();
             offer_tables(sender, control, budget, session, &again);
         }
         let samples = batch.sample_count();
@@ -675,26 +689,30 @@ impl Pipeline {
     }
 }
 
-/// Hands every passed file of one `files` message to the unwind worker: each job holds the
-/// connection and a `Weak` handle on the session's descriptor, so it never keeps a file open
-/// that the session closes before the worker reaches it.
+/// Hands passed files (id, heat) to the unwind worker: each job holds the connection and a
+/// `Weak` handle on the session's descriptor, so it never keeps a file open that the session
+/// closes before the worker reaches it.
 fn offer_tables(
     sender: &mut TableSender,
     control: &Arc<OwnedFd>,
     budget: &Arc<Mutex<Budget>>,
     session: &Session,
-    file_ids: &[u64],
+    files: &[(u64, u64)],
 ) {
-    for &file_id in file_ids {
+    for &(file_id, heat) in files {
         let Some(file) = session.file_handle(file_id) else {
             continue;
         };
-        sender.offer(Job {
-            control: Arc::clone(control),
-            file_id,
-            file,
-            budget: Arc::clone(budget),
-        });
+        sender.offer(
+            Job {
+                control: Arc::clone(control),
+                file_id,
+                file,
+                budget: Arc::clone(budget),
+                key: session.file_key(file_id),
+            },
+            heat,
+        );
     }
 }
 

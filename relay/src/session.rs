@@ -209,6 +209,9 @@ pub struct Session {
     max_open_files: usize,
     /// Batches symbolized on this connection: the clock of `PassedFile::last_used`.
     tick: u64,
+    /// Samples of the last symbolized batch per passed file their user stacks fell in (each
+    /// sample once per file): how much an unwind table for that file would serve now.
+    file_samples: HashMap<u64, u64>,
     /// Names Python frames and splices them into native stacks (its code cache is per
     /// process, forgotten with the process).
     python: Naming,
@@ -234,6 +237,7 @@ impl Session {
             samples: 0,
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
+            file_samples: HashMap::new(),
             python: Naming::default(),
             jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
@@ -332,13 +336,14 @@ impl Session {
             .map(Arc::downgrade)
     }
 
-    /// The files a frame of the last symbolized batch fell in (their descriptors still open).
-    pub(crate) fn files_sampled_last(&self) -> Vec<u64> {
-        self.files
-            .iter()
-            .filter(|(_, f)| f.fd.is_some() && f.last_used.get() == self.tick)
-            .map(|(&id, _)| id)
-            .collect()
+    /// Samples of the last symbolized batch per file their user stacks fell in.
+    pub(crate) fn file_samples_last(&self) -> &HashMap<u64, u64> {
+        &self.file_samples
+    }
+
+    /// The relay's own identity of a passed file (`fstat` of its descriptor).
+    pub(crate) fn file_key(&self, file_id: u64) -> Option<FileKey> {
+        self.files.get(&file_id).and_then(|f| f.key)
     }
 
     /// Whether the sampler still holds the file (it has not closed it).
@@ -605,6 +610,8 @@ impl Session {
         self.catch_up_jit(batch, left_out);
         let mut user_memo: HashMap<(u32, u32), Vec<Frame>> = HashMap::new();
         let mut spliced_memo: HashMap<(u32, Option<u32>, usize), Vec<Frame>> = HashMap::new();
+        let mut files_memo: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+        self.file_samples.clear();
         let mut skipped = 0u64;
         for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
@@ -679,6 +686,14 @@ impl Session {
             self.stats.frames += frames;
             self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
+            if let (StackRef::Index(u), Some(p)) = (row.user_stack, process) {
+                let files = files_memo
+                    .entry((row.pid, u))
+                    .or_insert_with(|| stack_files(&batch.user_stacks[u as usize], p));
+                for &id in files.iter() {
+                    *self.file_samples.entry(id).or_default() += row.count;
+                }
+            }
             let thread = thread_of(row, process);
             profile.add_frames(&thread, stack, row.count);
         }
@@ -802,6 +817,27 @@ fn thread_of(row: &Row, process: Option<&Process>) -> Thread {
         executable_path,
         container_id,
     }
+}
+
+/// The passed files a user stack's frames fall in, each once.
+fn stack_files(addrs: &[u64], process: &Process) -> Vec<u64> {
+    let mappings = &process.info.mappings;
+    let mut out: Vec<u64> = Vec::new();
+    for (i, &address) in addrs.iter().enumerate() {
+        let lookup = if i == 0 {
+            address
+        } else {
+            address.saturating_sub(1)
+        };
+        let at = mappings.partition_point(|m| m.start <= lookup);
+        let Some(mapping) = at.checked_sub(1).and_then(|i| mappings.get(i)) else {
+            continue;
+        };
+        if lookup < mapping.end && mapping.file_id != 0 && !out.contains(&mapping.file_id) {
+            out.push(mapping.file_id);
+        }
+    }
+    out
 }
 
 /// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point
