@@ -986,6 +986,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_counts_its_samples_per_file_their_user_stacks_fell_in() {
+        // Given a session whose process maps this executable as file 1
+        let mut pipeline = started();
+        // When a batch of 5 samples in it arrives (4 with a kernel stack, 1 without)
+        pipeline.handle(batch(1, 0, 1, 5));
+        // Then file 1 counts all 5: the heat its unwind table is compiled with (`queue.rs`)
+        let session = pipeline.sessions.get(&CONN).expect("the session");
+        assert_eq!(
+            session.file_samples_last(),
+            &HashMap::from([(1u64, 5u64)]),
+            "samples per file"
+        );
+        // And an idle batch counts nothing
+        pipeline.handle(batch(2, 0, 1, 0));
+        let session = pipeline.sessions.get(&CONN).expect("the session");
+        assert!(session.file_samples_last().is_empty());
+    }
+
+    #[test]
     fn a_batch_is_named_through_the_descriptors_the_sampler_passed() {
         // Given a session that passed this executable and a kallsyms descriptor
         let mut pipeline = started();
