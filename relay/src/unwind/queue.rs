@@ -7,7 +7,9 @@
 //! file carries its *heat*: the samples of the connection's latest batch whose user stacks fell in
 //! it, per MiB of the file (a table serves those samples; compiling it costs about its size), so
 //! the worker takes the file whose table recovers the most stacks per second of work first. Files
-//! not sampled yet (heat 0: the rest of a new process's files) follow in the order they came.
+//! not sampled yet (heat 0: the rest of a new process's files) follow smallest first (shortest
+//! job first: most files get their tables soonest, and a build's huge compiler libraries come
+//! last), then in the order they came.
 //! The driver raises the heat of queued files after every batch ([`JobQueue::reheat`]).
 //!
 //! At most [`QUEUE`] files wait; a file that finds the queue full displaces the coldest one if
@@ -32,8 +34,21 @@ pub(crate) fn heat(samples: u64, size: u64) -> u64 {
 struct Queued<J> {
     job: J,
     heat: u64,
-    /// Arrival order: ties of heat go first come, first served.
+    /// What compiling it costs (the file's size): ties of heat go cheapest first.
+    cost: u64,
+    /// Arrival order: ties of heat and cost go first come, first served.
     seq: u64,
+}
+
+impl<J> Queued<J> {
+    /// Greater goes first: hotter, then cheaper, then earlier.
+    fn rank(&self) -> (u64, std::cmp::Reverse<u64>, std::cmp::Reverse<u64>) {
+        (
+            self.heat,
+            std::cmp::Reverse(self.cost),
+            std::cmp::Reverse(self.seq),
+        )
+    }
 }
 
 struct State<J> {
@@ -73,10 +88,10 @@ impl<J: Keyed> JobQueue<J> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `job` with `heat`; an entry of the same key keeps its place and takes the higher
-    /// heat. Returns the job left out when the queue was full: the new one, or the coldest
-    /// queued one it displaced.
-    pub(crate) fn push(&self, job: J, heat: u64) -> Option<J> {
+    /// Queues `job` with `heat` and `cost`; an entry of the same key keeps its place and takes
+    /// the higher heat. Returns the job left out when the queue was full: the new one, or the
+    /// last in rank it displaced.
+    pub(crate) fn push(&self, job: J, heat: u64, cost: u64) -> Option<J> {
         let mut state = self.lock();
         let key = job.key();
         if let Some(queued) = state.jobs.iter_mut().find(|q| q.job.key() == key) {
@@ -85,12 +100,15 @@ impl<J: Keyed> JobQueue<J> {
         }
         let seq = state.next_seq;
         state.next_seq += 1;
-        let entry = Queued { job, heat, seq };
+        let entry = Queued {
+            job,
+            heat,
+            cost,
+            seq,
+        };
         let left_out = if state.jobs.len() >= self.capacity {
-            // The coldest, and among those the last come.
-            let coldest = (0..state.jobs.len())
-                .min_by_key(|&i| (state.jobs[i].heat, std::cmp::Reverse(state.jobs[i].seq)))?;
-            if state.jobs[coldest].heat >= heat {
+            let coldest = (0..state.jobs.len()).min_by_key(|&i| state.jobs[i].rank())?;
+            if state.jobs[coldest].rank() >= entry.rank() {
                 return Some(entry.job);
             }
             Some(std::mem::replace(&mut state.jobs[coldest], entry).job)
@@ -151,8 +169,7 @@ impl<J: Keyed> JobQueue<J> {
     }
 
     fn take_hottest(state: &mut State<J>) -> Option<J> {
-        let hottest = (0..state.jobs.len())
-            .max_by_key(|&i| (state.jobs[i].heat, std::cmp::Reverse(state.jobs[i].seq)))?;
+        let hottest = (0..state.jobs.len()).max_by_key(|&i| state.jobs[i].rank())?;
         Some(state.jobs.swap_remove(hottest).job)
     }
 }
@@ -177,7 +194,7 @@ mod tests {
         // Given five files queued cold, then a batch that sampled 3 and 5 (5 hotter).
         let queue = JobQueue::new(10);
         for id in 1..=5u64 {
-            assert_eq!(queue.push(id, 0), None);
+            assert_eq!(queue.push(id, 0, 0), None);
         }
         queue.reheat(&HashMap::from([(3, 10), (5, 40), (9, 99)]));
         // When the worker takes them, Then 5, 3, then the cold ones first come first.
@@ -185,12 +202,23 @@ mod tests {
     }
 
     #[test]
+    fn files_not_sampled_go_smallest_first_then_in_the_order_they_came() {
+        let queue = JobQueue::new(10);
+        queue.push(1, 0, 150 << 20);
+        queue.push(2, 0, 2 << 20);
+        queue.push(3, 0, 64 << 10);
+        queue.push(4, 0, 2 << 20);
+        queue.push(5, 1, 200 << 20);
+        assert_eq!(drain(&queue), [5, 3, 2, 4, 1]);
+    }
+
+    #[test]
     fn a_file_queued_again_keeps_one_entry_with_the_higher_heat() {
         let queue = JobQueue::new(10);
-        queue.push(1, 5);
-        queue.push(2, 7);
-        queue.push(1, 9);
-        queue.push(2, 1);
+        queue.push(1, 5, 0);
+        queue.push(2, 7, 0);
+        queue.push(1, 9, 0);
+        queue.push(2, 1, 0);
         assert_eq!(queue.len(), 2);
         assert_eq!(drain(&queue), [1, 2]);
     }
@@ -199,11 +227,11 @@ mod tests {
     fn a_full_queue_leaves_out_the_coldest_job() {
         // Given a queue of two, full with heats 5 and 1.
         let queue = JobQueue::new(2);
-        queue.push(1, 5);
-        queue.push(2, 1);
+        queue.push(1, 5, 0);
+        queue.push(2, 1, 0);
         // When a colder job comes, Then it is left out; a hotter one displaces the coldest.
-        assert_eq!(queue.push(3, 0), Some(3));
-        assert_eq!(queue.push(4, 9), Some(2));
+        assert_eq!(queue.push(3, 0, 0), Some(3));
+        assert_eq!(queue.push(4, 9, 0), Some(2));
         assert_eq!(drain(&queue), [4, 1]);
     }
 
@@ -218,7 +246,7 @@ mod tests {
     #[test]
     fn a_closed_queue_still_hands_out_what_it_holds_then_ends() {
         let queue = JobQueue::new(4);
-        queue.push(1, 0);
+        queue.push(1, 0, 0);
         queue.close();
         assert_eq!(queue.pop(), Some(1));
         assert_eq!(queue.pop(), None);

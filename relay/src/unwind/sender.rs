@@ -154,7 +154,8 @@ impl TableSender {
     /// left out, and the budget offers it again at the connection's next batch.
     pub(crate) fn offer(&mut self, job: Job, heat: u64) {
         lock(&job.budget).queued(job.file_id);
-        if let Some(left_out) = self.jobs.push(job, heat) {
+        let cost = job.key.map_or(u64::MAX, |key| key.size);
+        if let Some(left_out) = self.jobs.push(job, heat, cost) {
             lock(&left_out.budget).skipped(left_out.file_id, Instant::now());
             self.skipped += 1;
             tracing::debug!(
