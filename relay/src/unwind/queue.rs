@@ -139,15 +139,15 @@ impl<J: Keyed> JobQueue<J> {
         Self::take_hottest(&mut self.lock())
     }
 
-    /// The hottest job, waiting for one; `None` once the queue is closed and empty.
-    pub(crate) fn pop(&self) -> Option<J> {
+    /// Waits until a job is queued (true) or the queue is closed and empty (false).
+    pub(crate) fn wait(&self) -> bool {
         let mut state = self.lock();
         loop {
-            if let Some(job) = Self::take_hottest(&mut state) {
-                return Some(job);
+            if !state.jobs.is_empty() {
+                return true;
             }
             if state.closed {
-                return None;
+                return false;
             }
             state = self
                 .ready
@@ -248,7 +248,8 @@ mod tests {
         let queue = JobQueue::new(4);
         queue.push(1, 0, 0);
         queue.close();
-        assert_eq!(queue.pop(), Some(1));
-        assert_eq!(queue.pop(), None);
+        assert!(queue.wait());
+        assert_eq!(queue.try_pop(), Some(1));
+        assert!(!queue.wait());
     }
 }

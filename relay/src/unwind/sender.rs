@@ -143,10 +143,7 @@ impl TableSender {
         let queue = Arc::clone(&jobs);
         thread::Builder::new()
             .name("unwind".into())
-            .spawn(move || {
-                lower_priority();
-                worker(&queue, cache.as_ref());
-            })?;
+            .spawn(move || worker(&queue, cache.as_ref()))?;
         Ok(Self { jobs, skipped: 0 })
     }
 
@@ -182,30 +179,10 @@ impl Drop for TableSender {
     }
 }
 
-/// Nice value of the worker thread: compiling tables is background work, and on a host with no
-/// idle CPU it must not take the driver's time (a driver behind on batches learns late of new
-/// processes, whose files then wait for their tables all the longer).
-const WORKER_NICE: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority to [`WORKER_NICE`] (Linux applies
-/// `setpriority` on a thread id to that thread alone); a failure is logged and ignored.
-fn lower_priority() {
-    let tid = nix::unistd::gettid().as_raw();
-    // SAFETY: setpriority takes plain integers and touches no memory of ours.
-    let rc = unsafe {
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            libc::id_t::try_from(tid).unwrap_or(0),
-            WORKER_NICE,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(
-            err = %std::io::Error::last_os_error(),
-            "the unwind worker keeps the relay's priority"
-        );
-    }
-}
+/// How long the idle worker lets a burst of files gather before it picks the hottest: a sampler
+/// describes the processes of its first samples (and a restarted build its new ones) within a few
+/// milliseconds, and the first file to arrive is not the one to compile first.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The worker's running totals, logged after each burst of work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -248,10 +225,11 @@ fn worker(queue: &JobQueue<Job>, cache: Option<&Cache>) {
                         "unwind tables sent (running totals)"
                     );
                 }
-                match queue.pop() {
-                    Some(job) => job,
-                    None => return,
+                if !queue.wait() {
+                    return;
                 }
+                thread::sleep(SETTLE);
+                continue;
             }
         };
         let Some(file) = open_job_file(&job, &mut stats) else {
