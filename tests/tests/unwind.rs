@@ -1083,8 +1083,9 @@ fn profile_dwarf(name: &str, pid: u32, relay_extra: &[&str]) -> (String, LogRead
 }
 
 /// [`profile_dwarf`] that waits for the unwind worker's running totals to reach `tables` tables
-/// sent (compiled or from the cache; e.g. the first image's 3 files plus the exec'd image's
-/// one), however the worker split them into bursts, before it waits for the windows.
+/// sent (compiled, from the cache or kept in memory; e.g. the first image's 3 files plus the
+/// exec'd image's one), however the worker split them into bursts, before it waits for the
+/// windows.
 fn profile_dwarf_after(
     name: &str,
     pid: u32,
@@ -1101,7 +1102,10 @@ fn profile_dwarf_after(
     // the worker's totals line.
     relay.log.expect(0, TIMEOUT, "the unwind totals", |l| {
         message(l).starts_with("unwind tables sent")
-            && field_u64(l, "compiled").unwrap_or(0) + field_u64(l, "cache_hits").unwrap_or(0)
+            && ["compiled", "cache_hits", "kept_in_memory"]
+                .iter()
+                .map(|key| field_u64(l, key).unwrap_or(0))
+                .sum::<u64>()
                 >= tables
     });
     let path = out_dir.join("stacks.folded");
