@@ -564,7 +564,8 @@ impl Pipeline {
                 let mut budget = lock(budget);
                 budget.retain(|id| session.holds_file(id));
                 let sampled: Vec<u64> = heat.keys().copied().collect();
-                budget.after_batch(&sampled, batch.losses.unwind_tables_evicted, Instant::now())
+                let now = budget.interval_time(batch.sequence, Instant::now());
+                budget.after_batch(&sampled, batch.losses.unwind_tables_evicted, now)
             };
             let again: Vec<(u64, u64)> = again
                 .into_iter()

@@ -100,6 +100,9 @@ pub(crate) struct Budget {
     files: HashMap<u64, State>,
     /// The sampler's eviction counter when last seen.
     sampler_evicted: u64,
+    /// The interval (batch sequence) last seen and when its first part came: every part of
+    /// one interval stamps its files with that one time ([`Budget::interval_time`]).
+    interval: Option<(u64, Instant)>,
     counters: Arc<BudgetCounters>,
 }
 
@@ -111,7 +114,24 @@ impl Budget {
             capacity,
             files: HashMap::new(),
             sampler_evicted: 0,
+            interval: None,
             counters,
+        }
+    }
+
+    /// The time to stamp the files sampled in a part of interval `sequence` with: when its
+    /// first part came. A large interval comes in several parts, each holding other processes'
+    /// rows; stamped part by part, a hot table whose rows were in the first part looked less
+    /// recently sampled than every table of the later parts, and a new table displaced it first
+    /// (a 55-row executable sampled in every interval was withdrawn again and again beside a
+    /// build's compilers). Within one interval, the largest tables go first.
+    pub(crate) fn interval_time(&mut self, sequence: u64, now: Instant) -> Instant {
+        match self.interval {
+            Some((seen, at)) if seen == sequence => at,
+            _ => {
+                self.interval = Some((sequence, now));
+                now
+            }
         }
     }
 
@@ -566,5 +586,27 @@ mod tests {
         // Forgotten once closed.
         b.retain(|id| id != 1);
         assert_eq!(b.rows_of(ROOT), 1);
+    }
+
+    #[test]
+    fn the_parts_of_one_interval_stamp_their_files_with_one_time() {
+        // Given a sampler holding room for 100 rows: a hot 10-row table (file 1) and a 50-row
+        // table (file 2), both sampled in interval 7, file 1 in its first part and file 2 in
+        // its second, which came later.
+        let t0 = Instant::now();
+        let mut b = Budget::new(100, 10, Arc::default());
+        assert_eq!(b.admit(1, 0, 10, t0), Admission::Send { drop: vec![] });
+        assert_eq!(b.admit(2, 0, 50, t0), Admission::Send { drop: vec![] });
+        let first = b.interval_time(7, t0 + Duration::from_secs(5));
+        b.after_batch(&[1], 0, first);
+        let second = b.interval_time(7, t0 + Duration::from_secs(6));
+        assert_eq!(first, second, "one interval, one time");
+        b.after_batch(&[2], 0, second);
+        // When a 45-row table comes
+        let admitted = b.admit(3, 0, 45, t0 + Duration::from_secs(7));
+        // Then the largest of the interval's tables makes room, not the small hot one
+        assert_eq!(admitted, Admission::Send { drop: vec![2] });
+        // And the next interval takes a new time
+        assert!(b.interval_time(8, t0 + Duration::from_secs(10)) > first);
     }
 }
