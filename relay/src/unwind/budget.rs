@@ -103,6 +103,8 @@ pub(crate) struct Budget {
     /// The interval (batch sequence) last seen and when its first part came: every part of
     /// one interval stamps its files with that one time ([`Budget::interval_time`]).
     interval: Option<(u64, Instant)>,
+    /// When the connection began: the stamp of tables sent before its first batch.
+    created: Instant,
     counters: Arc<BudgetCounters>,
 }
 
@@ -115,6 +117,7 @@ impl Budget {
             files: HashMap::new(),
             sampler_evicted: 0,
             interval: None,
+            created: Instant::now(),
             counters,
         }
     }
@@ -170,10 +173,15 @@ impl Budget {
     /// Decides whether the table of `file_id` (`rows` rows, its file owned by `owner`) is sent,
     /// and which tables must be dropped first (see the module header).
     pub(crate) fn admit(&mut self, file_id: u64, owner: u32, rows: u64, now: Instant) -> Admission {
+        // Stamped as sampled in the current interval (before the first batch: when the
+        // connection began), not later: a table just sent is no more recent than one sampled in
+        // that interval (otherwise every new table outranked the hot ones, and the small hot
+        // tables, sent first, were displaced first: among equals the largest go first).
+        let stamp = self.interval.map_or(self.created, |(_, at)| at).min(now);
         let held = State::Held {
             owner,
             rows,
-            used: now,
+            used: stamp,
             unsure: false,
         };
         let Some(capacity) = self.capacity else {
@@ -608,5 +616,19 @@ mod tests {
         assert_eq!(admitted, Admission::Send { drop: vec![2] });
         // And the next interval takes a new time
         assert!(b.interval_time(8, t0 + Duration::from_secs(10)) > first);
+    }
+
+    #[test]
+    fn a_table_just_sent_is_no_more_recent_than_the_tables_of_its_interval() {
+        // Given room for 100 rows and, before any batch, a small table sent first (file 1, as
+        // the queue sends the small ones first) and then a 50-row one (file 2).
+        let mut b = Budget::new(100, 10, Arc::default());
+        let t0 = Instant::now();
+        assert_eq!(b.admit(1, 0, 10, t0), Admission::Send { drop: vec![] });
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(b.admit(2, 0, 50, later), Admission::Send { drop: vec![] });
+        // When a 45-row table comes, Then the largest makes room, not the one sent first
+        let admitted = b.admit(3, 0, 45, later + Duration::from_secs(1));
+        assert_eq!(admitted, Admission::Send { drop: vec![2] });
     }
 }
