@@ -480,7 +480,9 @@ impl Pipeline {
                     self.controls.get(&conn),
                     self.budgets.get(&conn),
                 ) {
-                    offer_tables(sender, control, budget, session, &ids);
+                    // Not sampled yet: after every file a batch sampled, in the order they came.
+                    let cold: Vec<(u64, u64)> = ids.iter().map(|&id| (id, 0)).collect();
+                    offer_tables(sender, control, budget, session, &cold);
                 }
                 Handled::Nothing
             }
@@ -571,16 +573,29 @@ impl Pipeline {
             self.controls.get(&conn),
             self.budgets.get(&conn),
         ) {
+            // The samples of this batch per file, per MiB of the file: the files whose tables
+            // would recover the most stacks per second of compiling go first (`queue.rs`).
+            let heat: HashMap<u64, u64> = session
+                .file_samples_last()
+                .iter()
+                .map(|(&id, &samples)| {
+                    let size = session.file_key(id).map_or(u64::MAX, |k| k.size);
+                    (id, crate::unwind::queue::heat(samples, size))
+                })
+                .collect();
+            sender.reheat(budget, &heat);
             // Tables evicted, refused for now or skipped by a full queue go again (rate-limited).
             let again = {
                 let mut budget = lock(budget);
                 budget.retain(|id| session.holds_file(id));
-                budget.after_batch(
-                    &session.files_sampled_last(),
-                    batch.losses.unwind_tables_evicted,
-                    Instant::now(),
-                )
+                let sampled: Vec<u64> = heat.keys().copied().collect();
+                let now = budget.interval_time(batch.sequence, Instant::now());
+                budget.after_batch(&sampled, batch.losses.unwind_tables_evicted, now)
             };
+            let again: Vec<(u64, u64)> = again
+                .into_iter()
+                .map(|id| (id, heat.get(&id).copied().unwrap_or(0)))
+                .collect();
             offer_tables(sender, control, budget, session, &again);
         }
         let samples = batch.sample_count();
@@ -705,26 +720,30 @@ impl Pipeline {
     }
 }
 
-/// Hands every passed file of one `files` message to the unwind worker: each job holds the
-/// connection and a `Weak` handle on the session's descriptor, so it never keeps a file open
-/// that the session closes before the worker reaches it.
+/// Hands passed files (id, heat) to the unwind worker: each job holds the connection and a
+/// `Weak` handle on the session's descriptor, so it never keeps a file open that the session
+/// closes before the worker reaches it.
 fn offer_tables(
     sender: &mut TableSender,
     control: &Arc<OwnedFd>,
     budget: &Arc<Mutex<Budget>>,
     session: &Session,
-    file_ids: &[u64],
+    files: &[(u64, u64)],
 ) {
-    for &file_id in file_ids {
+    for &(file_id, heat) in files {
         let Some(file) = session.file_handle(file_id) else {
             continue;
         };
-        sender.offer(Job {
-            control: Arc::clone(control),
-            file_id,
-            file,
-            budget: Arc::clone(budget),
-        });
+        sender.offer(
+            Job {
+                control: Arc::clone(control),
+                file_id,
+                file,
+                budget: Arc::clone(budget),
+                key: session.file_key(file_id),
+            },
+            heat,
+        );
     }
 }
 
@@ -1041,6 +1060,25 @@ mod tests {
         assert_eq!(other_losses(&losses), "idle_samples=2 unwind_outermost=4");
         losses = ember_protocol::Losses::default();
         assert_eq!(other_losses(&losses), "");
+    }
+
+    #[test]
+    fn a_batch_counts_its_samples_per_file_their_user_stacks_fell_in() {
+        // Given a session whose process maps this executable as file 1
+        let mut pipeline = started();
+        // When a batch of 5 samples in it arrives (4 with a kernel stack, 1 without)
+        pipeline.handle(batch(1, 0, 1, 5));
+        // Then file 1 counts all 5: the heat its unwind table is compiled with (`queue.rs`)
+        let session = pipeline.sessions.get(&CONN).expect("the session");
+        assert_eq!(
+            session.file_samples_last(),
+            &HashMap::from([(1u64, 5u64)]),
+            "samples per file"
+        );
+        // And an idle batch counts nothing
+        pipeline.handle(batch(2, 0, 1, 0));
+        let session = pipeline.sessions.get(&CONN).expect("the session");
+        assert!(session.file_samples_last().is_empty());
     }
 
     #[test]

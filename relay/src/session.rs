@@ -40,6 +40,65 @@ use crate::{
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
+/// The connection's kernel symbols: parsed on a thread of their own from the passed
+/// `/proc/kallsyms` (the kernel generates its 100k+ lines slowly: parsing them on the driver's
+/// thread held every message behind the hello for most of a second, the unwind tables of the
+/// first processes included), waited for at the first kernel frame to name.
+enum Kernel {
+    /// No descriptor came with the hello, or the parse failed (logged).
+    Absent,
+    Loading(std::thread::JoinHandle<Option<KernelSymbols>>),
+    Loaded(KernelSymbols),
+}
+
+impl Kernel {
+    /// Starts parsing `fd` on a thread of its own.
+    fn load(fd: OwnedFd) -> Self {
+        let spawned = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(move || Self::parse(fd));
+        match spawned {
+            Ok(handle) => Self::Loading(handle),
+            Err(err) => {
+                tracing::warn!(%err, "no thread to parse the kernel symbols: kernel frames will be unnamed");
+                Self::Absent
+            }
+        }
+    }
+
+    fn parse(fd: OwnedFd) -> Option<KernelSymbols> {
+        match KernelSymbols::from_fd(fd) {
+            Ok(symbols) => {
+                tracing::info!(
+                    symbols = symbols.len(),
+                    "kernel symbols loaded from the passed /proc/kallsyms"
+                );
+                Some(symbols)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "kernel frames will be unnamed");
+                None
+            }
+        }
+    }
+
+    /// The symbols, once parsed (waiting for the parse the first time).
+    fn symbols(&mut self) -> Option<&KernelSymbols> {
+        if let Self::Loading(_) = self {
+            let Self::Loading(handle) = std::mem::replace(self, Self::Absent) else {
+                return None;
+            };
+            if let Ok(Some(symbols)) = handle.join() {
+                *self = Self::Loaded(symbols);
+            }
+        }
+        match self {
+            Self::Loaded(symbols) => Some(symbols),
+            _ => None,
+        }
+    }
+}
+
 struct PassedFile {
     /// Shared with queued unwind-table jobs only as a `Weak`: closing it here closes it.
     fd: Option<Arc<OwnedFd>>,
@@ -147,7 +206,7 @@ impl FileLimits {
 
 pub struct Session {
     pub hello: Hello,
-    kernel: Option<KernelSymbols>,
+    kernel: Kernel,
     kernel_module: Arc<Module>,
     files: HashMap<u64, PassedFile>,
     processes: HashMap<u32, Process>,
@@ -160,6 +219,9 @@ pub struct Session {
     tick: u64,
     /// How long a file no known process maps is kept before the relay closes it on its own.
     sweep_after: Duration,
+    /// Samples of the last symbolized batch per passed file their user stacks fell in (each
+    /// sample once per file): how much an unwind table for that file would serve now.
+    file_samples: HashMap<u64, u64>,
     /// Names Python frames and splices them into native stacks (its code cache is per
     /// process, forgotten with the process).
     python: Naming,
@@ -174,19 +236,7 @@ impl Session {
         let kernel = usize::try_from(hello.kallsyms_fd)
             .ok()
             .and_then(|i| fds.get_mut(i)?.take())
-            .and_then(|fd| match KernelSymbols::from_fd(fd) {
-                Ok(symbols) => {
-                    tracing::info!(
-                        symbols = symbols.len(),
-                        "kernel symbols loaded from the passed /proc/kallsyms"
-                    );
-                    Some(symbols)
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "kernel frames will be unnamed");
-                    None
-                }
-            });
+            .map_or(Kernel::Absent, Kernel::load);
         Self {
             hello,
             kernel,
@@ -198,6 +248,7 @@ impl Session {
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             tick: 0,
             sweep_after: ember_protocol::FILE_IDLE_GRACE * 2,
+            file_samples: HashMap::new(),
             python: Naming::default(),
             jit: JitStores::default().with_jitdump(|| Box::new(JitDump::default())),
         }
@@ -299,13 +350,14 @@ impl Session {
             .map(Arc::downgrade)
     }
 
-    /// The files a frame of the last symbolized batch fell in (their descriptors still open).
-    pub(crate) fn files_sampled_last(&self) -> Vec<u64> {
-        self.files
-            .iter()
-            .filter(|(_, f)| f.fd.is_some() && f.last_used.get() == self.tick)
-            .map(|(&id, _)| id)
-            .collect()
+    /// Samples of the last symbolized batch per file their user stacks fell in.
+    pub(crate) fn file_samples_last(&self) -> &HashMap<u64, u64> {
+        &self.file_samples
+    }
+
+    /// The relay's own identity of a passed file (`fstat` of its descriptor).
+    pub(crate) fn file_key(&self, file_id: u64) -> Option<FileKey> {
+        self.files.get(&file_id).and_then(|f| f.key)
     }
 
     /// Whether the sampler still holds the file (it has not closed it).
@@ -581,10 +633,11 @@ impl Session {
         self.take_codes(interp);
         self.sweep_unreferenced_files();
         self.tick += 1;
+        let kernel = self.kernel.symbols();
         let kernel_stacks: Vec<Vec<Frame>> = batch
             .kernel_stacks
             .iter()
-            .map(|addrs| symbolize::kernel_frames(addrs, self.kernel.as_ref(), &self.kernel_module))
+            .map(|addrs| symbolize::kernel_frames(addrs, kernel, &self.kernel_module))
             .collect();
         self.catch_up_jit(batch, left_out);
         // Looked up once per row: foldhash, not SipHash (the keys are the sampler's indices).
@@ -595,6 +648,8 @@ impl Session {
             Vec<Frame>,
             foldhash::fast::RandomState,
         > = HashMap::default();
+        let mut files_memo: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+        self.file_samples.clear();
         let mut skipped = 0u64;
         for (row_index, row) in batch.rows.iter().enumerate() {
             if left_out.contains(&row.pid) {
@@ -669,6 +724,14 @@ impl Session {
             self.stats.frames += frames;
             self.stats.unknown_frames += unknown;
             self.samples = self.samples.saturating_add(row.count);
+            if let (StackRef::Index(u), Some(p)) = (row.user_stack, process) {
+                let files = files_memo
+                    .entry((row.pid, u))
+                    .or_insert_with(|| stack_files(&batch.user_stacks[u as usize], p));
+                for &id in files.iter() {
+                    *self.file_samples.entry(id).or_default() += row.count;
+                }
+            }
             let thread = thread_of(row, process);
             if row.count > 0 || row.off_cpu_ns == 0 {
                 profile.add_frames(&thread, stack.clone(), row.count);
@@ -807,6 +870,27 @@ fn thread_of(row: &Row, process: Option<&Process>) -> Thread {
         executable_path,
         container_id,
     }
+}
+
+/// The passed files a user stack's frames fall in, each once.
+fn stack_files(addrs: &[u64], process: &Process) -> Vec<u64> {
+    let mappings = &process.info.mappings;
+    let mut out: Vec<u64> = Vec::new();
+    for (i, &address) in addrs.iter().enumerate() {
+        let lookup = if i == 0 {
+            address
+        } else {
+            address.saturating_sub(1)
+        };
+        let at = mappings.partition_point(|m| m.start <= lookup);
+        let Some(mapping) = at.checked_sub(1).and_then(|i| mappings.get(i)) else {
+            continue;
+        };
+        if lookup < mapping.end && mapping.file_id != 0 && !out.contains(&mapping.file_id) {
+            out.push(mapping.file_id);
+        }
+    }
+    out
 }
 
 /// Symbolizes one user stack (leaf first). Return addresses (all frames but the leaf) point

@@ -245,7 +245,9 @@ impl DrainLoop {
     /// Reads the facts of the processes the program reported since the last call (their first
     /// samples), at once, and queues them ahead of the batch that will hold those samples.
     fn describe_new_processes(&mut self) {
-        for event in self.loaded.events.take() {
+        let events = self.loaded.events.take();
+        let described = !events.is_empty();
+        for event in events {
             let described = self.tracker.describe_now(event.tgid, self.sequence);
             tracing::debug!(
                 pid = event.tgid,
@@ -266,6 +268,12 @@ impl DrainLoop {
             for message in now {
                 self.link.enqueue(message);
             }
+        }
+        if described {
+            // The unwinder walks a process only once its mappings are in the kernel: written
+            // now, not at the end of the interval, its tables (often loaded already: libc's)
+            // serve it from its next sample on.
+            self.update_unwind_mappings();
         }
     }
 

@@ -100,6 +100,11 @@ pub(crate) struct Budget {
     files: HashMap<u64, State>,
     /// The sampler's eviction counter when last seen.
     sampler_evicted: u64,
+    /// The interval (batch sequence) last seen and when its first part came: every part of
+    /// one interval stamps its files with that one time ([`Budget::interval_time`]).
+    interval: Option<(u64, Instant)>,
+    /// When the connection began: the stamp of tables sent before its first batch.
+    created: Instant,
     counters: Arc<BudgetCounters>,
 }
 
@@ -111,7 +116,25 @@ impl Budget {
             capacity,
             files: HashMap::new(),
             sampler_evicted: 0,
+            interval: None,
+            created: Instant::now(),
             counters,
+        }
+    }
+
+    /// The time to stamp the files sampled in a part of interval `sequence` with: when its
+    /// first part came. A large interval comes in several parts, each holding other processes'
+    /// rows; stamped part by part, a hot table whose rows were in the first part looked less
+    /// recently sampled than every table of the later parts, and a new table displaced it first
+    /// (a 55-row executable sampled in every interval was withdrawn again and again beside a
+    /// build's compilers). Within one interval, the largest tables go first.
+    pub(crate) fn interval_time(&mut self, sequence: u64, now: Instant) -> Instant {
+        match self.interval {
+            Some((seen, at)) if seen == sequence => at,
+            _ => {
+                self.interval = Some((sequence, now));
+                now
+            }
         }
     }
 
@@ -150,10 +173,15 @@ impl Budget {
     /// Decides whether the table of `file_id` (`rows` rows, its file owned by `owner`) is sent,
     /// and which tables must be dropped first (see the module header).
     pub(crate) fn admit(&mut self, file_id: u64, owner: u32, rows: u64, now: Instant) -> Admission {
+        // Stamped as sampled in the current interval (before the first batch: when the
+        // connection began), not later: a table just sent is no more recent than one sampled in
+        // that interval (otherwise every new table outranked the hot ones, and the small hot
+        // tables, sent first, were displaced first: among equals the largest go first).
+        let stamp = self.interval.map_or(self.created, |(_, at)| at).min(now);
         let held = State::Held {
             owner,
             rows,
-            used: now,
+            used: stamp,
             unsure: false,
         };
         let Some(capacity) = self.capacity else {
@@ -566,5 +594,41 @@ mod tests {
         // Forgotten once closed.
         b.retain(|id| id != 1);
         assert_eq!(b.rows_of(ROOT), 1);
+    }
+
+    #[test]
+    fn the_parts_of_one_interval_stamp_their_files_with_one_time() {
+        // Given a sampler holding room for 100 rows: a hot 10-row table (file 1) and a 50-row
+        // table (file 2), both sampled in interval 7, file 1 in its first part and file 2 in
+        // its second, which came later.
+        let t0 = Instant::now();
+        let mut b = Budget::new(100, 10, Arc::default());
+        assert_eq!(b.admit(1, 0, 10, t0), Admission::Send { drop: vec![] });
+        assert_eq!(b.admit(2, 0, 50, t0), Admission::Send { drop: vec![] });
+        let first = b.interval_time(7, t0 + Duration::from_secs(5));
+        b.after_batch(&[1], 0, first);
+        let second = b.interval_time(7, t0 + Duration::from_secs(6));
+        assert_eq!(first, second, "one interval, one time");
+        b.after_batch(&[2], 0, second);
+        // When a 45-row table comes
+        let admitted = b.admit(3, 0, 45, t0 + Duration::from_secs(7));
+        // Then the largest of the interval's tables makes room, not the small hot one
+        assert_eq!(admitted, Admission::Send { drop: vec![2] });
+        // And the next interval takes a new time
+        assert!(b.interval_time(8, t0 + Duration::from_secs(10)) > first);
+    }
+
+    #[test]
+    fn a_table_just_sent_is_no_more_recent_than_the_tables_of_its_interval() {
+        // Given room for 100 rows and, before any batch, a small table sent first (file 1, as
+        // the queue sends the small ones first) and then a 50-row one (file 2).
+        let mut b = Budget::new(100, 10, Arc::default());
+        let t0 = Instant::now();
+        assert_eq!(b.admit(1, 0, 10, t0), Admission::Send { drop: vec![] });
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(b.admit(2, 0, 50, later), Admission::Send { drop: vec![] });
+        // When a 45-row table comes, Then the largest makes room, not the one sent first
+        let admitted = b.admit(3, 0, 45, later + Duration::from_secs(1));
+        assert_eq!(admitted, Admission::Send { drop: vec![2] });
     }
 }

@@ -26,7 +26,9 @@
 //!
 //! Layout: `elf` reads the file, `compressed` inflates compressed sections within bounds, `cfi`
 //! evaluates and classifies, `go` reads a Go binary's pcsp tables, `table` sorts, fills gaps and
-//! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache.
+//! merges, `row` is the 12-byte row encoding, `cache` the on-disk cache; `sender` is the worker
+//! that compiles and sends tables, taking files hottest first from `queue` and keeping recent
+//! tables in memory (`recent`), within the sampler's rows as `budget` shares them.
 
 pub(crate) mod budget;
 pub mod cache;
@@ -34,6 +36,8 @@ mod cfi;
 mod compressed;
 pub(crate) mod elf;
 mod go;
+pub(crate) mod queue;
+mod recent;
 pub mod row;
 pub(crate) mod sender;
 #[cfg(any(test, feature = "fuzzing"))]

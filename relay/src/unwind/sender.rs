@@ -23,15 +23,13 @@
 //! and rewritten) and cache writes that failed.
 
 use std::{
+    collections::HashMap,
     fs::File,
     os::{
         fd::{AsFd, OwnedFd},
         unix::fs::MetadataExt as _,
     },
-    sync::{
-        mpsc::{self, Receiver, SyncSender, TrySendError},
-        Arc, Mutex, PoisonError, Weak,
-    },
+    sync::{Arc, Mutex, PoisonError, Weak},
     thread,
     time::Instant,
 };
@@ -43,8 +41,12 @@ use ember_protocol::{
 use super::{
     budget::{Admission, Budget},
     cache::{Cache, Outcome},
-    compile, Error, Limits, UnwindTable,
+    compile,
+    queue::{JobQueue, Keyed, QUEUE},
+    recent::Recent,
+    Error, Limits, UnwindTable,
 };
+use crate::symbolize::FileKey;
 
 /// How user stacks are walked; `dwarf` makes the relay compile and send unwind tables.
 pub(crate) use ember_common::UnwindMode;
@@ -100,9 +102,6 @@ pub(crate) fn default_state_dir() -> Option<std::path::PathBuf> {
     None
 }
 
-/// Files waiting for the worker; more are skipped (counted).
-const QUEUE: usize = 256;
-
 /// One file to compile and send.
 pub(crate) struct Job {
     /// The sampler's connection (a duplicate of the source's descriptor).
@@ -112,11 +111,27 @@ pub(crate) struct Job {
     pub file: Weak<OwnedFd>,
     /// The connection's account of what the sampler holds (`budget.rs`).
     pub budget: Arc<Mutex<Budget>>,
+    /// The relay's `fstat` identity of the file, under which its table is kept in memory a
+    /// while (`recent.rs`); `None`: not kept.
+    pub key: Option<FileKey>,
+}
+
+impl Keyed for Job {
+    /// The connection (its budget) and the file.
+    type Key = (usize, u64);
+    fn key(&self) -> (usize, u64) {
+        (job_connection(&self.budget), self.file_id)
+    }
+}
+
+/// The connection part of a job's queue key: its budget's address.
+pub(crate) fn job_connection(budget: &Arc<Mutex<Budget>>) -> usize {
+    Arc::as_ptr(budget) as usize
 }
 
 /// The driver's handle on the worker.
 pub(crate) struct TableSender {
-    jobs: SyncSender<Job>,
+    jobs: Arc<JobQueue<Job>>,
     /// Files not compiled because the worker was behind.
     pub skipped: u64,
 }
@@ -124,31 +139,50 @@ pub(crate) struct TableSender {
 impl TableSender {
     /// Starts the worker thread; with `cache`, tables are looked up and stored there.
     pub(crate) fn spawn(cache: Option<Cache>) -> std::io::Result<Self> {
-        let (jobs, queue) = mpsc::sync_channel(QUEUE);
+        let jobs = Arc::new(JobQueue::new(QUEUE));
+        let queue = Arc::clone(&jobs);
         thread::Builder::new()
             .name("unwind".into())
             .spawn(move || worker(&queue, cache.as_ref()))?;
         Ok(Self { jobs, skipped: 0 })
     }
 
-    /// Queues a file unless the worker is behind; then the budget offers it again at the
-    /// connection's next batch.
-    pub(crate) fn offer(&mut self, job: Job) {
-        let (file_id, budget) = (job.file_id, Arc::clone(&job.budget));
-        lock(&budget).queued(file_id);
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                lock(&budget).skipped(file_id, Instant::now());
-                self.skipped += 1;
-                tracing::debug!(
-                    skipped = self.skipped,
-                    "unwind worker behind: file offered again at the next batch"
-                );
-            }
+    /// Queues a file with its heat (`queue.rs`); when the queue is full the coldest file is
+    /// left out, and the budget offers it again at the connection's next batch.
+    pub(crate) fn offer(&mut self, job: Job, heat: u64) {
+        lock(&job.budget).queued(job.file_id);
+        let cost = job.key.map_or(u64::MAX, |key| key.size);
+        if let Some(left_out) = self.jobs.push(job, heat, cost) {
+            lock(&left_out.budget).skipped(left_out.file_id, Instant::now());
+            self.skipped += 1;
+            tracing::debug!(
+                skipped = self.skipped,
+                "unwind worker behind: file offered again at the next batch"
+            );
         }
     }
+
+    /// Raises the heat of queued files of one connection (`budget`): heat by file id.
+    pub(crate) fn reheat(&self, budget: &Arc<Mutex<Budget>>, heat: &HashMap<u64, u64>) {
+        let connection = job_connection(budget);
+        let keyed: HashMap<(usize, u64), u64> = heat
+            .iter()
+            .map(|(&file_id, &h)| ((connection, file_id), h))
+            .collect();
+        self.jobs.reheat(&keyed);
+    }
 }
+
+impl Drop for TableSender {
+    fn drop(&mut self) {
+        self.jobs.close();
+    }
+}
+
+/// How long the idle worker lets a burst of files gather before it picks the hottest: a sampler
+/// describes the processes of its first samples (and a restarted build its new ones) within a few
+/// milliseconds, and the first file to arrive is not the one to compile first.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The worker's running totals, logged after each burst of work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -160,41 +194,62 @@ pub(crate) struct CacheStats {
     pub store_errors: u64,
     /// Queued files the session had closed before the worker reached them: skipped.
     pub files_gone: u64,
+    /// Tables taken from the ones kept in memory (the same file passed again under a new id).
+    pub recent_hits: u64,
 }
 
-fn worker(queue: &Receiver<Job>, cache: Option<&Cache>) {
+/// Most bytes of compiled tables the worker keeps in memory (`recent.rs`).
+const RECENT_MAX_BYTES: u64 = 64 << 20;
+
+fn worker(queue: &JobQueue<Job>, cache: Option<&Cache>) {
     let limits = Limits::default();
     let (mut logged_too_large, mut logged_over_share, mut logged_cfi_refused) =
         (false, false, false);
     let mut stats = CacheStats::default();
     let mut logged = stats;
+    let mut recent = Recent::new(RECENT_MAX_BYTES);
     loop {
-        let job = match queue.try_recv() {
-            Ok(job) => job,
-            Err(mpsc::TryRecvError::Empty) => {
+        let job = match queue.try_pop() {
+            Some(job) => job,
+            None => {
                 if stats != logged {
                     logged = stats;
                     tracing::info!(
                         cache = cache.is_some(),
                         cache_hits = stats.hits,
                         compiled = stats.compiled,
+                        kept_in_memory = stats.recent_hits,
                         cache_files_rewritten = stats.rewritten,
                         cache_store_errors = stats.store_errors,
                         files_gone = stats.files_gone,
                         "unwind tables sent (running totals)"
                     );
                 }
-                match queue.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
+                if !queue.wait() {
+                    return;
                 }
+                thread::sleep(SETTLE);
+                continue;
             }
-            Err(mpsc::TryRecvError::Disconnected) => return,
         };
         let Some(file) = open_job_file(&job, &mut stats) else {
             continue;
         };
-        let built = table_for(job.file_id, &file, cache, &limits, &mut stats);
+        let built = match job.key.and_then(|key| recent.get(&key)) {
+            Some(kept) => {
+                stats.recent_hits += 1;
+                Ok(kept)
+            }
+            None => table_for(job.file_id, &file, cache, &limits, &mut stats).map(
+                |(table, vaddr_minus_offset)| {
+                    let kept = (Arc::new(table), vaddr_minus_offset);
+                    if let Some(key) = job.key {
+                        recent.put(key, kept.clone());
+                    }
+                    kept
+                },
+            ),
+        };
         // Charged to the file's owner as the kernel reports it; unknown owners share one part.
         let owner = file.metadata().map_or(u32::MAX, |m| m.uid());
         drop(file);
@@ -466,18 +521,26 @@ mod tests {
         let mut sender = TableSender::spawn(None).expect("worker");
         let budget = Arc::new(Mutex::new(Budget::new(0, 0, Arc::default())));
         // A job whose file the session closed while it waited comes first: it is skipped.
-        sender.offer(Job {
-            control: Arc::clone(&control),
-            file_id: 4,
-            file: closed_handle,
-            budget: Arc::clone(&budget),
-        });
-        sender.offer(Job {
-            control,
-            file_id: 5,
-            file: Arc::downgrade(&session_fd),
-            budget,
-        });
+        sender.offer(
+            Job {
+                control: Arc::clone(&control),
+                file_id: 4,
+                file: closed_handle,
+                budget: Arc::clone(&budget),
+                key: None,
+            },
+            0,
+        );
+        sender.offer(
+            Job {
+                control,
+                file_id: 5,
+                file: Arc::downgrade(&session_fd),
+                budget,
+                key: None,
+            },
+            0,
+        );
         let mut joined = Vec::new();
         let mut buf = vec![0u8; 64 << 10];
         loop {
@@ -510,12 +573,16 @@ mod tests {
             .collect();
         let mut sender = TableSender::spawn(None).expect("worker");
         for (file_id, fd) in [5u64, 6].into_iter().zip(&files) {
-            sender.offer(Job {
-                control: Arc::clone(&control),
-                file_id,
-                file: Arc::downgrade(fd),
-                budget: Arc::clone(&budget),
-            });
+            sender.offer(
+                Job {
+                    control: Arc::clone(&control),
+                    file_id,
+                    file: Arc::downgrade(fd),
+                    budget: Arc::clone(&budget),
+                    key: None,
+                },
+                0,
+            );
         }
         // When the peer reads until the second table's last chunk.
         let mut seen = Vec::new();
@@ -553,6 +620,7 @@ mod tests {
             file_id: 9,
             file: Arc::downgrade(&fd),
             budget: Arc::new(Mutex::new(Budget::new(0, 0, Arc::default()))),
+            key: None,
         };
         let mut stats = CacheStats::default();
         assert!(
