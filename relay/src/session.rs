@@ -1495,7 +1495,7 @@ mod tests {
         // Then the file read keeps its descriptor, and is not taken as sampled
         assert!(session.has_fd(2));
         assert_eq!(session.stats.files_evicted, 1);
-        assert!(!session.files_sampled_last().contains(&2));
+        assert!(!session.file_samples_last().contains_key(&2));
     }
 
     #[test]
