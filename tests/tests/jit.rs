@@ -540,7 +540,8 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
     // user; a symlink to a root-only file; larger than the sampler passes (1 GiB, sparse);
     // a CPython -X perf process whose map (appended to, never rewritten) is full of garbage and
     // over-long lines; and one whose /tmp is a symlink (a static program chrooted in a root
-    // whose tmp points elsewhere)
+    // whose tmp points elsewhere; it maps an anonymous executable page, as a JIT does, since the
+    // sampler looks for a perf map only in a process that has one)
     let victim = node_as("jitvictim");
     let owned = node_as("jitowned");
     let linked = node_as("jitlinked");
@@ -587,7 +588,8 @@ fn hostile_perf_maps_are_refused_or_bounded_and_counted_and_spoil_nothing_else()
         .and_then(|mut c| {
             std::io::Write::write_all(
                 c.stdin.as_mut().unwrap(),
-                b"int main(void){volatile unsigned long x=0;for(;;)x++;}",
+                b"#include <sys/mman.h>\nint main(void){mmap(0,4096,PROT_READ|PROT_EXEC,\
+                  MAP_PRIVATE|MAP_ANONYMOUS,-1,0);volatile unsigned long x=0;for(;;)x++;}",
             )?;
             c.wait()
         })
