@@ -1,6 +1,7 @@
 //! The files sink's writer: the chosen outputs (`stacks.folded`, `profile.pb.gz`,
 //! `flamegraph.svg`, `profile.speedscope.json`) in one directory, created once (atomically
-//! replacing what was there) and rewritten in place.
+//! replacing what was there) and then replaced whole at each write, so a reader never sees a
+//! file half written.
 //!
 //! Invariants (`record` creates them as root in a directory another user may own):
 //! - the directory is opened once (O_DIRECTORY) and every name is resolved relative to that
@@ -9,9 +10,13 @@
 //!   handed to the invoking user (`SUDO_UID`/`SUDO_GID`, when root) with fchown, and renamed onto
 //!   its final name while still privileged: whatever was there (a symlink to a root-only file, a
 //!   file of someone else) is replaced, never followed or truncated;
-//! - later writes go through the descriptors only (truncate + write from offset 0, one shared
-//!   [`replace`]), so `record` writes them after dropping its privileges and nothing is
-//!   reopened by name.
+//! - each later write goes to a new temporary file made the same way in the same directory
+//!   descriptor and renamed onto the name once complete (a program reading the outputs while
+//!   `run --output-dir` rewrites them each window gets the old file or the new one, never a
+//!   truncated one); where that is refused (`record` writes after dropping its privileges to a
+//!   user that cannot create files in the invoking user's directory), the files are rewritten
+//!   in place through the descriptors opened at creation (truncate + write from offset 0, one
+//!   shared [`replace`]): nothing is ever reopened by name.
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
@@ -103,9 +108,17 @@ impl Owner {
 }
 
 pub struct OutputSet {
-    /// One open file per chosen format, in [`OutputFormat::normalize`] order.
+    /// The output directory, opened once: every later name is resolved relative to it.
+    dir_fd: OwnedFd,
+    /// Who the files belong to (None: the current user).
+    owner: Option<Owner>,
+    /// One open file per chosen format, in [`OutputFormat::normalize`] order: the file now
+    /// under the format's name.
     files: Vec<(OutputFormat, File)>,
     pub paths: Vec<PathBuf>,
+    /// Set once a new file could not be created or renamed in the directory: from then on the
+    /// files are rewritten in place.
+    in_place: bool,
     /// What the folded lines' (and the flamegraph's) root frame names.
     pub folded_root: FoldedRoot,
 }
@@ -137,8 +150,11 @@ impl OutputSet {
             paths.push(path);
         }
         Ok(Self {
+            dir_fd,
+            owner,
             files,
             paths,
+            in_place: false,
             folded_root: FoldedRoot::default(),
         })
     }
@@ -156,10 +172,19 @@ impl OutputSet {
             .all(|(_, file)| file.metadata().is_ok_and(|m| m.nlink() > 0))
     }
 
-    /// Writes `profile` to every file through its descriptor, replacing what it held.
+    /// Writes `profile` to every file: a new file renamed onto the name once complete, or, where
+    /// the directory refuses that, the old one rewritten through its descriptor.
     pub fn write(&mut self, profile: &LabeledProfile) -> Result<(), OutputError> {
         let root = self.folded_root;
-        for (format, file) in &mut self.files {
+        let Self {
+            dir_fd,
+            owner,
+            files,
+            paths,
+            in_place,
+            ..
+        } = self;
+        for ((format, file), path) in files.iter_mut().zip(paths.iter()) {
             let name = format.file_name();
             let failed = |err: &dyn std::fmt::Display| OutputError::Write {
                 name,
@@ -179,9 +204,64 @@ impl OutputSet {
                     flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?
                 }
             };
+            if !*in_place {
+                match publish(dir_fd, OsStr::new(name), path, *owner, &bytes) {
+                    Ok(Published::Replaced(new)) => {
+                        *file = new;
+                        continue;
+                    }
+                    Ok(Published::Refused(err)) => {
+                        tracing::debug!(
+                            error = %err,
+                            "cannot create files in the output directory; rewriting the outputs in place"
+                        );
+                        *in_place = true;
+                    }
+                    Err(err) => return Err(failed(&err)),
+                }
+            }
             replace(file, &bytes).map_err(|e| failed(&e))?;
         }
         Ok(())
+    }
+}
+
+/// What became of a new version of an output file.
+enum Published {
+    /// It is now under the name; the file is open for the next write's fallback.
+    Replaced(File),
+    /// The directory refused a new file or the rename (nothing is left behind).
+    Refused(OutputError),
+}
+
+/// Writes `bytes` to a new file in `dir_fd` (made as [`create_temp`] makes it) and renames it
+/// onto `name` once complete. An error writing the bytes (a full disk) is returned as such.
+fn publish(
+    dir_fd: &OwnedFd,
+    name: &OsStr,
+    path: &Path,
+    owner: Option<Owner>,
+    bytes: &[u8],
+) -> io::Result<Published> {
+    let (fd, temp) = match create_temp(dir_fd, name, path, owner) {
+        Ok(created) => created,
+        Err(err) => return Ok(Published::Refused(err)),
+    };
+    let remove = || {
+        // Best effort: do not leave the temporary file behind.
+        let _ = unistd::unlinkat(dir_fd, temp.as_os_str(), unistd::UnlinkatFlags::NoRemoveDir);
+    };
+    let mut file = File::from(fd);
+    if let Err(err) = file.write_all(bytes) {
+        remove();
+        return Err(err);
+    }
+    match fcntl::renameat(dir_fd, temp.as_os_str(), dir_fd, name) {
+        Ok(()) => Ok(Published::Replaced(file)),
+        Err(errno) => {
+            remove();
+            Ok(Published::Refused(call("renameat", path)(errno)))
+        }
     }
 }
 
@@ -339,15 +419,33 @@ fn make_dir(
     Ok(fd)
 }
 
-/// Creates `name` in `dir_fd` as a new 0600 file (temporary name, O_EXCL|O_NOFOLLOW), gives it
-/// to `owner` and renames it onto `name`, replacing whatever entry was there without following
-/// it. Returns the open file; nothing is written yet.
+/// Creates `name` in `dir_fd` as a new 0600 file (see [`create_temp`]) and renames it onto
+/// `name`, replacing whatever entry was there without following it. Returns the open file;
+/// nothing is written yet.
 fn create_file(
     dir_fd: &OwnedFd,
     name: &OsStr,
     path: &Path,
     owner: Option<Owner>,
 ) -> Result<File, OutputError> {
+    let (fd, temp) = create_temp(dir_fd, name, path, owner)?;
+    if let Err(errno) = fcntl::renameat(dir_fd, temp.as_os_str(), dir_fd, name) {
+        // Best effort: do not leave the temporary file behind.
+        let _ = unistd::unlinkat(dir_fd, temp.as_os_str(), unistd::UnlinkatFlags::NoRemoveDir);
+        return Err(call("renameat", path)(errno));
+    }
+    Ok(File::from(fd))
+}
+
+/// Creates a new 0600 file beside `name` in `dir_fd` under a fresh temporary name
+/// (O_CREAT|O_EXCL|O_NOFOLLOW: never an existing entry, never through a link) and gives it to
+/// `owner`. Returns it with its temporary name; on error nothing is left behind.
+fn create_temp(
+    dir_fd: &OwnedFd,
+    name: &OsStr,
+    path: &Path,
+    owner: Option<Owner>,
+) -> Result<(OwnedFd, std::ffi::OsString), OutputError> {
     let flags =
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC;
     let mut attempt = 0;
@@ -370,14 +468,14 @@ fn create_file(
         if let Some(owner) = owner {
             unistd::fchown(&fd, Some(owner.uid), Some(owner.gid)).map_err(call("fchown", path))?;
         }
-        fcntl::renameat(dir_fd, temp.as_os_str(), dir_fd, name).map_err(call("renameat", path))
+        Ok(())
     };
     if let Err(err) = finish() {
         // Best effort: do not leave the temporary file behind.
         let _ = unistd::unlinkat(dir_fd, temp.as_os_str(), unistd::UnlinkatFlags::NoRemoveDir);
         return Err(err);
     }
-    Ok(File::from(fd))
+    Ok((fd, temp))
 }
 
 /// `.NAME.PID.RANDOM.tmp`: hidden, and unlikely to exist already.
@@ -519,6 +617,70 @@ mod tests {
             "old content that is longer than the new one"
         );
         assert_eq!(set.paths.len(), 3);
+    }
+
+    #[test]
+    fn a_reader_never_sees_an_output_half_written() {
+        // Given written outputs, and a reader holding stacks.folded's and flamegraph.svg's
+        // files open as a program watching the directory would
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
+        set.write(&LabeledProfile::default()).unwrap();
+        let held: Vec<(fs::File, Vec<u8>)> = [FOLDED, FLAMEGRAPH]
+            .iter()
+            .map(|name| {
+                (
+                    fs::File::open(out.join(name)).unwrap(),
+                    fs::read(out.join(name)).unwrap(),
+                )
+            })
+            .collect();
+        // When the outputs are written again
+        set.write(&LabeledProfile::default()).unwrap();
+        // Then each name holds a new file and what the reader holds was never truncated
+        for (file, before) in held {
+            let ino = file.metadata().unwrap().ino();
+            let mut content = Vec::new();
+            std::io::Read::read_to_end(&mut &file, &mut content).unwrap();
+            assert_eq!(content, before);
+            assert!(
+                fs::read_dir(&out)
+                    .unwrap()
+                    .all(|e| e.unwrap().metadata().unwrap().ino() != ino),
+                "rewritten in place"
+            );
+        }
+        assert!(!set.in_place);
+        assert_eq!(mode(&out.join(FOLDED)), 0o600);
+        assert_eq!(
+            fs::read_dir(&out).unwrap().count(),
+            3,
+            "a temporary file was left"
+        );
+    }
+
+    #[test]
+    fn where_no_new_file_can_take_the_name_the_outputs_are_rewritten_in_place() {
+        // Given outputs whose stacks.folded name now holds a directory (a rename onto it fails,
+        // for root too)
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut set = OutputSet::create_owned(&out, None, &OutputFormat::DEFAULT).unwrap();
+        fs::remove_file(out.join(FOLDED)).unwrap();
+        fs::create_dir(out.join(FOLDED)).unwrap();
+        fs::write(out.join(FOLDED).join("x"), "x").unwrap();
+        // When the outputs are written
+        set.write(&LabeledProfile::default()).unwrap();
+        // Then the writer fell back to its descriptors and left no temporary file behind
+        assert!(set.in_place);
+        assert!(fs::metadata(out.join(FOLDED)).unwrap().is_dir());
+        let mut names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [FLAMEGRAPH, PPROF, FOLDED]);
     }
 
     #[test]
