@@ -19,16 +19,8 @@ set -euo pipefail
 log() { printf '[deploy-roots] %s\n' "$*"; }
 dest=${EMBER_DEPLOY_CACHE:-/var/cache/ember/deploy}
 packages="systemd systemd-sysv dbus libnss-systemd ca-certificates"
-mirror=${EMBER_DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-  mirror=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' |
-    grep -v security | head -n1 || true)
-fi
-if [ -z "$mirror" ]; then
-  mirror=$(grep -hsE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list |
-    awk '$2 ~ /debian\/?$/ {print $2}' | head -n1 || true)
-fi
-mirror=${mirror:-http://deb.debian.org/debian}
+# shellcheck source=scripts/lib/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/debian-mirror.sh"
 if [ "$(id -u)" -ne 0 ]; then
   echo "error: debootstrap and chroot need root; run: sudo $0" >&2
   exit 1

@@ -11,13 +11,7 @@ const MAX_SECS: f64 = 86_400.0;
 /// Parses `5s`, `500ms`, `2m`, `1h` (a bare number is seconds), from 10ms to 24h.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 5s, 500ms or 2m"))?;
+    let (value, unit) = number_and_unit(text, "5s, 500ms or 2m")?;
     let secs = match unit {
         "ms" => value / 1000.0,
         "s" | "" => value,
@@ -42,13 +36,7 @@ pub const MAX_OFF_CPU_MIN: Duration = Duration::from_secs(1);
 /// milliseconds).
 pub fn parse_off_cpu_min(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 1ms, 200us or 0.5ms"))?;
+    let (value, unit) = number_and_unit(text, "1ms, 200us or 0.5ms")?;
     let nanos = match unit {
         "ns" => value,
         "us" | "µs" => value * 1e3,
@@ -64,6 +52,19 @@ pub fn parse_off_cpu_min(text: &str) -> Result<Duration, String> {
         return Err(format!("`{text}` is out of range (0 to 1s)"));
     }
     Ok(Duration::from_nanos(nanos as u64))
+}
+
+/// Splits `1.5ms` into its number and its unit (`ms`; empty for a bare number); `examples`
+/// names valid durations in the error.
+fn number_and_unit<'a>(text: &'a str, examples: &str) -> Result<(f64, &'a str), String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like {examples}"))?;
+    Ok((value, unit))
 }
 
 #[cfg(test)]

@@ -552,6 +552,20 @@ fn a_table_half_sent_before_a_disconnect_is_refused_and_the_next_connection_load
     );
 }
 
+/// The groundtruth workload built `-O2 -fomit-frame-pointer` as `name` in a new directory any
+/// user may enter (the sampler reads it after dropping to nobody).
+fn nofp_groundtruth(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let binary = compile_workload(
+        dir.path(),
+        "groundtruth",
+        name,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    (dir, binary)
+}
+
 /// The truth workload's call chain, root first.
 const CHAIN: [&str; 4] = ["main", "outer_work", "middle_work", "inner_work"];
 const FUNCS: [&str; 3] = ["outer_work", "middle_work", "inner_work"];
@@ -565,14 +579,7 @@ const FUNCS: [&str; 3] = ["outer_work", "middle_work", "inner_work"];
 #[test]
 fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     let Some(_lock) = ebpf_gate() else { return };
-    let dir = tempfile::tempdir().expect("temp dir");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
-    let binary = compile_workload(
-        dir.path(),
-        "groundtruth",
-        "gt-nofp",
-        &["-O2", "-fomit-frame-pointer"],
-    );
+    let (_dir, binary) = nofp_groundtruth("gt-nofp");
     let workload = spawn_workload(&binary, 120);
     let pid = workload.pid().to_string();
     let scenario = dwarf_scenario("relay --unwind dwarf", &pid).run();
@@ -686,14 +693,7 @@ fn truth_whole_stacks(folded: &str, process: &str) -> (u64, u64, Vec<(String, u6
 #[test]
 fn a_recording_has_whole_stacks_from_its_first_second() {
     let Some(_lock) = ebpf_gate() else { return };
-    let dir = tempfile::tempdir().expect("temp dir");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
-    let binary = compile_workload(
-        dir.path(),
-        "groundtruth",
-        "gt-first",
-        &["-O2", "-fomit-frame-pointer"],
-    );
+    let (_dir, binary) = nofp_groundtruth("gt-first");
     let workload = spawn_workload(&binary, 120);
     let pid = workload.pid().to_string();
     let frequency = 999u64;
@@ -1359,14 +1359,7 @@ fn chains(folded: &str, process: &str) -> (std::collections::BTreeSet<String>, f
 #[test]
 fn a_second_relay_run_takes_its_tables_from_the_cache_and_a_corrupt_file_is_rewritten() {
     let Some(_lock) = ebpf_gate() else { return };
-    let dir = tempfile::tempdir().expect("temp dir");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod dir");
-    let binary = compile_workload(
-        dir.path(),
-        "groundtruth",
-        "gt-cache",
-        &["-O2", "-fomit-frame-pointer"],
-    );
+    let (dir, binary) = nofp_groundtruth("gt-cache");
     let workload = spawn_workload(&binary, 120);
     let state = dir.path().join("state");
     let state_arg = state.to_str().expect("utf-8 path");
