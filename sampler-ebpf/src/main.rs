@@ -100,16 +100,18 @@ mod program {
         ZeroEnd,
     }
 
-    /// What a pc's lookup found.
-    enum Lookup {
-        /// The row covering the pc.
-        Row(UnwindRow),
-        /// The pc is in no known file mapping of the process.
-        NoMapping,
-        /// The pc's file has no table loaded.
-        NoTable,
-        /// The table does not cover the pc.
-        Outside,
+    /// What the walk knows of the file mapping that holds a pc ([`Walk::found`]).
+    mod found {
+        /// The mapping's table: rows `first_row..first_row + rows` cover `len` bytes from the
+        /// table's base, at offset pc + `bias`.
+        pub const TABLE: u32 = 1;
+        /// The mapping's file has no table loaded.
+        pub const NO_TABLE: u32 = 2;
+        /// The pc is in no known file mapping of the process (not kept: the next frame looks
+        /// again).
+        pub const NO_MAPPING: u32 = 3;
+        /// The process's mappings are gone (the sampler removed them during the walk).
+        pub const NO_PROCESS: u32 = 4;
     }
 
     #[inline(always)]
@@ -119,26 +121,49 @@ mod program {
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
     }
 
-    /// The row covering `pc` in its mapping's table, or why there is none.
+    /// Two words at `addr`, in one read (a frame's saved rbp and the return address above it).
     #[inline(always)]
-    fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
-        let Some(mapping) = find_mapping(procs, pc) else {
-            return Lookup::NoMapping;
+    fn read_user_pair(addr: u64) -> Option<[u64; 2]> {
+        // SAFETY: as in `read_user`.
+        unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()
+    }
+
+    /// Looks up the file mapping holding `pc` and its table, and keeps what it found in `walk`
+    /// (by value, for the rest of this walk: the next frames of the same file skip the mapping
+    /// search and the table lookup). Returns one of [`found`].
+    #[inline(always)]
+    fn find_mapping_table(walk: &mut Walk, pc: u64) -> u32 {
+        // SAFETY: a lookup in a map only the sampler writes.
+        let Some(procs) = (unsafe { PROC_MAPPINGS.get(&walk.tgid) }) else {
+            return found::NO_PROCESS;
         };
+        let Some(mapping) = find_mapping(procs, pc) else {
+            return found::NO_MAPPING;
+        };
+        walk.map_start = mapping.start;
+        walk.map_end = mapping.end;
         let Some(info) = UNWIND_TABLES.get_ptr_mut(&mapping.file_id) else {
-            return Lookup::NoTable;
+            walk.found = found::NO_TABLE;
+            return found::NO_TABLE;
         };
         // SAFETY: a live value of the map for this program run. The sampler replaces or
         // deletes whole entries; a racing write of the tick can only age one table by a tick.
         let info = unsafe { &mut *info };
         // The least recently sampled table is evicted first (sampler/src/unwind.rs).
-        if info.last_sampled != tick {
-            info.last_sampled = tick;
+        if info.last_sampled != walk.tick {
+            info.last_sampled = walk.tick;
         }
-        match find_in_table(info, mapping, pc) {
-            Some(row) => Lookup::Row(row),
-            None => Lookup::Outside,
-        }
+        // Table offset = pc - mapping start + file offset + (p_vaddr - p_offset) - base.
+        walk.bias = mapping
+            .file_offset
+            .wrapping_add(info.vaddr_minus_offset as u64)
+            .wrapping_sub(info.base)
+            .wrapping_sub(mapping.start);
+        walk.len = info.len;
+        walk.first_row = info.first_row;
+        walk.rows = info.rows;
+        walk.found = found::TABLE;
+        found::TABLE
     }
 
     /// The file mapping of the process that holds `pc`.
@@ -164,32 +189,28 @@ mod program {
         Some(mapping)
     }
 
-    /// The row of `info`'s table covering `pc` (mapped by `mapping`), if the table covers it.
+    /// The row of the walk's current table covering `pc`, if the table covers it.
     #[inline(always)]
-    fn find_in_table(info: &UnwindTableInfo, mapping: &MappingEntry, pc: u64) -> Option<UnwindRow> {
-        let addr = pc
-            .wrapping_sub(mapping.start)
-            .wrapping_add(mapping.file_offset)
-            .wrapping_add(info.vaddr_minus_offset as u64);
-        let offset = addr.wrapping_sub(info.base);
-        if offset >= u64::from(info.len) {
+    fn find_in_table(walk: &Walk, pc: u64) -> Option<UnwindRow> {
+        let offset = pc.wrapping_add(walk.bias);
+        if offset >= u64::from(walk.len) {
             return None;
         }
         let offset = offset as u32;
-        let (mut lo, mut hi) = (0u32, info.rows);
+        let (mut lo, mut hi) = (0u32, walk.rows);
         for _ in 0..ROW_STEPS {
             if lo >= hi {
                 break;
             }
             let mid = lo + (hi - lo) / 2;
-            if UNWIND_ROWS.get(info.first_row.wrapping_add(mid))?.pc <= offset {
+            if UNWIND_ROWS.get(walk.first_row.wrapping_add(mid))?.pc <= offset {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
         UNWIND_ROWS
-            .get(info.first_row.wrapping_add(lo.checked_sub(1)?))
+            .get(walk.first_row.wrapping_add(lo.checked_sub(1)?))
             .copied()
     }
 
@@ -198,7 +219,7 @@ mod program {
         if r.bp == 0 {
             return Step::ZeroEnd;
         }
-        let (Some(next_bp), Some(ret)) = (read_user(r.bp), read_user(r.bp.wrapping_add(8))) else {
+        let Some([next_bp, ret]) = read_user_pair(r.bp) else {
             return Step::ReadFailed;
         };
         r.sp = r.bp.wrapping_add(16);
@@ -239,6 +260,16 @@ mod program {
                 return frame_pointer_step(r);
             }
         };
+        if row.kind != 3 && row.flags & 1 != 0 && row.b == -16 {
+            // The usual frame: rbp saved just below the return address, one read for both.
+            let Some([bp, ret]) = read_user_pair(cfa.wrapping_sub(16)) else {
+                return Step::ReadFailed;
+            };
+            r.bp = bp;
+            r.sp = cfa;
+            r.pc = ret;
+            return Step::Dwarf;
+        }
         let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
             return Step::ReadFailed;
         };
@@ -265,6 +296,18 @@ mod program {
         pc: u64,
         sp: u64,
         bp: u64,
+        /// The file mapping last looked up, `map_start..map_end` (empty at first), and what
+        /// [`find_mapping_table`] found for it: a frame in it reuses that.
+        map_start: u64,
+        map_end: u64,
+        /// One of [`found`] (`NO_TABLE` or `TABLE`) for the kept mapping.
+        found: u32,
+        /// The kept table (when `found` is `TABLE`): offset = pc + `bias`, `len` bytes covered,
+        /// rows `first_row..first_row + rows`.
+        len: u32,
+        bias: u64,
+        first_row: u32,
+        rows: u32,
     }
 
     /// One frame of the walk, run by `bpf_loop` (a bounded loop the verifier checks once):
@@ -273,12 +316,7 @@ mod program {
     extern "C" fn walk_frame(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // SAFETY: `ctx` is the `Walk` that `dwarf_stack` passed to bpf_loop, alive for the loop.
         let walk = unsafe { &mut *ctx.cast::<Walk>() };
-        // SAFETY: a lookup in a map only the sampler writes.
-        let (Some(procs), Some(stack)) = (
-            unsafe { PROC_MAPPINGS.get(&walk.tgid) },
-            SCRATCH.get_ptr_mut(0),
-        ) else {
-            bump(counter::UNWIND_NO_PROCESS);
+        let Some(stack) = SCRATCH.get_ptr_mut(0) else {
             walk.ended = 1;
             return 1;
         };
@@ -297,19 +335,33 @@ mod program {
         };
         // A caller's pc is a return address: look up the call instruction before it.
         let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
-        let step = match find_row(procs, lookup, walk.tick) {
-            Lookup::Row(row) => apply(row, &mut r),
-            Lookup::NoMapping => {
-                bump(counter::UNWIND_FP_NO_MAPPING);
-                frame_pointer_step(&mut r)
-            }
-            Lookup::NoTable => {
+        // Most frames are in the file of the frame before: the mapping search, the hash
+        // lookups of the process and of the table are then skipped.
+        let found = if lookup >= walk.map_start && lookup < walk.map_end {
+            walk.found
+        } else {
+            find_mapping_table(walk, lookup)
+        };
+        let step = match found {
+            found::TABLE => match find_in_table(walk, lookup) {
+                Some(row) => apply(row, &mut r),
+                None => {
+                    bump(counter::UNWIND_FP_GAP);
+                    frame_pointer_step(&mut r)
+                }
+            },
+            found::NO_TABLE => {
                 bump(counter::UNWIND_FP_NO_TABLE);
                 frame_pointer_step(&mut r)
             }
-            Lookup::Outside => {
-                bump(counter::UNWIND_FP_GAP);
+            found::NO_MAPPING => {
+                bump(counter::UNWIND_FP_NO_MAPPING);
                 frame_pointer_step(&mut r)
+            }
+            _ => {
+                bump(counter::UNWIND_NO_PROCESS);
+                walk.ended = 1;
+                return 1;
             }
         };
         (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
@@ -360,6 +412,11 @@ mod program {
             return 0;
         };
         let hash = stack_hash(stack);
+        // A stack seen before in this generation is already stored: an update would copy it
+        // again under the bucket's lock. (Two CPUs racing on a new stack both insert it.)
+        if ustacks.get_ptr(&hash).is_some() {
+            return hash;
+        }
         if ustacks.insert(&hash, stack, 0).is_err() {
             bump(counter::UNWIND_FULL);
             return 0;
@@ -399,6 +456,13 @@ mod program {
             pc: regs.rip,
             sp: regs.rsp,
             bp: regs.rbp,
+            map_start: 0,
+            map_end: 0,
+            found: 0,
+            len: 0,
+            bias: 0,
+            first_row: 0,
+            rows: 0,
         };
         // SAFETY: `walk_frame` only reads and writes `walk` through the pointer, during the call.
         unsafe {
