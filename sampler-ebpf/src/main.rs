@@ -284,11 +284,15 @@ mod program {
         Step::Dwarf
     }
 
+    /// [`Walk::ended`] when the first frame found no mappings of the process.
+    const NO_WALK: u32 = 2;
+
     /// What the per-frame callback carries from one frame to the next (on the program's stack).
     #[repr(C)]
     struct Walk {
         tgid: u32,
-        /// 1 once the walk reached its end (anything but the frame cap).
+        /// 1 once the walk reached its end (anything but the frame cap); [`NO_WALK`] when
+        /// the process's mappings are not known.
         ended: u32,
         /// This sample's tick (`ember_sampler_ebpf::tick`), stamped on the tables used.
         tick: u32,
@@ -360,7 +364,9 @@ mod program {
             }
             _ => {
                 bump(counter::UNWIND_NO_PROCESS);
-                walk.ended = 1;
+                // At the first frame: no walk was possible (the caller keeps the frame-pointer
+                // stack); later, the process's mappings went during the walk: it ends there.
+                walk.ended = if i == 0 { NO_WALK } else { 1 };
                 return 1;
             }
         };
@@ -435,11 +441,7 @@ mod program {
         if regs.cs & 3 != 3 {
             return None;
         }
-        // SAFETY: a lookup in a map only the sampler writes.
-        if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
-            bump(counter::UNWIND_NO_PROCESS);
-            return None;
-        }
+        // (Whether the process's mappings are known is found at the first frame.)
         let stack = SCRATCH.get_ptr_mut(0)?;
         // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
         // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts off).
@@ -473,6 +475,9 @@ mod program {
                 0,
             )
         };
+        if walk.ended == NO_WALK {
+            return None;
+        }
         if walk.ended == 0 {
             bump(counter::UNWIND_CUT);
         }
@@ -568,7 +573,14 @@ mod program {
                 counter::USER_STACK_LOST,
             )
         };
-        let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
+        // Interrupted in user mode there is no kernel stack: the helper would set up a
+        // callchain only to answer -EFAULT.
+        // SAFETY: the perf_event context always points at the sample's registers.
+        let kernel_stack_id = if unsafe { (*ctx.ctx).regs.cs } & 3 == 3 {
+            -ERRNO_EFAULT
+        } else {
+            stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST)
+        };
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         let key_tgid = tgid | crate::events::reuse_tag(tgid, generation);
         let interp_stack_hash = crate::interp::walk(tgid, tid, key_tgid, generation, epoch);
