@@ -185,6 +185,8 @@ for name in "${names[@]}"; do
     "$(awk -v s="${SAMPLES[$name]}" 'BEGIN { n = split(s, x); for (i = 1; i <= n; i++) t += x[i]; printf "%.0f", t / n }')"
 done
 echo "no-profiler phases: $(stat "${EFF[none]}") rounds per workload CPU s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-for b in "${builds[@]}"; do
-  echo "${b%%=*}: $(grep -o '[0-9.]*% whole stacks\|full stacks[^,]*' "$tmp/${b%%=*}.log" | tail -n1 || true)"
+for b in "${builds[@]}"; do # whole stacks: the workload's samples whose stack reaches `worker`
+  awk -v name="${b%%=*}" '{ n = $NF + 0; all += n; if (index($0, ";worker;") || $0 ~ /;worker /) ok += n }
+    END { printf "%s: %.1f%% of %d samples with the whole stack (up to the thread entry worker)\n", name, all ? 100 * ok / all : 0, all }' \
+    "$tmp/${b%%=*}-out/stacks.folded" 2>/dev/null || true
 done
