@@ -33,8 +33,10 @@ Each case runs one interval to warm up (tables compiled and loaded, files named)
   smp_rss        the sampler's VmRSS at the end / VmHWM (peak), MiB
   rly_cpu_ms     the relay's CPU per interval, in ms (all its threads)
   rly_rss        the relay's VmRSS at the end / VmHWM (peak), MiB
-  lost           samples the sampler dropped over the whole case (counts map full, backlog) and
-                 walked stacks it could not store (unwind_full: kept as frame-pointer stacks)
+  lost           over the whole case: samples the sampler dropped (full: counts map full;
+                 backlog), walked stacks it could not store (walked_full: the walked-stack map
+                 was full, the sample kept its frame-pointer stack instead) and user stacks lost
+                 to stack-map collisions (ustack_lost: the sample kept, its user frames not)
   map_MiB        kernel memory of the sampler's BPF maps (fdinfo memlock)
 
 Options (each also settable through the environment variable in brackets):
@@ -162,7 +164,7 @@ wait_for() { # wait_for FILE PATTERN SECONDS PID
   done
 }
 
-printf '%-14s %5s %9s %15s %6s %10s %8s %9s %10s %9s %-28s %7s\n' case int_s samples distinct procs \
+printf '%-14s %5s %9s %15s %6s %10s %8s %9s %10s %9s %-56s %7s\n' case int_s samples distinct procs \
   smp_cpu_ms bpf_ms smp_rss rly_cpu_ms rly_rss lost map_MiB
 rows=()
 
@@ -217,18 +219,19 @@ measure() {
   local s1 r1 b1 smem rmem maps
   s1=$(cpu_ticks "$sampler") r1=$(cpu_ticks "$relay") b1=$(bpf_ns "$sampler")
   smem=$(mem_mib "$sampler") rmem=$(mem_mib "$relay") maps=$(map_mib "$sampler")
-  local samples procs full backlog ufull
+  local samples procs full backlog ufull ulost
   samples=$(samples_since "$dir/relay.err" 1)
   procs=$(json_last "$dir/relay.err" "batch received" processes)
   full=$(json_last "$dir/relay.err" "batch received" counts_full)
   backlog=$(json_last "$dir/relay.err" "batch received" backlog_dropped_samples)
-  ufull=$(grep -F '"message":"batch received"' "$dir/relay.err" | tail -n1 | grep -o 'unwind_full=[0-9]*' | cut -d= -f2 || true)
+  ufull=$(grep -F '"message":"batch received"' "$dir/relay.err" | tail -n1 | grep -o 'unwind_map_full=[0-9]*' | cut -d= -f2 || true)
+  ulost=$(json_last "$dir/relay.err" "batch received" user_stack_lost)
   local row
-  row=$(printf '%-14s %5s %9s %15s %6s %10s %8s %9s %10s %9s %-28s %7s' "$name" "$interval" \
+  row=$(printf '%-14s %5s %9s %15s %6s %10s %8s %9s %10s %9s %-56s %7s' "$name" "$interval" \
     "$((samples / INTERVALS))" "$distinct" "${procs:-?}" \
     "$(((s1 - s0) * 1000 / tck / INTERVALS))" "$(((b1 - b0) / 1000000 / INTERVALS))" "$smem" \
     "$(((r1 - r0) * 1000 / tck / INTERVALS))" "$rmem" \
-    "full=${full:-0} backlog=${backlog:-0} unwind_full=${ufull:-0}" "$maps")
+    "full=${full:-0} backlog=${backlog:-0} walked_full=${ufull:-0} ustack_lost=${ulost:-0}" "$maps")
   echo "$row"
   rows+=("$row")
   kill -INT "$sampler" 2>/dev/null || true
