@@ -100,18 +100,16 @@ mod program {
         ZeroEnd,
     }
 
-    /// What the walk knows of the file mapping that holds a pc ([`Walk::found`]).
-    mod found {
-        /// The mapping's table: rows `first_row..first_row + rows` cover `len` bytes from the
-        /// table's base, at offset pc + `bias`.
-        pub const TABLE: u32 = 1;
-        /// The mapping's file has no table loaded.
-        pub const NO_TABLE: u32 = 2;
-        /// The pc is in no known file mapping of the process (not kept: the next frame looks
-        /// again).
-        pub const NO_MAPPING: u32 = 3;
-        /// The process's mappings are gone (the sampler removed them during the walk).
-        pub const NO_PROCESS: u32 = 4;
+    /// What a pc's lookup found.
+    enum Lookup {
+        /// The row covering the pc.
+        Row(UnwindRow),
+        /// The pc is in no known file mapping of the process.
+        NoMapping,
+        /// The pc's file has no table loaded.
+        NoTable,
+        /// The table does not cover the pc.
+        Outside,
     }
 
     #[inline(always)]
@@ -128,42 +126,26 @@ mod program {
         unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()
     }
 
-    /// Looks up the file mapping holding `pc` and its table, and keeps what it found in `walk`
-    /// (by value, for the rest of this walk: the next frames of the same file skip the mapping
-    /// search and the table lookup). Returns one of [`found`].
+    /// The row covering `pc` in its mapping's table, or why there is none.
     #[inline(always)]
-    fn find_mapping_table(walk: &mut Walk, pc: u64) -> u32 {
-        // SAFETY: a lookup in a map only the sampler writes.
-        let Some(procs) = (unsafe { PROC_MAPPINGS.get(&walk.tgid) }) else {
-            return found::NO_PROCESS;
-        };
+    fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
         let Some(mapping) = find_mapping(procs, pc) else {
-            return found::NO_MAPPING;
+            return Lookup::NoMapping;
         };
-        walk.map_start = mapping.start;
-        walk.map_end = mapping.end;
         let Some(info) = UNWIND_TABLES.get_ptr_mut(&mapping.file_id) else {
-            walk.found = found::NO_TABLE;
-            return found::NO_TABLE;
+            return Lookup::NoTable;
         };
         // SAFETY: a live value of the map for this program run. The sampler replaces or
         // deletes whole entries; a racing write of the tick can only age one table by a tick.
         let info = unsafe { &mut *info };
         // The least recently sampled table is evicted first (sampler/src/unwind.rs).
-        if info.last_sampled != walk.tick {
-            info.last_sampled = walk.tick;
+        if info.last_sampled != tick {
+            info.last_sampled = tick;
         }
-        // Table offset = pc - mapping start + file offset + (p_vaddr - p_offset) - base.
-        walk.bias = mapping
-            .file_offset
-            .wrapping_add(info.vaddr_minus_offset as u64)
-            .wrapping_sub(info.base)
-            .wrapping_sub(mapping.start);
-        walk.len = info.len;
-        walk.first_row = info.first_row;
-        walk.rows = info.rows;
-        walk.found = found::TABLE;
-        found::TABLE
+        match find_in_table(info, mapping, pc) {
+            Some(row) => Lookup::Row(row),
+            None => Lookup::Outside,
+        }
     }
 
     /// The file mapping of the process that holds `pc`.
@@ -189,28 +171,32 @@ mod program {
         Some(mapping)
     }
 
-    /// The row of the walk's current table covering `pc`, if the table covers it.
+    /// The row of `info`'s table covering `pc` (mapped by `mapping`), if the table covers it.
     #[inline(always)]
-    fn find_in_table(walk: &Walk, pc: u64) -> Option<UnwindRow> {
-        let offset = pc.wrapping_add(walk.bias);
-        if offset >= u64::from(walk.len) {
+    fn find_in_table(info: &UnwindTableInfo, mapping: &MappingEntry, pc: u64) -> Option<UnwindRow> {
+        let addr = pc
+            .wrapping_sub(mapping.start)
+            .wrapping_add(mapping.file_offset)
+            .wrapping_add(info.vaddr_minus_offset as u64);
+        let offset = addr.wrapping_sub(info.base);
+        if offset >= u64::from(info.len) {
             return None;
         }
         let offset = offset as u32;
-        let (mut lo, mut hi) = (0u32, walk.rows);
+        let (mut lo, mut hi) = (0u32, info.rows);
         for _ in 0..ROW_STEPS {
             if lo >= hi {
                 break;
             }
             let mid = lo + (hi - lo) / 2;
-            if UNWIND_ROWS.get(walk.first_row.wrapping_add(mid))?.pc <= offset {
+            if UNWIND_ROWS.get(info.first_row.wrapping_add(mid))?.pc <= offset {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
         UNWIND_ROWS
-            .get(walk.first_row.wrapping_add(lo.checked_sub(1)?))
+            .get(info.first_row.wrapping_add(lo.checked_sub(1)?))
             .copied()
     }
 
@@ -284,15 +270,11 @@ mod program {
         Step::Dwarf
     }
 
-    /// [`Walk::ended`] when the first frame found no mappings of the process.
-    const NO_WALK: u32 = 2;
-
     /// What the per-frame callback carries from one frame to the next (on the program's stack).
     #[repr(C)]
     struct Walk {
         tgid: u32,
-        /// 1 once the walk reached its end (anything but the frame cap); [`NO_WALK`] when
-        /// the process's mappings are not known.
+        /// 1 once the walk reached its end (anything but the frame cap).
         ended: u32,
         /// This sample's tick (`ember_sampler_ebpf::tick`), stamped on the tables used.
         tick: u32,
@@ -300,18 +282,6 @@ mod program {
         pc: u64,
         sp: u64,
         bp: u64,
-        /// The file mapping last looked up, `map_start..map_end` (empty at first), and what
-        /// [`find_mapping_table`] found for it: a frame in it reuses that.
-        map_start: u64,
-        map_end: u64,
-        /// One of [`found`] (`NO_TABLE` or `TABLE`) for the kept mapping.
-        found: u32,
-        /// The kept table (when `found` is `TABLE`): offset = pc + `bias`, `len` bytes covered,
-        /// rows `first_row..first_row + rows`.
-        len: u32,
-        bias: u64,
-        first_row: u32,
-        rows: u32,
     }
 
     /// One frame of the walk, run by `bpf_loop` (a bounded loop the verifier checks once):
@@ -320,7 +290,12 @@ mod program {
     extern "C" fn walk_frame(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // SAFETY: `ctx` is the `Walk` that `dwarf_stack` passed to bpf_loop, alive for the loop.
         let walk = unsafe { &mut *ctx.cast::<Walk>() };
-        let Some(stack) = SCRATCH.get_ptr_mut(0) else {
+        // SAFETY: a lookup in a map only the sampler writes.
+        let (Some(procs), Some(stack)) = (
+            unsafe { PROC_MAPPINGS.get(&walk.tgid) },
+            SCRATCH.get_ptr_mut(0),
+        ) else {
+            bump(counter::UNWIND_NO_PROCESS);
             walk.ended = 1;
             return 1;
         };
@@ -339,35 +314,19 @@ mod program {
         };
         // A caller's pc is a return address: look up the call instruction before it.
         let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
-        // Most frames are in the file of the frame before: the mapping search, the hash
-        // lookups of the process and of the table are then skipped.
-        let found = if lookup >= walk.map_start && lookup < walk.map_end {
-            walk.found
-        } else {
-            find_mapping_table(walk, lookup)
-        };
-        let step = match found {
-            found::TABLE => match find_in_table(walk, lookup) {
-                Some(row) => apply(row, &mut r),
-                None => {
-                    bump(counter::UNWIND_FP_GAP);
-                    frame_pointer_step(&mut r)
-                }
-            },
-            found::NO_TABLE => {
-                bump(counter::UNWIND_FP_NO_TABLE);
-                frame_pointer_step(&mut r)
-            }
-            found::NO_MAPPING => {
+        let step = match find_row(procs, lookup, walk.tick) {
+            Lookup::Row(row) => apply(row, &mut r),
+            Lookup::NoMapping => {
                 bump(counter::UNWIND_FP_NO_MAPPING);
                 frame_pointer_step(&mut r)
             }
-            _ => {
-                bump(counter::UNWIND_NO_PROCESS);
-                // At the first frame: no walk was possible (the caller keeps the frame-pointer
-                // stack); later, the process's mappings went during the walk: it ends there.
-                walk.ended = if i == 0 { NO_WALK } else { 1 };
-                return 1;
+            Lookup::NoTable => {
+                bump(counter::UNWIND_FP_NO_TABLE);
+                frame_pointer_step(&mut r)
+            }
+            Lookup::Outside => {
+                bump(counter::UNWIND_FP_GAP);
+                frame_pointer_step(&mut r)
             }
         };
         (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
@@ -441,7 +400,11 @@ mod program {
         if regs.cs & 3 != 3 {
             return None;
         }
-        // (Whether the process's mappings are known is found at the first frame.)
+        // SAFETY: a lookup in a map only the sampler writes.
+        if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
+            bump(counter::UNWIND_NO_PROCESS);
+            return None;
+        }
         let stack = SCRATCH.get_ptr_mut(0)?;
         // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
         // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts off).
@@ -458,13 +421,6 @@ mod program {
             pc: regs.rip,
             sp: regs.rsp,
             bp: regs.rbp,
-            map_start: 0,
-            map_end: 0,
-            found: 0,
-            len: 0,
-            bias: 0,
-            first_row: 0,
-            rows: 0,
         };
         // SAFETY: `walk_frame` only reads and writes `walk` through the pointer, during the call.
         unsafe {
@@ -475,9 +431,6 @@ mod program {
                 0,
             )
         };
-        if walk.ended == NO_WALK {
-            return None;
-        }
         if walk.ended == 0 {
             bump(counter::UNWIND_CUT);
         }
