@@ -1,8 +1,11 @@
 /* bench/distinct.c: the distinct-stacks workload of bench/soak.sh.
  *
- *   distinct THREADS SECONDS LIFETIME   for SECONDS, keeps one worker process of THREADS busy
+ *   distinct THREADS SECONDS LIFETIME [PATHS]
+ *                                       for SECONDS, keeps one worker process of THREADS busy
  *                                       threads alive, replacing it every LIFETIME seconds, and
- *                                       prints how many workers and walks there were
+ *                                       prints how many workers and walks there were; with PATHS
+ *                                       (1..2^24), walks only that many distinct call paths
+ *                                       (bench/scale.sh sets how many distinct stacks there are)
  *
  * Each walk draws 64 random bits and descends a binary tree of generated functions: at level i
  * (0..DEPTH-1) bit i picks a_i or b_i, and the last level calls leaf(), which burns ~20 us of CPU.
@@ -68,6 +71,9 @@ static double seconds(clockid_t clock) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Distinct call paths walked: 0 is all 2^DEPTH. */
+static uint64_t paths;
+
 struct worker {
     pthread_t thread;
     uint64_t rng;
@@ -82,7 +88,9 @@ static void *walk(void *arg) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        levels[0][rng & 1](rng);
+        /* With PATHS, the path is a number below it: its bits pick the functions. */
+        uint64_t bits = paths ? rng % paths : rng;
+        levels[0][bits & 1](bits);
         w->walks++;
     }
     return NULL;
@@ -111,9 +119,16 @@ static int work(int threads, double deadline, int pipe_fd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s THREADS SECONDS LIFETIME\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s THREADS SECONDS LIFETIME [PATHS]\n", argv[0]);
         return 2;
+    }
+    if (argc == 5) {
+        paths = strtoull(argv[4], NULL, 10);
+        if (paths < 1 || paths > (1ull << DEPTH)) {
+            fprintf(stderr, "distinct: PATHS 1..%llu\n", 1ull << DEPTH);
+            return 2;
+        }
     }
     int threads = atoi(argv[1]);
     double duration = atof(argv[2]), lifetime = atof(argv[3]);

@@ -119,6 +119,13 @@ mod program {
         unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
     }
 
+    /// Two words at `addr`, in one read (a frame's saved rbp and the return address above it).
+    #[inline(always)]
+    fn read_user_pair(addr: u64) -> Option<[u64; 2]> {
+        // SAFETY: as in `read_user`.
+        unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()
+    }
+
     /// The row covering `pc` in its mapping's table, or why there is none.
     #[inline(always)]
     fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
@@ -198,7 +205,7 @@ mod program {
         if r.bp == 0 {
             return Step::ZeroEnd;
         }
-        let (Some(next_bp), Some(ret)) = (read_user(r.bp), read_user(r.bp.wrapping_add(8))) else {
+        let Some([next_bp, ret]) = read_user_pair(r.bp) else {
             return Step::ReadFailed;
         };
         r.sp = r.bp.wrapping_add(16);
@@ -239,6 +246,16 @@ mod program {
                 return frame_pointer_step(r);
             }
         };
+        if row.kind != 3 && row.flags & 1 != 0 && row.b == -16 {
+            // The usual frame: rbp saved just below the return address, one read for both.
+            let Some([bp, ret]) = read_user_pair(cfa.wrapping_sub(16)) else {
+                return Step::ReadFailed;
+            };
+            r.bp = bp;
+            r.sp = cfa;
+            r.pc = ret;
+            return Step::Dwarf;
+        }
         let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
             return Step::ReadFailed;
         };
@@ -360,6 +377,11 @@ mod program {
             return 0;
         };
         let hash = stack_hash(stack);
+        // A stack seen before in this generation is already stored: an update would copy it
+        // again under the bucket's lock. (Two CPUs racing on a new stack both insert it.)
+        if ustacks.get_ptr(&hash).is_some() {
+            return hash;
+        }
         if ustacks.insert(&hash, stack, 0).is_err() {
             bump(counter::UNWIND_FULL);
             return 0;
@@ -504,7 +526,14 @@ mod program {
                 counter::USER_STACK_LOST,
             )
         };
-        let kernel_stack_id = stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST);
+        // Interrupted in user mode there is no kernel stack: the helper would set up a
+        // callchain only to answer -EFAULT.
+        // SAFETY: the perf_event context always points at the sample's registers.
+        let kernel_stack_id = if unsafe { (*ctx.ctx).regs.cs } & 3 == 3 {
+            -ERRNO_EFAULT
+        } else {
+            stack_id(ctx.get_stackid(stacks, 0), counter::KERNEL_STACK_LOST)
+        };
         let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         let key_tgid = tgid | crate::events::reuse_tag(tgid, generation);
         let interp_stack_hash = crate::interp::walk(tgid, tid, key_tgid, generation, epoch);
