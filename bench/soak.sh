@@ -142,7 +142,7 @@ wrap=()
 if [ -n "$HEAPTRACK" ]; then
   command -v heaptrack >/dev/null || die "--heaptrack needs heaptrack (apt-get install heaptrack)"
   mkdir -p "$tmp/heaptrack" && chown "$nobody_uid:$nobody_gid" "$tmp/heaptrack"
-  wrap=(heaptrack --record-only -o "$tmp/heaptrack/relay")
+  wrap=(heaptrack -o "$tmp/heaptrack/relay")
 fi
 files=(--output-dir "$tmp/out" --format "$FORMATS")
 [ "$FORMATS" = none ] && files=()
@@ -153,10 +153,15 @@ setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
   >"$tmp/relay.out" 2>"$tmp/relay.err" &
 relay_pid=$!
 pids+=("$relay_pid")
+descendants() {
+  local c
+  for c in $(pgrep -P "$1" || true); do echo "$c"; descendants "$c"; done
+}
 if [ -n "$HEAPTRACK" ]; then
   # heaptrack's script runs the relay as its child: watch (and stop) the relay itself.
   for ((i = 0; i < 100; i++)); do
-    child=$(pgrep -P "$relay_pid" -x ember-relay || true)
+    child=$(descendants "$relay_pid" | while read -r p; do
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ember-relay ] && echo "$p"; done | head -n1)
     [ -n "$child" ] && break
     sleep 0.1
   done

@@ -215,7 +215,7 @@ impl Driver {
     /// Hands the interval so far to the sinks (unless it has no samples) and adds it to the
     /// window, whose time range grows by the interval's even when it had none.
     fn end_interval(&mut self) {
-        let interval = self.pipeline.take_interval();
+        let interval = Arc::new(self.pipeline.take_interval());
         if !interval.is_empty() {
             self.sinks.interval(&interval);
             self.published
@@ -224,7 +224,15 @@ impl Driver {
         }
         self.window_samples = self.window_samples.saturating_add(interval.total_samples());
         if self.keep_window {
-            self.window.merge(interval);
+            // Taken whole unless a sink still holds it (OTLP, until its thread encoded it):
+            // then only what the window lacks is copied.
+            match Arc::try_unwrap(interval) {
+                Ok(interval) => self.window.merge(interval),
+                Err(shared) => {
+                    self.window
+                        .merge_with(&shared, |thread| Some(thread.clone()));
+                }
+            }
         } else {
             self.window
                 .observe(interval.start_unix_ns, interval.end_unix_ns);
@@ -279,7 +287,7 @@ mod tests {
     struct Recorder(Rc<RefCell<Vec<Call>>>);
 
     impl Sink for Recorder {
-        fn interval(&mut self, profile: &LabeledProfile) {
+        fn interval(&mut self, profile: &Arc<LabeledProfile>) {
             self.0
                 .borrow_mut()
                 .push(Call::Interval(profile.total_samples()));

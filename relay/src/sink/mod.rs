@@ -9,7 +9,7 @@
 //! once at exit with the last, unfinished window. A sink does its slow work where it fits: OTLP
 //! queues each interval, the files are rendered only at window close and at exit.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::labels::labeled::LabeledProfile;
 
@@ -20,8 +20,9 @@ pub mod otlp;
 
 /// One output of the relay.
 pub(crate) trait Sink {
-    /// A completed interval: the samples since the previous call. Must not block on I/O.
-    fn interval(&mut self, _profile: &LabeledProfile) {}
+    /// A completed interval: the samples since the previous call. Must not block on I/O. Shared,
+    /// so a sink that reads it later (OTLP, on its own thread) holds it without a copy.
+    fn interval(&mut self, _profile: &Arc<LabeledProfile>) {}
 
     /// A window closed; `profile` holds all of it. Failures are logged by the sink and said in
     /// what it returns (the driver counts them for the metrics).
@@ -78,7 +79,7 @@ impl Sinks {
         self.0.extend(sinks);
     }
 
-    pub(crate) fn interval(&mut self, profile: &LabeledProfile) {
+    pub(crate) fn interval(&mut self, profile: &Arc<LabeledProfile>) {
         for sink in &mut self.0 {
             sink.interval(profile);
         }
