@@ -20,7 +20,8 @@ use std::{
 use indexmap::IndexSet;
 
 mod stacks;
-use stacks::{Ids, StackTable};
+use stacks::Ids;
+pub(crate) use stacks::StackTable;
 
 /// Where a frame's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
