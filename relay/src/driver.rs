@@ -248,10 +248,13 @@ impl Driver {
             return;
         }
         let frequency = self.pipeline.frequency_hz();
-        let window = std::mem::replace(&mut self.window, LabeledProfile::new(frequency));
-        let failed = self.sinks.window(&window);
+        let window = Arc::new(std::mem::replace(
+            &mut self.window,
+            LabeledProfile::new(frequency),
+        ));
+        let (failed, unwritten) = self.sinks.window(&window);
         if failed > 0 {
-            self.published.output.count(failed, window.total_samples());
+            self.published.output.count(failed, unwritten);
             // Served now rather than at the next loop step.
             self.publish();
         }
@@ -293,7 +296,7 @@ mod tests {
                 .push(Call::Interval(profile.total_samples()));
         }
 
-        fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
+        fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
             self.0
                 .borrow_mut()
                 .push(Call::Window(profile.total_samples()));
@@ -474,17 +477,13 @@ mod tests {
                 Call::Window(5)
             ]
         );
-        // And the files hold the last closed window
-        assert!(
-            folded(tmp.path()).ends_with(" 4\n"),
-            "{}",
-            folded(tmp.path())
-        );
-        // And finishing with the new, empty window keeps them
+        // And finishing with the new, empty window (once the closed one, written on its own
+        // thread, is done) leaves the files holding the last closed window
         assert_eq!(ended.window.total_samples(), 0);
         finish(ended);
         assert_eq!(*log.borrow(), [Call::Finish(0)]);
         let text = folded(tmp.path());
+        assert!(text.ends_with(" 4\n"), "{text}");
         assert!(text.contains("do_one_[k] 4\n"), "{text}");
     }
 
@@ -497,11 +496,13 @@ mod tests {
             fn wants_window(&self) -> bool {
                 true
             }
-            fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
+            fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
                 if profile.is_empty() {
                     WindowOutcome::Kept
                 } else {
-                    WindowOutcome::Unwritten
+                    WindowOutcome::Unwritten {
+                        samples: profile.total_samples(),
+                    }
                 }
             }
             fn finish(
