@@ -30,7 +30,7 @@ samples the relay received in that minute, the samples the sampler dropped (coun
 backlog dropped) and the user stacks it lost (kept without their user frames) as the relay learnt
 of them that minute (from its `batch received` lines: a relay that reads nothing shows none), the
 distinct stacks of the last closed window (lines of its stacks.folded, counted as soon as the
-relay logs `window complete`) and the relay's symbolizer cache (heap MiB and hit rate, from its
+relay logs `window written`) and the relay's symbolizer cache (heap MiB and hit rate, from its
 /metrics on a loopback port) and how far behind the relay was (behind_s: the slowest interval of
 the minute, from an interval's end as the sampler stamped it to its profile reaching the sinks,
 as the upper bound of its bucket in ember_relay_batch_latency_seconds; `>30` past the last); at
@@ -215,8 +215,10 @@ losses() {
     grep -o '"\(counts_full\|backlog_dropped_samples\|user_stack_lost\)":[0-9]*' |
     awk -F'[":]+' '{v[$2] = $3} END {printf "%.0f %.0f\n", v["counts_full"] + v["backlog_dropped_samples"], v["user_stack_lost"]}'
 }
-windows_closed() { grep -cF '"message":"window complete' "$tmp/relay.err" || true; }
-# The files are rewritten in place when a window closes: counted right after the relay logs it.
+# (written by the relay's window writer after the window closed: counted once it is written)
+windows_closed() { grep -cF '"message":"window written' "$tmp/relay.err" || true; }
+# The files are rewritten in place after a window closes: counted right after the relay logs
+# that it wrote them.
 seen_windows=0 distinct=0
 note_window() {
   local n

@@ -207,6 +207,10 @@ impl Driver {
     /// The loop is alive and here is what it counted: a few dozen numbers copied, no lock
     /// waited on (see `metrics`).
     fn publish(&mut self) {
+        let (failed, unwritten) = self.sinks.poll();
+        if failed > 0 {
+            self.published.output.count(failed, unwritten);
+        }
         self.metrics.heartbeat();
         self.published.relay = self.pipeline.stats();
         self.metrics.publish(&self.published);

@@ -31,6 +31,12 @@ pub(crate) trait Sink {
         WindowOutcome::Kept
     }
 
+    /// Between two events: what became of a window the sink was writing on its own thread,
+    /// once it is done ([`WindowOutcome::Kept`] when there is none, or it is not done).
+    fn poll(&mut self) -> WindowOutcome {
+        WindowOutcome::Kept
+    }
+
     /// Whether the sink reads the window's samples ([`Sink::window`], [`Sink::finish`]); when
     /// no sink does, the driver keeps only the window's time range, not its samples.
     fn wants_window(&self) -> bool {
@@ -98,6 +104,18 @@ impl Sinks {
         let mut failed = (0, 0);
         for sink in &mut self.0 {
             if let WindowOutcome::Unwritten { samples } = sink.window(profile) {
+                failed = (failed.0 + 1, failed.1 + samples);
+            }
+        }
+        failed
+    }
+
+    /// Asks every sink what became of the windows it was writing ([`Sink::poll`]): how many
+    /// could not be written, and their samples.
+    pub(crate) fn poll(&mut self) -> (u64, u64) {
+        let mut failed = (0, 0);
+        for sink in &mut self.0 {
+            if let WindowOutcome::Unwritten { samples } = sink.poll() {
                 failed = (failed.0 + 1, failed.1 + samples);
             }
         }

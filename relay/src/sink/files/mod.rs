@@ -113,7 +113,9 @@ pub(crate) struct FilesSink {
     wrote_window: bool,
     /// The closed window being written, off the batch path: it gives the files back, and the
     /// window's samples when it could not write them.
-    writing: Option<JoinHandle<(OutputSet, Option<u64>)>>,
+    writing: Option<JoinHandle<(OutputSet, Result<(), String>)>>,
+    /// The samples of the window being written.
+    writing_samples: u64,
 }
 
 impl FilesSink {
@@ -131,6 +133,7 @@ impl FilesSink {
             dir: dir.to_path_buf(),
             wrote_window: false,
             writing: None,
+            writing_samples: 0,
         }
     }
 
@@ -168,23 +171,44 @@ impl FilesSink {
         Ok(again)
     }
 
-    /// Waits for the window being written, if any, and takes the files back; the samples of
-    /// that window when it could not be written.
+    /// Waits for the window being written, if any, and takes the files back; logs how it
+    /// went (here, on the loop's thread, so the log and the count agree). The samples of that
+    /// window when it could not be written.
     fn finish_writing(&mut self) -> Option<u64> {
         let handle = self.writing.take()?;
-        match handle.join() {
-            Ok((files, unwritten)) => {
+        let samples = std::mem::take(&mut self.writing_samples);
+        let written = match handle.join() {
+            Ok((files, written)) => {
                 self.files = Some(files);
-                self.wrote_window |= unwritten.is_none();
-                unwritten
+                written
             }
-            Err(_) => {
-                // The writer panicked (a bug): its files are gone with it; the next window
-                // makes them again.
-                tracing::error!(dir = %self.dir.display(), "the window writer failed");
-                None
+            // The writer panicked (a bug): its files are gone with it; the next window makes
+            // them again.
+            Err(_) => Err("the window writer failed".to_owned()),
+        };
+        self.settle(samples, written)
+    }
+
+    /// Logs how writing a window of `samples` went; its samples when it was not written.
+    fn settle(&mut self, samples: u64, written: Result<(), String>) -> Option<u64> {
+        let error = match written {
+            Ok(()) => {
+                self.wrote_window = true;
+                tracing::info!(samples, "window written");
+                return None;
             }
-        }
+            Err(error) => error,
+        };
+        tracing::error!(
+            dir = %self.dir.display(),
+            samples,
+            error,
+            "could not write the window's output files; fix it by making the output \
+             directory writable with free space (or by choosing another --output-dir); \
+             the window's samples went to the other sinks only, and the next window \
+             is tried again"
+        );
+        Some(samples)
     }
 
     /// The files, made again when they were lost or deleted.
@@ -201,20 +225,11 @@ impl FilesSink {
     }
 }
 
-/// Writes `profile` to `files`; logs a failure with its fix. `None` when written, the window's
-/// samples when not.
-fn write_window(files: &mut OutputSet, dir: &Path, profile: &LabeledProfile) -> Option<u64> {
-    let err = files.write(profile).err()?;
-    tracing::error!(
-        dir = %dir.display(),
-        samples = profile.total_samples(),
-        error = format!("{:#}", anyhow::Error::from(err)),
-        "could not write the window's output files; fix it by making the output \
-         directory writable with free space (or by choosing another --output-dir); \
-         the window's samples went to the other sinks only, and the next window \
-         is tried again"
-    );
-    Some(profile.total_samples())
+/// Writes `profile` to `files`; why not, when it could not.
+fn write_window(files: &mut OutputSet, profile: &LabeledProfile) -> Result<(), String> {
+    files
+        .write(profile)
+        .map_err(|err| format!("{:#}", anyhow::Error::from(err)))
 }
 
 impl Sink for FilesSink {
@@ -226,8 +241,9 @@ impl Sink for FilesSink {
     /// rendered (rendering a window of hundreds of thousands of stacks takes seconds). Files
     /// deleted meanwhile (with their directory, say) are made again first; a window that
     /// cannot be written is logged with the fix and reported [`WindowOutcome::Unwritten`]
-    /// (the driver counts it) when the next window closes, and that one is tried again. A
-    /// window still being written when the next closes is waited for: at most one is held.
+    /// (the driver counts it) as soon as the writer is done ([`Sink::poll`]), and the next
+    /// window is tried again. A window still being written when the next closes is waited
+    /// for: at most one is held.
     fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
         let before = self.finish_writing();
         let outcome = |unwritten: Option<u64>| match unwritten {
@@ -237,29 +253,25 @@ impl Sink for FilesSink {
         let mut files = match self.files() {
             Ok(files) => files,
             Err(err) => {
-                tracing::error!(
-                    dir = %self.dir.display(),
-                    samples = profile.total_samples(),
-                    error = format!("{err:#}"),
-                    "could not make the window's output files again; fix it by making the \
-                     output directory writable (or by choosing another --output-dir); the \
-                     window's samples went to the other sinks only"
-                );
-                let samples = before.unwrap_or(0) + profile.total_samples();
+                let now = self.settle(profile.total_samples(), Err(format!("{err:#}")));
+                let samples = before.unwrap_or(0) + now.unwrap_or(0);
                 return WindowOutcome::Unwritten { samples };
             }
         };
-        let (dir, shared) = (self.dir.clone(), Arc::clone(profile));
+        let shared = Arc::clone(profile);
         let spawned = std::thread::Builder::new()
             .name("window-writer".into())
             .spawn(move || {
-                let unwritten = write_window(&mut files, &dir, &shared);
+                let written = write_window(&mut files, &shared);
                 drop(shared);
                 release_freed_heap();
-                (files, unwritten)
+                (files, written)
             });
         match spawned {
-            Ok(handle) => self.writing = Some(handle),
+            Ok(handle) => {
+                self.writing = Some(handle);
+                self.writing_samples = profile.total_samples();
+            }
             Err(err) => {
                 // No thread to be had: written here, as before.
                 tracing::warn!(error = %err, "no thread for the window writer; writing inline");
@@ -267,13 +279,25 @@ impl Sink for FilesSink {
                     Ok(files) => files,
                     Err(_) => return outcome(before),
                 };
-                let unwritten = write_window(&mut files, &self.dir, profile);
-                self.wrote_window |= unwritten.is_none();
+                let written = write_window(&mut files, profile);
                 self.files = Some(files);
-                return outcome(before.or(unwritten));
+                let now = self.settle(profile.total_samples(), written);
+                let samples = before.unwrap_or(0) + now.unwrap_or(0);
+                return outcome((samples > 0).then_some(samples));
             }
         }
         outcome(before)
+    }
+
+    /// The window being written, when its writer is done: how it went.
+    fn poll(&mut self) -> WindowOutcome {
+        if !self.writing.as_ref().is_some_and(JoinHandle::is_finished) {
+            return WindowOutcome::Kept;
+        }
+        match self.finish_writing() {
+            Some(samples) => WindowOutcome::Unwritten { samples },
+            None => WindowOutcome::Kept,
+        }
     }
 
     /// Writes the last window, unless it is empty and a closed window is already there (a stop
