@@ -161,6 +161,7 @@ pub mod proto {
 }
 
 /// The uncompressed pprof message of `profile`.
+#[cfg(test)]
 pub fn render(profile: &LabeledProfile) -> proto::Profile {
     let mut samples = Vec::new();
     let mut message = render_each(profile, |sample| samples.push(sample));
