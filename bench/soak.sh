@@ -220,6 +220,7 @@ windows_closed() { grep -cF '"message":"window written' "$tmp/relay.err" || true
 # The files are rewritten in place after a window closes: counted right after the relay logs
 # that it wrote them.
 seen_windows=0 distinct=0
+[ "$FORMATS" != none ] || distinct=-
 note_window() {
   local n
   n=$(windows_closed)
