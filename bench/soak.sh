@@ -9,7 +9,8 @@ usage() {
 Usage: sudo bench/soak.sh [options]
 
 Runs `ember-relay run` (as nobody, exporting OTLP/HTTP to bench/otlp_sink.py and writing
---output-dir with a 1-minute window, stacks.folded only unless --formats says more) and a system-wide `ember-sampler` while bench/churn.c starts
+--output-dir with a 1-minute window, stacks.folded only unless --formats says more; --formats
+none: OTLP alone, no files, no window kept) and a system-wide `ember-sampler` while bench/churn.c starts
 RATE short-lived processes per second, each burning MS ms of CPU through random call chains of
 256 generated functions, and bench/distinct.c keeps THREADS busy threads walking random paths
 through a 24-level binary tree of functions (2^24 call paths, so nearly every sample is a stack
@@ -21,15 +22,20 @@ relay, sharing the run queue with them, gets a fraction of a CPU (relay_wait%); 
 workloads' priority to see the daemons without that (but then other load on the machine can starve
 the workloads, and the distinct stacks with them).
 
-Every minute it prints the relay's and the sampler's RSS (VmRSS), open descriptors (/proc/PID/fd)
+Every minute it prints the relay's and the sampler's RSS (VmRSS at the minute's end; the relay's
+is also read every second: relay_min/relay_max are that minute's extremes), open descriptors (/proc/PID/fd)
 and CPU (% of one CPU in that minute, from /proc/PID/stat; relay_wait%: the time its threads
 were runnable but waited for a CPU, from /proc/PID/task/*/schedstat, so it can pass 100), the
 samples the relay received in that minute, the samples the sampler dropped (counts map full +
 backlog dropped) and the user stacks it lost (kept without their user frames) as the relay learnt
 of them that minute (from its `batch received` lines: a relay that reads nothing shows none), the
 distinct stacks of the last closed window (lines of its stacks.folded, counted as soon as the
-relay logs `window complete`) and the relay's symbolizer cache (heap MiB and hit rate, from its
-/metrics on a loopback port); at the end first/last/max of each. A benchmark, not a test: it
+relay logs `window written`) and the relay's symbolizer cache (heap MiB and hit rate, from its
+/metrics on a loopback port) and how far behind the relay was (behind_s: the slowest interval of
+the minute, from an interval's end as the sampler stamped it to its profile reaching the sinks,
+as the upper bound of its bucket in ember_relay_batch_latency_seconds; `>30` past the last); at
+the end first/last/max of each, and the relay's RSS over every second read: min, mean, max and
+swing (max - min over the mean; mean and swing from minute 2 on, past the start). A benchmark, not a test: it
 exits non-zero only when the relay or the sampler died (or did not start).
 
 Options:
@@ -46,16 +52,21 @@ Options:
   -n, --nice N          nice value of both workloads                [NICE, default 0]
       --formats LIST    the relay's --format for --output-dir: folded is what the distinct
                         stacks are counted from; svg,pprof,folded,speedscope adds the cost of
-                        rendering each closed window in every format  [FORMATS, default folded]
+                        rendering each closed window in every format; none: no
+                        --output-dir, OTLP alone (no distinct stacks counted)
+                                                                   [FORMATS, default folded]
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
+      --heaptrack FILE  run the relay under heaptrack (Debian's `heaptrack`), its profile
+                        written to FILE.zst (read it with heaptrack_print); slows the relay
+                        [HEAPTRACK]
   -h, --help
 USAGE
 }
 
 MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-4999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
-STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0} FORMATS=${FORMATS:-folded}
+STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0} FORMATS=${FORMATS:-folded} HEAPTRACK=${HEAPTRACK:-}
 while [ $# -gt 0 ]; do
   case $1 in
     -d | --minutes) MINUTES=$2; shift 2 ;;
@@ -68,6 +79,7 @@ while [ $# -gt 0 ]; do
     --formats) FORMATS=${2:?"--formats needs a value"}; shift 2 ;;
     -b | --bin) BIN_DIR=$2; shift 2 ;;
     -k | --keep) KEEP=1; shift ;;
+    --heaptrack) HEAPTRACK=${2:?"--heaptrack needs a file"}; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -98,6 +110,10 @@ cleanup() {
   sleep 1
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  if [ -n "$HEAPTRACK" ]; then
+    sleep 2
+    cp "$tmp"/heaptrack/relay*.zst "$HEAPTRACK.zst" 2>/dev/null && log "heaptrack profile: $HEAPTRACK.zst"
+  fi
   if [ "$KEEP" = 1 ]; then log "kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
@@ -122,13 +138,37 @@ pids+=($!)
 for ((i = 0; i < 100; i++)); do [ -s "$tmp/otlp.port" ] && break; sleep 0.05; done
 [ -s "$tmp/otlp.port" ] || die "the OTLP sink did not start: $(cat "$tmp/otlp.err")"
 
+wrap=()
+if [ -n "$HEAPTRACK" ]; then
+  command -v heaptrack >/dev/null || die "--heaptrack needs heaptrack (apt-get install heaptrack)"
+  mkdir -p "$tmp/heaptrack" && chown "$nobody_uid:$nobody_gid" "$tmp/heaptrack"
+  wrap=(heaptrack -o "$tmp/heaptrack/relay")
+fi
+files=(--output-dir "$tmp/out" --format "$FORMATS")
+[ "$FORMATS" = none ] && files=()
 setpriv --reuid="$nobody_uid" --regid="$nobody_gid" --clear-groups \
-  "$relay" --log-format json run --socket "$sock" --metrics-address 127.0.0.1:0 \
-  --output-dir "$tmp/out" --window 1m --format "$FORMATS" \
+  "${wrap[@]}" "$relay" --log-format json run --socket "$sock" --metrics-address 127.0.0.1:0 \
+  "${files[@]}" --window 1m \
   --otlp-endpoint "http://127.0.0.1:$(cat "$tmp/otlp.port")" --otlp-protocol http \
   >"$tmp/relay.out" 2>"$tmp/relay.err" &
 relay_pid=$!
 pids+=("$relay_pid")
+descendants() {
+  local c
+  for c in $(pgrep -P "$1" || true); do echo "$c"; descendants "$c"; done
+}
+if [ -n "$HEAPTRACK" ]; then
+  # heaptrack's script runs the relay as its child: watch (and stop) the relay itself.
+  for ((i = 0; i < 100; i++)); do
+    child=$(descendants "$relay_pid" | while read -r p; do
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ember-relay ] && echo "$p"; done | head -n1)
+    [ -n "$child" ] && break
+    sleep 0.1
+  done
+  [ -n "$child" ] || die "heaptrack did not start the relay"
+  relay_pid=$child
+  pids+=("$relay_pid")
+fi
 for ((i = 0; i < 200; i++)); do [ -S "$sock" ] && break; sleep 0.1; done
 [ -S "$sock" ] || die "the relay did not listen: $(tail -n3 "$tmp/relay.err")"
 
@@ -175,14 +215,18 @@ losses() {
     grep -o '"\(counts_full\|backlog_dropped_samples\|user_stack_lost\)":[0-9]*' |
     awk -F'[":]+' '{v[$2] = $3} END {printf "%.0f %.0f\n", v["counts_full"] + v["backlog_dropped_samples"], v["user_stack_lost"]}'
 }
-windows_closed() { grep -cF '"message":"window complete' "$tmp/relay.err" || true; }
-# The files are rewritten in place when a window closes: counted right after the relay logs it.
+# (written by the relay's window writer after the window closed: counted once it is written)
+windows_closed() { grep -cF '"message":"window written' "$tmp/relay.err" || true; }
+# The files are rewritten in place after a window closes: counted right after the relay logs
+# that it wrote them.
 seen_windows=0 distinct=0
+[ "$FORMATS" != none ] || distinct=-
 note_window() {
   local n
   n=$(windows_closed)
   [ "$n" -gt "$seen_windows" ] || return 0
   seen_windows=$n
+  [ "$FORMATS" != none ] || { distinct=-; return 0; }
   distinct=$(wc -l <"$tmp/out/stacks.folded" 2>/dev/null || echo 0)
 }
 # The relay's symbolizer cache from /metrics: "MiB hit%" (hits over hits + misses, all time).
@@ -197,22 +241,58 @@ rate = 100 * hits / (hits + misses) if hits + misses else 0
 print(f"{v['ember_relay_symbolizer_cache_bytes'] / 2**20:.1f} {rate:.1f}")
 PY
 }
+# The relay's batch latency histogram from /metrics: "le=count ..." (cumulative counts by bucket).
+latency_buckets() {
+  [ -n "$metrics" ] || { echo ""; return; }
+  python3 - "$metrics" <<'PY' 2>/dev/null || echo ""
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+out = []
+for l in text.splitlines():
+    if l.startswith("ember_relay_batch_latency_seconds_bucket{"):
+        le = l.split('le="')[1].split('"')[0]
+        out.append(f"{le}={float(l.split()[-1]):.0f}")
+print(" ".join(out))
+PY
+}
+# The upper bound of the slowest bucket that gained observations between two readings of
+# latency_buckets ("-" when none did).
+slowest() {
+  python3 - "$1" "$2" <<'PY'
+import sys
+before = dict(kv.split("=") for kv in sys.argv[1].split())
+after = dict(kv.split("=") for kv in sys.argv[2].split())
+slow, prev_b, prev_a = "-", 0.0, 0.0
+for le, a in after.items():
+    a, b = float(a), float(before.get(le, 0))
+    if a - prev_a > b - prev_b:
+        slow = ">30" if le == "+Inf" else le
+    prev_a, prev_b = a, b
+print(slow)
+PY
+}
 
-declare -a relay_rss relay_fds sampler_rss sampler_fds window_stacks
-printf '%-6s %12s %10s %14s %12s %14s %16s %12s %8s %10s %11s %12s %9s %11s\n' minute relay_rss_MiB \
-  relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks sym_cache_MiB sym_hit% relay_cpu% \
-  relay_wait% sampler_cpu% dropped ustack_lost
+declare -a relay_rss relay_fds sampler_rss sampler_fds window_stacks relay_rss_each
+printf '%-6s %12s %9s %9s %10s %14s %12s %14s %16s %12s %8s %10s %11s %12s %9s %11s %8s\n' minute relay_rss_MiB \
+  relay_min relay_max relay_fds sampler_rss_MiB sampler_fds samples_in_min distinct_stacks sym_cache_MiB \
+  sym_hit% relay_cpu% relay_wait% sampler_cpu% dropped ustack_lost behind_s
 crashed=
 prev_samples=$(samples_so_far)
 read -r prev_dropped prev_lost <<<"$(losses)"
 prev_relay_cpu=$(cpu_ticks "$relay_pid") prev_sampler_cpu=$(cpu_ticks "$sampler_pid")
 prev_relay_wait=$(run_wait_ns "$relay_pid")
+prev_latency=$(latency_buckets)
 for ((minute = 1; minute <= MINUTES; minute++)); do
+  min_kib= max_kib=0
   for ((s = 0; s < 60; s++)); do
     alive "$relay_pid" || crashed+="relay "
     alive "$sampler_pid" || crashed+="sampler "
     [ -z "$crashed" ] || break 2
     note_window
+    r=$(rss_kib "$relay_pid")
+    [ "$minute" -gt 1 ] && relay_rss_each+=("$r")
+    [ -z "$min_kib" ] || [ "$r" -lt "$min_kib" ] && min_kib=$r
+    [ "$r" -gt "$max_kib" ] && max_kib=$r
     sleep 1
   done
   rr=$(rss_kib "$relay_pid") rf=$(fds "$relay_pid") sr=$(rss_kib "$sampler_pid") sf=$(fds "$sampler_pid")
@@ -224,12 +304,16 @@ for ((minute = 1; minute <= MINUTES; minute++)); do
   read -r now_dropped now_lost <<<"$(losses)"
   relay_cpu=$(cpu_ticks "$relay_pid") sampler_cpu=$(cpu_ticks "$sampler_pid")
   relay_wait=$(run_wait_ns "$relay_pid")
-  printf '%-6s %12.1f %10s %14.1f %12s %14s %16s %12s %8s %10.1f %11.1f %12.1f %9s %11s\n' "$minute" \
-    "$(echo "$rr / 1024" | bc -l)" "$rf" "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" \
+  now_latency=$(latency_buckets)
+  behind=$(slowest "$prev_latency" "$now_latency")
+  prev_latency=$now_latency
+  printf '%-6s %12.1f %9.1f %9.1f %10s %14.1f %12s %14s %16s %12s %8s %10.1f %11.1f %12.1f %9s %11s %8s\n' "$minute" \
+    "$(echo "$rr / 1024" | bc -l)" "$(echo "$min_kib / 1024" | bc -l)" "$(echo "$max_kib / 1024" | bc -l)" \
+    "$rf" "$(echo "$sr / 1024" | bc -l)" "$sf" "$((now_samples - prev_samples))" \
     "$distinct" "$sym_mib" "$sym_hits" "$(echo "($relay_cpu - $prev_relay_cpu) * 100 / ($hz * 60)" | bc -l)" \
     "$(echo "($relay_wait - $prev_relay_wait) / 600000000" | bc -l)" \
     "$(echo "($sampler_cpu - $prev_sampler_cpu) * 100 / ($hz * 60)" | bc -l)" \
-    "$((now_dropped - prev_dropped))" "$((now_lost - prev_lost))"
+    "$((now_dropped - prev_dropped))" "$((now_lost - prev_lost))" "$behind"
   prev_samples=$now_samples prev_dropped=$now_dropped prev_lost=$now_lost
   prev_relay_cpu=$relay_cpu prev_sampler_cpu=$sampler_cpu prev_relay_wait=$relay_wait
 done
@@ -249,10 +333,15 @@ summary() {
 }
 echo
 summary "relay RSS" MiB "${relay_rss[@]}"
+if [ "${#relay_rss_each[@]}" -gt 0 ]; then
+  printf '%s\n' "${relay_rss_each[@]}" | awk '
+    NR == 1 || $1 < min {min = $1} $1 > max {max = $1} {sum += $1}
+    END {mean = sum / NR; printf "relay RSS every second from minute 2: min %.1f MiB, mean %.1f MiB, max %.1f MiB, swing %.0f%% of the mean\n", min / 1024, mean / 1024, max / 1024, 100 * (max - min) / mean}'
+fi
 summary "relay open fds" n "${relay_fds[@]}"
 summary "sampler RSS" MiB "${sampler_rss[@]}"
 summary "sampler open fds" n "${sampler_fds[@]}"
-summary "distinct stacks of a closed window" n "${window_stacks[@]}"
+[ "$FORMATS" = none ] || summary "distinct stacks of a closed window" n "${window_stacks[@]}"
 errors=$(cat "$tmp/relay.err" "$tmp/sampler.err" | { grep -cE '"level":"(ERROR|WARN)"' || true; })
 echo "relay samples received: $(samples_so_far); WARN/ERROR log lines: $errors"
 if [ -n "$crashed" ]; then

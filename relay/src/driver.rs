@@ -207,6 +207,10 @@ impl Driver {
     /// The loop is alive and here is what it counted: a few dozen numbers copied, no lock
     /// waited on (see `metrics`).
     fn publish(&mut self) {
+        let (failed, unwritten) = self.sinks.poll();
+        if failed > 0 {
+            self.published.output.count(failed, unwritten);
+        }
         self.metrics.heartbeat();
         self.published.relay = self.pipeline.stats();
         self.metrics.publish(&self.published);
@@ -215,7 +219,7 @@ impl Driver {
     /// Hands the interval so far to the sinks (unless it has no samples) and adds it to the
     /// window, whose time range grows by the interval's even when it had none.
     fn end_interval(&mut self) {
-        let interval = self.pipeline.take_interval();
+        let interval = Arc::new(self.pipeline.take_interval());
         if !interval.is_empty() {
             self.sinks.interval(&interval);
             self.published
@@ -224,7 +228,15 @@ impl Driver {
         }
         self.window_samples = self.window_samples.saturating_add(interval.total_samples());
         if self.keep_window {
-            self.window.merge(interval);
+            // Taken whole unless a sink still holds it (OTLP, until its thread encoded it):
+            // then only what the window lacks is copied.
+            match Arc::try_unwrap(interval) {
+                Ok(interval) => self.window.merge(interval),
+                Err(shared) => {
+                    self.window
+                        .merge_with(&shared, |thread| Some(thread.clone()));
+                }
+            }
         } else {
             self.window
                 .observe(interval.start_unix_ns, interval.end_unix_ns);
@@ -240,10 +252,13 @@ impl Driver {
             return;
         }
         let frequency = self.pipeline.frequency_hz();
-        let window = std::mem::replace(&mut self.window, LabeledProfile::new(frequency));
-        let failed = self.sinks.window(&window);
+        let window = Arc::new(std::mem::replace(
+            &mut self.window,
+            LabeledProfile::new(frequency),
+        ));
+        let (failed, unwritten) = self.sinks.window(&window);
         if failed > 0 {
-            self.published.output.count(failed, window.total_samples());
+            self.published.output.count(failed, unwritten);
             // Served now rather than at the next loop step.
             self.publish();
         }
@@ -279,13 +294,13 @@ mod tests {
     struct Recorder(Rc<RefCell<Vec<Call>>>);
 
     impl Sink for Recorder {
-        fn interval(&mut self, profile: &LabeledProfile) {
+        fn interval(&mut self, profile: &Arc<LabeledProfile>) {
             self.0
                 .borrow_mut()
                 .push(Call::Interval(profile.total_samples()));
         }
 
-        fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
+        fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
             self.0
                 .borrow_mut()
                 .push(Call::Window(profile.total_samples()));
@@ -466,17 +481,13 @@ mod tests {
                 Call::Window(5)
             ]
         );
-        // And the files hold the last closed window
-        assert!(
-            folded(tmp.path()).ends_with(" 4\n"),
-            "{}",
-            folded(tmp.path())
-        );
-        // And finishing with the new, empty window keeps them
+        // And finishing with the new, empty window (once the closed one, written on its own
+        // thread, is done) leaves the files holding the last closed window
         assert_eq!(ended.window.total_samples(), 0);
         finish(ended);
         assert_eq!(*log.borrow(), [Call::Finish(0)]);
         let text = folded(tmp.path());
+        assert!(text.ends_with(" 4\n"), "{text}");
         assert!(text.contains("do_one_[k] 4\n"), "{text}");
     }
 
@@ -489,11 +500,13 @@ mod tests {
             fn wants_window(&self) -> bool {
                 true
             }
-            fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
+            fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
                 if profile.is_empty() {
                     WindowOutcome::Kept
                 } else {
-                    WindowOutcome::Unwritten
+                    WindowOutcome::Unwritten {
+                        samples: profile.total_samples(),
+                    }
                 }
             }
             fn finish(

@@ -19,6 +19,10 @@ use std::{
 
 use indexmap::IndexSet;
 
+mod stacks;
+use stacks::Ids;
+pub(crate) use stacks::StackTable;
+
 /// Where a frame's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FrameKind {
@@ -374,7 +378,7 @@ impl std::fmt::Debug for StackView<'_> {
 #[derive(Clone, Copy)]
 enum Repr<'a> {
     Interned {
-        ids: &'a [u32],
+        ids: Ids<'a>,
         frames: &'a IndexSet<Frame, Hasher>,
     },
     Frames(&'a [Frame]),
@@ -389,36 +393,73 @@ impl<'a> StackView<'a> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        match self.0 {
+            Repr::Interned { ids, .. } => ids.is_empty(),
+            Repr::Frames(frames) => frames.is_empty(),
+        }
     }
 
     /// The `i`th frame, leaf first.
     pub fn get(&self, i: usize) -> Option<&'a Frame> {
-        match self.0 {
-            Repr::Interned { ids, frames } => frames.get_index(*ids.get(i)? as usize),
-            Repr::Frames(frames) => frames.get(i),
-        }
+        self.iter().nth(i)
     }
 
     /// The leaf frame.
     pub fn first(&self) -> Option<&'a Frame> {
-        self.get(0)
+        self.iter().next()
     }
 
     /// The outermost frame.
     pub fn last(&self) -> Option<&'a Frame> {
-        self.len().checked_sub(1).and_then(|i| self.get(i))
+        self.iter().next_back()
     }
 
     /// The frames, leaf first.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &'a Frame> + 'a {
-        let view = *self;
-        (0..self.len()).filter_map(move |i| view.get(i))
+        match self.0 {
+            Repr::Interned { ids, frames } => FramesOf::Interned { ids, frames },
+            Repr::Frames(frames) => FramesOf::Frames(frames.iter()),
+        }
     }
 
     /// The frames, leaf first, in one slice (for outputs that group neighbouring frames).
     pub fn to_vec(self) -> Vec<&'a Frame> {
         self.iter().collect()
+    }
+}
+
+/// The frames of a [`StackView`], leaf first, from either end.
+enum FramesOf<'a> {
+    Interned {
+        ids: Ids<'a>,
+        frames: &'a IndexSet<Frame, Hasher>,
+    },
+    Frames(std::slice::Iter<'a, Frame>),
+}
+
+impl<'a> Iterator for FramesOf<'a> {
+    type Item = &'a Frame;
+
+    fn next(&mut self) -> Option<&'a Frame> {
+        match self {
+            // (an id that names no frame is skipped, as a missing frame would be)
+            Self::Interned { ids, frames } => ids.find_map(|id| frames.get_index(id as usize)),
+            Self::Frames(frames) => frames.next(),
+        }
+    }
+}
+
+impl DoubleEndedIterator for FramesOf<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            Self::Interned { ids, frames } => loop {
+                let id = ids.next_back()?;
+                if let Some(frame) = frames.get_index(id as usize) {
+                    break Some(frame);
+                }
+            },
+            Self::Frames(frames) => frames.next_back(),
+        }
     }
 }
 
@@ -442,8 +483,9 @@ pub enum SampleKind {
 /// receive).
 ///
 /// Stored compactly: every distinct frame, thread and stack once, in tables; a stack is the list
-/// of its frames' ids and a count is keyed by (thread id, stack id). A window of many distinct
-/// stacks then costs a few bytes per frame of each stack instead of a whole frame.
+/// of its frames' ids, one to three bytes each (`stacks`), and a value is keyed by (thread id,
+/// stack id), one map per kind. A window of many distinct stacks then costs about a byte per
+/// frame of each stack and a few dozen bytes per row (the bound is a unit test's).
 #[derive(Clone, Debug)]
 pub struct Profile<T = Thread> {
     pub start_unix_ns: u64,
@@ -452,16 +494,16 @@ pub struct Profile<T = Thread> {
     /// The sampled machine's host name (from the sampler's hello), when known.
     pub hostname: Option<Arc<str>>,
     frames: IndexSet<Frame, Hasher>,
-    stacks: IndexSet<Box<[u32]>, Hasher>,
+    stacks: StackTable,
     threads: IndexSet<T, Hasher>,
-    /// Values by (thread id, stack id, kind): samples for CPU rows, nanoseconds off-CPU.
-    counts: HashMap<(u32, u32, SampleKind), u64, Hasher>,
-    /// The frame ids of the stack being added (reused, so adding allocates only for new stacks).
-    scratch: Vec<u32>,
-    /// The rows (thread id, stack id, count) in output order, sorted by the first
-    /// [`Profile::samples`] after a change and kept until the next: every file format of a
+    /// Values by (thread id, stack id): samples (CPU rows).
+    cpu: HashMap<(u32, u32), u64, Hasher>,
+    /// Values by (thread id, stack id): nanoseconds off-CPU.
+    off_cpu: HashMap<(u32, u32), u64, Hasher>,
+    /// The rows (thread id, stack id) of each kind in output order, sorted by the first
+    /// [`Profile::samples_of`] after a change and kept until the next: every file format of a
     /// closed window reads them, and sorting a large window is the costly part.
-    order: OnceLock<Vec<(u32, u32, SampleKind, u64)>>,
+    order: [OnceLock<Vec<(u32, u32)>>; 2],
 }
 
 /// One batch's samples as symbolization leaves them: keyed by thread (pid first), no labels.
@@ -475,16 +517,16 @@ impl<T> Default for Profile<T> {
             frequency_hz: 0,
             hostname: None,
             frames: IndexSet::default(),
-            stacks: IndexSet::default(),
+            stacks: StackTable::default(),
             threads: IndexSet::default(),
-            counts: HashMap::default(),
-            scratch: Vec::new(),
-            order: OnceLock::new(),
+            cpu: HashMap::default(),
+            off_cpu: HashMap::default(),
+            order: [OnceLock::new(), OnceLock::new()],
         }
     }
 }
 
-/// A table index as an id. Tables cannot reach 2^32 entries (each entry takes at least 16
+/// A table index as an id. Tables cannot reach 2^32 entries (each entry takes at least 5
 /// bytes), so the fallback is never taken; it is there so no input can panic the relay.
 fn id(index: usize) -> u32 {
     u32::try_from(index).unwrap_or(u32::MAX)
@@ -512,9 +554,60 @@ fn intern<T: Clone + Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value:
     }
 }
 
+impl SampleKind {
+    /// The kind's slot in a profile's per-kind tables.
+    fn index(self) -> usize {
+        match self {
+            Self::Cpu => 0,
+            Self::OffCpu => 1,
+        }
+    }
+}
+
 /// The id of `value` in `set`, inserting it when it is new.
 fn intern_owned<T: Eq + std::hash::Hash>(set: &mut IndexSet<T, Hasher>, value: T) -> u32 {
     id(set.insert_full(value).0)
+}
+
+impl<T> Profile<T> {
+    /// The values of one kind, by (thread id, stack id).
+    fn values(&self, kind: SampleKind) -> &HashMap<(u32, u32), u64, Hasher> {
+        match kind {
+            SampleKind::Cpu => &self.cpu,
+            SampleKind::OffCpu => &self.off_cpu,
+        }
+    }
+
+    /// Every row: kind, (thread id, stack id), value.
+    fn rows(&self) -> impl Iterator<Item = (SampleKind, (u32, u32), u64)> + '_ {
+        let of = |kind: SampleKind| {
+            self.values(kind)
+                .iter()
+                .map(move |(&key, &value)| (kind, key, value))
+        };
+        of(SampleKind::Cpu).chain(of(SampleKind::OffCpu))
+    }
+
+    /// The rows changed: the sorted orders are stale.
+    fn changed(&mut self) {
+        for order in &mut self.order {
+            order.take();
+        }
+    }
+
+    fn count(&mut self, kind: SampleKind, key: (u32, u32), count: u64) {
+        if key.1 == stacks::NONE {
+            return;
+        }
+        self.changed();
+        let values = match kind {
+            SampleKind::Cpu => &mut self.cpu,
+            SampleKind::OffCpu => &mut self.off_cpu,
+        };
+        // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
+        let total = values.entry(key).or_insert(0);
+        *total = total.saturating_add(count);
+    }
 }
 
 impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
@@ -555,8 +648,9 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         self.frames.clear();
         self.stacks.clear();
         self.threads.clear();
-        self.counts.clear();
-        self.order.take();
+        self.cpu.clear();
+        self.off_cpu.clear();
+        self.changed();
     }
 
     /// Adds `count` samples of `thread` with the stack `frames` (leaf first), interning what is
@@ -579,23 +673,12 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         frames: impl IntoIterator<Item = &'f Frame>,
         count: u64,
     ) {
-        let mut ids = std::mem::take(&mut self.scratch);
-        ids.clear();
-        ids.extend(frames.into_iter().map(|f| intern(&mut self.frames, f)));
-        let stack = match self.stacks.get_index_of(ids.as_slice()) {
-            Some(index) => id(index),
-            None => intern_owned(&mut self.stacks, ids.as_slice().into()),
-        };
-        self.scratch = ids;
+        let table = &mut self.frames;
+        let stack = self
+            .stacks
+            .intern(frames.into_iter().map(|f| intern(table, f)));
         let thread = intern(&mut self.threads, thread);
-        self.count((thread, stack, kind), count);
-    }
-
-    fn count(&mut self, key: (u32, u32, SampleKind), count: u64) {
-        self.order.take();
-        // Counts come from the sampler: saturate rather than wrap (or panic in debug builds).
-        let total = self.counts.entry(key).or_insert(0);
-        *total = total.saturating_add(count);
+        self.count(kind, (thread, stack), count);
     }
 
     /// Merges another profile into this one, its observed time too (even without samples).
@@ -620,20 +703,22 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
             .collect();
         let stacks: Vec<u32> = other
             .stacks
-            .into_iter()
+            .iter()
             .map(|stack| {
-                let ids: Box<[u32]> = stack
-                    .iter()
-                    .map(|&f| frames.get(f as usize).copied().unwrap_or(u32::MAX))
-                    .collect();
-                intern_owned(&mut self.stacks, ids)
+                let ids = stack.map(|f| frames.get(f as usize).copied().unwrap_or(u32::MAX));
+                self.stacks.intern(ids)
             })
             .collect();
-        for ((thread, stack, kind), count) in other.counts {
-            if let (Some(&thread), Some(&stack)) =
-                (threads.get(thread as usize), stacks.get(stack as usize))
-            {
-                self.count((thread, stack, kind), count);
+        for (kind, values) in [
+            (SampleKind::Cpu, other.cpu),
+            (SampleKind::OffCpu, other.off_cpu),
+        ] {
+            for ((thread, stack), count) in values {
+                if let (Some(&thread), Some(&stack)) =
+                    (threads.get(thread as usize), stacks.get(stack as usize))
+                {
+                    self.count(kind, (thread, stack), count);
+                }
             }
         }
     }
@@ -662,7 +747,7 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         let mut frames: Vec<Option<u32>> = vec![None; other.frames.len()];
         let mut stacks: Vec<Option<u32>> = vec![None; other.stacks.len()];
         let mut left_out = 0u64;
-        for (&(thread, stack, kind), &count) in &other.counts {
+        for (kind, (thread, stack), count) in other.rows() {
             let Some(&Some(thread)) = threads.get(thread as usize) else {
                 if kind == SampleKind::Cpu {
                     left_out = left_out.saturating_add(count);
@@ -675,27 +760,22 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
             let stack = match *slot {
                 Some(id) => id,
                 None => {
-                    let ids: Box<[u32]> = other
-                        .stacks
-                        .get_index(stack as usize)
-                        .map_or(&[][..], |ids| &ids[..])
-                        .iter()
-                        .map(|&f| {
-                            let Some(slot) = frames.get_mut(f as usize) else {
-                                return u32::MAX;
-                            };
-                            *slot.get_or_insert_with(|| match other.frames.get_index(f as usize) {
-                                Some(frame) => intern(&mut self.frames, frame),
-                                None => u32::MAX,
-                            })
+                    let table = &mut self.frames;
+                    let ids = other.stacks.get(stack).unwrap_or_default().map(|f| {
+                        let Some(slot) = frames.get_mut(f as usize) else {
+                            return u32::MAX;
+                        };
+                        *slot.get_or_insert_with(|| match other.frames.get_index(f as usize) {
+                            Some(frame) => intern(table, frame),
+                            None => u32::MAX,
                         })
-                        .collect();
-                    let id = intern_owned(&mut self.stacks, ids);
+                    });
+                    let id = self.stacks.intern(ids);
                     *slot = Some(id);
                     id
                 }
             };
-            self.count((thread, stack, kind), count);
+            self.count(kind, (thread, stack), count);
         }
         left_out
     }
@@ -707,14 +787,13 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
 
     /// The sum of the values of one kind (samples, or nanoseconds off-CPU).
     pub fn total_of(&self, kind: SampleKind) -> u64 {
-        self.counts
-            .iter()
-            .filter(|((_, _, k), _)| *k == kind)
-            .fold(0u64, |total, (_, &v)| total.saturating_add(v))
+        self.values(kind)
+            .values()
+            .fold(0u64, |total, &v| total.saturating_add(v))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        self.cpu.is_empty() && self.off_cpu.is_empty()
     }
 
     /// How many distinct frames, stacks, threads and (thread, stack) rows the profile holds.
@@ -723,7 +802,7 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
             frames: self.frames.len(),
             stacks: self.stacks.len(),
             threads: self.threads.len(),
-            rows: self.counts.len(),
+            rows: self.cpu.len() + self.off_cpu.len(),
         }
     }
 
@@ -732,7 +811,7 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         Some(SampleRef {
             thread: self.threads.get_index(thread as usize)?,
             stack: StackView(Repr::Interned {
-                ids: self.stacks.get_index(stack as usize)?,
+                ids: self.stacks.get(stack)?,
                 frames: &self.frames,
             }),
             count,
@@ -751,30 +830,26 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     /// The rows of one kind, in the order of [`Profile::samples`] (`count` holds nanoseconds
     /// for [`SampleKind::OffCpu`]).
     pub fn samples_of(&self, kind: SampleKind) -> Vec<SampleRef<'_, T>> {
-        self.order
-            .get_or_init(|| self.sorted_rows())
+        let values = self.values(kind);
+        self.order[kind.index()]
+            .get_or_init(|| self.sorted_rows(kind))
             .iter()
-            .filter(|row| row.2 == kind)
-            .filter_map(|&(thread, stack, _, count)| self.row((thread, stack), count))
+            .filter_map(|&key| self.row(key, values.get(&key).copied().unwrap_or(0)))
             .collect()
     }
 
-    /// The rows in the order of [`Profile::samples`].
-    fn sorted_rows(&self) -> Vec<(u32, u32, SampleKind, u64)> {
+    /// The rows of one kind in the order of [`Profile::samples`].
+    fn sorted_rows(&self, kind: SampleKind) -> Vec<(u32, u32)> {
         let thread_rank = ranks(&self.threads);
         let frame_rank = ranks(&self.frames);
-        let rank_of = |f: &u32| frame_rank.get(*f as usize).copied().unwrap_or(u32::MAX);
-        let stack = |s: u32| {
-            self.stacks
-                .get_index(s as usize)
-                .map_or(&[][..], |ids| &ids[..])
-        };
-        let mut rows: Vec<(u32, u32, u32, SampleKind, u64)> = self
-            .counts
-            .iter()
-            .map(|(&(thread, s, kind), &count)| {
+        let rank_of = |f: u32| frame_rank.get(f as usize).copied().unwrap_or(u32::MAX);
+        let stack = |s: u32| self.stacks.get(s).unwrap_or_default();
+        let mut rows: Vec<(u32, u32, u32)> = self
+            .values(kind)
+            .keys()
+            .map(|&(thread, s)| {
                 let rank = thread_rank.get(thread as usize).copied();
-                (rank.unwrap_or(u32::MAX), thread, s, kind, count)
+                (rank.unwrap_or(u32::MAX), thread, s)
             })
             .collect();
         rows.sort_unstable_by(|a, b| {
@@ -782,14 +857,11 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
                 if a.2 == b.2 {
                     return std::cmp::Ordering::Equal;
                 }
-                stack(a.2)
-                    .iter()
-                    .map(rank_of)
-                    .cmp(stack(b.2).iter().map(rank_of))
+                stack(a.2).map(rank_of).cmp(stack(b.2).map(rank_of))
             })
         });
         rows.into_iter()
-            .map(|(_, thread, stack, kind, count)| (thread, stack, kind, count))
+            .map(|(_, thread, stack)| (thread, stack))
             .collect()
     }
 
@@ -811,13 +883,11 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     /// kernel thread's leaf otherwise.
     pub fn top_self_of(&self, kind: SampleKind, n: usize) -> Vec<(String, u64)> {
         let mut by_leaf: HashMap<u32, u64, Hasher> = HashMap::default();
-        for (&(_, stack, k), &count) in &self.counts {
-            if k != kind {
-                continue;
-            }
-            let Some(ids) = self.stacks.get_index(stack as usize) else {
+        for (&(_, stack), &count) in self.values(kind) {
+            let Some(ids) = self.stacks.get(stack) else {
                 continue;
             };
+            let ids: Vec<u32> = ids.collect();
             let frame = |f: &&u32| self.frames.get_index(**f as usize);
             let user = |f: &&u32| frame(f).is_some_and(|frame| frame.kind != FrameKind::Kernel);
             let callers = |f: &&u32| {
@@ -1145,6 +1215,59 @@ mod tests {
         let expected: Vec<_> = rows(&batch).into_iter().filter(|r| r.0.tid != 2).collect();
         assert_eq!(kept, expected);
         assert_eq!((tagged.start_unix_ns, tagged.end_unix_ns), (1, 2));
+    }
+
+    /// Heap bytes a window holds per distinct stack, at most: the model's own tables, sorted for
+    /// output. Derived from the layout, for stacks of 30 frames whose ids are under 128 (one byte
+    /// each; a window's common frames get the small ids), each stack its own row: 30 bytes of ids
+    /// and 4 of where they end (each buffer up to twice that when it has just grown), a 4-byte
+    /// slot and a control byte in the stack index and a 16-byte entry and a control byte in the
+    /// row map (both at most 7/8 full, up to twice that just after growing), and 8 bytes of
+    /// sorted order: 34 x 2 + 5 / 0.875 x 2 + 17 / 0.875 x 2 + 8 = 126. Boxed `[u32]` stacks
+    /// in an `IndexSet` with (thread, stack, kind) keys took about 260.
+    const BYTES_PER_STACK: i64 = 126;
+
+    #[test]
+    fn a_distinct_stack_costs_the_bytes_of_its_ids_and_a_row_not_a_copy_of_its_frames() {
+        // Given 100 frames (already in the profile, as a window's frames are after its first
+        // intervals) and one thread
+        let frames: Vec<Frame> = (0..100u64)
+            .map(|f| frame(&format!("function_{f}"), 0x1000 + f))
+            .collect();
+        let thread = thread(7, 7);
+        let mut profile = Profile::<Thread>::new(99);
+        profile.add_frames(&thread, frames.iter(), 1);
+        // When 100,000 distinct stacks of 30 frames each are added and the rows sorted
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let stacks: Vec<Vec<usize>> = (0..100_000)
+            .map(|_| {
+                (0..30)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        (seed % 100) as usize
+                    })
+                    .collect()
+            })
+            .collect();
+        let (stacks, frames, thread) = (&stacks, &frames, &thread);
+        let (profile, bytes) = crate::symbolize::alloc::measure(move || {
+            for stack in stacks {
+                profile.add_frames(thread, stack.iter().map(|&f| &frames[f]), 1);
+            }
+            assert!(!profile.samples().is_empty());
+            profile
+        });
+        // Then each distinct stack cost at most the layout's bound
+        let distinct = profile.sizes().stacks as i64 - 1;
+        assert!(distinct > 99_000, "{distinct}");
+        let per_stack = bytes / distinct;
+        eprintln!("{per_stack} bytes per distinct stack");
+        assert!(
+            per_stack <= BYTES_PER_STACK,
+            "{per_stack} bytes per distinct stack, more than {BYTES_PER_STACK}"
+        );
     }
 
     #[test]

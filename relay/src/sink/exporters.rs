@@ -8,7 +8,7 @@
 //! Resolution reads the TLS files the section names, so it runs before the relay drops
 //! privileges.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -116,7 +116,7 @@ pub(crate) fn start(config: Exporters, metrics: &Metrics) -> anyhow::Result<Vec<
 struct DebugSink(DebugSettings);
 
 impl Sink for DebugSink {
-    fn interval(&mut self, profile: &LabeledProfile) {
+    fn interval(&mut self, profile: &Arc<LabeledProfile>) {
         debug::print(profile, &self.0);
     }
 
@@ -129,9 +129,9 @@ impl Sink for DebugSink {
 struct OtlpSink(Exporter);
 
 impl Sink for OtlpSink {
-    fn interval(&mut self, profile: &LabeledProfile) {
+    fn interval(&mut self, profile: &Arc<LabeledProfile>) {
         if !profile.is_empty() {
-            self.0.export(profile.clone());
+            self.0.export_shared(profile);
         }
     }
 

@@ -9,7 +9,7 @@
 //! once at exit with the last, unfinished window. A sink does its slow work where it fits: OTLP
 //! queues each interval, the files are rendered only at window close and at exit.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::labels::labeled::LabeledProfile;
 
@@ -20,12 +20,20 @@ pub mod otlp;
 
 /// One output of the relay.
 pub(crate) trait Sink {
-    /// A completed interval: the samples since the previous call. Must not block on I/O.
-    fn interval(&mut self, _profile: &LabeledProfile) {}
+    /// A completed interval: the samples since the previous call. Must not block on I/O. Shared,
+    /// so a sink that reads it later (OTLP, on its own thread) holds it without a copy.
+    fn interval(&mut self, _profile: &Arc<LabeledProfile>) {}
 
-    /// A window closed; `profile` holds all of it. Failures are logged by the sink and said in
-    /// what it returns (the driver counts them for the metrics).
-    fn window(&mut self, _profile: &LabeledProfile) -> WindowOutcome {
+    /// A window closed; `profile` holds all of it (shared: a sink may keep it while it writes
+    /// it on a thread of its own). Failures are logged by the sink and said in what it returns,
+    /// now or at the next call (the driver counts them for the metrics).
+    fn window(&mut self, _profile: &Arc<LabeledProfile>) -> WindowOutcome {
+        WindowOutcome::Kept
+    }
+
+    /// Between two events: what became of a window the sink was writing on its own thread,
+    /// once it is done ([`WindowOutcome::Kept`] when there is none, or it is not done).
+    fn poll(&mut self) -> WindowOutcome {
         WindowOutcome::Kept
     }
 
@@ -50,8 +58,9 @@ pub(crate) trait Sink {
 pub(crate) enum WindowOutcome {
     /// Written or queued (or not the sink's business).
     Kept,
-    /// Could not be written (the sink logged why); its samples are not in this sink's output.
-    Unwritten,
+    /// A window of `samples` could not be written (the sink logged why); its samples are not
+    /// in this sink's output.
+    Unwritten { samples: u64 },
 }
 
 /// What a sink says when it finishes, for the command to print or log.
@@ -78,7 +87,7 @@ impl Sinks {
         self.0.extend(sinks);
     }
 
-    pub(crate) fn interval(&mut self, profile: &LabeledProfile) {
+    pub(crate) fn interval(&mut self, profile: &Arc<LabeledProfile>) {
         for sink in &mut self.0 {
             sink.interval(profile);
         }
@@ -89,12 +98,28 @@ impl Sinks {
         self.0.iter().any(|sink| sink.wants_window())
     }
 
-    /// Hands a closed window to every sink; how many could not write it.
-    pub(crate) fn window(&mut self, profile: &LabeledProfile) -> u64 {
-        let outcomes = self.0.iter_mut().map(|sink| sink.window(profile));
-        outcomes
-            .filter(|outcome| *outcome == WindowOutcome::Unwritten)
-            .count() as u64
+    /// Hands a closed window to every sink; how many windows could not be written (this one
+    /// or, by a sink that writes on its own thread, the one before) and their samples.
+    pub(crate) fn window(&mut self, profile: &Arc<LabeledProfile>) -> (u64, u64) {
+        let mut failed = (0, 0);
+        for sink in &mut self.0 {
+            if let WindowOutcome::Unwritten { samples } = sink.window(profile) {
+                failed = (failed.0 + 1, failed.1 + samples);
+            }
+        }
+        failed
+    }
+
+    /// Asks every sink what became of the windows it was writing ([`Sink::poll`]): how many
+    /// could not be written, and their samples.
+    pub(crate) fn poll(&mut self) -> (u64, u64) {
+        let mut failed = (0, 0);
+        for sink in &mut self.0 {
+            if let WindowOutcome::Unwritten { samples } = sink.poll() {
+                failed = (failed.0 + 1, failed.1 + samples);
+            }
+        }
+        failed
     }
 
     /// Finishes every sink in order, handing each outcome to `report` as soon as it is there

@@ -18,11 +18,10 @@ use crate::symbolize::FileKey;
 /// A kept table and its `vaddr_minus_offset`.
 pub(crate) type Kept = (Arc<UnwindTable>, i64);
 
-/// Bytes a kept table is charged: its encoded size.
+/// Bytes a kept table is charged: what its rows take in memory (not their 12-byte encoding: a
+/// row in memory is larger), so the bound is the heap the tables hold.
 fn charge(table: &UnwindTable) -> u64 {
-    (table.rows().len() as u64)
-        .saturating_mul(12)
-        .saturating_add(64)
+    (std::mem::size_of_val(table.rows()) as u64).saturating_add(64)
 }
 
 /// Tables by file identity, at most `max_bytes` of them.

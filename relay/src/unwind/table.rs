@@ -101,6 +101,9 @@ impl UnwindTable {
         }
         // A replaced row (`last.pc == pc`) may now equal its predecessor: merge once more.
         rows.dedup_by(|next, prev| next.rule == prev.rule);
+        // Kept for minutes (the worker's memory of recent tables, `recent.rs`): without the
+        // spare capacity pushing left, up to half of it.
+        rows.shrink_to_fit();
         let len = u32::try_from(exec.end - base).unwrap_or(u32::MAX);
         Self { base, len, rows }
     }

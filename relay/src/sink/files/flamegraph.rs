@@ -36,7 +36,8 @@ pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, FlamegraphError> {
 
 /// The SVG document of `profile`, its root frames named per `--folded-root`.
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
-    let lines = folded::lines_with(profile, root);
+    // One string, its lines borrowed by inferno (not a string per line).
+    let lines = folded::render_with(profile, root);
     let subtitle = subtitle(profile);
     if lines.is_empty() {
         return Ok(no_samples_svg(TITLE, &subtitle).into_bytes());
@@ -55,7 +56,7 @@ pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>
     // Colour by name hash, not at random: same input, same SVG.
     options.hash = true;
     let mut svg = Vec::new();
-    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+    flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .map_err(FlamegraphError::Render)?;
     Ok(svg)
 }
@@ -67,7 +68,7 @@ pub fn render_off_cpu(
     profile: &LabeledProfile,
     root: FoldedRoot,
 ) -> Result<Vec<u8>, FlamegraphError> {
-    let lines = folded::lines_of(profile, root, SampleKind::OffCpu);
+    let lines = folded::render_of(profile, root, SampleKind::OffCpu);
     let total = profile.total_of(SampleKind::OffCpu);
     let subtitle = range(
         format!("{:.3} s off-CPU (blocked)", total as f64 / 1e9),
@@ -84,7 +85,7 @@ pub fn render_off_cpu(
     options.colors = Palette::Basic(BasicPalette::Io);
     options.hash = true;
     let mut svg = Vec::new();
-    flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+    flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .map_err(FlamegraphError::Render)?;
     Ok(svg)
 }

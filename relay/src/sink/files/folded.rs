@@ -8,12 +8,18 @@
 //! into the frames it was made of; the count follows the last space (names may contain spaces).
 //! Rendering only: the files sink writes the result.
 
-use std::collections::BTreeMap;
+use std::{
+    cmp::Ordering,
+    collections::HashMap,
+    io::{self, Write},
+};
+
+use indexmap::IndexSet;
 
 use super::FoldedRoot;
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{text_safe, SampleKind, UNKNOWN},
+    model::{text_safe, Frame, SampleKind, StackTable, UNKNOWN},
 };
 
 /// The folded lines of a profile, without line ends: sorted, one per unique stack text, stacks
@@ -24,45 +30,141 @@ pub fn lines(profile: &LabeledProfile) -> Vec<String> {
 }
 
 /// [`lines`] with the root frame naming the process or its `service.name` (`--folded-root`).
+#[cfg(test)]
 pub fn lines_with(profile: &LabeledProfile, root: FoldedRoot) -> Vec<String> {
     lines_of(profile, root, SampleKind::Cpu)
 }
 
 /// [`lines_with`] of one kind of rows (off-CPU: nanoseconds blocked per line).
+#[cfg(test)]
 pub fn lines_of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> Vec<String> {
-    stack_counts(profile, root, kind)
-        .into_iter()
-        .map(|(text, count)| format!("{text} {count}"))
+    render_of(profile, root, kind)
+        .lines()
+        .map(str::to_owned)
         .collect()
 }
 
-/// Each unique stack text (root first, without its count) with its samples, sorted; stacks
-/// whose samples add up to zero left out. Each text is built once, in one string.
-fn stack_counts(
-    profile: &LabeledProfile,
-    root: FoldedRoot,
-    kind: SampleKind,
-) -> BTreeMap<String, u64> {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    for sample in profile.samples_of(kind) {
-        let name = match root {
-            FoldedRoot::Process => &*sample.thread.process_name,
-            FoldedRoot::Service => sample.thread.service_name(),
-        };
-        // Root first: the model's stacks are leaf first.
-        let mut text = if name.is_empty() {
-            UNKNOWN.to_owned()
-        } else {
-            text_safe(name)
-        };
-        for frame in sample.stack.iter().rev() {
-            text.push(';');
-            text.push_str(&frame.text_name());
+/// The id of `name` in `names`, added when new.
+fn name_id(names: &mut IndexSet<String, foldhash::fast::RandomState>, name: String) -> u32 {
+    u32::try_from(names.insert_full(name).0).unwrap_or(u32::MAX)
+}
+
+/// A profile's folded lines, held compactly until written: each distinct name (process or
+/// frame, made text-safe) once, each line as the ids of its names root first (one to three
+/// bytes each, in the model's [`StackTable`]), its samples by line id, and the line ids in the
+/// order of their text. A window of hundreds of thousands of stacks then costs tens of bytes
+/// per line here, not its whole text (several hundred bytes) twice.
+struct Folded {
+    names: IndexSet<String, foldhash::fast::RandomState>,
+    lines: StackTable,
+    counts: Vec<u64>,
+    /// Line ids with samples, sorted by their text.
+    order: Vec<u32>,
+}
+
+impl Folded {
+    /// The unique stack texts (root first) of `profile`'s rows of `kind`, with their samples;
+    /// each frame named once, however many rows hold it.
+    fn of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> Self {
+        let mut names: IndexSet<String, foldhash::fast::RandomState> = IndexSet::default();
+        let mut frame_names: HashMap<*const Frame, u32, foldhash::fast::RandomState> =
+            HashMap::default();
+        let mut lines = StackTable::default();
+        let mut counts: Vec<u64> = Vec::new();
+        let mut ids: Vec<u32> = Vec::new();
+        for sample in profile.samples_of(kind) {
+            let name = match root {
+                FoldedRoot::Process => &*sample.thread.process_name,
+                FoldedRoot::Service => sample.thread.service_name(),
+            };
+            ids.clear();
+            ids.push(name_id(
+                &mut names,
+                if name.is_empty() {
+                    UNKNOWN.to_owned()
+                } else {
+                    text_safe(name)
+                },
+            ));
+            // Root first: the model's stacks are leaf first.
+            for frame in sample.stack.iter().rev() {
+                let id = match frame_names.get(&std::ptr::from_ref(frame)) {
+                    Some(&id) => id,
+                    None => {
+                        let id = name_id(&mut names, frame.text_name());
+                        frame_names.insert(std::ptr::from_ref(frame), id);
+                        id
+                    }
+                };
+                ids.push(id);
+            }
+            let line = lines.intern(ids.iter().copied());
+            if let Some(slot) = counts.get_mut(line as usize) {
+                *slot = slot.saturating_add(sample.count);
+            } else if line as usize == counts.len() {
+                counts.push(sample.count);
+            }
         }
-        *counts.entry(text).or_insert(0) += sample.count;
+        let mut folded = Self {
+            names,
+            lines,
+            counts,
+            order: Vec::new(),
+        };
+        let mut order: Vec<u32> = (0..folded.counts.len())
+            .filter(|&line| folded.counts[line] > 0)
+            .map(|line| u32::try_from(line).unwrap_or(u32::MAX))
+            .collect();
+        order.sort_unstable_by(|&a, &b| folded.compare(a, b));
+        folded.order = order;
+        folded
     }
-    counts.retain(|_, count| *count > 0);
-    counts
+
+    fn name(&self, id: u32) -> &str {
+        self.names.get_index(id as usize).map_or("", String::as_str)
+    }
+
+    /// Orders two lines as their texts (`a;b;c`) compare, byte by byte, without making them:
+    /// names equal in both are skipped, the rest compared as the bytes they would write.
+    fn compare(&self, a: u32, b: u32) -> Ordering {
+        let (mut x, mut y) = (
+            self.lines.get(a).unwrap_or_default(),
+            self.lines.get(b).unwrap_or_default(),
+        );
+        loop {
+            match (x.next(), y.next()) {
+                (Some(p), Some(q)) if p == q => {}
+                (p, q) => {
+                    let text = |first: Option<u32>, rest| {
+                        first
+                            .into_iter()
+                            .chain(rest)
+                            .enumerate()
+                            .flat_map(|(i, id)| {
+                                let separator = (i > 0).then_some(b';');
+                                separator.into_iter().chain(self.name(id).bytes())
+                            })
+                    };
+                    return text(p, x).cmp(text(q, y));
+                }
+            }
+        }
+    }
+
+    /// Writes the lines, each `text count\n`, in order.
+    fn write(&self, out: &mut dyn Write) -> io::Result<()> {
+        for &line in &self.order {
+            for (i, id) in self.lines.get(line).unwrap_or_default().enumerate() {
+                if i > 0 {
+                    out.write_all(b";")?;
+                }
+                out.write_all(self.name(id).as_bytes())?;
+            }
+            let count = self.counts.get(line as usize).copied().unwrap_or(0);
+            writeln!(out, " {count}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The whole folded file, process names at the root.
@@ -71,25 +173,29 @@ pub fn render(profile: &LabeledProfile) -> String {
     render_with(profile, FoldedRoot::Process)
 }
 
-/// The whole folded file: [`lines_with`], each ended by `\n`, written into one string as the
-/// lines are taken from the sorted map (a window of many stacks is held twice at most, not
-/// three times).
+/// The whole folded file: [`lines_with`], each ended by `\n`, in one string (for the
+/// flamegraph, which reads them all; the files sink streams them with [`write_of`]).
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> String {
     render_of(profile, root, SampleKind::Cpu)
 }
 
 /// [`render_with`] of one kind of rows: `stacks.offcpu.folded` is [`SampleKind::OffCpu`].
 pub fn render_of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> String {
-    let counts = stack_counts(profile, root, kind);
-    let length: usize = counts.keys().map(|text| text.len() + 22).sum();
-    let mut out = String::with_capacity(length);
-    for (text, count) in counts {
-        out.push_str(&text);
-        out.push(' ');
-        out.push_str(&count.to_string());
-        out.push('\n');
-    }
-    out
+    let mut out = Vec::new();
+    // (writing to memory cannot fail; names are text, so the bytes are UTF-8)
+    let _ = Folded::of(profile, root, kind).write(&mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Writes the folded file of `profile`'s rows of `kind` to `out` as it is made: only the
+/// compact lines are held, never the file's text.
+pub fn write_of(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    kind: SampleKind,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    Folded::of(profile, root, kind).write(out)
 }
 
 #[cfg(test)]
@@ -216,6 +322,38 @@ mod tests {
 
         // Then the process is `[unknown]` and the zero line is left out
         assert_eq!(lines, ["[unknown];main 2"]);
+    }
+
+    #[test]
+    fn lines_are_in_the_byte_order_of_their_text_even_when_a_name_is_a_prefix_of_another() {
+        // Given names that are prefixes of others, and names sorting around `;` (`:` is just
+        // below it, `<` just above), in stacks of several processes
+        let names = ["a", "a:x", "a<", "ab", "a b", "b", "main", "m"];
+        let mut profile = LabeledProfile::new(99);
+        let mut expected: std::collections::BTreeMap<String, u64> = Default::default();
+        for (i, process) in ["p", "p:q", "p<"].iter().enumerate() {
+            for (j, leaf) in names.iter().enumerate() {
+                for caller in &names[..3] {
+                    let count = (i * 100 + j * 10 + 1) as u64;
+                    add(
+                        &mut profile,
+                        thread(i as u32 + 1, process),
+                        vec![native(leaf), native(caller)],
+                        count,
+                    );
+                    *expected
+                        .entry(format!("{process};{caller};{leaf}"))
+                        .or_default() += count;
+                }
+            }
+        }
+        // When rendered, then the lines are the text-sorted unique stacks, as sorting the
+        // whole texts would give them
+        let want: Vec<String> = expected
+            .into_iter()
+            .map(|(text, count)| format!("{text} {count}"))
+            .collect();
+        assert_eq!(lines(&profile), want);
     }
 
     #[test]

@@ -3,12 +3,15 @@
 //! `run --output-dir`; `--format` chooses which are written).
 //!
 //! Rendered when a window closes and at exit, never per batch: rendering is O(window), so doing
-//! it per batch would cost O(window) every interval. The files therefore show the last closed
+//! it per batch would cost O(window) every interval. A closed window is rendered on a thread of
+//! its own (the batches go on meanwhile), and freed there when written. The files therefore show the last closed
 //! window, and after exit the last one (an empty last window does not replace a closed one). The files are created when the sink is (as root for
 //! `record`, see [`writer`] for the invariants) and rewritten through their descriptors.
 
 use std::{
     path::{Path, PathBuf},
+    sync::Arc,
+    thread::JoinHandle,
     time::Duration,
 };
 
@@ -100,27 +103,46 @@ pub(crate) mod writer;
 use writer::OutputSet;
 
 pub(crate) struct FilesSink {
-    files: OutputSet,
-    /// Where the files are, to make them again if they are deleted.
+    /// The files; `None` while a closed window is being written on its own thread.
+    files: Option<OutputSet>,
+    /// Where the files are, which and how rooted, to make them again if they are deleted.
     dir: PathBuf,
+    formats: Vec<OutputFormat>,
+    root: FoldedRoot,
     /// A closed window was written: an empty last window at exit does not replace it.
     wrote_window: bool,
+    /// The closed window being written, off the batch path: it gives the files back, and the
+    /// window's samples when it could not write them.
+    writing: Option<JoinHandle<(OutputSet, Result<(), String>)>>,
+    /// The samples of the window being written.
+    writing_samples: u64,
 }
 
 impl FilesSink {
     /// Creates `dir` if needed and the (empty) files of `formats` in it, owned by the `sudo`
     /// user when there is one.
     pub(crate) fn create(dir: &Path, formats: &[OutputFormat]) -> anyhow::Result<Self> {
-        Ok(Self {
-            files: OutputSet::create(dir, formats)?,
+        Ok(Self::of(OutputSet::create(dir, formats)?, dir))
+    }
+
+    fn of(files: OutputSet, dir: &Path) -> Self {
+        Self {
+            formats: files.formats(),
+            root: files.folded_root,
+            files: Some(files),
             dir: dir.to_path_buf(),
             wrote_window: false,
-        })
+            writing: None,
+            writing_samples: 0,
+        }
     }
 
     /// The folded lines' (and flamegraph's) root frame names the process or its service.
     pub(crate) fn with_folded_root(mut self, root: FoldedRoot) -> Self {
-        self.files.folded_root = root;
+        self.root = root;
+        if let Some(files) = &mut self.files {
+            files.folded_root = root;
+        }
         self
     }
 
@@ -129,30 +151,85 @@ impl FilesSink {
     pub(crate) fn create_unowned(dir: &Path) -> Self {
         let files =
             OutputSet::create_owned(dir, None, &OutputFormat::DEFAULT).expect("output files");
-        Self {
-            files,
-            dir: dir.to_path_buf(),
-            wrote_window: false,
-        }
+        Self::of(files, dir)
     }
 }
 
 impl FilesSink {
     /// When an output file was deleted (nothing could read what is written to it), creates the
     /// directory and the files again where they were.
-    fn recreate_if_deleted(&mut self) -> anyhow::Result<()> {
-        if self.files.linked() {
-            return Ok(());
+    fn recreate_if_deleted(&self, files: OutputSet) -> anyhow::Result<OutputSet> {
+        if files.linked() {
+            return Ok(files);
         }
-        let mut files = OutputSet::create(&self.dir, &self.files.formats())?;
-        files.folded_root = self.files.folded_root;
-        self.files = files;
+        let mut again = OutputSet::create(&self.dir, &files.formats())?;
+        again.folded_root = files.folded_root;
         tracing::warn!(
             dir = %self.dir.display(),
             "the output files were deleted (with their directory?); created them again"
         );
-        Ok(())
+        Ok(again)
     }
+
+    /// Waits for the window being written, if any, and takes the files back; logs how it
+    /// went (here, on the loop's thread, so the log and the count agree). The samples of that
+    /// window when it could not be written.
+    fn finish_writing(&mut self) -> Option<u64> {
+        let handle = self.writing.take()?;
+        let samples = std::mem::take(&mut self.writing_samples);
+        let written = match handle.join() {
+            Ok((files, written)) => {
+                self.files = Some(files);
+                written
+            }
+            // The writer panicked (a bug): its files are gone with it; the next window makes
+            // them again.
+            Err(_) => Err("the window writer failed".to_owned()),
+        };
+        self.settle(samples, written)
+    }
+
+    /// Logs how writing a window of `samples` went; its samples when it was not written.
+    fn settle(&mut self, samples: u64, written: Result<(), String>) -> Option<u64> {
+        let error = match written {
+            Ok(()) => {
+                self.wrote_window = true;
+                tracing::info!(samples, "window written");
+                return None;
+            }
+            Err(error) => error,
+        };
+        tracing::error!(
+            dir = %self.dir.display(),
+            samples,
+            error,
+            "could not write the window's output files; fix it by making the output \
+             directory writable with free space (or by choosing another --output-dir); \
+             the window's samples went to the other sinks only, and the next window \
+             is tried again"
+        );
+        Some(samples)
+    }
+
+    /// The files, made again when they were lost or deleted.
+    fn files(&mut self) -> anyhow::Result<OutputSet> {
+        let files = match self.files.take() {
+            Some(files) => files,
+            None => {
+                let mut files = OutputSet::create(&self.dir, &self.formats)?;
+                files.folded_root = self.root;
+                files
+            }
+        };
+        self.recreate_if_deleted(files)
+    }
+}
+
+/// Writes `profile` to `files`; why not, when it could not.
+fn write_window(files: &mut OutputSet, profile: &LabeledProfile) -> Result<(), String> {
+    files
+        .write(profile)
+        .map_err(|err| format!("{:#}", anyhow::Error::from(err)))
 }
 
 impl Sink for FilesSink {
@@ -160,43 +237,92 @@ impl Sink for FilesSink {
         true
     }
 
-    /// Writes a closed window. Files deleted meanwhile (with their directory, say) are made
-    /// again first; a window that cannot be written is logged with the fix and reported
-    /// [`WindowOutcome::Unwritten`] (the driver counts it), and the next window tries again.
-    fn window(&mut self, profile: &LabeledProfile) -> WindowOutcome {
-        let written = self
-            .recreate_if_deleted()
-            .and_then(|()| self.files.write(profile).map_err(anyhow::Error::from));
-        match written {
-            Ok(()) => {
-                self.wrote_window = true;
-                WindowOutcome::Kept
+    /// Writes a closed window on a thread of its own, so batches keep flowing while it is
+    /// rendered (rendering a window of hundreds of thousands of stacks takes seconds). Files
+    /// deleted meanwhile (with their directory, say) are made again first; a window that
+    /// cannot be written is logged with the fix and reported [`WindowOutcome::Unwritten`]
+    /// (the driver counts it) as soon as the writer is done ([`Sink::poll`]), and the next
+    /// window is tried again. A window still being written when the next closes is waited
+    /// for: at most one is held.
+    fn window(&mut self, profile: &Arc<LabeledProfile>) -> WindowOutcome {
+        let before = self.finish_writing();
+        let outcome = |unwritten: Option<u64>| match unwritten {
+            Some(samples) => WindowOutcome::Unwritten { samples },
+            None => WindowOutcome::Kept,
+        };
+        let mut files = match self.files() {
+            Ok(files) => files,
+            Err(err) => {
+                let now = self.settle(profile.total_samples(), Err(format!("{err:#}")));
+                let samples = before.unwrap_or(0) + now.unwrap_or(0);
+                return WindowOutcome::Unwritten { samples };
+            }
+        };
+        let shared = Arc::clone(profile);
+        let spawned = std::thread::Builder::new()
+            .name("window-writer".into())
+            .spawn(move || {
+                let written = write_window(&mut files, &shared);
+                drop(shared);
+                release_freed_heap();
+                (files, written)
+            });
+        match spawned {
+            Ok(handle) => {
+                self.writing = Some(handle);
+                self.writing_samples = profile.total_samples();
             }
             Err(err) => {
-                tracing::error!(
-                    dir = %self.dir.display(),
-                    samples = profile.total_samples(),
-                    error = format!("{err:#}"),
-                    "could not write the window's output files; fix it by making the output \
-                     directory writable with free space (or by choosing another --output-dir); \
-                     the window's samples went to the other sinks only, and the next window \
-                     is tried again"
-                );
-                WindowOutcome::Unwritten
+                // No thread to be had: written here, as before.
+                tracing::warn!(error = %err, "no thread for the window writer; writing inline");
+                let mut files = match self.files() {
+                    Ok(files) => files,
+                    Err(_) => return outcome(before),
+                };
+                let written = write_window(&mut files, profile);
+                self.files = Some(files);
+                let now = self.settle(profile.total_samples(), written);
+                let samples = before.unwrap_or(0) + now.unwrap_or(0);
+                return outcome((samples > 0).then_some(samples));
             }
+        }
+        outcome(before)
+    }
+
+    /// The window being written, when its writer is done: how it went.
+    fn poll(&mut self) -> WindowOutcome {
+        if !self.writing.as_ref().is_some_and(JoinHandle::is_finished) {
+            return WindowOutcome::Kept;
+        }
+        match self.finish_writing() {
+            Some(samples) => WindowOutcome::Unwritten { samples },
+            None => WindowOutcome::Kept,
         }
     }
 
     /// Writes the last window, unless it is empty and a closed window is already there (a stop
-    /// right after a window closed keeps that window's files).
+    /// right after a window closed keeps that window's files); waits for a closed window still
+    /// being written first.
     fn finish(
         mut self: Box<Self>,
         window: &LabeledProfile,
         _: Duration,
     ) -> anyhow::Result<SinkReport> {
+        self.finish_writing();
+        let mut files = self.files()?;
         if !(window.is_empty() && self.wrote_window) {
-            self.files.write(window)?;
+            files.write(window)?;
         }
-        Ok(SinkReport::Files(std::mem::take(&mut self.files.paths)))
+        Ok(SinkReport::Files(std::mem::take(&mut files.paths)))
+    }
+}
+
+/// Hands the heap a written window freed back to the kernel: the writer's thread allocates from
+/// its own arena, which glibc would otherwise keep (and count in the relay's RSS) until reused.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

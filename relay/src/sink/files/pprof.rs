@@ -161,7 +161,17 @@ pub mod proto {
 }
 
 /// The uncompressed pprof message of `profile`.
+#[cfg(test)]
 pub fn render(profile: &LabeledProfile) -> proto::Profile {
+    let mut samples = Vec::new();
+    let mut message = render_each(profile, |sample| samples.push(sample));
+    message.sample = samples;
+    message
+}
+
+/// [`render`] with its samples handed to `each` one at a time as they are made (the returned
+/// message has none): the file is written without holding every sample's message at once.
+fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) -> proto::Profile {
     let mut tables = Tables::default();
     tables.string(""); // string_table[0] must be "".
     let samples_count = tables.value_type("samples", "count");
@@ -194,8 +204,8 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
             let ns = i64::try_from(sample.count).unwrap_or(i64::MAX);
             (sample, vec![0, 0, ns])
         }));
-    let samples = rows
-        .map(|(sample, value)| {
+    for (sample, value) in rows {
+        each({
             let thread = &sample.thread;
             let [pid, tid, thread_name, process_name] = keys;
             proto::Sample {
@@ -227,8 +237,8 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
                 )
                 .collect(),
             }
-        })
-        .collect();
+        });
+    }
 
     tables.main_mapping_first(main_executable(profile).as_deref());
     let comment = tables.string(&format!("ember: sampled at {} Hz", profile.frequency_hz));
@@ -238,7 +248,7 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
             .into_iter()
             .chain(off_cpu_type)
             .collect(),
-        sample: samples,
+        sample: Vec::new(),
         mapping: tables.mappings,
         location: tables.locations,
         function: tables.functions,
@@ -257,7 +267,13 @@ pub fn render(profile: &LabeledProfile) -> proto::Profile {
 
 /// The gzip-compressed pprof file content of `profile` (pprof files are gzipped on disk).
 pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
-    let message = render(profile).encode_to_vec();
+    // Each sample is encoded as it is made (`Profile.sample` is field 2; a message's fields
+    // may come in any order, and readers merge them), then the tables after them.
+    let mut message = Vec::new();
+    let rest = render_each(profile, |sample| {
+        prost::encoding::message::encode(2, &sample, &mut message);
+    });
+    message.extend_from_slice(&rest.encode_to_vec());
     let mut gzip = GzEncoder::new(
         Vec::with_capacity(message.len() / 4),
         Compression::default(),
@@ -684,6 +700,14 @@ mod tests {
         assert_eq!(string(&decoded, function.name), "Worker.hot");
         assert_eq!(string(&decoded, function.filename), "/srv/app/workload.py");
         assert_eq!(location.line[0].line, 12);
+    }
+
+    #[test]
+    fn the_file_streamed_sample_by_sample_decodes_to_the_whole_message() {
+        // Given a profile whose samples are encoded one by one before the tables
+        let profile = profile();
+        // When the file is decoded, then it is the message rendered whole
+        assert_eq!(decode(&encode(&profile).unwrap()), render(&profile));
     }
 
     #[test]

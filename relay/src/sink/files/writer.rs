@@ -190,16 +190,23 @@ impl OutputSet {
                 name,
                 message: err.to_string(),
             };
+            let streamed = match format {
+                OutputFormat::Folded => Some(SampleKind::Cpu),
+                OutputFormat::OffCpuFolded => Some(SampleKind::OffCpu),
+                _ => None,
+            };
+            if let Some(kind) = streamed {
+                replace_with(file, |out| folded::write_of(profile, root, kind, out))
+                    .map_err(|e| failed(&e))?;
+                continue;
+            }
             let bytes = match format {
-                OutputFormat::Folded => folded::render_with(profile, root).into_bytes(),
+                OutputFormat::Folded | OutputFormat::OffCpuFolded => Vec::new(),
                 OutputFormat::Pprof => pprof::encode(profile).map_err(|e| failed(&e))?,
                 OutputFormat::Svg => {
                     flamegraph::render_with(profile, root).map_err(|e| failed(&e))?
                 }
                 OutputFormat::Speedscope => speedscope::render(profile).map_err(|e| failed(&e))?,
-                OutputFormat::OffCpuFolded => {
-                    folded::render_of(profile, root, SampleKind::OffCpu).into_bytes()
-                }
                 OutputFormat::OffCpuSvg => {
                     flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?
                 }
@@ -271,6 +278,19 @@ fn replace(file: &mut File, bytes: &[u8]) -> io::Result<()> {
     file.set_len(0)?;
     file.rewind()?;
     file.write_all(bytes)
+}
+
+/// Replaces the whole content of `file` with what `write` writes through a buffer, as
+/// [`replace`] does, without holding it all in memory.
+fn replace_with(
+    file: &mut File,
+    write: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+) -> io::Result<()> {
+    file.set_len(0)?;
+    file.rewind()?;
+    let mut out = io::BufWriter::with_capacity(1 << 16, file);
+    write(&mut out)?;
+    out.flush()
 }
 
 /// Most symlinks followed on the way to the output directory (the kernel's own limit).

@@ -69,7 +69,7 @@ pub enum Drained {
 }
 
 enum Command {
-    Export(Box<LabeledProfile>),
+    Export(Arc<LabeledProfile>),
     Shutdown {
         deadline: Instant,
         reply: std_mpsc::Sender<Drained>,
@@ -134,11 +134,17 @@ impl Exporter {
     /// Hands a profile over without blocking. If the exporter thread is so far behind that the
     /// channel is full, the profile is dropped and counted (`channel_full`).
     pub fn export(&self, profile: LabeledProfile) {
+        self.export_shared(&Arc::new(profile));
+    }
+
+    /// [`Exporter::export`] of a profile other sinks read too: the exporter's thread holds it
+    /// until it is encoded, and nobody copies it.
+    pub fn export_shared(&self, profile: &Arc<LabeledProfile>) {
         if profile.is_empty() {
             return;
         }
         let samples = profile.total_samples();
-        match self.tx.try_send(Command::Export(Box::new(profile))) {
+        match self.tx.try_send(Command::Export(Arc::clone(profile))) {
             Ok(()) => {}
             Err(_) => {
                 self.stats.dropped(DropReason::ChannelFull, samples);
