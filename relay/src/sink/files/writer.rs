@@ -16,7 +16,7 @@
 //!   truncated one); where that is refused (`record` writes after dropping its privileges to a
 //!   user that cannot create files in the invoking user's directory), the files are rewritten
 //!   in place through the descriptors opened at creation (truncate + write from offset 0, one
-//!   shared [`replace`]): nothing is ever reopened by name.
+//!   shared [`replace_with`]): nothing is ever reopened by name.
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
@@ -53,6 +53,8 @@ pub const OFF_CPU_FLAMEGRAPH: &str = "flamegraph.offcpu.svg";
 const DIR_MODE: u32 = 0o755;
 /// Mode of every output file: its owner only.
 const FILE_MODE: u32 = 0o600;
+/// Bytes buffered between a renderer and an output file.
+const WRITE_BUFFER: usize = 1 << 16;
 /// Tries at a fresh temporary name before giving up (someone else creating the same names).
 const TEMP_ATTEMPTS: u32 = 16;
 
@@ -190,29 +192,29 @@ impl OutputSet {
                 name,
                 message: err.to_string(),
             };
-            let streamed = match format {
-                OutputFormat::Folded => Some(SampleKind::Cpu),
-                OutputFormat::OffCpuFolded => Some(SampleKind::OffCpu),
-                _ => None,
-            };
-            if let Some(kind) = streamed {
-                replace_with(file, |out| folded::write_of(profile, root, kind, out))
-                    .map_err(|e| failed(&e))?;
-                continue;
-            }
-            let bytes = match format {
-                OutputFormat::Folded | OutputFormat::OffCpuFolded => Vec::new(),
-                OutputFormat::Pprof => pprof::encode(profile).map_err(|e| failed(&e))?,
+            let content = match format {
+                OutputFormat::Folded => Content::Folded(SampleKind::Cpu),
+                OutputFormat::OffCpuFolded => Content::Folded(SampleKind::OffCpu),
+                OutputFormat::Pprof => {
+                    Content::Bytes(pprof::encode(profile).map_err(|e| failed(&e))?)
+                }
                 OutputFormat::Svg => {
-                    flamegraph::render_with(profile, root).map_err(|e| failed(&e))?
+                    Content::Bytes(flamegraph::render_with(profile, root).map_err(|e| failed(&e))?)
                 }
-                OutputFormat::Speedscope => speedscope::render(profile).map_err(|e| failed(&e))?,
-                OutputFormat::OffCpuSvg => {
-                    flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?
+                OutputFormat::Speedscope => {
+                    Content::Bytes(speedscope::render(profile).map_err(|e| failed(&e))?)
                 }
+                OutputFormat::OffCpuSvg => Content::Bytes(
+                    flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?,
+                ),
+            };
+            let emit = |out: &mut dyn io::Write| match &content {
+                Content::Bytes(bytes) => out.write_all(bytes),
+                // Streamed from the profile: the text of every line is never held at once.
+                Content::Folded(kind) => folded::write_of(profile, root, *kind, out),
             };
             if !*in_place {
-                match publish(dir_fd, OsStr::new(name), path, *owner, &bytes) {
+                match publish(dir_fd, OsStr::new(name), path, *owner, emit) {
                     Ok(Published::Replaced(new)) => {
                         *file = new;
                         continue;
@@ -227,10 +229,16 @@ impl OutputSet {
                     Err(err) => return Err(failed(&err)),
                 }
             }
-            replace(file, &bytes).map_err(|e| failed(&e))?;
+            replace_with(file, emit).map_err(|e| failed(&e))?;
         }
         Ok(())
     }
+}
+
+/// What an output file holds: rendered bytes, or folded lines streamed from the profile.
+enum Content {
+    Bytes(Vec<u8>),
+    Folded(SampleKind),
 }
 
 /// What became of a new version of an output file.
@@ -241,14 +249,15 @@ enum Published {
     Refused(OutputError),
 }
 
-/// Writes `bytes` to a new file in `dir_fd` (made as [`create_temp`] makes it) and renames it
-/// onto `name` once complete. An error writing the bytes (a full disk) is returned as such.
+/// Writes what `write` writes to a new file in `dir_fd` (made as [`create_temp`] makes it,
+/// through a buffer) and renames it onto `name` once complete. An error writing (a full disk)
+/// is returned as such.
 fn publish(
     dir_fd: &OwnedFd,
     name: &OsStr,
     path: &Path,
     owner: Option<Owner>,
-    bytes: &[u8],
+    write: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
 ) -> io::Result<Published> {
     let (fd, temp) = match create_temp(dir_fd, name, path, owner) {
         Ok(created) => created,
@@ -259,7 +268,11 @@ fn publish(
         let _ = unistd::unlinkat(dir_fd, temp.as_os_str(), unistd::UnlinkatFlags::NoRemoveDir);
     };
     let mut file = File::from(fd);
-    if let Err(err) = file.write_all(bytes) {
+    let written = {
+        let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, &mut file);
+        write(&mut out).and_then(|()| out.flush())
+    };
+    if let Err(err) = written {
         remove();
         return Err(err);
     }
@@ -272,23 +285,15 @@ fn publish(
     }
 }
 
-/// Replaces the whole content of `file` (opened by us earlier) with `bytes`: truncate, rewind,
-/// write. Never reopens anything by name.
-fn replace(file: &mut File, bytes: &[u8]) -> io::Result<()> {
-    file.set_len(0)?;
-    file.rewind()?;
-    file.write_all(bytes)
-}
-
-/// Replaces the whole content of `file` with what `write` writes through a buffer, as
-/// [`replace`] does, without holding it all in memory.
+/// Replaces the whole content of `file` (opened by us earlier) with what `write` writes through
+/// a buffer: truncate, rewind, write. Never reopens anything by name.
 fn replace_with(
     file: &mut File,
     write: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
 ) -> io::Result<()> {
     file.set_len(0)?;
     file.rewind()?;
-    let mut out = io::BufWriter::with_capacity(1 << 16, file);
+    let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, file);
     write(&mut out)?;
     out.flush()
 }
@@ -765,7 +770,7 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&[b'x'; 4096]).unwrap();
         // When new bytes replace it
-        replace(&mut file, b"new").unwrap();
+        replace_with(&mut file, |out| out.write_all(b"new")).unwrap();
         // Then the file holds exactly them
         let mut content = Vec::new();
         file.rewind().unwrap();
