@@ -12,14 +12,14 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_current_uid_gid, bpf_ktime_get_ns, generated::bpf_get_current_cgroup_id},
     macros::{map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
 };
 use ember_sampler_ebpf::{
     event_counter, process_event, ProcessEvent, MAX_KNOWN_TGIDS, PROCESS_EVENTS_BYTES,
-    REUSED_TGID_BIT,
+    REUSED_TGID_BIT, UNOBSERVED_UID,
 };
 
 #[map]
@@ -45,8 +45,10 @@ fn bump(slot: u32) {
 }
 
 /// Reports `tgid` on the ring buffer unless it was already reported (since its last exec).
+/// `in_context`: the program runs in one of the process's threads, so its uid and cgroup are
+/// the current task's and go with the event (the sampler then reads neither from /proc).
 #[inline(always)]
-pub fn note(tgid: u32) {
+pub fn note(tgid: u32, in_context: bool) {
     if KNOWN_TGIDS.get_ptr(&tgid).is_some() {
         return;
     }
@@ -54,6 +56,14 @@ pub fn note(tgid: u32) {
     if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
         return;
     }
+    let (uid, cgroup_id) = if in_context {
+        // The low half is the real uid.
+        let uid = bpf_get_current_uid_gid() as u32;
+        // SAFETY: a helper without arguments.
+        (uid, unsafe { bpf_get_current_cgroup_id() })
+    } else {
+        (UNOBSERVED_UID, 0)
+    };
     match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
         Some(mut entry) => {
             entry.write(ProcessEvent {
@@ -61,6 +71,9 @@ pub fn note(tgid: u32) {
                 kind: process_event::FIRST_SAMPLE,
                 // SAFETY: a helper without arguments.
                 ktime_ns: unsafe { bpf_ktime_get_ns() },
+                uid,
+                _pad: 0,
+                cgroup_id,
             });
             entry.submit(0);
             bump(event_counter::SENT);

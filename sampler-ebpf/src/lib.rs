@@ -165,10 +165,22 @@ pub struct ProcessEvent {
     pub kind: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the sample that revealed it.
     pub ktime_ns: u64,
+    /// Real uid of the sampled thread as the kernel held it then (`bpf_get_current_uid_gid`,
+    /// in the initial user namespace, where the sampler runs), or [`UNOBSERVED_UID`] when the
+    /// event was not sent from the process's own context.
+    pub uid: u32,
+    pub _pad: u32,
+    /// Its cgroup v2 id (`bpf_get_current_cgroup_id`: the inode of its cgroup's directory), or
+    /// 0 when not observed.
+    pub cgroup_id: u64,
 }
 
+/// [`ProcessEvent::uid`] when the event was sent from another task's context (off-CPU).
+pub const UNOBSERVED_UID: u32 = u32::MAX;
+
 #[cfg(feature = "user")]
-// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 8 bytes), any bit pattern valid.
+// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 8 + 4 + 4 + 8 bytes), any bit pattern
+// valid.
 unsafe impl aya::Pod for ProcessEvent {}
 
 /// Kinds of [`ProcessEvent`].

@@ -503,7 +503,7 @@ mod program {
             bump(counter::IGNORED);
             return;
         }
-        crate::events::note(tgid);
+        crate::events::note(tgid, true);
         let epoch = CONTROL.get(0).copied().unwrap_or(0);
         let generation = epoch & 1;
         let (counts, stacks, ustacks) = if generation == 0 {

@@ -108,7 +108,8 @@ fn switch_in(next: u64, now: u64) {
         return;
     };
     let tgid = pending.tgid;
-    crate::events::note(tgid);
+    // The switch runs in the context of the task leaving the CPU, not this one.
+    crate::events::note(tgid, false);
     let epoch = CONTROL.get(0).copied().unwrap_or(0);
     let generation = epoch & 1;
     let (counts, ustacks) = if generation == 0 {

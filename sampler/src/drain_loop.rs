@@ -12,6 +12,7 @@ use ember_protocol::{
     decode_relay_message, encode_sampler_message, split::BatchHeader, Batch, IgnoreProcesses,
     InterpreterProcess, Limits, Losses, RelayMessage, SamplerMessage,
 };
+use ember_sampler_ebpf::UNOBSERVED_UID;
 
 use crate::{
     config::{SamplerConfig, Unwind},
@@ -21,6 +22,7 @@ use crate::{
     link::{BatchMark, Event, Link, Outgoing},
     load::Loaded,
     procevents,
+    procfs::Observed,
     tracker::Tracker,
     unwind,
 };
@@ -248,7 +250,13 @@ impl DrainLoop {
         let events = self.loaded.events.take();
         let described = !events.is_empty();
         for event in events {
-            let described = self.tracker.describe_now(event.tgid, self.sequence);
+            let observed = Observed {
+                uid: (event.uid != UNOBSERVED_UID).then_some(event.uid),
+                cgroup_id: event.cgroup_id,
+            };
+            let described = self
+                .tracker
+                .describe_now(event.tgid, self.sequence, observed);
             tracing::debug!(
                 pid = event.tgid,
                 read = described.read,
@@ -431,6 +439,7 @@ impl DrainLoop {
             process_events_dropped = events_dropped,
             process_execs = execs,
             facts_read = latency.count,
+            cgroup_reads_saved = self.tracker.cgroups.hits,
             facts_latency_p50_ms = latency.p50_ns as f64 / 1e6,
             facts_latency_p99_ms = latency.p99_ns as f64 / 1e6,
             facts_latency_max_ms = latency.max_ns as f64 / 1e6,

@@ -175,6 +175,9 @@ fn parse(bytes: &[u8]) -> Option<ProcessEvent> {
         tgid: u32::try_from(word(0, 4)?).ok()?,
         kind: u32::try_from(word(4, 4)?).ok()?,
         ktime_ns: word(8, 8)?,
+        uid: u32::try_from(word(16, 4)?).ok()?,
+        _pad: 0,
+        cgroup_id: word(24, 8)?,
     })
 }
 
@@ -203,15 +206,22 @@ mod tests {
         bytes.extend_from_slice(&42u32.to_ne_bytes());
         bytes.extend_from_slice(&1u32.to_ne_bytes());
         bytes.extend_from_slice(&7_000u64.to_ne_bytes());
+        bytes.extend_from_slice(&1_000u32.to_ne_bytes());
+        bytes.extend_from_slice(&0u32.to_ne_bytes());
+        bytes.extend_from_slice(&0x1234u64.to_ne_bytes());
         assert_eq!(
             parse(&bytes),
             Some(ProcessEvent {
                 tgid: 42,
                 kind: 1,
-                ktime_ns: 7_000
+                ktime_ns: 7_000,
+                uid: 1_000,
+                _pad: 0,
+                cgroup_id: 0x1234,
             })
         );
         assert_eq!(parse(&bytes[..12]), None);
+        assert_eq!(parse(&bytes[..16]), None);
     }
 
     #[test]

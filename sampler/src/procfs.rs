@@ -15,7 +15,10 @@
 //! What a process start costs here: one `/proc/<pid>` descriptor ([`ProcDir`]) through which
 //! maps, exe, cgroup, stat, status, environ (and comm, cmdline, perf map only when needed) are
 //! read, each in one pass; a mapped file is opened only for a (device, inode) the table does not
-//! hold. Taking the file's identity from the maps line (kernel-written) is safe because the
+//! hold. At a process's first sample the eBPF program reports its uid and cgroup id
+//! ([`Observed`]): its status file is then read only when it runs anonymous code (a perf map's
+//! owner and pid), and its cgroup file only when no process of that cgroup was read lately
+//! ([`crate::cgroups`]). Taking the file's identity from the maps line (kernel-written) is safe because the
 //! table holds a descriptor of every file it names (checked against that identity when opened
 //! through `map_files/`, the exact object the process maps): while it is held the inode cannot
 //! be freed, so no other file can come to have its (device, inode), and a process mapping that
@@ -41,6 +44,7 @@ use std::{
 use ember_protocol::{FileInfo, Mapping, ProcessInfo, NO_FD};
 
 use crate::{
+    cgroups::CgroupCache,
     limits::{
         ENVIRON_MAX_BYTES, ENV_VALUE_MAX_BYTES, MAPS_MAX_BYTES, MAX_FILES_PER_PROCESS,
         MAX_MAPPINGS_PER_PROCESS, MAX_OPEN_FILES, NOFILE_RESERVE, PATH_CUT_MARK, PATH_MAX_BYTES,
@@ -548,11 +552,43 @@ impl ProcDir {
 ///
 /// System calls: every file below is opened once through one [`ProcDir`] and read in one pass
 /// (maps in 64 KiB reads); `comm` only when the executable's path cannot name the process.
+#[cfg(test)]
 pub fn read_process(
     pid: u32,
     boot_time_unix_ns: u64,
     files: &mut FileTable,
     fresh: &mut Vec<u64>,
+) -> std::io::Result<ReadProcess> {
+    read_process_observed(
+        pid,
+        boot_time_unix_ns,
+        files,
+        fresh,
+        Observed::default(),
+        &mut CgroupCache::with_nothing(),
+    )
+}
+
+/// What the kernel observed of a process at its first sample (its `ProcessEvent`, written by
+/// the eBPF program in the process's own context), so that its files need not be read for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Its real uid: its status file is then read only for a perf map's owner and pid.
+    pub uid: Option<u32>,
+    /// Its cgroup v2 id (0 unknown): its cgroup file is taken from `cgroups` when known there.
+    pub cgroup_id: u64,
+}
+
+/// [`read_process`] with what the kernel observed of the process at its first sample: the
+/// status file is left unread unless the process runs anonymous code (a perf map's owner and
+/// pid come from it), the cgroup file when [`CgroupCache`] knows the observed cgroup.
+pub fn read_process_observed(
+    pid: u32,
+    boot_time_unix_ns: u64,
+    files: &mut FileTable,
+    fresh: &mut Vec<u64>,
+    observed: Observed,
+    cgroups: &mut CgroupCache,
 ) -> std::io::Result<ReadProcess> {
     let dir = ProcDir::open(pid)?;
     let maps = parse_maps(dir.file(c"maps")?, MAPS_MAX_BYTES, MAX_MAPPINGS_PER_PROCESS)?;
@@ -569,10 +605,22 @@ pub fn read_process(
             .unwrap_or_default(),
     };
     // The whole file, unparsed (cgroup v1 hosts have one line per hierarchy): the relay reads it.
-    let (cgroup, cgroup_cut) = dir
-        .read(c"cgroup", CGROUP_MAX_BYTES)
-        .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
-        .unwrap_or_default();
+    let known = (observed.cgroup_id != 0)
+        .then(|| cgroups.get(observed.cgroup_id))
+        .flatten();
+    let (cgroup, cgroup_cut) = match known {
+        Some(text) => (text, false),
+        None => {
+            let (text, cut) = dir
+                .read(c"cgroup", CGROUP_MAX_BYTES)
+                .map(|(bytes, cut)| (whole_lines(&bytes, cut), cut))
+                .unwrap_or_default();
+            if !cut && observed.cgroup_id != 0 {
+                cgroups.offer(observed.cgroup_id, &text);
+            }
+            (text, cut)
+        }
+    };
     let start_time_unix_ns = dir
         .read_small(c"stat")
         .ok()
@@ -586,17 +634,20 @@ pub fn read_process(
         cut,
     } = maps;
     files.intern_mappings(pid, &mut mappings, fresh);
-    let status = dir
-        .read(c"status", ember_common::STATUS_READ_LIMIT)
-        .ok()
+    let jit_code = mappings.iter().any(is_anonymous);
+    // The status file only when the kernel did not tell the uid, or for a perf map's owner and
+    // pid.
+    let status = (observed.uid.is_none() || jit_code)
+        .then(|| dir.read(c"status", ember_common::STATUS_READ_LIMIT).ok())
+        .flatten()
         .map(|(bytes, _)| ember_common::ProcStatus::parse(&bytes));
     let uid = status
         .as_ref()
-        .and_then(|status| status.uids().first().copied());
+        .and_then(|status| status.uids().first().copied())
+        .or(observed.uid);
     // Its perf map, only when its real uid is known (the owner it must have), and only when it
     // runs code from anonymous memory (a JIT's): others have no code a perf map could name, and
     // the tracker reads the facts again once a sample falls in such code.
-    let jit_code = mappings.iter().any(is_anonymous);
     let perf_map = match (&status, uid) {
         (Some(status), Some(uid)) if jit_code => {
             perfmap::open_perf_map_at(&dir, perfmap::ns_pid(status, pid), uid)

@@ -24,10 +24,11 @@ use ember_protocol::{
 };
 
 use crate::{
+    cgroups::CgroupCache,
     drain::Drained,
     limits::{MAX_CLOSED_PER_MESSAGE, MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING},
     link::Outgoing,
-    procfs::{self, FileTable},
+    procfs::{self, FileTable, Observed},
 };
 
 struct Tracked {
@@ -78,6 +79,8 @@ fn next_gap(old: Option<&Tracked>, new: &ProcessInfo) -> Duration {
 pub struct Tracker {
     procs: HashMap<u32, Tracked>,
     pub files: FileTable,
+    /// Cgroup files by the cgroup id the kernel observed ([`CgroupCache`]).
+    pub cgroups: CgroupCache,
     boot_time_unix_ns: u64,
     /// Processes whose facts could not be read (most had exited before the drain).
     pub errors: u64,
@@ -97,6 +100,7 @@ impl Tracker {
         Self {
             procs: HashMap::new(),
             files: FileTable::new(max_open_files),
+            cgroups: CgroupCache::new(),
             boot_time_unix_ns,
             errors: 0,
             truncated: 0,
@@ -170,7 +174,7 @@ impl Tracker {
                 }
             };
             if stale {
-                out.extend(self.refresh(pid, sequence));
+                out.extend(self.refresh(pid, sequence, Observed::default()));
             }
         }
         out
@@ -180,8 +184,9 @@ impl Tracker {
     /// its exec), at once: a short-lived process is gone by the next drain. Returns the messages
     /// to send (before the batch that holds its samples) and whether its facts could be read.
     /// `reused` when these facts replace another process's (another start time): its samples
-    /// not yet in a batch must be sent before them.
-    pub fn describe_now(&mut self, pid: u32, sequence: u64) -> Described {
+    /// not yet in a batch must be sent before them. `observed`: what the kernel saw of it at
+    /// that sample.
+    pub fn describe_now(&mut self, pid: u32, sequence: u64, observed: Observed) -> Described {
         let errors = self.errors;
         let before = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
         if before.is_some() && procfs::is_exiting(pid) {
@@ -193,7 +198,7 @@ impl Tracker {
                 reused: false,
             };
         }
-        let messages = self.refresh(pid, sequence);
+        let messages = self.refresh(pid, sequence, observed);
         self.reread.remove(&pid);
         let read = self.errors == errors;
         let now = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
@@ -204,9 +209,16 @@ impl Tracker {
         }
     }
 
-    fn refresh(&mut self, pid: u32, sequence: u64) -> Vec<Outgoing> {
+    fn refresh(&mut self, pid: u32, sequence: u64, observed: Observed) -> Vec<Outgoing> {
         let mut fresh = Vec::new();
-        match procfs::read_process(pid, self.boot_time_unix_ns, &mut self.files, &mut fresh) {
+        match procfs::read_process_observed(
+            pid,
+            self.boot_time_unix_ns,
+            &mut self.files,
+            &mut fresh,
+            observed,
+            &mut self.cgroups,
+        ) {
             Ok(read) => {
                 self.truncated += u64::from(read.truncated);
                 self.replace(read.info, &fresh, read.perf_map.map(Rc::new))
