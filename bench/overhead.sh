@@ -390,15 +390,10 @@ bpf_prog_fds() { # file descriptor numbers of PID that are BPF programs
   return 0
 }
 
-bpf_map_kib() { # bpf_map_kib PID: KiB of memory of PID's BPF maps (sum of fdinfo memlock)
-  local fd sum=0 v
-  for fd in /proc/"$1"/fd/*; do
-    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-map ] || continue
-    v=$(awk '$1 == "memlock:" { print $2 }' "/proc/$1/fdinfo/${fd##*/}" 2>/dev/null) || v=
-    sum=$((sum + ${v:-0}))
-  done
-  echo $((sum / 1024))
-}
+# shellcheck source=bench/lib/bpf-fdinfo.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/bpf-fdinfo.sh"
+# bpf_map_kib PID: KiB of memory of PID's BPF maps (sum of fdinfo memlock)
+bpf_map_kib() { echo $(($(bpf_fdinfo_sum "$1" map memlock) / 1024)); }
 
 # The workload's own functions (bench/burn.c): a sample whose stack holds one of them is the
 # workload's; it is whole when it also holds the thread entry `worker`.

@@ -181,15 +181,9 @@ cpu_ticks() { # cpu_ticks PID...: utime+stime (clock ticks) summed over the PIDs
   echo "$sum"
 }
 
-bpf_ns() { # bpf_ns PID: run_time_ns summed over PID's BPF programs
-  local fd sum=0 v
-  for fd in /proc/"$1"/fd/*; do
-    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-prog ] || continue
-    v=$(awk '$1 == "run_time_ns:" { print $2 }' "/proc/$1/fdinfo/${fd##*/}" 2>/dev/null) || v=
-    sum=$((sum + ${v:-0}))
-  done
-  echo "$sum"
-}
+# shellcheck source=bench/lib/bpf-fdinfo.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/bpf-fdinfo.sh"
+bpf_ns() { bpf_fdinfo_sum "$1" prog run_time_ns; } # bpf_ns PID: run_time_ns of PID's BPF programs
 
 json_sum() { # json_sum FILE MESSAGE FIELD: sum of numeric FIELD over the JSON log lines of MESSAGE
   awk -v msg="\"message\":\"$2\"" -v key="\"$3\":" '

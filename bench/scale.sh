@@ -126,24 +126,10 @@ cpu_ticks() { # utime + stime of PID, in clock ticks
   read -r -a f <<<"${stat##*) }"
   echo $((f[11] + f[12]))
 }
-bpf_ns() { # run time of PID's BPF programs, ns
-  local fd sum=0 v
-  for fd in /proc/"$1"/fd/*; do
-    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-prog ] || continue
-    v=$(awk '$1 == "run_time_ns:" { print $2 }' "/proc/$1/fdinfo/${fd##*/}" 2>/dev/null) || v=
-    sum=$((sum + ${v:-0}))
-  done
-  echo "$sum"
-}
-map_mib() {
-  local fd sum=0 v
-  for fd in /proc/"$1"/fd/*; do
-    [ "$(readlink "$fd" 2>/dev/null)" = anon_inode:bpf-map ] || continue
-    v=$(awk '$1 == "memlock:" { print $2 }' "/proc/$1/fdinfo/${fd##*/}" 2>/dev/null) || v=
-    sum=$((sum + ${v:-0}))
-  done
-  echo $((sum / 1048576))
-}
+# shellcheck source=bench/lib/bpf-fdinfo.sh
+. "$bench_dir/lib/bpf-fdinfo.sh"
+bpf_ns() { bpf_fdinfo_sum "$1" prog run_time_ns; } # run time of PID's BPF programs, ns
+map_mib() { echo $(($(bpf_fdinfo_sum "$1" map memlock) / 1048576)); }
 mem_mib() { # "VmRSS/VmHWM" of PID in MiB
   awk '$1 == "VmRSS:" { r = $2 } $1 == "VmHWM:" { h = $2 } END { printf "%.0f/%.0f", r / 1024, h / 1024 }' "/proc/$1/status"
 }
