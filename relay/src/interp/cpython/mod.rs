@@ -276,6 +276,6 @@ fn layout(
 }
 
 #[cfg(test)]
-mod live;
+mod live_tests;
 #[cfg(test)]
 pub(crate) mod tests;
