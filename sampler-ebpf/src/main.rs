@@ -13,16 +13,20 @@ mod interp;
 mod offcpu;
 #[cfg(target_arch = "bpf")]
 mod pidns;
+#[cfg(target_arch = "bpf")]
+mod window;
 
 #[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user},
+        helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_loop},
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
+
+    use crate::window::StackWindow;
     use ember_sampler_ebpf::{
         counter, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
         COMM_LEN, ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_IGNORED, MAX_PROC_MAPPINGS,
@@ -99,20 +103,6 @@ mod program {
         ReadFailed,
         /// rbp 0: the end of a frame-pointer chain.
         ZeroEnd,
-    }
-
-    #[inline(always)]
-    fn read_user(addr: u64) -> Option<u64> {
-        // SAFETY: bpf_probe_read_user copies from user memory with fault handling; any address
-        // is safe to pass.
-        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
-    }
-
-    /// Two words at `addr`, in one read (a frame's saved rbp and the return address above it).
-    #[inline(always)]
-    fn read_user_pair(addr: u64) -> Option<[u64; 2]> {
-        // SAFETY: as in `read_user`.
-        unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()
     }
 
     /// Makes the mapping of `procs` that holds `pc` the walk's current one, with what its
@@ -200,11 +190,12 @@ mod program {
     }
 
     #[inline(always)]
-    fn frame_pointer_step(r: &mut Regs) -> Step {
+    fn frame_pointer_step(r: &mut Regs, window: &mut StackWindow) -> Step {
         if r.bp == 0 {
             return Step::ZeroEnd;
         }
-        let Some([next_bp, ret]) = read_user_pair(r.bp) else {
+        let (Some(next_bp), Some(ret)) = (window.read(r.bp), window.read(r.bp.wrapping_add(8)))
+        else {
             return Step::ReadFailed;
         };
         r.sp = r.bp.wrapping_add(16);
@@ -213,9 +204,10 @@ mod program {
         Step::FramePointer
     }
 
-    /// Unwinds one frame by `row` (encoding: relay/src/unwind/row.rs).
+    /// Unwinds one frame by `row` (encoding: relay/src/unwind/row.rs); `None` for a gap row
+    /// (no CFI there: the caller steps by frame pointers).
     #[inline(always)]
-    fn apply(row: UnwindRow, r: &mut Regs) -> Step {
+    fn apply(row: UnwindRow, r: &mut Regs, window: &mut StackWindow) -> Option<Step> {
         let a = row.a as i64 as u64;
         let b = row.b as i64 as u64;
         let cfa = match row.kind {
@@ -228,45 +220,32 @@ mod program {
             4 => {
                 let sp = r.sp;
                 let (Some(new_sp), Some(pc), Some(bp)) = (
-                    read_user(sp.wrapping_add(a)),
-                    read_user(sp.wrapping_add(a).wrapping_add(8)),
-                    read_user(sp.wrapping_add(b)),
+                    window.read(sp.wrapping_add(a)),
+                    window.read(sp.wrapping_add(a).wrapping_add(8)),
+                    window.read(sp.wrapping_add(b)),
                 ) else {
-                    return Step::ReadFailed;
+                    return Some(Step::ReadFailed);
                 };
                 r.sp = new_sp;
                 r.pc = pc;
                 r.bp = bp;
-                return Step::Dwarf;
+                return Some(Step::Dwarf);
             }
-            5 => return Step::Stop(row.a as u32),
-            _ => {
-                bump(counter::UNWIND_FP_GAP);
-                return frame_pointer_step(r);
-            }
+            5 => return Some(Step::Stop(row.a as u32)),
+            _ => return None,
         };
-        if row.kind != 3 && row.flags & 1 != 0 && row.b == -16 {
-            // The usual frame: rbp saved just below the return address, one read for both.
-            let Some([bp, ret]) = read_user_pair(cfa.wrapping_sub(16)) else {
-                return Step::ReadFailed;
-            };
-            r.bp = bp;
-            r.sp = cfa;
-            r.pc = ret;
-            return Step::Dwarf;
-        }
-        let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
-            return Step::ReadFailed;
+        let Some(ret) = window.read(cfa.wrapping_sub(8)) else {
+            return Some(Step::ReadFailed);
         };
         if row.kind != 3 && row.flags & 1 != 0 {
-            let Some(bp) = read_user(cfa.wrapping_add(b)) else {
-                return Step::ReadFailed;
+            let Some(bp) = window.read(cfa.wrapping_add(b)) else {
+                return Some(Step::ReadFailed);
             };
             r.bp = bp;
         }
         r.sp = cfa;
         r.pc = ret;
-        Step::Dwarf
+        Some(Step::Dwarf)
     }
 
     /// What one frame of the walk hands the next: the registers, and the file mapping the
@@ -307,11 +286,13 @@ mod program {
         _pad: u32,
     }
 
-    /// One CPU's room for a walk: the stack it builds and the walk's state.
+    /// One CPU's room for a walk: the stack it builds, the walk's state and its window onto
+    /// the stack's memory.
     #[repr(C)]
     pub(crate) struct Scratch {
         stack: UserStack,
         walk: WalkState,
+        window: StackWindow,
     }
 
     /// One frame of the walk, run by `bpf_loop` (a bounded loop the verifier checks once):
@@ -322,7 +303,11 @@ mod program {
             return 1;
         };
         // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU.
-        let Scratch { stack, walk } = unsafe { &mut *scratch };
+        let Scratch {
+            stack,
+            walk,
+            window,
+        } = unsafe { &mut *scratch };
         let i = index as usize;
         if i >= MAX_DWARF_FRAMES {
             return 1;
@@ -347,18 +332,22 @@ mod program {
         }
         let step = if walk.map_end == 0 {
             bump(counter::UNWIND_FP_NO_MAPPING);
-            frame_pointer_step(&mut r)
+            None
         } else if walk.has_table == 0 {
             bump(counter::UNWIND_FP_NO_TABLE);
-            frame_pointer_step(&mut r)
+            None
         } else {
-            match find_in_table(walk, lookup) {
-                Some(row) => apply(row, &mut r),
-                None => {
-                    bump(counter::UNWIND_FP_GAP);
-                    frame_pointer_step(&mut r)
-                }
+            let step = find_in_table(walk, lookup).and_then(|row| apply(row, &mut r, window));
+            if step.is_none() {
+                // The table does not cover the pc, or has a gap row there.
+                bump(counter::UNWIND_FP_GAP);
             }
+            step
+        };
+        // One frame-pointer step for every reason above (one copy for the verifier to check).
+        let step = match step {
+            Some(step) => step,
+            None => frame_pointer_step(&mut r, window),
         };
         (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
         // Each walked stack ends under exactly one reason (or the frame cap, counted by the
@@ -441,7 +430,12 @@ mod program {
             // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
             // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts
             // off). The reference ends before `walk_frame` takes its own.
-            let Scratch { stack, walk } = unsafe { &mut *scratch };
+            let Scratch {
+                stack,
+                walk,
+                window,
+            } = unsafe { &mut *scratch };
+            window.clear();
             stack.len = 0;
             stack.dwarf_frames = 0;
             walk.pc = regs.rip;
@@ -464,7 +458,7 @@ mod program {
             )
         };
         // SAFETY: as above; `walk_frame` is done with the slot.
-        let Scratch { stack, walk } = unsafe { &mut *scratch };
+        let Scratch { stack, walk, .. } = unsafe { &mut *scratch };
         if walk.ended == 0 {
             bump(counter::UNWIND_CUT);
         }
