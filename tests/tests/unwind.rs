@@ -1337,12 +1337,7 @@ fn a_stack_over_several_pages_unwinds_whole() {
     let mut chain = vec!["main"];
     chain.extend(["deep"; 10]);
     chain.push("leaf_work");
-    assert_dwarf_chain(
-        "bigframes",
-        &["-O2", "-fomit-frame-pointer"],
-        &chain,
-        0.95,
-    );
+    assert_dwarf_chain("bigframes", &["-O2", "-fomit-frame-pointer"], &chain, 0.95);
 }
 
 /// The workload's user-frame chains that hold at least 2% of its samples, and the share of its
