@@ -13,16 +13,20 @@ mod interp;
 mod offcpu;
 #[cfg(target_arch = "bpf")]
 mod pidns;
+#[cfg(target_arch = "bpf")]
+mod window;
 
 #[cfg(target_arch = "bpf")]
 mod program {
     use aya_ebpf::{
         bindings::{BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST},
-        helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user},
+        helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_loop},
         macros::{map, perf_event},
         maps::{Array, HashMap, PerCpuArray, StackTrace},
         programs::{tracing::StackIdContext as _, PerfEventContext},
     };
+
+    use crate::window::StackWindow;
     use ember_sampler_ebpf::{
         counter, MappingEntry, ProcMappings, SampleKey, UnwindRow, UnwindTableInfo, UserStack,
         COMM_LEN, ERRNO_EFAULT, MAX_DWARF_FRAMES, MAX_IGNORED, MAX_PROC_MAPPINGS,
@@ -72,9 +76,10 @@ mod program {
     /// Processes not sampled: the relay's process filter, each entry verified by the sampler.
     #[map]
     pub(crate) static IGNORED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_IGNORED, 0);
-    /// Per-CPU room to build one stack (too large for the 512-byte BPF stack).
+    /// Per-CPU room to build one stack (too large for the 512-byte BPF stack) and the walk's
+    /// state between frames.
     #[map]
-    pub(crate) static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+    pub(crate) static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
     /// Bisection steps: 2^7 >= MAX_PROC_MAPPINGS mappings, 2^24 rows per table.
     const MAPPING_STEPS: usize = 7;
@@ -100,52 +105,40 @@ mod program {
         ZeroEnd,
     }
 
-    /// What a pc's lookup found.
-    enum Lookup {
-        /// The row covering the pc.
-        Row(UnwindRow),
-        /// The pc is in no known file mapping of the process.
-        NoMapping,
-        /// The pc's file has no table loaded.
-        NoTable,
-        /// The table does not cover the pc.
-        Outside,
-    }
-
+    /// Makes the mapping of `procs` that holds `pc` the walk's current one, with what its
+    /// table lookup found: a table (`has_table` 1), no table (0), or no mapping at all
+    /// (`map_end` 0).
     #[inline(always)]
-    fn read_user(addr: u64) -> Option<u64> {
-        // SAFETY: bpf_probe_read_user copies from user memory with fault handling; any address
-        // is safe to pass.
-        unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
-    }
-
-    /// Two words at `addr`, in one read (a frame's saved rbp and the return address above it).
-    #[inline(always)]
-    fn read_user_pair(addr: u64) -> Option<[u64; 2]> {
-        // SAFETY: as in `read_user`.
-        unsafe { bpf_probe_read_user(addr as *const [u64; 2]) }.ok()
-    }
-
-    /// The row covering `pc` in its mapping's table, or why there is none.
-    #[inline(always)]
-    fn find_row(procs: &ProcMappings, pc: u64, tick: u32) -> Lookup {
+    fn enter_mapping(walk: &mut WalkState, procs: &ProcMappings, pc: u64) {
+        walk.map_start = 0;
+        walk.map_end = 0;
+        walk.has_table = 0;
         let Some(mapping) = find_mapping(procs, pc) else {
-            return Lookup::NoMapping;
+            return;
         };
+        walk.map_start = mapping.start;
+        walk.map_end = mapping.end;
         let Some(info) = UNWIND_TABLES.get_ptr_mut(&mapping.file_id) else {
-            return Lookup::NoTable;
+            return;
         };
         // SAFETY: a live value of the map for this program run. The sampler replaces or
         // deletes whole entries; a racing write of the tick can only age one table by a tick.
         let info = unsafe { &mut *info };
         // The least recently sampled table is evicted first (sampler/src/unwind.rs).
-        if info.last_sampled != tick {
-            info.last_sampled = tick;
+        if info.last_sampled != walk.tick {
+            info.last_sampled = walk.tick;
         }
-        match find_in_table(info, mapping, pc) {
-            Some(row) => Lookup::Row(row),
-            None => Lookup::Outside,
-        }
+        // A pc of the mapping is at table offset
+        // pc - start + file offset + (p_vaddr - p_offset) - base.
+        walk.table_bias = mapping
+            .file_offset
+            .wrapping_add(info.vaddr_minus_offset as u64)
+            .wrapping_sub(info.base)
+            .wrapping_sub(mapping.start);
+        walk.table_len = info.len;
+        walk.first_row = info.first_row;
+        walk.rows = info.rows;
+        walk.has_table = 1;
     }
 
     /// The file mapping of the process that holds `pc`.
@@ -171,41 +164,38 @@ mod program {
         Some(mapping)
     }
 
-    /// The row of `info`'s table covering `pc` (mapped by `mapping`), if the table covers it.
+    /// The row of the current mapping's table covering `pc`, if the table covers it.
     #[inline(always)]
-    fn find_in_table(info: &UnwindTableInfo, mapping: &MappingEntry, pc: u64) -> Option<UnwindRow> {
-        let addr = pc
-            .wrapping_sub(mapping.start)
-            .wrapping_add(mapping.file_offset)
-            .wrapping_add(info.vaddr_minus_offset as u64);
-        let offset = addr.wrapping_sub(info.base);
-        if offset >= u64::from(info.len) {
+    fn find_in_table(walk: &WalkState, pc: u64) -> Option<UnwindRow> {
+        let offset = pc.wrapping_add(walk.table_bias);
+        if offset >= u64::from(walk.table_len) {
             return None;
         }
         let offset = offset as u32;
-        let (mut lo, mut hi) = (0u32, info.rows);
+        let (mut lo, mut hi) = (0u32, walk.rows);
         for _ in 0..ROW_STEPS {
             if lo >= hi {
                 break;
             }
             let mid = lo + (hi - lo) / 2;
-            if UNWIND_ROWS.get(info.first_row.wrapping_add(mid))?.pc <= offset {
+            if UNWIND_ROWS.get(walk.first_row.wrapping_add(mid))?.pc <= offset {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
         UNWIND_ROWS
-            .get(info.first_row.wrapping_add(lo.checked_sub(1)?))
+            .get(walk.first_row.wrapping_add(lo.checked_sub(1)?))
             .copied()
     }
 
     #[inline(always)]
-    fn frame_pointer_step(r: &mut Regs) -> Step {
+    fn frame_pointer_step(r: &mut Regs, window: &mut StackWindow) -> Step {
         if r.bp == 0 {
             return Step::ZeroEnd;
         }
-        let Some([next_bp, ret]) = read_user_pair(r.bp) else {
+        let (Some(next_bp), Some(ret)) = (window.read(r.bp), window.read(r.bp.wrapping_add(8)))
+        else {
             return Step::ReadFailed;
         };
         r.sp = r.bp.wrapping_add(16);
@@ -214,9 +204,10 @@ mod program {
         Step::FramePointer
     }
 
-    /// Unwinds one frame by `row` (encoding: relay/src/unwind/row.rs).
+    /// Unwinds one frame by `row` (encoding: relay/src/unwind/row.rs); `None` for a gap row
+    /// (no CFI there: the caller steps by frame pointers).
     #[inline(always)]
-    fn apply(row: UnwindRow, r: &mut Regs) -> Step {
+    fn apply(row: UnwindRow, r: &mut Regs, window: &mut StackWindow) -> Option<Step> {
         let a = row.a as i64 as u64;
         let b = row.b as i64 as u64;
         let cfa = match row.kind {
@@ -229,78 +220,94 @@ mod program {
             4 => {
                 let sp = r.sp;
                 let (Some(new_sp), Some(pc), Some(bp)) = (
-                    read_user(sp.wrapping_add(a)),
-                    read_user(sp.wrapping_add(a).wrapping_add(8)),
-                    read_user(sp.wrapping_add(b)),
+                    window.read(sp.wrapping_add(a)),
+                    window.read(sp.wrapping_add(a).wrapping_add(8)),
+                    window.read(sp.wrapping_add(b)),
                 ) else {
-                    return Step::ReadFailed;
+                    return Some(Step::ReadFailed);
                 };
                 r.sp = new_sp;
                 r.pc = pc;
                 r.bp = bp;
-                return Step::Dwarf;
+                return Some(Step::Dwarf);
             }
-            5 => return Step::Stop(row.a as u32),
-            _ => {
-                bump(counter::UNWIND_FP_GAP);
-                return frame_pointer_step(r);
-            }
+            5 => return Some(Step::Stop(row.a as u32)),
+            _ => return None,
         };
-        if row.kind != 3 && row.flags & 1 != 0 && row.b == -16 {
-            // The usual frame: rbp saved just below the return address, one read for both.
-            let Some([bp, ret]) = read_user_pair(cfa.wrapping_sub(16)) else {
-                return Step::ReadFailed;
-            };
-            r.bp = bp;
-            r.sp = cfa;
-            r.pc = ret;
-            return Step::Dwarf;
-        }
-        let Some(ret) = read_user(cfa.wrapping_sub(8)) else {
-            return Step::ReadFailed;
+        let Some(ret) = window.read(cfa.wrapping_sub(8)) else {
+            return Some(Step::ReadFailed);
         };
         if row.kind != 3 && row.flags & 1 != 0 {
-            let Some(bp) = read_user(cfa.wrapping_add(b)) else {
-                return Step::ReadFailed;
+            let Some(bp) = window.read(cfa.wrapping_add(b)) else {
+                return Some(Step::ReadFailed);
             };
             r.bp = bp;
         }
         r.sp = cfa;
         r.pc = ret;
-        Step::Dwarf
+        Some(Step::Dwarf)
     }
 
-    /// What the per-frame callback carries from one frame to the next (on the program's stack).
+    /// What one frame of the walk hands the next: the registers, and the file mapping the
+    /// frame was in with what its table lookup found. Consecutive frames are nearly always in
+    /// one file, so the process's mappings and the file's table are looked up once per file
+    /// and walk, not per frame.
+    ///
+    /// Kept in this CPU's `SCRATCH` slot, not on the program's stack: the verifier knows
+    /// nothing of a map value's contents, so every iteration of `walk_frame` starts from the
+    /// same state and it checks the callback once. On the stack it tracks what each field
+    /// holds (a flag's 0 or 1, a bound), the loop's iterations differ, and checking them took
+    /// seconds at load.
+    ///
+    /// A table the sampler replaces during a walk is still used for the rest of that walk (a
+    /// few microseconds): at worst that sample's stack is wrong, as a table replaced during
+    /// one frame's row search makes it.
     #[repr(C)]
-    struct Walk {
+    pub(crate) struct WalkState {
+        pc: u64,
+        sp: u64,
+        bp: u64,
+        /// The current mapping, [`map_start`, `map_end`); `map_end` 0: none.
+        map_start: u64,
+        map_end: u64,
+        /// Added to a pc of the current mapping: its offset in the file's table.
+        table_bias: u64,
+        /// The table: bytes covered, first row in `UNWIND_ROWS`, rows.
+        table_len: u32,
+        first_row: u32,
+        rows: u32,
+        /// 1 when the current mapping's file has a table loaded.
+        has_table: u32,
         tgid: u32,
         /// 1 once the walk reached its end (anything but the frame cap).
         ended: u32,
         /// This sample's tick (`ember_sampler_ebpf::tick`), stamped on the tables used.
         tick: u32,
         _pad: u32,
-        pc: u64,
-        sp: u64,
-        bp: u64,
+    }
+
+    /// One CPU's room for a walk: the stack it builds, the walk's state and its window onto
+    /// the stack's memory.
+    #[repr(C)]
+    pub(crate) struct Scratch {
+        stack: UserStack,
+        walk: WalkState,
+        window: StackWindow,
     }
 
     /// One frame of the walk, run by `bpf_loop` (a bounded loop the verifier checks once):
     /// records the frame, unwinds it, returns 1 to stop.
     #[inline(never)]
-    extern "C" fn walk_frame(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-        // SAFETY: `ctx` is the `Walk` that `dwarf_stack` passed to bpf_loop, alive for the loop.
-        let walk = unsafe { &mut *ctx.cast::<Walk>() };
-        // SAFETY: a lookup in a map only the sampler writes.
-        let (Some(procs), Some(stack)) = (
-            unsafe { PROC_MAPPINGS.get(&walk.tgid) },
-            SCRATCH.get_ptr_mut(0),
-        ) else {
-            bump(counter::UNWIND_NO_PROCESS);
-            walk.ended = 1;
+    extern "C" fn walk_frame(index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+        let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             return 1;
         };
-        // SAFETY: this CPU's scratch slot; perf_event programs do not nest on one CPU.
-        let stack = unsafe { &mut *stack };
+        // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU.
+        let Scratch {
+            stack,
+            walk,
+            window,
+        } = unsafe { &mut *scratch };
         let i = index as usize;
         if i >= MAX_DWARF_FRAMES {
             return 1;
@@ -314,20 +321,33 @@ mod program {
         };
         // A caller's pc is a return address: look up the call instruction before it.
         let lookup = if i == 0 { r.pc } else { r.pc.wrapping_sub(1) };
-        let step = match find_row(procs, lookup, walk.tick) {
-            Lookup::Row(row) => apply(row, &mut r),
-            Lookup::NoMapping => {
-                bump(counter::UNWIND_FP_NO_MAPPING);
-                frame_pointer_step(&mut r)
-            }
-            Lookup::NoTable => {
-                bump(counter::UNWIND_FP_NO_TABLE);
-                frame_pointer_step(&mut r)
-            }
-            Lookup::Outside => {
+        if lookup < walk.map_start || lookup >= walk.map_end {
+            // SAFETY: a lookup in a map only the sampler writes.
+            let Some(procs) = (unsafe { PROC_MAPPINGS.get(&walk.tgid) }) else {
+                bump(counter::UNWIND_NO_PROCESS);
+                walk.ended = 1;
+                return 1;
+            };
+            enter_mapping(walk, procs, lookup);
+        }
+        let step = if walk.map_end == 0 {
+            bump(counter::UNWIND_FP_NO_MAPPING);
+            None
+        } else if walk.has_table == 0 {
+            bump(counter::UNWIND_FP_NO_TABLE);
+            None
+        } else {
+            let step = find_in_table(walk, lookup).and_then(|row| apply(row, &mut r, window));
+            if step.is_none() {
+                // The table does not cover the pc, or has a gap row there.
                 bump(counter::UNWIND_FP_GAP);
-                frame_pointer_step(&mut r)
             }
+            step
+        };
+        // One frame-pointer step for every reason above (one copy for the verifier to check).
+        let step = match step {
+            Some(step) => step,
+            None => frame_pointer_step(&mut r, window),
         };
         (walk.pc, walk.sp, walk.bp) = (r.pc, r.sp, r.bp);
         // Each walked stack ends under exactly one reason (or the frame cap, counted by the
@@ -401,36 +421,44 @@ mod program {
             return None;
         }
         // SAFETY: a lookup in a map only the sampler writes.
-        if unsafe { PROC_MAPPINGS.get(&tgid) }.is_none() {
+        let Some(procs) = (unsafe { PROC_MAPPINGS.get(&tgid) }) else {
             bump(counter::UNWIND_NO_PROCESS);
             return None;
-        }
-        let stack = SCRATCH.get_ptr_mut(0)?;
-        // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
-        // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts off).
-        let stack = unsafe { &mut *stack };
-        stack.len = 0;
-        stack.dwarf_frames = 0;
-        // SAFETY: a helper without arguments.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let mut walk = Walk {
-            tgid,
-            ended: 0,
-            tick: ember_sampler_ebpf::tick(now),
-            _pad: 0,
-            pc: regs.rip,
-            sp: regs.rsp,
-            bp: regs.rbp,
         };
-        // SAFETY: `walk_frame` only reads and writes `walk` through the pointer, during the call.
+        let scratch = SCRATCH.get_ptr_mut(0)?;
+        {
+            // SAFETY: this CPU's scratch slot; the programs that use it do not nest on one CPU
+            // (perf_event programs, and the off-CPU tracepoint, which runs with interrupts
+            // off). The reference ends before `walk_frame` takes its own.
+            let Scratch {
+                stack,
+                walk,
+                window,
+            } = unsafe { &mut *scratch };
+            window.clear();
+            stack.len = 0;
+            stack.dwarf_frames = 0;
+            walk.pc = regs.rip;
+            walk.sp = regs.rsp;
+            walk.bp = regs.rbp;
+            walk.tgid = tgid;
+            walk.ended = 0;
+            // SAFETY: a helper without arguments.
+            walk.tick = ember_sampler_ebpf::tick(unsafe { bpf_ktime_get_ns() });
+            // The first frame's mapping, from the lookup just made.
+            enter_mapping(walk, procs, regs.rip);
+        }
+        // SAFETY: `walk_frame` takes no context: its state is in this CPU's `SCRATCH` slot.
         unsafe {
             bpf_loop(
                 MAX_DWARF_FRAMES as u32,
                 walk_frame as *mut core::ffi::c_void,
-                (&mut walk as *mut Walk).cast(),
+                core::ptr::null_mut(),
                 0,
             )
         };
+        // SAFETY: as above; `walk_frame` is done with the slot.
+        let Scratch { stack, walk, .. } = unsafe { &mut *scratch };
         if walk.ended == 0 {
             bump(counter::UNWIND_CUT);
         }

@@ -1324,6 +1324,22 @@ fn a_signal_handler_unwinds_through_the_trampoline_to_the_interrupted_code() {
     );
 }
 
+/// A stack over several pages unwinds whole: `bigframes` recurses 10 levels with a 1,200-byte
+/// buffer in each frame (no frame pointers), so each return address lies 1.2 KiB above the
+/// last and the walk reads across three pages or more. The walker copies at most the rest of
+/// one page per user-memory read and serves the next words from that copy
+/// (sampler-ebpf/src/window.rs): >= 95% of the leaf's samples carry main -> deep x 10 ->
+/// leaf_work. Fails when the copy is not refilled past its end, or when words past what was
+/// copied are served from the window (planted and seen).
+#[test]
+fn a_stack_over_several_pages_unwinds_whole() {
+    let Some(_lock) = ebpf_gate() else { return };
+    let mut chain = vec!["main"];
+    chain.extend(["deep"; 10]);
+    chain.push("leaf_work");
+    assert_dwarf_chain("bigframes", &["-O2", "-fomit-frame-pointer"], &chain, 0.95);
+}
+
 /// The workload's user-frame chains that hold at least 2% of its samples, and the share of its
 /// samples whose chain is whole (`_start` ... `main` -> ... -> leaf).
 fn chains(folded: &str, process: &str) -> (std::collections::BTreeSet<String>, f64) {
