@@ -292,8 +292,9 @@ pub fn render(profile: &LabeledProfile) -> String {
     render_with(profile, FoldedRoot::Process)
 }
 
-/// The whole folded file: [`lines_with`], each ended by `\n`, in one string (for the
-/// flamegraph, which reads them all; the files sink streams them with [`write_of`]).
+/// The whole folded file: [`lines_with`], each ended by `\n`, in one string (the files sink
+/// streams them with [`write_of`]).
+#[cfg(test)]
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> String {
     render_of(profile, root, SampleKind::Cpu)
 }
