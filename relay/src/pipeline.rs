@@ -42,11 +42,8 @@ const RESOLVER_IDLE: Duration = Duration::from_secs(120);
 /// over) keeps its parsed tables.
 const RESOLVER_UNREFERENCED: Duration = Duration::from_secs(10);
 
-/// How often at most freed heap memory is handed back to the kernel (`malloc_trim`). Every
-/// interval frees what it held (its profile, once encoded): trimmed only when a window closed
-/// or a resolver was closed, the relay's RSS climbed about 25 MiB between trims under the
-/// churn soak (82-108 MiB with OTLP alone), so a batch asks for a trim too, at this pace.
-const TRIM_EVERY: Duration = Duration::from_secs(2);
+/// How often at most freed heap memory is handed back to the kernel (`malloc_trim`).
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 /// What one handled event amounted to, for callers that report progress.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -636,13 +633,13 @@ impl Pipeline {
             .values()
             .flat_map(|s| s.file_keys().copied())
             .collect();
-        self.cache
+        let closed = self
+            .cache
             .evict(RESOLVER_IDLE, RESOLVER_UNREFERENCED, |key| {
                 live.contains(key)
             });
         self.cache.release_pages();
-        // The batch's own buffers and the interval before it were freed.
-        self.trim_due = true;
+        self.trim_due |= closed > 0;
         self.trim();
     }
 

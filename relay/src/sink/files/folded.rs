@@ -225,9 +225,11 @@ impl Folded {
             match first_narrow {
                 None => kept.push(line),
                 Some(depth) if depth >= shared => {
-                    let node = path[depth].1;
-                    if let Some(count) = self.counts.get_mut(line as usize) {
-                        *count = totals.get(node).copied().unwrap_or(0);
+                    let samples = path.get(depth).and_then(|&(_, node)| totals.get(node));
+                    if let (Some(count), Some(&samples)) =
+                        (self.counts.get_mut(line as usize), samples)
+                    {
+                        *count = samples;
                     }
                     kept.push(line);
                 }
