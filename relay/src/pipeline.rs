@@ -316,7 +316,7 @@ impl Pipeline {
             symbolizer_hits: self.cache.hits,
             symbolizer_misses: self.cache.misses,
             resolvers_opened: self.cache.opened,
-            resolvers_evicted: self.cache.evicted,
+            resolvers_evicted: self.cache.evicted + self.cache.tables_dropped,
             copied_bytes: self.cache.copied_bytes,
             files_symbols_only: self.cache.symbols_only,
             files_too_large: self.cache.too_large,

@@ -127,10 +127,11 @@ pub(super) struct FileLimitArgs {
     symbolizer_cache_files: usize,
     /// Most heap memory the symbolizer's parsed tables and remembered lookups may hold together
     /// (as the relay's allocator counts what each binary's parsing left allocated); beyond, the
-    /// least recently used binaries are closed after each batch (the one used last stays,
-    /// whatever its size). Binaries sampled within the last 60 s stay open up to 4 times this,
-    /// so the working set is not parsed again every batch. Raise it when the same large binaries
-    /// are parsed again and again (ember_relay_symbolizer_resolvers_opened_total climbing).
+    /// parsed tables of the binaries looked up least recently are dropped after each batch, their
+    /// remembered lookups kept (the one parsed last stays, whatever its size). Binaries with new
+    /// addresses within the last 10 s keep their tables up to 2 times this, so the working set
+    /// is not parsed again every batch. Raise it when the same large binaries are parsed again
+    /// and again (ember_relay_symbolizer_resolvers_opened_total climbing).
     #[arg(long, default_value_t = session::FileLimits::default().symbolizer_cache_bytes, value_name = "BYTES")]
     symbolizer_cache_bytes: u64,
 }

@@ -56,7 +56,7 @@ const RELAY: &[RelaySeries] = &[
     ("files", "Binaries passed by samplers that the relay holds open now.", Kind::Gauge, |s| s.files),
     ("symbolizer_resolvers", "Symbol resolvers (one per open binary) in the symbolizer cache now.", Kind::Gauge, |s| s.resolvers),
     ("symbolizer_resolvers_opened", "Symbol resolvers opened: symbolizer cache misses.", Kind::Counter, |s| s.resolvers_opened),
-    ("symbolizer_resolvers_evicted", "Symbol resolvers closed because unused or over the cache's bounds.", Kind::Counter, |s| s.resolvers_evicted),
+    ("symbolizer_resolvers_evicted", "Symbol resolvers closed because unused or over the cache's bounds, or their parsed tables dropped over its bytes (their remembered lookups kept).", Kind::Counter, |s| s.resolvers_evicted),
     ("symbolizer_cache_entries", "Lookups remembered by the symbolizer cache now (file offset -> functions), in all files.", Kind::Gauge, |s| s.symbolizer.entries),
     ("symbolizer_cache_bytes", "Heap bytes the symbolizer cache holds now: parsed symbol and line tables and remembered lookups (--symbolizer-cache-bytes bounds it).", Kind::Gauge, |s| s.symbolizer.bytes),
     ("symbolizer_cache_file_bytes", "Bytes of the binaries behind the open symbol resolvers (mapped read-only; only pages being read count in the relay's memory).", Kind::Gauge, |s| s.symbolizer.file_bytes),

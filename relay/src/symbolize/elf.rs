@@ -5,8 +5,11 @@
 //!
 //! Memory is bounded: at most `max_files` resolvers (`--symbolizer-cache-files`) holding at most
 //! `max_bytes` of heap (`--symbolizer-cache-bytes`: what blazesym and the memo allocated for each
-//! file, counted by the relay's allocator, `alloc`), the least recently used closed beyond;
-//! closed too when idle or when no process maps their file any more; at most [`MEMO_LIMIT`]
+//! file, counted by the relay's allocator, `alloc`). Beyond the bytes, the parsed tables of the
+//! files blazesym read least recently are dropped after a batch while their remembered lookups
+//! stay: a hot binary's frames are nearly all remembered (the hit rate is 99.9% under churn),
+//! so dropping its tables costs nothing until a new address in it is sampled, which opens it
+//! again. Files are forgotten whole when idle or when no process maps them any more; at most [`MEMO_LIMIT`]
 //! remembered lookups in all; and the pages of the files blazesym maps are
 //! handed back to the page cache after the lookups of a batch ([`ElfCache::release_pages`]), so
 //! a binary's debug info is not counted in the relay's memory once it has been read.
@@ -83,6 +86,12 @@ pub struct OpenElf {
     /// build); what it does not cover (a cgo binary's C code) goes to `resolver`.
     go: Option<Box<GoBinary>>,
     last_used: Instant,
+    /// When blazesym (or the Go table) last looked something up in it, or it was opened: what
+    /// decides whose tables are dropped first when over the bytes.
+    last_parsed: Instant,
+    /// Its parsed tables were dropped to stay within the bytes (`resolver` and `go` are
+    /// `None`): its remembered lookups still answer, a new address opens it again.
+    dropped: bool,
     /// Results by file offset.
     memo: HashMap<u64, Rc<[Resolved]>>,
     /// Bytes of the sealed memfd copy behind `resolver` (0 when reopened).
@@ -91,6 +100,13 @@ pub struct OpenElf {
     touched: bool,
     /// Heap bytes charged to it: what opening it and its lookups left allocated.
     bytes: u64,
+}
+
+impl OpenElf {
+    /// Its parsed tables are held (not dropped, and it could be opened).
+    fn has_tables(&self) -> bool {
+        !self.dropped && (self.resolver.is_some() || self.go.is_some())
+    }
 }
 
 /// Lookups remembered in all files together; beyond, every memo is cleared (each entry costs
@@ -111,15 +127,17 @@ pub const DEFAULT_MAX_FILES: usize = 64;
 /// last is kept whatever its size).
 pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
 
-/// Resolvers used within this long are kept over `max_bytes`: closing a binary that is still
-/// being sampled means parsing it again at its next sample, which for a large binary costs far
-/// more CPU than its memory is worth (a 32 MiB budget with the working set closed every batch
-/// took the relay from 0.0095 to 0.073 CPU s/s). The hard cap below still bounds them.
-pub const WORKING_SET: Duration = Duration::from_secs(60);
+/// Resolvers blazesym looked something up in within this long keep their tables over
+/// `max_bytes`: a binary still sampled at new addresses would be parsed again at its next one,
+/// which for a large binary costs far more CPU than its memory is worth (a 32 MiB budget with
+/// the working set closed every batch took the relay from 0.0095 to 0.073 CPU s/s). Lookups
+/// answered from memory do not count: a binary whose sampled addresses are all remembered
+/// needs no tables. The hard cap below still bounds them.
+pub const WORKING_SET: Duration = Duration::from_secs(10);
 
-/// Over `max_bytes` times this, even resolvers of the working set are closed, least recently
-/// used first.
-const HARD_CAP_FACTOR: u64 = 4;
+/// Over `max_bytes` times this, even resolvers of the working set drop their tables, least
+/// recently parsed first.
+const HARD_CAP_FACTOR: u64 = 2;
 
 /// Default of `--max-copy-bytes`: the largest file the relay copies into memory when it may not
 /// reopen it (a root-only binary). Larger ones stay unnamed; copies are charged to the relay's
@@ -142,6 +160,8 @@ pub struct ElfCache {
     bytes: u64,
     pub opened: u64,
     pub evicted: u64,
+    /// Times a file's parsed tables were dropped to stay within `max_bytes` (its lookups kept).
+    pub tables_dropped: u64,
     /// Lookups answered from a memo, and those that went to blazesym.
     pub hits: u64,
     pub misses: u64,
@@ -519,6 +539,7 @@ impl ElfCache {
             bytes: 0,
             opened: 0,
             evicted: 0,
+            tables_dropped: 0,
             hits: 0,
             misses: 0,
             memo_entries: 0,
@@ -551,6 +572,11 @@ impl ElfCache {
             self.hits += 1;
             return Some(Rc::clone(found));
         }
+        if entry.dropped {
+            self.reopen(key, fd, path);
+        }
+        let entry = self.files.get_mut(key)?;
+        entry.last_parsed = Instant::now();
         if let Some(go) = &entry.go {
             // Our own bounded parser: it cannot panic on any input, but its answers are
             // memoized like blazesym's.
@@ -654,11 +680,44 @@ impl ElfCache {
             resolver,
             go,
             last_used: Instant::now(),
+            last_parsed: Instant::now(),
+            dropped: false,
             memo: HashMap::new(),
             copy_bytes,
             touched: true,
             bytes,
         }
+    }
+
+    /// Parses a file whose tables were dropped again, for an address not remembered; its
+    /// remembered lookups stay.
+    fn reopen(&mut self, key: &FileKey, fd: &OwnedFd, path: &str) {
+        let fresh = self.open(fd, path);
+        if let Some(entry) = self.files.get_mut(key) {
+            entry.resolver = fresh.resolver;
+            entry.go = fresh.go;
+            entry.copy_bytes = fresh.copy_bytes;
+            entry.bytes = entry.bytes.saturating_add(fresh.bytes);
+            entry.touched = true;
+            entry.dropped = false;
+        }
+    }
+
+    /// Drops the parsed tables of `key`'s file (its remembered lookups stay), uncharging what
+    /// that freed.
+    fn drop_tables(&mut self, key: &FileKey) {
+        let Some(file) = self.files.get_mut(key) else {
+            return;
+        };
+        let tables = (file.resolver.take(), file.go.take());
+        let ((), freed) = super::alloc::measure(move || drop(tables));
+        let freed = u64::try_from(freed.saturating_neg()).unwrap_or(0);
+        file.bytes = file.bytes.saturating_sub(freed);
+        self.bytes = self.bytes.saturating_sub(freed);
+        self.live_copy_bytes -= file.copy_bytes;
+        file.copy_bytes = 0;
+        file.dropped = true;
+        self.tables_dropped += 1;
     }
 
     /// Closes the least recently used resolvers until one more fits under `max_files`.
@@ -696,26 +755,34 @@ impl ElfCache {
         self.memo_entries = 0;
     }
 
-    /// Closes the least recently used resolvers while they hold more than `max_bytes`
-    /// together, keeping the one used last whatever its size, and those used within
-    /// `working_set` unless they hold more than [`HARD_CAP_FACTOR`] times `max_bytes`.
+    /// Drops the parsed tables of the files blazesym read least recently while the cache holds
+    /// more than `max_bytes`, keeping their remembered lookups, the tables of the file parsed
+    /// last whatever their size, and those parsed within `working_set` unless the cache holds
+    /// more than [`HARD_CAP_FACTOR`] times `max_bytes`.
     fn shrink_to_budget(&mut self) -> usize {
-        let mut closed = 0;
-        while self.bytes > self.max_bytes && self.files.len() > 1 {
+        let mut dropped = 0;
+        let last = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.has_tables())
+            .max_by_key(|(_, f)| f.last_parsed)
+            .map(|(key, _)| *key);
+        while self.bytes > self.max_bytes {
             let hard = self.bytes > self.max_bytes.saturating_mul(HARD_CAP_FACTOR);
             let Some(oldest) = self
                 .files
                 .iter()
-                .filter(|(_, f)| hard || f.last_used.elapsed() >= self.working_set)
-                .min_by_key(|(_, f)| f.last_used)
+                .filter(|(key, f)| f.has_tables() && Some(**key) != last)
+                .filter(|(_, f)| hard || f.last_parsed.elapsed() >= self.working_set)
+                .min_by_key(|(_, f)| f.last_parsed)
                 .map(|(key, _)| *key)
             else {
                 break;
             };
-            self.remove(&oldest);
-            closed += 1;
+            self.drop_tables(&oldest);
+            dropped += 1;
         }
-        closed
+        dropped
     }
 
     /// Drops resolvers unused for `idle`, and those of files no process maps any more
@@ -809,6 +876,12 @@ impl ElfCache {
 
     pub fn len(&self) -> usize {
         self.files.len()
+    }
+
+    /// Files whose parsed tables are held now.
+    #[cfg(test)]
+    pub fn with_tables(&self) -> usize {
+        self.files.values().filter(|f| f.has_tables()).count()
     }
 }
 
@@ -1107,9 +1180,10 @@ mod tests {
         // Then each parse was charged (a binary with debug info: well over 64 KiB each)
         assert!(one > 64 << 10, "{one} bytes charged to one file");
         assert!(cache.size().bytes > one, "{:?}", cache.size());
-        // And after the batch, the least recently used is closed, the last one kept alone
+        // And after the batch, the tables of the least recently used are dropped, the last one's
+        // kept alone
         assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 1);
-        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.with_tables(), 1);
         assert!(cache.resolve(&copy_key, &copy, "copy", offset).is_some());
         assert_eq!(cache.opened, 2, "the copy stayed open");
     }
@@ -1133,16 +1207,63 @@ mod tests {
         cache.max_bytes = held / 2;
         // When the batch ends: both are in the working set, so both stay
         assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 0);
-        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.with_tables(), 2);
         // And once they are older than the working set, the budget applies again
         cache.working_set = Duration::ZERO;
         assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 1);
-        // And over the hard cap, even the working set is closed
-        cache.resolve(&key, &fd, "exe", offset).expect("resolver");
+        // And over the hard cap, even the working set drops its tables (a new address opens
+        // the first file again: it is now the one parsed last)
+        let other = own_offset(symbol_file_offset as *const () as usize as u64);
+        cache.resolve(&key, &fd, "exe", other).expect("resolver");
+        assert_eq!(cache.with_tables(), 2);
         cache.working_set = Duration::MAX;
         cache.max_bytes = 1;
         assert_eq!(cache.evict(Duration::MAX, Duration::MAX, |_| true), 1);
-        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.with_tables(), 1);
+        assert_eq!(cache.len(), 2, "both files' lookups are remembered");
+    }
+
+    #[test]
+    fn over_its_bytes_the_cache_drops_parsed_tables_and_keeps_answering_what_it_remembers() {
+        // Given two files (this binary and a copy) parsed just now, holding three times the
+        // cache's bytes
+        let (_dir, fd, copy) = exe_and_copy();
+        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let (key, copy_key) = (
+            FileKey::of(&fd).expect("fstat"),
+            FileKey::of(&copy).expect("fstat"),
+        );
+        let mut cache = ElfCache::default();
+        cache.resolve(&key, &fd, "exe", offset).expect("resolver");
+        let one = cache.size().bytes;
+        cache
+            .resolve(&copy_key, &copy, "copy", offset)
+            .expect("resolver");
+        cache.max_bytes = cache.size().bytes / 3;
+        // When the batch ends
+        cache.evict(Duration::MAX, Duration::MAX, |_| true);
+        // Then the cache holds at most the tables of the file parsed last (the bound is kept
+        // but for the one in use), not both
+        assert!(
+            cache.size().bytes <= one + (64 << 10),
+            "{} bytes held, one file's tables are {one}",
+            cache.size().bytes
+        );
+        // And both files still name the addresses they named, without parsing anything again
+        for (k, f) in [(&key, &fd), (&copy_key, &copy)] {
+            let named = cache.resolve(k, f, "f", offset).expect("remembered");
+            assert!(named[named.len() - 1]
+                .function
+                .ends_with("demangles_rust_and_cpp"));
+        }
+        assert_eq!(cache.opened, 2, "a remembered address parsed a file again");
+        // And a new address in the file whose tables were dropped parses it again and is named
+        let other = own_offset(symbol_file_offset as *const () as usize as u64);
+        let named = cache.resolve(&key, &fd, "exe", other).expect("reopened");
+        assert!(named[named.len() - 1]
+            .function
+            .ends_with("symbol_file_offset"));
+        assert_eq!(cache.opened, 3);
     }
 
     #[test]

@@ -9,19 +9,36 @@
 //! descriptor, never what the file claims; a file rewritten in place changes its size or its
 //! times (the change time cannot be set back by its owner), so it is never served another
 //! content's table. Bounded in bytes ([`Recent::new`]), the least recently used dropped first.
+//! A table is kept as the bytes sent to the sampler (12 a row), not as rows (16 a row in
+//! memory): that is all a re-send needs, and the rows are freed once encoded.
 
 use std::{collections::HashMap, sync::Arc};
 
 use super::UnwindTable;
 use crate::symbolize::FileKey;
 
-/// A kept table and its `vaddr_minus_offset`.
-pub(crate) type Kept = (Arc<UnwindTable>, i64);
+/// A table as sent: its encoding ([`UnwindTable::encode`]), rows and `vaddr_minus_offset`.
+#[derive(Clone, Debug)]
+pub(crate) struct Kept {
+    pub encoded: Arc<Vec<u8>>,
+    pub rows: u64,
+    pub vaddr_minus_offset: i64,
+}
 
-/// Bytes a kept table is charged: what its rows take in memory (not their 12-byte encoding: a
-/// row in memory is larger), so the bound is the heap the tables hold.
-fn charge(table: &UnwindTable) -> u64 {
-    (std::mem::size_of_val(table.rows()) as u64).saturating_add(64)
+impl Kept {
+    /// The encoding of `table` (which the caller then drops).
+    pub(crate) fn of(table: &UnwindTable, vaddr_minus_offset: i64) -> Self {
+        Self {
+            encoded: Arc::new(table.encode()),
+            rows: table.rows().len() as u64,
+            vaddr_minus_offset,
+        }
+    }
+}
+
+/// Bytes a kept table is charged: its encoding (allocated to its exact size) and its entry.
+fn charge(kept: &Kept) -> u64 {
+    (kept.encoded.capacity() as u64).saturating_add(64)
 }
 
 /// Tables by file identity, at most `max_bytes` of them.
@@ -54,12 +71,12 @@ impl Recent {
     /// Keeps `kept` under `key`, dropping the least recently used tables beyond the bound; a
     /// table over the whole bound is not kept.
     pub(crate) fn put(&mut self, key: FileKey, kept: Kept) {
-        let size = charge(&kept.0);
+        let size = charge(&kept);
         if size > self.max_bytes {
             return;
         }
         self.clock += 1;
-        if let Some(((old, _), _)) = self.tables.insert(key, (kept, self.clock)) {
+        if let Some((old, _)) = self.tables.insert(key, (kept, self.clock)) {
             self.bytes -= charge(&old);
         }
         self.bytes += size;
@@ -72,7 +89,7 @@ impl Recent {
             else {
                 break;
             };
-            if let Some(((table, _), _)) = self.tables.remove(&oldest) {
+            if let Some((table, _)) = self.tables.remove(&oldest) {
                 self.bytes -= charge(&table);
             }
         }
@@ -98,17 +115,18 @@ mod tests {
     fn a_kept_table_is_served_by_identity_and_the_least_recently_used_goes_first() {
         // Given this test binary's table, and room for two copies of it.
         let exe = std::fs::File::open("/proc/self/exe").expect("own exe");
-        let table = Arc::new(compile(&exe, &Limits::default()).expect("compiles").table);
-        let mut recent = Recent::new(charge(&table) * 2);
-        recent.put(key(1), (Arc::clone(&table), 5));
-        recent.put(key(2), (Arc::clone(&table), 6));
+        let table = compile(&exe, &Limits::default()).expect("compiles").table;
+        let kept = |v| Kept::of(&table, v);
+        let mut recent = Recent::new(charge(&kept(0)) * 2);
+        recent.put(key(1), kept(5));
+        recent.put(key(2), kept(6));
         // When 1 is used, then a third comes.
-        assert_eq!(recent.get(&key(1)).map(|k| k.1), Some(5));
-        recent.put(key(3), (Arc::clone(&table), 7));
+        assert_eq!(recent.get(&key(1)).map(|k| k.vaddr_minus_offset), Some(5));
+        recent.put(key(3), kept(7));
         // Then 2 (least recently used) is gone; another identity (a rewritten file) is a miss.
         assert!(recent.get(&key(2)).is_none());
-        assert_eq!(recent.get(&key(3)).map(|k| k.1), Some(7));
-        assert_eq!(recent.get(&key(1)).map(|k| k.1), Some(5));
+        assert_eq!(recent.get(&key(3)).map(|k| k.vaddr_minus_offset), Some(7));
+        assert_eq!(recent.get(&key(1)).map(|k| k.vaddr_minus_offset), Some(5));
         let rewritten = FileKey {
             ctime_ns: 1,
             ..key(1)
@@ -116,7 +134,28 @@ mod tests {
         assert!(recent.get(&rewritten).is_none());
         // And a table over the whole bound is not kept.
         let mut tiny = Recent::new(10);
-        tiny.put(key(1), (table, 0));
+        tiny.put(key(1), kept(0));
         assert!(tiny.get(&key(1)).is_none());
+    }
+
+    #[test]
+    fn a_kept_table_holds_its_encoding_not_its_rows() {
+        // Given this test binary's table, compiled and kept the way the worker keeps it
+        let exe = std::fs::File::open("/proc/self/exe").expect("own exe");
+        let ((kept, rows), held) = crate::symbolize::alloc::measure(|| {
+            let table = compile(&exe, &Limits::default()).expect("compiles").table;
+            let rows = table.rows().len();
+            (Kept::of(&table, 0), rows)
+        });
+        // Then what stays allocated is the 12-byte rows sent to the sampler (and the header),
+        // not the 16-byte rows compiled (nor both)
+        assert!(rows > 10_000, "{rows} rows: too few to tell");
+        assert_eq!(kept.rows, rows as u64);
+        let held = u64::try_from(held).expect("allocated");
+        assert!(
+            held <= rows as u64 * 12 + 4096,
+            "{held} bytes held for {rows} rows"
+        );
+        assert_eq!(charge(&kept), kept.encoded.len() as u64 + 64);
     }
 }

@@ -43,7 +43,7 @@ use super::{
     cache::{Cache, Outcome},
     compile,
     queue::{JobQueue, Keyed, QUEUE},
-    recent::Recent,
+    recent::{Kept, Recent},
     Error, Limits, UnwindTable,
 };
 use crate::symbolize::FileKey;
@@ -242,7 +242,8 @@ fn worker(queue: &JobQueue<Job>, cache: Option<&Cache>) {
             }
             None => table_for(job.file_id, &file, cache, &limits, &mut stats).map(
                 |(table, vaddr_minus_offset)| {
-                    let kept = (Arc::new(table), vaddr_minus_offset);
+                    // Encoded once, the rows freed here: only the bytes are sent and kept.
+                    let kept = Kept::of(&table, vaddr_minus_offset);
                     if let Some(key) = job.key {
                         recent.put(key, kept.clone());
                     }
@@ -253,14 +254,14 @@ fn worker(queue: &JobQueue<Job>, cache: Option<&Cache>) {
         // Charged to the file's owner as the kernel reports it; unknown owners share one part.
         let owner = file.metadata().map_or(u32::MAX, |m| m.uid());
         drop(file);
-        let (table, vaddr_minus_offset) = match built {
+        let table = match built {
             Ok(built) => built,
             Err(err) => {
                 no_table(&job.budget, job.file_id, &err, &mut logged_cfi_refused);
                 continue;
             }
         };
-        let rows = table.rows().len() as u64;
+        let rows = table.rows;
         let admission = lock(&job.budget).admit(job.file_id, owner, rows, Instant::now());
         match admission {
             Admission::Send { drop } => {
@@ -268,7 +269,7 @@ fn worker(queue: &JobQueue<Job>, cache: Option<&Cache>) {
                     tracing::debug!(file_id, owner, "unwind table withdrawn to make room");
                     send(&job, &RelayMessage::DropUnwindTable { file_id });
                 }
-                send_table(&job, &table, vaddr_minus_offset);
+                send_table(&job, &table);
             }
             Admission::TooLarge { rows, limit } => {
                 if !std::mem::replace(&mut logged_too_large, true) {
@@ -399,42 +400,43 @@ fn table_for(
 }
 
 /// Sends one table in chunks on the job's connection.
-fn send_table(job: &Job, table: &UnwindTable, vaddr_minus_offset: i64) {
-    let bytes = table.encode();
-    let messages = chunks(job.file_id, &bytes, vaddr_minus_offset);
-    let parts = messages.len();
-    for message in messages {
+fn send_table(job: &Job, table: &Kept) {
+    let bytes = &table.encoded;
+    let mut parts = 0;
+    for message in chunks(job.file_id, bytes, table.vaddr_minus_offset) {
         if !send(job, &message) {
             break;
         }
+        parts += 1;
     }
     tracing::debug!(
         file_id = job.file_id,
-        rows = table.rows().len(),
+        rows = table.rows,
         bytes = bytes.len(),
         chunks = parts,
         "unwind table sent"
     );
 }
 
-/// An encoded table cut into chunk messages, in order.
-pub(crate) fn chunks(file_id: u64, bytes: &[u8], vaddr_minus_offset: i64) -> Vec<RelayMessage> {
-    let parts: Vec<&[u8]> = bytes.chunks(MAX_UNWIND_CHUNK_BYTES).collect();
+/// An encoded table cut into chunk messages, in order, each made when taken (one chunk's copy
+/// at a time, not a second copy of the table).
+pub(crate) fn chunks(
+    file_id: u64,
+    bytes: &[u8],
+    vaddr_minus_offset: i64,
+) -> impl Iterator<Item = RelayMessage> + '_ {
+    let parts = bytes.chunks(MAX_UNWIND_CHUNK_BYTES);
     // A table is at most a few tens of MiB: far fewer than u32::MAX chunks.
     let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
-    parts
-        .into_iter()
-        .zip(0u32..)
-        .map(|(data, chunk)| {
-            RelayMessage::UnwindTableChunk(UnwindTableChunk {
-                file_id,
-                chunk,
-                chunks: count,
-                data: data.to_vec(),
-                vaddr_minus_offset,
-            })
+    parts.zip(0u32..).map(move |(data, chunk)| {
+        RelayMessage::UnwindTableChunk(UnwindTableChunk {
+            file_id,
+            chunk,
+            chunks: count,
+            data: data.to_vec(),
+            vaddr_minus_offset,
         })
-        .collect()
+    })
 }
 
 #[cfg(test)]
@@ -483,7 +485,7 @@ mod tests {
         let bytes: Vec<u8> = (0..MAX_UNWIND_CHUNK_BYTES * 5 / 2)
             .map(|i| i as u8)
             .collect();
-        let messages = chunks(42, &bytes, 0x400000);
+        let messages: Vec<RelayMessage> = chunks(42, &bytes, 0x400000).collect();
         assert_eq!(messages.len(), 3);
         let mut joined = Vec::new();
         for (i, message) in messages.iter().enumerate() {

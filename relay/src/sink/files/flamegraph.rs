@@ -36,13 +36,22 @@ pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, FlamegraphError> {
 
 /// The SVG document of `profile`, its root frames named per `--folded-root`.
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
-    // One string, its lines borrowed by inferno (not a string per line).
-    let lines = folded::render_with(profile, root);
+    render_cpu(profile, root, true)
+}
+
+/// [`render_with`], its lines pruned to what is drawn, or (`prune` false) every line as
+/// inferno reads a folded file: the tests compare both.
+fn render_cpu(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    prune: bool,
+) -> Result<Vec<u8>, FlamegraphError> {
     let subtitle = subtitle(profile);
+    let mut options = Options::default();
+    let lines = lines_for(profile, root, SampleKind::Cpu, &mut options, prune);
     if lines.is_empty() {
         return Ok(no_samples_svg(TITLE, &subtitle).into_bytes());
     }
-    let mut options = Options::default();
     options.title = TITLE.to_owned();
     options.subtitle = Some(subtitle);
     options.count_name = "samples".to_owned();
@@ -68,7 +77,8 @@ pub fn render_off_cpu(
     profile: &LabeledProfile,
     root: FoldedRoot,
 ) -> Result<Vec<u8>, FlamegraphError> {
-    let lines = folded::render_of(profile, root, SampleKind::OffCpu);
+    let mut options = Options::default();
+    let lines = lines_for(profile, root, SampleKind::OffCpu, &mut options, true);
     let total = profile.total_of(SampleKind::OffCpu);
     let subtitle = range(
         format!("{:.3} s off-CPU (blocked)", total as f64 / 1e9),
@@ -77,7 +87,6 @@ pub fn render_off_cpu(
     if lines.is_empty() {
         return Ok(no_samples_svg(OFF_CPU_TITLE, &subtitle).into_bytes());
     }
-    let mut options = Options::default();
     options.title = OFF_CPU_TITLE.to_owned();
     options.subtitle = Some(subtitle);
     options.count_name = "ns".to_owned();
@@ -88,6 +97,27 @@ pub fn render_off_cpu(
     flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .map_err(FlamegraphError::Render)?;
     Ok(svg)
+}
+
+/// The folded lines inferno draws `kind`'s graph from, in one string whose lines it borrows
+/// (not a string per line), already in the order it would sort them into (`options.no_sort`).
+/// Pruned (`folded::render_for_flamegraph`), they are the lines under the frames wide enough
+/// to be drawn at `options.min_width`: inferno makes a frame for every node of the graph
+/// before it drops the narrow ones, and a window of hundreds of thousands of distinct stacks
+/// made millions of them (0.9-1 GiB) for a picture of a few thousand.
+fn lines_for(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    kind: SampleKind,
+    options: &mut Options<'_>,
+    prune: bool,
+) -> String {
+    if !prune {
+        // Every line, inferno sorting them (the tests' reference).
+        return folded::render_of(profile, root, kind);
+    }
+    options.no_sort = true;
+    folded::render_for_flamegraph(profile, root, kind, options.min_width)
 }
 
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
@@ -239,6 +269,83 @@ mod tests {
             .map(|name| frame_y(svg, name))
             .collect();
         assert!(ys.windows(2).all(|w| w[0] < w[1]), "{ys:?}");
+    }
+
+    /// A window like the churn soak's: `random` stacks each drawn once down a binary tree of
+    /// functions 12 to 20 levels deep (so nearly all distinct, most of the graph's nodes far narrower than it
+    /// draws), a few wide stacks, and names inferno reads specially: a process name with
+    /// blanks before it, one starting `# ` (a comment line to inferno), names that are
+    /// prefixes of others and names sorting around `;`.
+    fn churn_window(random: u32) -> LabeledProfile {
+        let mut profile = LabeledProfile::new(4999);
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let processes = ["distinct", "  blank", "# hidden", "p:q", "p<", "p"];
+        for i in 0..random {
+            let bits = next();
+            let depth = 12 + (bits % 9) as usize;
+            let mut root_first = vec![frame("main", FrameKind::Native)];
+            root_first.extend((0..depth).map(|level| {
+                let pair = [["a", "a b"], ["a:x", "a<"], ["ab", "a"]][level % 3];
+                let side = pair[(bits >> (8 + level)) as usize & 1];
+                frame(&format!("{side}_{level}"), FrameKind::Native)
+            }));
+            let process = processes[(i % processes.len() as u32) as usize];
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((i % 7 + 1, i % 7 + 1), process, process, "/bin/x"),
+                    stack: root_first.into_iter().rev().collect::<Vec<_>>().into(),
+                    count: 1 + next() % 3,
+                },
+                START,
+                START + 60_000_000_000,
+            );
+        }
+        for (leaf, count) in [("hot", 200_000), ("warm", 700), ("tepid", 9)] {
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((1, 1), "distinct", "distinct", "/bin/x"),
+                    stack: vec![
+                        frame(leaf, FrameKind::Native),
+                        frame("a_0", FrameKind::Native),
+                        frame("main", FrameKind::Native),
+                    ]
+                    .into(),
+                    count,
+                },
+                START,
+                START + 60_000_000_000,
+            );
+        }
+        profile
+    }
+
+    #[test]
+    fn pruning_the_lines_narrower_than_drawn_leaves_the_same_svg() {
+        // Given a window of 40,000 mostly distinct stacks
+        let profile = churn_window(40_000);
+        for root in [FoldedRoot::Process, FoldedRoot::Service] {
+            // When drawn from every line (inferno sorting them) and from the pruned lines
+            let every = render_cpu(&profile, root, false).unwrap();
+            let pruned = render_cpu(&profile, root, true).unwrap();
+            // Then the SVG is the same, byte for byte, while inferno read a small part of the
+            // lines (so it made a frame for far fewer nodes)
+            assert!(every == pruned, "pruning changed the SVG");
+            let all_lines = folded::render_with(&profile, root).lines().count();
+            let mut options = Options::default();
+            let kept = lines_for(&profile, root, SampleKind::Cpu, &mut options, true)
+                .lines()
+                .count();
+            assert!(
+                kept * 3 < all_lines,
+                "{kept} of {all_lines} lines kept: nothing pruned"
+            );
+        }
     }
 
     #[test]

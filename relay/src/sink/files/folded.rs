@@ -66,6 +66,16 @@ impl Folded {
     /// The unique stack texts (root first) of `profile`'s rows of `kind`, with their samples;
     /// each frame named once, however many rows hold it.
     fn of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -> Self {
+        Self::of_named(profile, root, kind, |name| name)
+    }
+
+    /// [`Folded::of`] with each root name passed through `root_text` first.
+    fn of_named(
+        profile: &LabeledProfile,
+        root: FoldedRoot,
+        kind: SampleKind,
+        root_text: impl Fn(String) -> String,
+    ) -> Self {
         let mut names: IndexSet<String, foldhash::fast::RandomState> = IndexSet::default();
         let mut frame_names: HashMap<*const Frame, u32, foldhash::fast::RandomState> =
             HashMap::default();
@@ -80,11 +90,11 @@ impl Folded {
             ids.clear();
             ids.push(name_id(
                 &mut names,
-                if name.is_empty() {
+                root_text(if name.is_empty() {
                     UNKNOWN.to_owned()
                 } else {
                     text_safe(name)
-                },
+                }),
             ));
             // Root first: the model's stacks are leaf first.
             for frame in sample.stack.iter().rev() {
@@ -151,6 +161,117 @@ impl Folded {
         }
     }
 
+    /// Leaves out what a flame graph of these lines would not draw: inferno merges adjacent
+    /// lines that share their first frames into one node, as wide as their samples, and drops
+    /// every node narrower than `min_width` percent of all samples (its `Options::min_width`,
+    /// compared as it compares). The lines under such a node (a run of adjacent lines; its
+    /// children are narrower still) become one line: the run's first line, counted the run's
+    /// samples. That line sorts where the run began and shares with its neighbours exactly the
+    /// frames the run shared, so every drawn node keeps its position, width and order (a
+    /// parent's width is its total), and inferno allocates a frame per drawn node, not per
+    /// line. Lines inferno ignores (after its trim, those starting `# `, or with no frame)
+    /// are kept as they are and counted nowhere, as inferno counts them.
+    ///
+    /// Nodes are told apart by name id, as inferno tells them apart by text, except where
+    /// inferno reads part of a leaf name ending in ` <digits>` as a second count (its
+    /// differential input): such lines are taken as written, so only the stacks of the
+    /// process that named its functions so can draw differently.
+    fn prune_for_flamegraph(&mut self, min_width: f64) {
+        let ignored: Vec<bool> = self.order.iter().map(|&l| self.ignored(l)).collect();
+        let total: u64 = self
+            .order
+            .iter()
+            .zip(&ignored)
+            .filter(|(_, &ignored)| !ignored)
+            .map(|(&line, _)| self.counts.get(line as usize).copied().unwrap_or(0))
+            .fold(0, u64::saturating_add);
+        if total == 0 {
+            return;
+        }
+        // inferno's own test: a frame is dropped when `width < min_width / (100 / total)`.
+        let min_time = min_width / (100.0 / total as f64);
+        let narrow = |samples: u64| (samples as f64) < min_time;
+        // Pass 1: each node's samples, nodes numbered in the order lines open them.
+        let mut totals: Vec<u64> = Vec::new();
+        let mut path: Vec<(u32, usize)> = Vec::new();
+        let mut next = 0;
+        for (&line, &ignored) in self.order.iter().zip(&ignored) {
+            if ignored {
+                continue;
+            }
+            let count = self.counts.get(line as usize).copied().unwrap_or(0);
+            self.open_nodes(line, &mut path, &mut next);
+            totals.resize(next, 0);
+            for &(_, node) in &path {
+                if let Some(t) = totals.get_mut(node) {
+                    *t = t.saturating_add(count);
+                }
+            }
+        }
+        // Pass 2: the same walk; a line under a narrow node is kept only when it opened the
+        // shallowest narrow node on its path, and then counts that node's samples.
+        path.clear();
+        next = 0;
+        let mut kept = Vec::new();
+        for (&line, &ignored) in self.order.iter().zip(&ignored) {
+            if ignored {
+                kept.push(line);
+                continue;
+            }
+            let shared = self.open_nodes(line, &mut path, &mut next);
+            let first_narrow = path
+                .iter()
+                .position(|&(_, node)| narrow(totals.get(node).copied().unwrap_or(0)));
+            match first_narrow {
+                None => kept.push(line),
+                Some(depth) if depth >= shared => {
+                    let samples = path.get(depth).and_then(|&(_, node)| totals.get(node));
+                    if let (Some(count), Some(&samples)) =
+                        (self.counts.get_mut(line as usize), samples)
+                    {
+                        *count = samples;
+                    }
+                    kept.push(line);
+                }
+                Some(_) => {}
+            }
+        }
+        self.order = kept;
+    }
+
+    /// Moves `path` (the previous line's nodes: name id and node number) to `line`'s nodes,
+    /// numbering the ones it opens from `next` on; returns how many it shares with the
+    /// previous line.
+    fn open_nodes(&self, line: u32, path: &mut Vec<(u32, usize)>, next: &mut usize) -> usize {
+        let (mut depth, mut shared, mut diverged) = (0, 0, false);
+        for id in self.lines.get(line).unwrap_or_default() {
+            if !diverged && path.get(depth).is_some_and(|&(name, _)| name == id) {
+                shared += 1;
+            } else {
+                if !diverged {
+                    path.truncate(depth);
+                    diverged = true;
+                }
+                path.push((id, *next));
+                *next += 1;
+            }
+            depth += 1;
+        }
+        path.truncate(depth);
+        shared
+    }
+
+    /// Whether inferno ignores `line`: after trimming it, it starts with `# ` (a comment) or
+    /// holds no frame but its count.
+    fn ignored(&self, line: u32) -> bool {
+        let mut ids = self.lines.get(line).unwrap_or_default();
+        let Some(root) = ids.next().map(|id| self.name(id).trim_start()) else {
+            return true;
+        };
+        let alone = ids.next().is_none();
+        root.starts_with("# ") || (alone && (root.is_empty() || root == "#"))
+    }
+
     /// Writes the lines, each `text count\n`, in order.
     fn write(&self, out: &mut dyn Write) -> io::Result<()> {
         for &line in &self.order {
@@ -173,8 +294,9 @@ pub fn render(profile: &LabeledProfile) -> String {
     render_with(profile, FoldedRoot::Process)
 }
 
-/// The whole folded file: [`lines_with`], each ended by `\n`, in one string (for the
-/// flamegraph, which reads them all; the files sink streams them with [`write_of`]).
+/// The whole folded file: [`lines_with`], each ended by `\n`, in one string (the files sink
+/// streams them with [`write_of`]).
+#[cfg(test)]
 pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> String {
     render_of(profile, root, SampleKind::Cpu)
 }
@@ -184,6 +306,30 @@ pub fn render_of(profile: &LabeledProfile, root: FoldedRoot, kind: SampleKind) -
     let mut out = Vec::new();
     // (writing to memory cannot fail; names are text, so the bytes are UTF-8)
     let _ = Folded::of(profile, root, kind).write(&mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The folded lines a flame graph of `profile`'s rows of `kind` draws, in one string: root
+/// names trimmed at their start (as inferno trims each line, so the order here is the order
+/// it reads), and the lines under nodes narrower than `min_width` percent folded into one
+/// ([`Folded::prune_for_flamegraph`]): a window of hundreds of thousands of distinct stacks
+/// gives inferno the few thousand lines it draws, the same picture.
+pub fn render_for_flamegraph(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    kind: SampleKind,
+    min_width: f64,
+) -> String {
+    let mut folded = Folded::of_named(profile, root, kind, |name| {
+        match name.len() - name.trim_start().len() {
+            0 => name,
+            blank => name[blank..].to_owned(),
+        }
+    });
+    folded.prune_for_flamegraph(min_width);
+    let mut out = Vec::new();
+    // (writing to memory cannot fail; names are text, so the bytes are UTF-8)
+    let _ = folded.write(&mut out);
     String::from_utf8(out).unwrap_or_default()
 }
 
