@@ -30,7 +30,7 @@ use std::{
     collections::{HashMap, HashSet, VecDeque},
     ffi::{CStr, CString},
     fs::File,
-    io::{BufRead as _, BufReader, Read},
+    io::Read,
     os::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
         unix::fs::MetadataExt as _,
@@ -551,7 +551,7 @@ impl ProcDir {
 /// send. Fails only when the process is gone or unreadable.
 ///
 /// System calls: every file below is opened once through one [`ProcDir`] and read in one pass
-/// (maps in 64 KiB reads); `comm` only when the executable's path cannot name the process.
+/// (maps a page a read, as the kernel hands it out); `comm` only when the executable's path cannot name the process.
 #[cfg(test)]
 pub fn read_process(
     pid: u32,
@@ -722,14 +722,14 @@ fn cut(text: &str, max: usize) -> String {
     text[..end].to_owned()
 }
 
+/// `sysconf(_SC_CLK_TCK)`, asked once: every process's start time is converted with it.
 fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as u64
-    } else {
-        100
-    }
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
+    })
 }
 
 /// The start time of `pid` as its facts give it (`ProcessInfo.startTimeUnixNs`), read alone:
@@ -763,35 +763,34 @@ pub struct ParsedMaps {
     pub cut: bool,
 }
 
-/// Streams a /proc/<pid>/maps file: at most `max_bytes`, complete lines only, at most
+/// Reads a /proc/<pid>/maps file: at most `max_bytes`, complete lines only, at most
 /// `max_mappings` executable mappings kept (the rest counted).
 pub fn parse_maps(
     source: impl Read,
     max_bytes: u64,
     max_mappings: usize,
 ) -> std::io::Result<ParsedMaps> {
-    // 64 KiB reads: the kernel formats the file anew from the line a read starts at.
-    let mut reader = BufReader::with_capacity(64 << 10, source.take(max_bytes));
+    // Read whole first: the kernel hands a `seq_file` out a page at a time whatever the buffer,
+    // so the reads are the same, and one buffer sized to the file replaces a 64 KiB reader's.
+    let mut bytes = Vec::with_capacity(MAPS_FIRST_CAPACITY);
+    source.take(max_bytes).read_to_end(&mut bytes)?;
     let mut parsed = ParsedMaps {
         mappings: Vec::new(),
         omitted: 0,
-        cut: false,
+        cut: u64::try_from(bytes.len()).map_or(true, |len| len >= max_bytes),
     };
-    let mut line = Vec::new();
-    let mut consumed = 0u64;
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 {
-            break;
-        }
-        consumed += n as u64;
-        if line.last() != Some(&b'\n') {
-            // A line cut by the byte bound (or a file ending without a newline): dropped.
-            parsed.cut = consumed >= max_bytes;
-            break;
-        }
-        let Some(mapping) = parse_maps_line(&String::from_utf8_lossy(&line[..n - 1])) else {
+    // The text after the last newline is a line cut by the byte bound (or a file ending
+    // without one): dropped.
+    let whole = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(&bytes[..0], |end| &bytes[..end]);
+    for line in whole.split(|&b| b == b'\n') {
+        let mapping = match std::str::from_utf8(line) {
+            Ok(line) => parse_maps_line(line),
+            Err(_) => parse_maps_line(&String::from_utf8_lossy(line)),
+        };
+        let Some(mapping) = mapping else {
             continue;
         };
         if parsed.mappings.len() >= max_mappings {
@@ -800,12 +799,12 @@ pub fn parse_maps(
         }
         parsed.mappings.push(mapping);
     }
-    if consumed >= max_bytes {
-        parsed.cut = true;
-    }
     parsed.mappings.sort_by_key(|m| m.start);
     Ok(parsed)
 }
+
+/// The first buffer for a maps file: a small program's whole file (a runtime's grows it).
+const MAPS_FIRST_CAPACITY: usize = 8 << 10;
 
 /// One line of a maps file, if it is an executable mapping.
 fn parse_maps_line(line: &str) -> Option<Mapping> {
