@@ -665,7 +665,7 @@ pub fn read_process_observed(
     // The environment the process was started with (exec time); unreadable = nothing forwarded.
     let [otel_service_name, otel_resource_attributes] = dir
         .read(c"environ", ENVIRON_MAX_BYTES)
-        .map(|(environ, _)| allowlisted_env(&String::from_utf8_lossy(&environ)))
+        .map(|(environ, _)| allowlisted_env(&environ))
         .unwrap_or_default();
     let (perf_map, perf_map_refused) = match perf_map {
         PerfMap::Open(fd) => (Some(fd), String::new()),
@@ -700,13 +700,15 @@ pub const ENV_ALLOWLIST: [&str; 2] = ["OTEL_SERVICE_NAME=", "OTEL_RESOURCE_ATTRI
 
 /// The values of the [`ENV_ALLOWLIST`] variables in `environ` (NUL-separated `NAME=value`
 /// entries), each cut to [`ENV_VALUE_MAX_BYTES`]; `None` when absent or empty. A name given
-/// twice keeps its first value (what `getenv` returns). No parsing beyond the prefix match.
-pub fn allowlisted_env(environ: &str) -> [Option<String>; 2] {
+/// twice keeps its first value (what `getenv` returns). No parsing beyond the prefix match; only
+/// the two values are turned into text (invalid UTF-8 replaced), never the rest.
+pub fn allowlisted_env(environ: &[u8]) -> [Option<String>; 2] {
     let mut found: [Option<String>; 2] = [None, None];
-    for entry in environ.split('\0') {
+    for entry in environ.split(|&b| b == 0) {
         for (slot, prefix) in found.iter_mut().zip(ENV_ALLOWLIST) {
-            if let (None, Some(value)) = (&slot, entry.strip_prefix(prefix)) {
-                *slot = Some(cut(value, ENV_VALUE_MAX_BYTES)).filter(|v| !v.is_empty());
+            if let (None, Some(value)) = (&slot, entry.strip_prefix(prefix.as_bytes())) {
+                let value = String::from_utf8_lossy(value);
+                *slot = Some(cut(&value, ENV_VALUE_MAX_BYTES)).filter(|v| !v.is_empty());
             }
         }
     }
@@ -1001,19 +1003,22 @@ pub(crate) mod tests {
                        OTEL_RESOURCE_ATTRIBUTES=team=finance\0\
                        OTEL_SERVICE_NAME=second\0PASSWORD=hunter2\0";
         // When the allowlist is applied
-        let [name, attributes] = allowlisted_env(environ);
+        let [name, attributes] = allowlisted_env(environ.as_bytes());
         // Then exactly the two values are kept (the first of a repeated name), nothing else
         assert_eq!(name.as_deref(), Some("billing"));
         assert_eq!(attributes.as_deref(), Some("team=finance"));
         let kept = format!("{name:?}{attributes:?}");
         assert!(!kept.contains("hunter2"), "{kept}");
         assert_eq!(
-            allowlisted_env("PATH=/bin\0OTEL_SERVICE_NAME=\0"),
+            allowlisted_env(b"PATH=/bin\0OTEL_SERVICE_NAME=\0"),
             [None, None]
         );
+        // And invalid UTF-8 in a value is replaced, wherever else it is in the environment
+        let [name, _] = allowlisted_env(b"X=\xff\xfe\0OTEL_SERVICE_NAME=a\xffb\0");
+        assert_eq!(name.as_deref(), Some("a\u{fffd}b"));
         // And a long value is cut to the bound at a char boundary
         let long = format!("OTEL_SERVICE_NAME={}", "é".repeat(ENV_VALUE_MAX_BYTES));
-        let [cut, _] = allowlisted_env(&long);
+        let [cut, _] = allowlisted_env(long.as_bytes());
         let cut = cut.expect("a long value is kept, cut");
         assert!(cut.len() <= ENV_VALUE_MAX_BYTES && cut.len() > ENV_VALUE_MAX_BYTES - 2);
     }
