@@ -39,21 +39,9 @@ fn mapping_size(m: &Mapping) -> usize {
 /// The messages describing a process, each at most `max_bytes` encoded: a `process` with its
 /// header and the mappings that fit, then `processMappings` with the rest.
 pub fn process_messages(info: &ProcessInfo, max_bytes: usize) -> Vec<SamplerMessage> {
-    // The header alone is cloned: each mapping is cloned once, into the message it goes in.
     let mut first = ProcessInfo {
-        pid: info.pid,
-        start_time_unix_ns: info.start_time_unix_ns,
-        executable_path: info.executable_path.clone(),
-        executable_name: info.executable_name.clone(),
-        cgroup: info.cgroup.clone(),
-        mappings: Vec::with_capacity(info.mappings.len()),
-        mappings_omitted: info.mappings_omitted,
-        uid: info.uid,
-        otel_service_name: info.otel_service_name.clone(),
-        otel_resource_attributes: info.otel_resource_attributes.clone(),
-        command_line: info.command_line.clone(),
-        perf_map_fd: info.perf_map_fd,
-        perf_map_refused: info.perf_map_refused.clone(),
+        mappings: Vec::new(),
+        ..info.clone()
     };
     let mut size = MESSAGE_OVERHEAD
         + text_size(info.executable_path.len())

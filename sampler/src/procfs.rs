@@ -30,7 +30,7 @@ use std::{
     collections::{HashMap, HashSet, VecDeque},
     ffi::{CStr, CString},
     fs::File,
-    io::Read,
+    io::{BufRead as _, BufReader, Read},
     os::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
         unix::fs::MetadataExt as _,
@@ -551,7 +551,7 @@ impl ProcDir {
 /// send. Fails only when the process is gone or unreadable.
 ///
 /// System calls: every file below is opened once through one [`ProcDir`] and read in one pass
-/// (maps a page a read, as the kernel hands it out); `comm` only when the executable's path cannot name the process.
+/// (maps in 64 KiB reads); `comm` only when the executable's path cannot name the process.
 #[cfg(test)]
 pub fn read_process(
     pid: u32,
@@ -665,7 +665,7 @@ pub fn read_process_observed(
     // The environment the process was started with (exec time); unreadable = nothing forwarded.
     let [otel_service_name, otel_resource_attributes] = dir
         .read(c"environ", ENVIRON_MAX_BYTES)
-        .map(|(environ, _)| allowlisted_env(&environ))
+        .map(|(environ, _)| allowlisted_env(&String::from_utf8_lossy(&environ)))
         .unwrap_or_default();
     let (perf_map, perf_map_refused) = match perf_map {
         PerfMap::Open(fd) => (Some(fd), String::new()),
@@ -700,15 +700,13 @@ pub const ENV_ALLOWLIST: [&str; 2] = ["OTEL_SERVICE_NAME=", "OTEL_RESOURCE_ATTRI
 
 /// The values of the [`ENV_ALLOWLIST`] variables in `environ` (NUL-separated `NAME=value`
 /// entries), each cut to [`ENV_VALUE_MAX_BYTES`]; `None` when absent or empty. A name given
-/// twice keeps its first value (what `getenv` returns). No parsing beyond the prefix match; only
-/// the two values are turned into text (invalid UTF-8 replaced), never the rest.
-pub fn allowlisted_env(environ: &[u8]) -> [Option<String>; 2] {
+/// twice keeps its first value (what `getenv` returns). No parsing beyond the prefix match.
+pub fn allowlisted_env(environ: &str) -> [Option<String>; 2] {
     let mut found: [Option<String>; 2] = [None, None];
-    for entry in environ.split(|&b| b == 0) {
+    for entry in environ.split('\0') {
         for (slot, prefix) in found.iter_mut().zip(ENV_ALLOWLIST) {
-            if let (None, Some(value)) = (&slot, entry.strip_prefix(prefix.as_bytes())) {
-                let value = String::from_utf8_lossy(value);
-                *slot = Some(cut(&value, ENV_VALUE_MAX_BYTES)).filter(|v| !v.is_empty());
+            if let (None, Some(value)) = (&slot, entry.strip_prefix(prefix)) {
+                *slot = Some(cut(value, ENV_VALUE_MAX_BYTES)).filter(|v| !v.is_empty());
             }
         }
     }
@@ -724,14 +722,14 @@ fn cut(text: &str, max: usize) -> String {
     text[..end].to_owned()
 }
 
-/// `sysconf(_SC_CLK_TCK)`, asked once: every process's start time is converted with it.
 fn clock_ticks() -> u64 {
-    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
-    })
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as u64
+    } else {
+        100
+    }
 }
 
 /// The start time of `pid` as its facts give it (`ProcessInfo.startTimeUnixNs`), read alone:
@@ -765,34 +763,35 @@ pub struct ParsedMaps {
     pub cut: bool,
 }
 
-/// Reads a /proc/<pid>/maps file: at most `max_bytes`, complete lines only, at most
+/// Streams a /proc/<pid>/maps file: at most `max_bytes`, complete lines only, at most
 /// `max_mappings` executable mappings kept (the rest counted).
 pub fn parse_maps(
     source: impl Read,
     max_bytes: u64,
     max_mappings: usize,
 ) -> std::io::Result<ParsedMaps> {
-    // Read whole first: the kernel hands a `seq_file` out a page at a time whatever the buffer,
-    // so the reads are the same, and one buffer sized to the file replaces a 64 KiB reader's.
-    let mut bytes = Vec::with_capacity(MAPS_FIRST_CAPACITY);
-    source.take(max_bytes).read_to_end(&mut bytes)?;
+    // 64 KiB reads: the kernel formats the file anew from the line a read starts at.
+    let mut reader = BufReader::with_capacity(64 << 10, source.take(max_bytes));
     let mut parsed = ParsedMaps {
         mappings: Vec::new(),
         omitted: 0,
-        cut: u64::try_from(bytes.len()).map_or(true, |len| len >= max_bytes),
+        cut: false,
     };
-    // The text after the last newline is a line cut by the byte bound (or a file ending
-    // without one): dropped.
-    let whole = bytes
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(&bytes[..0], |end| &bytes[..end]);
-    for line in whole.split(|&b| b == b'\n') {
-        let mapping = match std::str::from_utf8(line) {
-            Ok(line) => parse_maps_line(line),
-            Err(_) => parse_maps_line(&String::from_utf8_lossy(line)),
-        };
-        let Some(mapping) = mapping else {
+    let mut line = Vec::new();
+    let mut consumed = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        consumed += n as u64;
+        if line.last() != Some(&b'\n') {
+            // A line cut by the byte bound (or a file ending without a newline): dropped.
+            parsed.cut = consumed >= max_bytes;
+            break;
+        }
+        let Some(mapping) = parse_maps_line(&String::from_utf8_lossy(&line[..n - 1])) else {
             continue;
         };
         if parsed.mappings.len() >= max_mappings {
@@ -801,12 +800,12 @@ pub fn parse_maps(
         }
         parsed.mappings.push(mapping);
     }
+    if consumed >= max_bytes {
+        parsed.cut = true;
+    }
     parsed.mappings.sort_by_key(|m| m.start);
     Ok(parsed)
 }
-
-/// The first buffer for a maps file: a small program's whole file (a runtime's grows it).
-const MAPS_FIRST_CAPACITY: usize = 8 << 10;
 
 /// One line of a maps file, if it is an executable mapping.
 fn parse_maps_line(line: &str) -> Option<Mapping> {
@@ -1003,22 +1002,19 @@ pub(crate) mod tests {
                        OTEL_RESOURCE_ATTRIBUTES=team=finance\0\
                        OTEL_SERVICE_NAME=second\0PASSWORD=hunter2\0";
         // When the allowlist is applied
-        let [name, attributes] = allowlisted_env(environ.as_bytes());
+        let [name, attributes] = allowlisted_env(environ);
         // Then exactly the two values are kept (the first of a repeated name), nothing else
         assert_eq!(name.as_deref(), Some("billing"));
         assert_eq!(attributes.as_deref(), Some("team=finance"));
         let kept = format!("{name:?}{attributes:?}");
         assert!(!kept.contains("hunter2"), "{kept}");
         assert_eq!(
-            allowlisted_env(b"PATH=/bin\0OTEL_SERVICE_NAME=\0"),
+            allowlisted_env("PATH=/bin\0OTEL_SERVICE_NAME=\0"),
             [None, None]
         );
-        // And invalid UTF-8 in a value is replaced, wherever else it is in the environment
-        let [name, _] = allowlisted_env(b"X=\xff\xfe\0OTEL_SERVICE_NAME=a\xffb\0");
-        assert_eq!(name.as_deref(), Some("a\u{fffd}b"));
         // And a long value is cut to the bound at a char boundary
         let long = format!("OTEL_SERVICE_NAME={}", "é".repeat(ENV_VALUE_MAX_BYTES));
-        let [cut, _] = allowlisted_env(long.as_bytes());
+        let [cut, _] = allowlisted_env(&long);
         let cut = cut.expect("a long value is kept, cut");
         assert!(cut.len() <= ENV_VALUE_MAX_BYTES && cut.len() > ENV_VALUE_MAX_BYTES - 2);
     }
