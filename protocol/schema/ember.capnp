@@ -112,8 +112,12 @@ struct ProcessMappings {
   mappings @2 :List(Mapping);
 }
 
+# Processes that exited, all that the sampler forgot at once: one datagram (and one wake-up of the
+# relay) for every exit of an interval, not one each. An older relay reads `pid` alone.
 struct ProcessExit {
   pid @0 :UInt32;
+  # The other processes that exited, after `pid`.
+  morePids @1 :List(UInt32);
 }
 
 # Files the sampler closed: no process it describes maps them any more (the process exited or its

@@ -69,7 +69,15 @@ pub fn encode_sampler_message(message: &SamplerMessage) -> Vec<u8> {
         }
         SamplerMessage::Process(process) => write_process(root.init_process(), process),
         SamplerMessage::Batch(batch) => write_batch(root.init_batch(), batch),
-        SamplerMessage::Exited { pid } => root.init_exited().set_pid(*pid),
+        SamplerMessage::Exited { pids } => {
+            let mut exited = root.init_exited();
+            let (first, more) = pids.split_first().map_or((0, &[][..]), |(f, m)| (*f, m));
+            exited.set_pid(first);
+            let mut list = exited.init_more_pids(len_u32(more.len()));
+            for (i, pid) in more.iter().enumerate() {
+                list.set(i as u32, *pid);
+            }
+        }
         SamplerMessage::ProcessMappings(more) => {
             write_process_mappings(root.init_process_mappings(), more);
         }
@@ -116,9 +124,14 @@ pub fn decode_sampler_message(
         }
         Ok(sampler_message::Process(process)) => SamplerMessage::Process(read_process(process?)?),
         Ok(sampler_message::Batch(batch)) => SamplerMessage::Batch(read_batch(batch?)?),
-        Ok(sampler_message::Exited(exited)) => SamplerMessage::Exited {
-            pid: exited?.get_pid(),
-        },
+        Ok(sampler_message::Exited(exited)) => {
+            let exited = exited?;
+            let more = exited.get_more_pids()?;
+            let mut pids = Vec::with_capacity(more.len() as usize + 1);
+            pids.push(exited.get_pid());
+            pids.extend(more.iter());
+            SamplerMessage::Exited { pids }
+        }
         Ok(sampler_message::ProcessMappings(more)) => {
             SamplerMessage::ProcessMappings(read_process_mappings(more?)?)
         }
@@ -1088,7 +1101,10 @@ mod tests {
                 }],
             }),
             SamplerMessage::Batch(sample_batch()),
-            SamplerMessage::Exited { pid: 42 },
+            SamplerMessage::Exited { pids: vec![42] },
+            SamplerMessage::Exited {
+                pids: vec![42, 7, 4_000_000],
+            },
             SamplerMessage::FilesClosed(vec![1, 2, u64::MAX]),
             SamplerMessage::FilesClosed(Vec::new()),
         ];

@@ -9,8 +9,9 @@ pub enum SamplerMessage {
     Files(Vec<FileInfo>),
     Process(ProcessInfo),
     Batch(Batch),
+    /// Processes that exited (at least one: the first is the schema's `pid`).
     Exited {
-        pid: u32,
+        pids: Vec<u32>,
     },
     ProcessMappings(ProcessMappings),
     /// Ids of files the sampler closed (see `FilesClosed` in the schema).

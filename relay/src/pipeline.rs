@@ -517,10 +517,12 @@ impl Pipeline {
                 }
                 Handled::Nothing
             }
-            SamplerMessage::Exited { pid } => {
-                self.labels.forget(pid);
-                self.interp.exited(conn, pid);
-                session.remove_process(pid);
+            SamplerMessage::Exited { pids } => {
+                for pid in pids {
+                    self.labels.forget(pid);
+                    self.interp.exited(conn, pid);
+                    session.remove_process(pid);
+                }
                 Handled::Nothing
             }
             SamplerMessage::FilesClosed(ids) => {

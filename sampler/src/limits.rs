@@ -43,6 +43,9 @@ pub const MAX_DATAGRAM_BYTES: usize = 64 << 10;
 /// Most file ids in one `filesClosed` datagram (8 bytes each: 32 KiB).
 pub const MAX_CLOSED_PER_MESSAGE: usize = 4096;
 
+/// Most pids in one `exited` datagram (4 bytes each: 32 KiB).
+pub const MAX_EXITS_PER_MESSAGE: usize = 8192;
+
 /// Largest encoded batch part.
 pub const MAX_BATCH_BYTES: usize = 128 << 10;
 

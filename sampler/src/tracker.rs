@@ -26,7 +26,9 @@ use ember_protocol::{
 use crate::{
     cgroups::CgroupCache,
     drain::Drained,
-    limits::{MAX_CLOSED_PER_MESSAGE, MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING},
+    limits::{
+        MAX_CLOSED_PER_MESSAGE, MAX_DATAGRAM_BYTES, MAX_EXITED_WAITING, MAX_EXITS_PER_MESSAGE,
+    },
     link::Outgoing,
     procfs::{self, FileTable, Observed},
 };
@@ -334,7 +336,7 @@ impl Tracker {
             .collect();
         waiting.sort_unstable();
         let excess = waiting.len().saturating_sub(MAX_EXITED_WAITING);
-        let mut out = Vec::new();
+        let mut forgotten = Vec::new();
         for (i, (after, pid)) in waiting.into_iter().enumerate() {
             let unreferenced = next_sequence > after && oldest_queued.is_none_or(|o| o > after);
             if !(unreferenced || i < excess) {
@@ -344,9 +346,18 @@ impl Tracker {
                 self.files.release(&tracked.info.mappings);
                 self.reread.remove(&pid);
                 self.gone.push(pid);
-                out.push(state(SamplerMessage::Exited { pid }, Vec::new()));
+                forgotten.push(pid);
             }
         }
+        // One notice for all of them: each datagram would wake the relay and cost both sides a
+        // system call.
+        let mut out: Vec<Outgoing> = forgotten
+            .chunks(MAX_EXITS_PER_MESSAGE)
+            .map(|pids| {
+                let pids = pids.to_vec();
+                state(SamplerMessage::Exited { pids }, Vec::new())
+            })
+            .collect();
         self.files.close_idle();
         out.extend(self.closed_messages());
         out
@@ -601,11 +612,38 @@ mod tests {
         assert!(tracker.reap(Some(3), 6).is_empty());
         // When batch 5 was not built yet, only the first goes even with nothing queued
         // (a disconnected sampler whose backlog moved past 3)
-        assert_eq!(tracker.reap(Some(4), 5).len(), 1);
+        assert_eq!(exit_notices(&tracker.reap(Some(4), 5)), [vec![10]]);
         assert_eq!(pids(&tracker), [11]);
         // When every batch up to 5 was built and sent, the second goes too
-        assert_eq!(tracker.reap(None, 6).len(), 1);
+        assert_eq!(exit_notices(&tracker.reap(None, 6)), [vec![11]]);
         assert!(pids(&tracker).is_empty());
+    }
+
+    /// The pids of each `exited` datagram in `out`.
+    fn exit_notices(out: &[Outgoing]) -> Vec<Vec<u32>> {
+        decode_all(out)
+            .into_iter()
+            .filter_map(|m| match m {
+                SamplerMessage::Exited { pids } => Some(pids),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_exits_of_one_reap_go_in_one_datagram() {
+        // Given 500 processes that exited in one interval (five seconds of 100 starts a second)
+        let mut tracker = Tracker::new(0, 16);
+        for pid in 1..=500 {
+            exited(&mut tracker, pid, 3);
+        }
+        // When they are reaped
+        let out = tracker.reap(None, 4);
+        // Then one datagram names them all, oldest first: one wake-up of the relay, one send
+        let notices = exit_notices(&out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(notices, [(1..=500).collect::<Vec<u32>>()]);
+        assert_eq!(tracker.len(), 0);
     }
 
     #[test]
@@ -774,9 +812,9 @@ mod tests {
             exited(&mut tracker, pid + 1, u64::from(pid) + 10);
         }
         // When reaping with the oldest batch still queued
-        let notices = tracker.reap(Some(0), 1);
+        let notices = exit_notices(&tracker.reap(Some(0), 1));
         // Then the oldest three went, the cap's worth wait
-        assert_eq!(notices.len(), 3);
+        assert_eq!(notices, [vec![1, 2, 3]]);
         assert_eq!(tracker.len(), MAX_EXITED_WAITING);
         assert!(!tracker.procs.contains_key(&1) && !tracker.procs.contains_key(&3));
         assert!(tracker.procs.contains_key(&4));
