@@ -1068,6 +1068,29 @@ mod tests {
         (dir, fd, copy)
     }
 
+    /// This binary and a copy of it, with their keys, and the file offset of one of this
+    /// binary's functions (the same in both): two files the cache parses alike.
+    struct TwoFiles {
+        _dir: tempfile::TempDir,
+        fd: OwnedFd,
+        copy: OwnedFd,
+        key: FileKey,
+        copy_key: FileKey,
+        offset: u64,
+    }
+
+    fn two_files() -> TwoFiles {
+        let (_dir, fd, copy) = exe_and_copy();
+        TwoFiles {
+            key: FileKey::of(&fd).expect("fstat"),
+            copy_key: FileKey::of(&copy).expect("fstat"),
+            offset: own_offset(demangles_rust_and_cpp as *const () as usize as u64),
+            _dir,
+            fd,
+            copy,
+        }
+    }
+
     /// The file offset in this test binary of one of its own functions, from /proc/self/maps.
     fn own_offset(address: u64) -> u64 {
         let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
@@ -1161,16 +1184,18 @@ mod tests {
     #[test]
     fn the_cache_is_bounded_in_heap_bytes_keeping_the_last_used() {
         // Given a cache of at most 1 byte of heap and two files (this binary and a copy)
-        let (_dir, fd, copy) = exe_and_copy();
-        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
+        let TwoFiles {
+            _dir,
+            fd,
+            copy,
+            key,
+            copy_key,
+            offset,
+        } = two_files();
         let mut cache = ElfCache {
             max_bytes: 1,
             ..ElfCache::default()
         };
-        let (key, copy_key) = (
-            FileKey::of(&fd).expect("fstat"),
-            FileKey::of(&copy).expect("fstat"),
-        );
         // When both are looked up (the copy last)
         cache.resolve(&key, &fd, "exe", offset).expect("resolver");
         let one = cache.size().bytes;
@@ -1192,12 +1217,14 @@ mod tests {
     fn resolvers_of_the_working_set_stay_over_the_budget_up_to_the_hard_cap() {
         // Given two files looked up just now, holding more than the budget but less than the
         // hard cap
-        let (_dir, fd, copy) = exe_and_copy();
-        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
-        let (key, copy_key) = (
-            FileKey::of(&fd).expect("fstat"),
-            FileKey::of(&copy).expect("fstat"),
-        );
+        let TwoFiles {
+            _dir,
+            fd,
+            copy,
+            key,
+            copy_key,
+            offset,
+        } = two_files();
         let mut cache = ElfCache::default();
         cache.resolve(&key, &fd, "exe", offset).expect("resolver");
         cache
@@ -1227,12 +1254,14 @@ mod tests {
     fn over_its_bytes_the_cache_drops_parsed_tables_and_keeps_answering_what_it_remembers() {
         // Given two files (this binary and a copy) parsed just now, holding three times the
         // cache's bytes
-        let (_dir, fd, copy) = exe_and_copy();
-        let offset = own_offset(demangles_rust_and_cpp as *const () as usize as u64);
-        let (key, copy_key) = (
-            FileKey::of(&fd).expect("fstat"),
-            FileKey::of(&copy).expect("fstat"),
-        );
+        let TwoFiles {
+            _dir,
+            fd,
+            copy,
+            key,
+            copy_key,
+            offset,
+        } = two_files();
         let mut cache = ElfCache::default();
         cache.resolve(&key, &fd, "exe", offset).expect("resolver");
         let one = cache.size().bytes;
