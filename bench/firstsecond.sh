@@ -59,10 +59,8 @@ die() { printf 'firstsecond.sh: error: %s\n' "$*" >&2; exit 1; }
 log() { printf '[firstsecond %s] %s\n' "$(date +%T)" "$*" >&2; }
 [ "$(id -u)" = 0 ] || die "needs root (eBPF, perf -a): run it with sudo"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if [ -z "$BIN_DIR" ]; then
-  if [ -x "$ROOT/target/release/ember-relay" ]; then BIN_DIR=$ROOT/target/release; else BIN_DIR=$ROOT/target/debug; fi
-fi
-[ -x "$BIN_DIR/ember-relay" ] && [ -x "$BIN_DIR/ember-sampler" ] || die "no ember binaries in $BIN_DIR: cargo build --release"
+. "$ROOT/bench/lib/ember-bins.sh"
+BIN_DIR=$(ember_bin_dir "$ROOT" "$BIN_DIR") || exit 1
 case ,$PROFILERS, in *,ember-before,*) [ -n "$BEFORE_DIR" ] || die "ember-before needs --before DIR" ;; esac
 
 TMP=$(mktemp -d /tmp/firstsecond.XXXXXX)

@@ -90,13 +90,9 @@ done
 command -v gcc >/dev/null || die "needs gcc (apt-get install gcc)"
 bench_dir=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$bench_dir")
-if [ -z "$BIN_DIR" ]; then
-  BIN_DIR=$root/target/release
-  [ -x "$BIN_DIR/ember-sampler" ] && [ -x "$BIN_DIR/ember-relay" ] || BIN_DIR=$root/target/debug
-fi
+. "$bench_dir/lib/ember-bins.sh"
+BIN_DIR=$(ember_bin_dir "$root" "$BIN_DIR") || exit 1
 sampler_bin=$BIN_DIR/ember-sampler relay_bin=$BIN_DIR/ember-relay
-[ -x "$sampler_bin" ] && [ -x "$relay_bin" ] ||
-  die "no ember-sampler and ember-relay in $BIN_DIR: cargo build --release -p ember-sampler -p ember-relay"
 cpus=$(nproc)
 tck=$(getconf CLK_TCK)
 nobody_uid=$(id -u nobody) nobody_gid=$(id -g nobody)

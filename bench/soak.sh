@@ -90,12 +90,9 @@ log() { echo "soak: $*" >&2; }
 [ "$(id -u)" = 0 ] || die "run as root (the sampler loads eBPF): sudo $0"
 bench_dir=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$bench_dir")
-if [ -z "$BIN_DIR" ]; then
-  BIN_DIR=$root/target/release
-  [ -x "$BIN_DIR/ember-relay" ] && [ -x "$BIN_DIR/ember-sampler" ] || BIN_DIR=$root/target/debug
-fi
+. "$bench_dir/lib/ember-bins.sh"
+BIN_DIR=$(ember_bin_dir "$root" "$BIN_DIR") || exit 1
 relay=$BIN_DIR/ember-relay sampler=$BIN_DIR/ember-sampler
-[ -x "$relay" ] && [ -x "$sampler" ] || die "no ember-relay/ember-sampler in $BIN_DIR: cargo build first"
 
 tmp=$(mktemp -d /tmp/ember-soak.XXXXXX)
 chmod 755 "$tmp"
