@@ -98,16 +98,37 @@ impl FrameKind {
 }
 
 /// The module (mapped file) a frame's address belongs to.
+///
+/// A module of a file is the file's mapped range, described in the file's own offsets, not
+/// where a process mapped it: `start` and `file_offset` are the mapping's file offset and `end`
+/// is that plus its length, so `address - start + file_offset` (pprof's and OpenTelemetry's rule
+/// for a mapping) is the file offset, and so are its frames' addresses. Every process that maps
+/// one file alike, whatever its ASLR layout, has equal modules and, at one place in the file,
+/// equal frames: a window of short-lived processes running the same few binaries holds the
+/// frames of those binaries once, not once per process. Anonymous memory (JIT code, `[jit]`)
+/// has no file: its module is its range in the process (`file` is `None`), and its frames keep
+/// the process's addresses. The kernel's module spans the kernel's addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Module {
-    /// Path as the process saw it, or `[kernel.kallsyms]`, `[vdso]`, `[anon]`.
+    /// Path as the process saw it, or `[kernel.kallsyms]`, `[vdso]`, `[jit]`.
     pub path: Arc<str>,
-    /// GNU build id in hex, when known.
+    /// GNU build id in hex, when known (what the file claims: shown, never its identity).
     pub build_id: Option<Arc<str>>,
-    /// Start and end of the mapping in the process, and the file offset of its start.
+    /// The range its frames' addresses fall in, and the file offset of its start (see above).
     pub start: u64,
     pub end: u64,
     pub file_offset: u64,
+    /// The mapped file as the kernel named it in `/proc/PID/maps` (device, inode); `None` for
+    /// anonymous memory and the kernel. Two files at one path (two containers' `/usr/bin/app`,
+    /// two processes' `memfd:` files) are two modules.
+    pub file: Option<FileIdentity>,
+}
+
+/// A mapped file's identity as the kernel reports it: device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileIdentity {
+    pub device: u64,
+    pub inode: u64,
 }
 
 impl Module {
@@ -126,7 +147,9 @@ pub struct Frame {
     pub line: Option<u32>,
     pub kind: FrameKind,
     pub inlined: bool,
-    /// The address in the process (user) or kernel, as sampled.
+    /// Where the frame is: in a file's module, the file offset of the sampled address (so the
+    /// processes of one binary share it); in anonymous memory, the address in the process; in
+    /// the kernel, the kernel address (see [`Module`]).
     pub address: u64,
     pub module: Option<Arc<Module>>,
 }
@@ -983,6 +1006,7 @@ mod tests {
                 start: 0,
                 end: 0,
                 file_offset: 0,
+                file: None,
             })));
             assert_eq!(p.top_self(5), [("read_config".to_owned(), 4)]);
         }

@@ -36,7 +36,10 @@ use crate::{
         seen, Recognized,
     },
     jit::{jitdump::JitDump, JitStores},
-    model::{Frame, FrameKind, JitRuntime, Module, SampleKind, SymbolizedProfile, Thread, UNKNOWN},
+    model::{
+        FileIdentity, Frame, FrameKind, JitRuntime, Module, SampleKind, SymbolizedProfile, Thread,
+        UNKNOWN,
+    },
     symbolize::{self, elf, ElfCache, FileKey, KernelSymbols},
 };
 
@@ -838,17 +841,39 @@ fn cpython_runtime(process: &Process) -> Option<Runtime<'_>> {
 /// OTLP generations, speedscope), so it is never the name of the descriptor the file came
 /// through: that is `/proc/self/fd/N`, and for a file the relay may not reopen, its private
 /// sealed copy (`/memfd:ember-elf`), which no reader of the profile could open.
+///
+/// A file's module is its mapped range in the file's own offsets, named by the file the kernel
+/// reported (device, inode), so the processes that map one binary have equal modules wherever
+/// their ASLR put it (see [`Module`]); anonymous memory's is its range in the process.
 fn module_of(mapping: &ember_protocol::Mapping, build_id: Option<Arc<str>>) -> Arc<Module> {
+    let path = Arc::from(if mapping.path.is_empty() {
+        "[jit]"
+    } else {
+        mapping.path.as_str()
+    });
+    if is_anonymous_code(mapping) {
+        return Arc::new(Module {
+            path,
+            build_id,
+            start: mapping.start,
+            end: mapping.end,
+            file_offset: mapping.file_offset,
+            file: None,
+        });
+    }
+    // (the sum comes from the sampler: an overflowing offset saturates, and its frames are
+    // counted as bad offsets in `user_frames`)
+    let length = mapping.end.saturating_sub(mapping.start);
     Arc::new(Module {
-        path: Arc::from(if mapping.path.is_empty() {
-            "[jit]"
-        } else {
-            mapping.path.as_str()
-        }),
+        path,
         build_id,
-        start: mapping.start,
-        end: mapping.end,
+        start: mapping.file_offset,
+        end: mapping.file_offset.saturating_add(length),
         file_offset: mapping.file_offset,
+        file: Some(FileIdentity {
+            device: mapping.device,
+            inode: mapping.inode,
+        }),
     })
 }
 
@@ -942,10 +967,14 @@ fn user_frames(
             });
             continue;
         }
-        // `lookup >= mapping.start` holds (found above); the sum comes from the sampler.
-        let Some(file_offset) = (lookup - mapping.start).checked_add(mapping.file_offset) else {
+        // `address >= lookup >= mapping.start` holds (found above); the sums come from the
+        // sampler. The frame is where the file is sampled, not where this process mapped it.
+        let (Some(file_offset), Some(at)) = (
+            (lookup - mapping.start).checked_add(mapping.file_offset),
+            (address - mapping.start).checked_add(mapping.file_offset),
+        ) else {
             *bad_offsets += 1;
-            out.push(unknown(address, Some(module)));
+            out.push(unknown(u64::MAX, Some(module)));
             continue;
         };
         let resolved = files.get(&mapping.file_id).and_then(|file| {
@@ -966,12 +995,12 @@ fn user_frames(
                             FrameKind::Native
                         },
                         inlined: r.inlined,
-                        address,
+                        address: at,
                         module: Some(Arc::clone(module)),
                     });
                 }
             }
-            _ => out.push(unknown(address, Some(module))),
+            _ => out.push(unknown(at, Some(module))),
         }
     }
     out
@@ -1671,6 +1700,107 @@ mod tests {
         );
     }
 
+    /// A caller of [`session_test_marker`] to find by name in a profile.
+    #[inline(never)]
+    fn session_test_caller() -> u64 {
+        std::hint::black_box(session_test_marker()) + 1
+    }
+
+    #[test]
+    fn the_processes_of_one_binary_share_its_frames_wherever_aslr_put_it() {
+        // Given this test binary passed once, and 40 short-lived processes that each map it at
+        // a base of their own (as ASLR does) and have JIT code in anonymous memory of their own
+        let marker = session_test_marker as fn() -> u64 as usize as u64;
+        let caller = session_test_caller as fn() -> u64 as usize as u64;
+        let (file, fd, real) = this_binary(marker);
+        assert!((real.start..real.end).contains(&caller), "one text mapping");
+        let mut session = Session::new(Hello::default(), Vec::new());
+        session.add_files(vec![file], vec![Some(fd)]);
+        let mut cache = ElfCache::default();
+        let mut window = crate::labels::labeled::LabeledProfile::default();
+        let processes = 40u32;
+        let mut frames_after_one = 0;
+        for pid in 100..100 + processes {
+            let shift = u64::from(pid) << 36;
+            let jit = 0x10_0000 + u64::from(pid) * 0x1000;
+            session.set_process(ProcessInfo {
+                pid,
+                start_time_unix_ns: u64::from(pid),
+                executable_name: "app".into(),
+                mappings: vec![
+                    Mapping {
+                        start: jit,
+                        end: jit + 0x1000,
+                        ..Mapping::default()
+                    },
+                    Mapping {
+                        start: real.start + shift,
+                        end: real.end + shift,
+                        inode: 42,
+                        ..real.clone()
+                    },
+                ],
+                ..ProcessInfo::default()
+            });
+            // When each is sampled once in the marker, called from its caller, called from JIT
+            // code, and its interval merged into the window
+            let stack = vec![marker + shift, caller + 1 + shift, jit + 0x11];
+            let mut profile = SymbolizedProfile::default();
+            session.symbolize_batch(
+                &batch(pid, stack),
+                &mut cache,
+                &mut profile,
+                &HashSet::new(),
+            );
+            window.merge_with(&profile, |thread: &Thread| Some(thread.clone().into()));
+            session.remove_process(pid);
+            if pid == 100 {
+                frames_after_one = window.sizes().frames;
+            }
+        }
+        // Then the binary's frames are held once, at their file offsets: only the JIT frame,
+        // which has no file, is one per process
+        let samples = window.samples();
+        assert_eq!(samples.len(), processes as usize);
+        assert!(frames_after_one >= 3, "{frames_after_one}");
+        assert_eq!(
+            window.sizes().frames,
+            frames_after_one + processes as usize - 1,
+            "frames of the binary were added again for each process"
+        );
+        let offset_of = |address: u64| address - real.start + real.file_offset;
+        let stack = samples[0].stack.to_vec();
+        let named = |frame: &&Frame, name: &str| frame.function.contains(name);
+        let leaf = stack.first().expect("a leaf");
+        assert!(named(leaf, "session_test_marker"), "{leaf:?}");
+        assert_eq!(leaf.address, offset_of(marker));
+        let call = stack.iter().find(|f| named(f, "session_test_caller"));
+        assert_eq!(call.map(|f| f.address), Some(offset_of(caller + 1)));
+        let root = stack.last().expect("a root frame");
+        assert_eq!(root.kind, FrameKind::Jit(JitRuntime::Other));
+        assert!(root.module.as_ref().is_some_and(|m| m.file.is_none()));
+        // And pprof has one location per frame, one mapping for the binary, and each of its
+        // locations reads back as its file offset by pprof's rule
+        let pprof = crate::sink::files::pprof::render(&window);
+        assert_eq!(pprof.location.len(), window.sizes().frames);
+        let path = pprof.string_table.iter().position(|s| *s == real.path);
+        let binary: Vec<_> = (pprof.mapping.iter())
+            .filter(|m| Some(m.filename as usize) == path)
+            .collect();
+        assert_eq!(binary.len(), 1, "{:?}", pprof.mapping);
+        let mapping = binary[0];
+        let mut offsets: Vec<u64> = (pprof.location.iter())
+            .filter(|l| l.mapping_id == mapping.id)
+            .map(|l| l.address - mapping.memory_start + mapping.file_offset)
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        let mut expected = vec![offset_of(marker), offset_of(caller + 1)];
+        expected.sort_unstable();
+        assert_eq!(offsets, expected);
+        assert!((mapping.memory_start..mapping.memory_limit).contains(&offset_of(marker)));
+    }
+
     #[test]
     fn a_shared_file_stays_until_the_sampler_closes_it() {
         // Given two processes mapping one passed file
@@ -1723,7 +1853,7 @@ mod tests {
         let starts: Vec<u64> = process.info.mappings.iter().map(|m| m.start).collect();
         assert_eq!(starts, [0x1000, 0x5000, 0x9000]);
         assert_eq!(process.modules.len(), 3);
-        assert_eq!(process.modules[0].start, 0x1000);
+        assert_eq!(&*process.modules[0].path, "/lib/3.so");
         // And mappings for another start time or an unknown pid are ignored
         assert!(!session.append_mappings(7, 101, vec![mapping(0xa000, 4)]));
         assert!(!session.append_mappings(8, 100, vec![mapping(0xa000, 4)]));

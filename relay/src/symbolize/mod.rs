@@ -31,6 +31,7 @@ pub fn kernel_module() -> Arc<Module> {
         start: 0,
         end: u64::MAX,
         file_offset: 0,
+        file: None,
     })
 }
 

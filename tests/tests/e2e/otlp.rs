@@ -99,6 +99,7 @@ fn synthetic(processes: u32, stacks: u64, count: u64, tag: &str) -> LabeledProfi
             start: 0x40_0000,
             end: 0x80_0000,
             file_offset: 0,
+            file: None,
         });
         for s in 0..stacks {
             let frames: Vec<Frame> = (0..12u64)

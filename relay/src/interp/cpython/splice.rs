@@ -363,6 +363,7 @@ mod tests {
                 start: 0,
                 end: 0,
                 file_offset: 0,
+                file: None,
             }));
             frame
         };

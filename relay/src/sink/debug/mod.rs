@@ -194,6 +194,7 @@ mod tests {
             start: 0x1000,
             end: 0x9000,
             file_offset: 0,
+            file: None,
         });
         let mut profile = LabeledProfile::new(100);
         profile.add(

@@ -380,6 +380,7 @@ mod tests {
             start: 0x7f00_0000_0000,
             end: 0x7f00_0010_0000,
             file_offset: 0x1000,
+            file: None,
         };
         Frame {
             address: 0x7f00_0000_0234,

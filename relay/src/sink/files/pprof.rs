@@ -532,6 +532,7 @@ mod tests {
             start: 0x40_0000,
             end: 0x50_0000,
             file_offset: 0,
+            file: None,
         })
     }
 
@@ -860,6 +861,7 @@ mod tests {
             start: 0x7f00_0000_0000,
             end: 0x7f00_0010_0000,
             file_offset: 0,
+            file: None,
         });
         let mut profile = LabeledProfile::new(100);
         let stack = vec![
@@ -933,6 +935,7 @@ mod tests {
             start: 0x7e00_0000_0000,
             end: 0x7e00_0010_0000,
             file_offset: 0,
+            file: None,
         });
         jvm.add(
             SymbolizedSample {

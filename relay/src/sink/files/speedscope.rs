@@ -261,6 +261,7 @@ mod tests {
             start: 0x7f00_0000_0000,
             end: 0x7f00_0010_0000,
             file_offset: 0,
+            file: None,
         });
         let unknown = Frame {
             module: Some(libc),

@@ -677,6 +677,7 @@ mod tests {
             start: 0x40_0000,
             end: 0x50_0000,
             file_offset: 0,
+            file: None,
         })
     }
 

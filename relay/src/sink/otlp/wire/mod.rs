@@ -437,6 +437,7 @@ mod tests {
                 start: 0x1000,
                 end: 0x100_0000,
                 file_offset: 0,
+                file: None,
             });
             for s in 0..stacks_each {
                 let frames: Vec<Frame> = (0..20u64)
@@ -558,6 +559,7 @@ mod tests {
             start: 0x1000,
             end: 0x10_0000,
             file_offset: 0,
+            file: None,
         });
         let frame = Frame {
             function: leaf.into(),
@@ -715,6 +717,7 @@ mod tests {
             start: 0x40_0000,
             end: 0x50_0000,
             file_offset: 0,
+            file: None,
         });
         let frame = |function: &str, line: Option<u32>, inlined, address| Frame {
             function: function.into(),
@@ -1013,6 +1016,7 @@ mod pinned {
                 start: 0x1000,
                 end: 0x100_0000,
                 file_offset: 0x10,
+                file: None,
             });
             for s in 0..60u64 {
                 let frames: Vec<Frame> = (0..12u64)
