@@ -10,7 +10,9 @@
 //! be named is still a frame (`[unknown]` with its module), so no sample is ever dropped between
 //! stages. Every output names it alike, by its module (`[unknown] libfoo.so`), one name per
 //! module and not per address, so flame graphs aggregate it; the address stays where an output
-//! has a field for it (pprof and OTLP locations).
+//! has a field for it (pprof and OTLP locations). A frame in a file is where in the file (its
+//! module is the file, its address a file offset), not where a process mapped it: the processes
+//! of one binary share its frames whatever their ASLR layout ([`Module`]).
 
 use std::{
     collections::HashMap,
