@@ -348,6 +348,48 @@ mod tests {
         }
     }
 
+    /// The frames inferno makes from `lines` (folded, in the order it reads them): one for each
+    /// name a line does not share with the line before it (comment lines it skips).
+    fn frames_made(lines: &str) -> usize {
+        let mut previous: Vec<&str> = Vec::new();
+        let mut made = 0;
+        for line in lines.lines().filter(|l| !l.trim_start().starts_with("# ")) {
+            let stack = line.rsplit_once(' ').map_or(line, |(stack, _)| stack);
+            let names: Vec<&str> = stack.split(';').collect();
+            let shared = (names.iter().zip(&previous))
+                .take_while(|(a, b)| a == b)
+                .count();
+            made += names.len() - shared;
+            previous = names;
+        }
+        made
+    }
+
+    #[test]
+    fn inferno_makes_a_frame_per_drawn_node_and_per_pruned_line_not_per_node_below_it() {
+        // Given a window of 40,000 mostly distinct stacks, 12 to 20 frames deep
+        let profile = churn_window(40_000);
+        let mut options = Options::default();
+        let pruned = lines_for(
+            &profile,
+            FoldedRoot::Process,
+            SampleKind::Cpu,
+            &mut options,
+            true,
+        );
+        // When drawn from the pruned lines
+        let svg = render_cpu(&profile, FoldedRoot::Process, true).unwrap();
+        let drawn = text(&svg).matches("<g><title>").count();
+        // Then inferno made a frame for each drawn node and at most one more per line (the
+        // narrow node the line stands for), none for the nodes below those
+        let (made, lines) = (frames_made(&pruned), pruned.lines().count());
+        eprintln!("{made} frames made for {drawn} drawn from {lines} lines");
+        assert!(
+            made <= drawn + lines,
+            "{made} frames made for {drawn} drawn from {lines} lines"
+        );
+    }
+
     #[test]
     fn same_profile_same_svg() {
         assert_eq!(render(&profile()).unwrap(), render(&profile()).unwrap());

@@ -209,11 +209,13 @@ impl Folded {
             }
         }
         // Pass 2: the same walk; a line under a narrow node is kept only when it opened the
-        // shallowest narrow node on its path, and then counts that node's samples.
+        // shallowest narrow node on its path, and then ends there and counts that node's
+        // samples.
         path.clear();
         next = 0;
         let mut kept = Vec::new();
-        for (&line, &ignored) in self.order.iter().zip(&ignored) {
+        let order = std::mem::take(&mut self.order);
+        for (&line, &ignored) in order.iter().zip(&ignored) {
             if ignored {
                 kept.push(line);
                 continue;
@@ -226,6 +228,7 @@ impl Folded {
                 None => kept.push(line),
                 Some(depth) if depth >= shared => {
                     let samples = path.get(depth).and_then(|&(_, node)| totals.get(node));
+                    let line = self.cut_after(line, depth);
                     if let (Some(count), Some(&samples)) =
                         (self.counts.get_mut(line as usize), samples)
                     {
@@ -237,6 +240,35 @@ impl Folded {
             }
         }
         self.order = kept;
+    }
+
+    /// `line` ending at its node at `depth` (root 0), which nothing is drawn from (a narrow
+    /// node's children are narrower still): inferno then makes a frame for that node and not for
+    /// each below it, and draws the same. Kept whole when the cut would end it in a name
+    /// inferno reads otherwise at the end of a line (blank at its end, or a last word of
+    /// digits, which it takes for a count) or leave it its root alone (which it may ignore).
+    fn cut_after(&mut self, line: u32, depth: usize) -> u32 {
+        let ids: Vec<u32> = self.lines.get(line).unwrap_or_default().collect();
+        let Some((&last, _)) = ids.get(..=depth).and_then(<[u32]>::split_last) else {
+            return line;
+        };
+        let name = self.name(last);
+        let number = name.rsplit(' ').next().is_some_and(|word| {
+            !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        });
+        if depth == 0 || ids.len() == depth + 1 || name.ends_with(char::is_whitespace) || number {
+            return line;
+        }
+        let cut = self.lines.intern(ids[..=depth].iter().copied());
+        match (cut as usize).cmp(&self.counts.len()) {
+            Ordering::Less => cut,
+            Ordering::Equal => {
+                self.counts.push(0);
+                cut
+            }
+            // (the table is full: no id)
+            Ordering::Greater => line,
+        }
     }
 
     /// Moves `path` (the previous line's nodes: name id and node number) to `line`'s nodes,
