@@ -306,6 +306,14 @@ read -r prev_dropped prev_lost <<<"$(losses)"
 prev_relay_cpu=$(cpu_ticks "$relay_pid") prev_sampler_cpu=$(cpu_ticks "$sampler_pid")
 prev_relay_wait=$(run_wait_ns "$relay_pid")
 prev_latency=$(latency_buckets)
+# Readings are paced by the clock (reading and scraping take time: a plain `sleep 1` would let
+# the minutes run past the workloads' end).
+paced_from=$(date +%s.%N) tick=0
+pace() {
+  tick=$((tick + 1))
+  sleep "$(awk -v from="$paced_from" -v tick="$tick" -v now="$(date +%s.%N)" \
+    'BEGIN {d = from + tick - now; printf "%.3f\n", (d > 0 ? d : 0)}')"
+}
 for ((minute = 1; minute <= MINUTES; minute++)); do
   min_kib= max_kib=0
   for ((s = 0; s < 60; s++)); do
@@ -318,7 +326,7 @@ for ((minute = 1; minute <= MINUTES; minute++)); do
     [ "$minute" -gt 1 ] && relay_rss_each+=("$r")
     [ -z "$min_kib" ] || [ "$r" -lt "$min_kib" ] && min_kib=$r
     [ "$r" -gt "$max_kib" ] && max_kib=$r
-    sleep 1
+    pace
   done
   rr=$(rss_kib "$relay_pid") rf=$(fds "$relay_pid") sr=$(rss_kib "$sampler_pid") sf=$(fds "$sampler_pid")
   relay_rss+=("$rr") relay_fds+=("$rf") sampler_rss+=("$sr") sampler_fds+=("$sf")
