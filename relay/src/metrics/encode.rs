@@ -381,17 +381,6 @@ impl Scrape {
                 "The soft limit on open file descriptors.",
                 p.max_fds,
             ),
-            (
-                "ember_relay_heap_in_use_bytes",
-                "Heap bytes the relay's live allocations hold (glibc mallinfo2: uordblks + hblkhd).",
-                p.heap.map(|h| h.in_use),
-            ),
-            (
-                "ember_relay_heap_free_bytes",
-                "Free heap bytes glibc keeps in its arenas (mallinfo2 fordblks): resident, not \
-                 in use, reused before more memory is asked for.",
-                p.heap.map(|h| h.free),
-            ),
         ];
         for (name, help, value) in gauges {
             if let Some(value) = value {
@@ -997,9 +986,6 @@ mod tests {
         assert_eq!(parsed.types["process_cpu_seconds_total"], "counter");
         assert!(v("process_resident_memory_bytes").is_some_and(|b| b > 0.0));
         assert!(v("process_open_fds").is_some_and(|n| n >= 3.0));
-        // And the allocator's live and free bytes beside them
-        assert!(v("ember_relay_heap_in_use_bytes").is_some_and(|b| b > 0.0));
-        assert!(v("ember_relay_heap_free_bytes").is_some());
         // And no sampler series before the first batch
         assert!(!parsed
             .values

@@ -17,20 +17,6 @@ pub(crate) struct ProcessStats {
     pub threads: u64,
     pub open_fds: Option<u64>,
     pub max_fds: Option<u64>,
-    /// The allocator's view (glibc's `mallinfo2`), `None` elsewhere: what the RSS holds is
-    /// live allocations plus free chunks glibc keeps, and which of the two moves tells a
-    /// growing heap from an allocator that does not hand memory back.
-    pub heap: Option<HeapStats>,
-}
-
-/// glibc's `mallinfo2` of every arena, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct HeapStats {
-    /// Bytes of live allocations: in the arenas (`uordblks`) and mapped alone (`hblkhd`).
-    pub in_use: u64,
-    /// Free bytes the arenas keep (`fordblks`): resident once touched, reused before new
-    /// memory is asked for, handed back only by trimming.
-    pub free: u64,
 }
 
 /// Reads this process's figures; `None` when /proc/self/stat cannot be read or parsed.
@@ -48,25 +34,7 @@ pub(crate) fn read() -> Option<ProcessStats> {
     stats.max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .ok()
         .map(|(soft, _)| soft);
-    stats.heap = heap();
     Some(stats)
-}
-
-/// The allocator's figures; walks glibc's bins under each arena's lock (a few microseconds),
-/// on the metrics thread.
-#[cfg(target_env = "gnu")]
-fn heap() -> Option<HeapStats> {
-    // SAFETY: mallinfo2 only reads the allocator's own bookkeeping.
-    let info = unsafe { libc::mallinfo2() };
-    Some(HeapStats {
-        in_use: u64::try_from(info.uordblks.saturating_add(info.hblkhd)).ok()?,
-        free: u64::try_from(info.fordblks).ok()?,
-    })
-}
-
-#[cfg(not(target_env = "gnu"))]
-fn heap() -> Option<HeapStats> {
-    None
 }
 
 /// Parses /proc/self/stat (proc(5)): the fields after the command name, which is in
@@ -84,7 +52,6 @@ fn parse_stat(text: &str, ticks_per_second: u64, page_bytes: u64) -> Option<Proc
         resident_bytes: field(24)?.saturating_mul(page_bytes),
         open_fds: None,
         max_fds: None,
-        heap: None,
     })
 }
 
