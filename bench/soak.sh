@@ -59,11 +59,9 @@ Options:
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
       --trace FILE      every second, a line to FILE: seconds since the workloads started,
-                        Unix time, the relay's RSS and its anonymous part (MiB, /proc), the
-                        heap its live allocations hold and glibc keeps free (MiB,
-                        ember_relay_heap_{in_use,free}_bytes; - for a relay without them),
-                        its symbolizer cache, resolvers closed so far, OTLP MiB sent so far
-                        and queued (/metrics); the relay's log is copied to FILE.log
+                        Unix time, the relay's RSS and its anonymous part (MiB, /proc), its
+                        symbolizer cache, resolvers closed so far, OTLP MiB sent so far and
+                        queued (/metrics); the relay's log is copied to FILE.log
                                                                    [TRACE]
       --heaptrack FILE  run the relay under heaptrack (Debian's `heaptrack`), its profile
                         written to FILE.zst (read it with heaptrack_print); slows the relay
@@ -203,23 +201,22 @@ fi
 log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms), distinct ${distinct_pid:-off} ($STACKS threads${distinct_pid:+, $fp}) at nice $NICE, $FREQ Hz for $MINUTES min, files $FORMATS; binaries $BIN_DIR; dir $tmp"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-# One --trace line: "elapsed_s unix_s rss_MiB anon_MiB heap_in_use_MiB heap_free_MiB
-# sym_cache_MiB resolvers_evicted export_MiB export_queue_MiB" (the last four from /metrics: the
-# symbolizer cache's heap, resolvers it closed so far, OTLP bytes sent so far, bytes queued).
+# One --trace line: "elapsed_s unix_s rss_MiB anon_MiB sym_cache_MiB resolvers_evicted
+# export_MiB export_queue_MiB" (the last four from /metrics: the symbolizer cache's heap,
+# resolvers it closed so far, OTLP bytes sent so far, bytes queued).
 trace_line() {
   local scraped
   scraped=$({ [ -n "$metrics" ] && curl -s --max-time 1 "http://$metrics/metrics"; } 2>/dev/null |
     awk 'function mib(v) {return v == "" ? "-" : sprintf("%.1f", v / 1048576)}
       /^[a-z]/ {split($1, n, "{"); v[n[1]] += $2}
-      END {printf "%s %s %s %s %s %s\n", mib(v["ember_relay_heap_in_use_bytes"]),
-        mib(v["ember_relay_heap_free_bytes"]), mib(v["ember_relay_symbolizer_cache_bytes"]),
+      END {printf "%s %s %s %s\n", mib(v["ember_relay_symbolizer_cache_bytes"]),
         v["ember_relay_symbolizer_resolvers_evicted_total"] == "" ? "-" : v["ember_relay_symbolizer_resolvers_evicted_total"],
         mib(v["ember_relay_export_bytes_total"]), mib(v["ember_relay_export_queue_bytes"])}')
-  awk -v t="$1" -v now="$(date +%s.%N)" -v scraped="${scraped:-- - - - - -}" \
+  awk -v t="$1" -v now="$(date +%s.%N)" -v scraped="${scraped:-- - - -}" \
     '/^VmRSS:/ {r = $2} /^RssAnon:/ {a = $2}
      END {printf "%d %.2f %.1f %.1f %s\n", t, now, r / 1024, a / 1024, scraped}' "/proc/$2/status" 2>/dev/null
 }
-[ -z "$TRACE" ] || echo "elapsed_s unix_s rss_MiB anon_MiB heap_in_use_MiB heap_free_MiB sym_cache_MiB resolvers_evicted export_MiB export_queue_MiB" >"$TRACE"
+[ -z "$TRACE" ] || echo "elapsed_s unix_s rss_MiB anon_MiB sym_cache_MiB resolvers_evicted export_MiB export_queue_MiB" >"$TRACE"
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 samples_so_far() {
   grep -F '"message":"batch received"' "$tmp/relay.err" |
