@@ -58,6 +58,11 @@ Options:
   -b, --bin DIR         where ember-sampler and ember-relay are     [BIN_DIR, default
                         target/release if both are there, else target/debug]
   -k, --keep            keep the temporary directory (logs, outputs) [KEEP=1]
+      --trace FILE      every second, a line to FILE: seconds since the workloads started,
+                        Unix time, the relay's RSS and its anonymous part (MiB, /proc), its
+                        symbolizer cache, resolvers closed so far, OTLP MiB sent so far and
+                        queued (/metrics); the relay's log is copied to FILE.log
+                                                                   [TRACE]
       --heaptrack FILE  run the relay under heaptrack (Debian's `heaptrack`), its profile
                         written to FILE.zst (read it with heaptrack_print); slows the relay
                         [HEAPTRACK]
@@ -67,6 +72,7 @@ USAGE
 
 MINUTES=${MINUTES:-30} RATE=${RATE:-100} MS=${MS:-5} FREQ=${FREQ:-4999} KEEP=${KEEP:-0} BIN_DIR=${BIN_DIR:-}
 STACKS=${STACKS:-2} OMIT_FP=${OMIT_FP:-0} NICE=${NICE:-0} FORMATS=${FORMATS:-folded} HEAPTRACK=${HEAPTRACK:-}
+TRACE=${TRACE:-}
 while [ $# -gt 0 ]; do
   case $1 in
     -d | --minutes) MINUTES=$2; shift 2 ;;
@@ -80,6 +86,7 @@ while [ $# -gt 0 ]; do
     -b | --bin) BIN_DIR=$2; shift 2 ;;
     -k | --keep) KEEP=1; shift ;;
     --heaptrack) HEAPTRACK=${2:?"--heaptrack needs a file"}; shift 2 ;;
+    --trace) TRACE=${2:?"--trace needs a file"}; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -111,6 +118,7 @@ cleanup() {
     sleep 2
     cp "$tmp"/heaptrack/relay*.zst "$HEAPTRACK.zst" 2>/dev/null && log "heaptrack profile: $HEAPTRACK.zst"
   fi
+  [ -z "$TRACE" ] || cp "$tmp/relay.err" "$TRACE.log" 2>/dev/null || true
   if [ "$KEEP" = 1 ]; then log "kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
@@ -193,6 +201,22 @@ fi
 log "relay $relay_pid, sampler $sampler_pid, churn $churn_pid (${RATE}/s x ${MS} ms), distinct ${distinct_pid:-off} ($STACKS threads${distinct_pid:+, $fp}) at nice $NICE, $FREQ Hz for $MINUTES min, files $FORMATS; binaries $BIN_DIR; dir $tmp"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+# One --trace line: "elapsed_s unix_s rss_MiB anon_MiB sym_cache_MiB resolvers_evicted
+# export_MiB export_queue_MiB" (the last four from /metrics: the symbolizer cache's heap,
+# resolvers it closed so far, OTLP bytes sent so far, bytes queued).
+trace_line() {
+  local scraped
+  scraped=$({ [ -n "$metrics" ] && curl -s --max-time 1 "http://$metrics/metrics"; } 2>/dev/null |
+    awk 'function mib(v) {return v == "" ? "-" : sprintf("%.1f", v / 1048576)}
+      /^[a-z]/ {split($1, n, "{"); v[n[1]] += $2}
+      END {printf "%s %s %s %s\n", mib(v["ember_relay_symbolizer_cache_bytes"]),
+        v["ember_relay_symbolizer_resolvers_evicted_total"] == "" ? "-" : v["ember_relay_symbolizer_resolvers_evicted_total"],
+        mib(v["ember_relay_export_bytes_total"]), mib(v["ember_relay_export_queue_bytes"])}')
+  awk -v t="$1" -v now="$(date +%s.%N)" -v scraped="${scraped:-- - - -}" \
+    '/^VmRSS:/ {r = $2} /^RssAnon:/ {a = $2}
+     END {printf "%d %.2f %.1f %.1f %s\n", t, now, r / 1024, a / 1024, scraped}' "/proc/$2/status" 2>/dev/null
+}
+[ -z "$TRACE" ] || echo "elapsed_s unix_s rss_MiB anon_MiB sym_cache_MiB resolvers_evicted export_MiB export_queue_MiB" >"$TRACE"
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 samples_so_far() {
   grep -F '"message":"batch received"' "$tmp/relay.err" |
@@ -279,6 +303,14 @@ read -r prev_dropped prev_lost <<<"$(losses)"
 prev_relay_cpu=$(cpu_ticks "$relay_pid") prev_sampler_cpu=$(cpu_ticks "$sampler_pid")
 prev_relay_wait=$(run_wait_ns "$relay_pid")
 prev_latency=$(latency_buckets)
+# Readings are paced by the clock (reading and scraping take time: a plain `sleep 1` would let
+# the minutes run past the workloads' end).
+paced_from=$(date +%s.%N) tick=0
+pace() {
+  tick=$((tick + 1))
+  sleep "$(awk -v from="$paced_from" -v tick="$tick" -v now="$(date +%s.%N)" \
+    'BEGIN {d = from + tick - now; printf "%.3f\n", (d > 0 ? d : 0)}')"
+}
 for ((minute = 1; minute <= MINUTES; minute++)); do
   min_kib= max_kib=0
   for ((s = 0; s < 60; s++)); do
@@ -287,10 +319,11 @@ for ((minute = 1; minute <= MINUTES; minute++)); do
     [ -z "$crashed" ] || break 2
     note_window
     r=$(rss_kib "$relay_pid")
+    [ -z "$TRACE" ] || trace_line "$(((minute - 1) * 60 + s))" "$relay_pid" >>"$TRACE"
     [ "$minute" -gt 1 ] && relay_rss_each+=("$r")
     [ -z "$min_kib" ] || [ "$r" -lt "$min_kib" ] && min_kib=$r
     [ "$r" -gt "$max_kib" ] && max_kib=$r
-    sleep 1
+    pace
   done
   rr=$(rss_kib "$relay_pid") rf=$(fds "$relay_pid") sr=$(rss_kib "$sampler_pid") sf=$(fds "$sampler_pid")
   relay_rss+=("$rr") relay_fds+=("$rf") sampler_rss+=("$sr") sampler_fds+=("$sf")

@@ -267,7 +267,10 @@ impl Driver {
             "window complete; starting a new one"
         );
         drop(window);
-        self.pipeline.freed();
+        // A window that kept no samples (OTLP alone) freed nothing worth handing back.
+        if self.keep_window {
+            self.pipeline.freed();
+        }
         self.window_started = Instant::now();
     }
 }

@@ -18,6 +18,7 @@ pub(crate) mod config;
 pub(crate) mod driver;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub(crate) mod heap;
 pub(crate) mod interp;
 pub(crate) mod invoker_files;
 pub(crate) mod jit;

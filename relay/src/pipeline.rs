@@ -95,7 +95,7 @@ pub(crate) struct Pipeline {
     totals: Totals,
     /// When freed heap memory was last handed back (see [`Pipeline::trim`]).
     trimmed: Option<Instant>,
-    /// Heap memory was freed since then (resolvers closed, a window handed over).
+    /// A large release since then (a window, a large binary's parsed tables).
     trim_due: bool,
 }
 
@@ -628,40 +628,38 @@ impl Pipeline {
 
     /// After a batch: closes the resolvers that are idle or whose file no process maps any
     /// more, hands the file pages blazesym read back to the page cache, and the freed heap
-    /// back to the kernel (at most every [`TRIM_EVERY`]).
+    /// back to the kernel when they held enough to matter ([`crate::heap::worth_trimming`];
+    /// at most every [`TRIM_EVERY`]).
     fn release_symbolizer_memory(&mut self) {
         let live: std::collections::HashSet<crate::symbolize::FileKey> = self
             .sessions
             .values()
             .flat_map(|s| s.file_keys().copied())
             .collect();
-        let closed = self
-            .cache
+        let held = self.cache.size().bytes;
+        self.cache
             .evict(RESOLVER_IDLE, RESOLVER_UNREFERENCED, |key| {
                 live.contains(key)
             });
         self.cache.release_pages();
-        self.trim_due |= closed > 0;
+        let released = held.saturating_sub(self.cache.size().bytes);
+        self.trim_due |= crate::heap::worth_trimming(released);
         self.trim();
     }
 
-    /// Hands freed heap memory back to the kernel when some was freed (glibc keeps freed
-    /// chunks of its arenas otherwise, so closed resolvers and old windows would stay counted
-    /// in the relay's RSS), at most every [`TRIM_EVERY`].
+    /// Hands freed heap back to the kernel after a large release (a window handed over, a
+    /// large binary's parsed tables), at most every [`TRIM_EVERY`]. The space steady churn
+    /// frees and reuses every second stays: trimming it made the RSS dip and climb back.
     pub fn trim(&mut self) {
         if !self.trim_due || self.trimmed.is_some_and(|at| at.elapsed() < TRIM_EVERY) {
             return;
         }
         self.trim_due = false;
         self.trimmed = Some(Instant::now());
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        crate::heap::trim();
     }
 
-    /// Heap memory was freed (a window or interval handed over): trim at the next chance.
+    /// A window of samples was freed: trim at the next chance.
     pub fn freed(&mut self) {
         self.trim_due = true;
     }
