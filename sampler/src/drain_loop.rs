@@ -253,10 +253,14 @@ impl DrainLoop {
             let observed = Observed {
                 uid: (event.uid != UNOBSERVED_UID).then_some(event.uid),
                 cgroup_id: event.cgroup_id,
+                start_boottime_ns: (event.start_boottime_ns != 0)
+                    .then_some(event.start_boottime_ns),
             };
-            let described = self
-                .tracker
-                .describe_now(event.tgid, self.sequence, observed);
+            let events = &self.loaded.events;
+            let leader_exited = || events.exited_since(event.tgid, event.ktime_ns);
+            let described =
+                self.tracker
+                    .describe_now(event.tgid, self.sequence, observed, &leader_exited);
             tracing::debug!(
                 pid = event.tgid,
                 read = described.read,
@@ -440,6 +444,8 @@ impl DrainLoop {
             process_execs = execs,
             facts_read = latency.count,
             cgroup_reads_saved = self.tracker.cgroups.hits,
+            start_times_agreed = self.tracker.start_check.agreed,
+            start_times_refused = self.tracker.start_check.refused,
             facts_latency_p50_ms = latency.p50_ns as f64 / 1e6,
             facts_latency_p99_ms = latency.p99_ns as f64 / 1e6,
             facts_latency_max_ms = latency.max_ns as f64 / 1e6,

@@ -3,6 +3,7 @@
 //! Flags -> [`SamplerConfig`] -> load -> attach -> confine -> drain loop ([`DrainLoop`], in
 //! `drain_loop.rs`); nothing else lives here.
 
+mod btf;
 mod cgroups;
 mod clock;
 mod config;
