@@ -1,6 +1,8 @@
 //! Process events: the first sample of a process the program has not reported yet
 //! goes to the sampler at once on a ring buffer, so it reads the process's facts while the
-//! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
+//! process still runs (with what the kernel holds of it there: uid, cgroup id, and its start
+//! time, read from its group leader's `task_struct` at offsets the loader took from the
+//! kernel's BTF, so the sampler need not open its stat file); `sched_process_exec` and `sched_process_exit` keep the set of reported
 //! processes right (an exec'd image and a reused pid are reported again).
 //!
 //! A pid reused within one generation (the leader of one process exited, another process got its

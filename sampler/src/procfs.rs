@@ -15,10 +15,11 @@
 //! What a process start costs here: one `/proc/<pid>` descriptor ([`ProcDir`]) through which
 //! maps, exe, cgroup, stat, status, environ (and comm, cmdline, perf map only when needed) are
 //! read, each in one pass; a mapped file is opened only for a (device, inode) the table does not
-//! hold. At a process's first sample the eBPF program reports its uid and cgroup id
+//! hold. At a process's first sample the eBPF program reports its uid, cgroup id and start time
 //! ([`Observed`]): its status file is then read only when it runs anonymous code (a perf map's
-//! owner and pid), and its cgroup file only when no process of that cgroup was read lately
-//! ([`crate::cgroups`]). Taking the file's identity from the maps line (kernel-written) is safe because the
+//! owner and pid), its cgroup file only when no process of that cgroup was read lately
+//! ([`crate::cgroups`]), and its stat file only when its group leader exited since that sample
+//! (or the start times are still being checked: [`crate::tracker::StartCheck`]). Taking the file's identity from the maps line (kernel-written) is safe because the
 //! table holds a descriptor of every file it names (checked against that identity when opened
 //! through `map_files/`, the exact object the process maps): while it is held the inode cannot
 //! be freed, so no other file can come to have its (device, inode), and a process mapping that
