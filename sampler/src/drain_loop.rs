@@ -70,6 +70,11 @@ impl DrainLoop {
         boot_time_unix_ns: u64,
     ) -> Self {
         let unwind_sizes = loaded.unwind.sizes;
+        let mut link = link;
+        if let Err(err) = link.watch_ring(loaded.events.fd()) {
+            // Facts are then read at the next wait's end (at most IDLE_WAIT later).
+            tracing::warn!(%err, "cannot wait on the first-sample ring buffer");
+        }
         Self {
             inherited: config.inherited_fd.is_some(),
             link,
@@ -154,8 +159,7 @@ impl DrainLoop {
                 Duration::from_millis(100)
             };
             let wait = (next_tick - now).min(cap);
-            let events = Some(self.loaded.events.fd());
-            self.link.wait_also(wait, events) == Event::Closed
+            self.link.wait_also(wait) == Event::Closed
         } else {
             false
         };
