@@ -244,9 +244,11 @@ mod tests {
 
     use super::*;
 
-    /// A BTF blob: `types` as (name, kind, vlen, kind_flag, members as (name, type, offset)),
-    /// every name interned in the string section.
-    fn blob(types: &[(&str, u32, bool, &[(&str, u32, u32)])]) -> Vec<u8> {
+    /// A type to write: name, kind, kind_flag, members as (name, type, offset).
+    type Spec<'a> = (&'a str, u32, bool, &'a [(&'a str, u32, u32)]);
+
+    /// A BTF blob of `types`, every name interned in the string section.
+    fn blob(types: &[Spec<'_>]) -> Vec<u8> {
         let mut strings = vec![0u8];
         let mut intern = |name: &str| -> u32 {
             if name.is_empty() {
