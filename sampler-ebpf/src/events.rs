@@ -1,6 +1,8 @@
 //! Process events: the first sample of a process the program has not reported yet
 //! goes to the sampler at once on a ring buffer, so it reads the process's facts while the
-//! process still runs; `sched_process_exec` and `sched_process_exit` keep the set of reported
+//! process still runs (with what the kernel holds of it there: uid, cgroup id, and its start
+//! time, read from its group leader's `task_struct` at offsets the loader took from the
+//! kernel's BTF, so the sampler need not open its stat file); `sched_process_exec` and `sched_process_exit` keep the set of reported
 //! processes right (an exec'd image and a reused pid are reported again).
 //!
 //! A pid reused within one generation (the leader of one process exited, another process got its
@@ -12,7 +14,10 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_uid_gid, bpf_ktime_get_ns, generated::bpf_get_current_cgroup_id},
+    helpers::{
+        bpf_get_current_task, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_get_current_cgroup_id,
+    },
     macros::{map, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
@@ -21,6 +26,14 @@ use ember_sampler_ebpf::{
     event_counter, process_event, ProcessEvent, MAX_KNOWN_TGIDS, PROCESS_EVENTS_BYTES,
     REUSED_TGID_BIT, UNOBSERVED_UID,
 };
+
+/// Byte offset of `task_struct.group_leader`, from the kernel's BTF (set by the loader; 0 =
+/// unknown).
+#[no_mangle]
+static TASK_GROUP_LEADER: u32 = 0;
+/// Byte offset of `task_struct.start_boottime`, likewise.
+#[no_mangle]
+static TASK_START_BOOTTIME: u32 = 0;
 
 #[map]
 static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KNOWN_TGIDS, 0);
@@ -44,9 +57,40 @@ fn bump(slot: u32) {
     }
 }
 
+/// The current task's group leader's `start_boottime`: the start time /proc/PID/stat gives in
+/// ticks, so the sampler need not open that file. 0 when the loader found no offsets or a read
+/// failed.
+#[inline(always)]
+fn leader_start_boottime() -> u64 {
+    // SAFETY: reads of read-only globals the loader set before load.
+    let (leader_at, start_at) = unsafe {
+        (
+            core::ptr::read_volatile(&TASK_GROUP_LEADER),
+            core::ptr::read_volatile(&TASK_START_BOOTTIME),
+        )
+    };
+    if leader_at == 0 || start_at == 0 {
+        return 0;
+    }
+    // SAFETY: the helper returns the current task's address and takes no argument.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: `bpf_probe_read_kernel` checks the address it reads and fails on a bad one; the
+    // offsets are the kernel's own (its BTF), so these are its `task_struct` fields.
+    let leader =
+        match unsafe { bpf_probe_read_kernel(task.wrapping_add(leader_at as usize) as *const u64) }
+        {
+            Ok(leader) if leader != 0 => leader as *const u8,
+            _ => return 0,
+        };
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(leader.wrapping_add(start_at as usize) as *const u64) }
+        .unwrap_or(0)
+}
+
 /// Reports `tgid` on the ring buffer unless it was already reported (since its last exec).
-/// `in_context`: the program runs in one of the process's threads, so its uid and cgroup are
-/// the current task's and go with the event (the sampler then reads neither from /proc).
+/// `in_context`: the program runs in one of the process's threads, so its uid, cgroup and start
+/// time are the current task's and go with the event (the sampler then reads none of them from
+/// /proc).
 #[inline(always)]
 pub fn note(tgid: u32, in_context: bool) {
     if KNOWN_TGIDS.get_ptr(&tgid).is_some() {
@@ -56,13 +100,14 @@ pub fn note(tgid: u32, in_context: bool) {
     if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
         return;
     }
-    let (uid, cgroup_id) = if in_context {
+    let (uid, cgroup_id, start_boottime_ns) = if in_context {
         // The low half is the real uid.
         let uid = bpf_get_current_uid_gid() as u32;
         // SAFETY: a helper without arguments.
-        (uid, unsafe { bpf_get_current_cgroup_id() })
+        let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+        (uid, cgroup_id, leader_start_boottime())
     } else {
-        (UNOBSERVED_UID, 0)
+        (UNOBSERVED_UID, 0, 0)
     };
     match PROCESS_EVENTS.reserve::<ProcessEvent>(0) {
         Some(mut entry) => {
@@ -74,6 +119,7 @@ pub fn note(tgid: u32, in_context: bool) {
                 uid,
                 _pad: 0,
                 cgroup_id,
+                start_boottime_ns,
             });
             entry.submit(0);
             bump(event_counter::SENT);

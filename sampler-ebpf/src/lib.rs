@@ -173,14 +173,18 @@ pub struct ProcessEvent {
     /// Its cgroup v2 id (`bpf_get_current_cgroup_id`: the inode of its cgroup's directory), or
     /// 0 when not observed.
     pub cgroup_id: u64,
+    /// Its group leader's `task_struct.start_boottime` (ns of CLOCK_BOOTTIME at its fork: what
+    /// /proc/PID/stat's starttime counts in ticks), or 0 when not observed or when the loader
+    /// found no offsets for it ([`TASK_GROUP_LEADER_GLOBAL`]).
+    pub start_boottime_ns: u64,
 }
 
 /// [`ProcessEvent::uid`] when the event was sent from another task's context (off-CPU).
 pub const UNOBSERVED_UID: u32 = u32::MAX;
 
 #[cfg(feature = "user")]
-// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 8 + 4 + 4 + 8 bytes), any bit pattern
-// valid.
+// SAFETY: `repr(C)`, integers only, no padding (4 + 4 + 8 + 4 + 4 + 8 + 8 bytes), any bit
+// pattern valid.
 unsafe impl aya::Pod for ProcessEvent {}
 
 /// Kinds of [`ProcessEvent`].
@@ -441,6 +445,11 @@ pub const PIDNS_INO_GLOBAL: &str = "PIDNS_INO";
 /// Name of the read-only global holding `--off-cpu-min` in nanoseconds (waits at least this
 /// long are kept whole; shorter ones with probability wait / min, weighed min).
 pub const OFF_CPU_MIN_GLOBAL: &str = "OFF_CPU_MIN_NS";
+/// Names of the read-only globals holding the byte offsets of `task_struct.group_leader` and
+/// `task_struct.start_boottime`, which the loader finds in the kernel's BTF (aya-ebpf has no
+/// CO-RE); both 0 (unknown) leave [`ProcessEvent::start_boottime_ns`] 0.
+pub const TASK_GROUP_LEADER_GLOBAL: &str = "TASK_GROUP_LEADER";
+pub const TASK_START_BOOTTIME_GLOBAL: &str = "TASK_START_BOOTTIME";
 /// Largest `--off-cpu-min` (the keep test multiplies it by a 32-bit random number).
 pub const MAX_OFF_CPU_MIN_NS: u64 = 1_000_000_000;
 

@@ -70,6 +70,11 @@ impl DrainLoop {
         boot_time_unix_ns: u64,
     ) -> Self {
         let unwind_sizes = loaded.unwind.sizes;
+        let mut link = link;
+        if let Err(err) = link.watch_ring(loaded.events.fd()) {
+            // Facts are then read at the next wait's end (at most IDLE_WAIT later).
+            tracing::warn!(%err, "cannot wait on the first-sample ring buffer");
+        }
         Self {
             inherited: config.inherited_fd.is_some(),
             link,
@@ -154,8 +159,7 @@ impl DrainLoop {
                 Duration::from_millis(100)
             };
             let wait = (next_tick - now).min(cap);
-            let events = Some(self.loaded.events.fd());
-            self.link.wait_also(wait, events) == Event::Closed
+            self.link.wait_also(wait) == Event::Closed
         } else {
             false
         };
@@ -253,10 +257,14 @@ impl DrainLoop {
             let observed = Observed {
                 uid: (event.uid != UNOBSERVED_UID).then_some(event.uid),
                 cgroup_id: event.cgroup_id,
+                start_boottime_ns: (event.start_boottime_ns != 0)
+                    .then_some(event.start_boottime_ns),
             };
-            let described = self
-                .tracker
-                .describe_now(event.tgid, self.sequence, observed);
+            let events = &self.loaded.events;
+            let leader_exited = || events.exited_since(event.tgid, event.ktime_ns);
+            let described =
+                self.tracker
+                    .describe_now(event.tgid, self.sequence, observed, &leader_exited);
             tracing::debug!(
                 pid = event.tgid,
                 read = described.read,
@@ -440,6 +448,8 @@ impl DrainLoop {
             process_execs = execs,
             facts_read = latency.count,
             cgroup_reads_saved = self.tracker.cgroups.hits,
+            start_times_agreed = self.tracker.start_check.agreed,
+            start_times_refused = self.tracker.start_check.refused,
             facts_latency_p50_ms = latency.p50_ns as f64 / 1e6,
             facts_latency_p99_ms = latency.p99_ns as f64 / 1e6,
             facts_latency_max_ms = latency.max_ns as f64 / 1e6,

@@ -214,6 +214,15 @@ fn allowed(mode: Mode) -> Vec<(i64, &'static str)> {
             "noticing the relay closed the connection",
         ),
         (libc::SYS_ppoll, "waiting on the socket"),
+        (
+            libc::SYS_epoll_pwait,
+            "waiting on the socket and the ring buffer (the set made before the filter: \
+             epoll_create1 is not allowed)",
+        ),
+        (
+            libc::SYS_epoll_ctl,
+            "changing what that set waits for on the socket",
+        ),
         (libc::SYS_clock_nanosleep, "sleeping between intervals"),
         (libc::SYS_nanosleep, "sleeping between intervals"),
         (libc::SYS_clock_gettime, "time (when the vDSO is not used)"),
@@ -260,6 +269,10 @@ fn allowed(mode: Mode) -> Vec<(i64, &'static str)> {
     #[cfg(target_arch = "x86_64")]
     list.extend([
         (libc::SYS_poll, "waiting on the socket"),
+        (
+            libc::SYS_epoll_wait,
+            "waiting on the socket and the ring buffer",
+        ),
         (libc::SYS_readlink, "reading /proc/<pid>/exe"),
         (libc::SYS_access, "path checks"),
         (libc::SYS_stat, "file metadata"),
@@ -474,6 +487,10 @@ mod tests {
             refused(mode, "an AF_INET socket", || unsafe {
                 libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
             });
+            // The drain loop's epoll set is made before the filter: no other can be made.
+            refused(mode, "epoll_create1", || unsafe {
+                libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            });
         }
     }
 
@@ -553,6 +570,21 @@ mod tests {
                     fail(4);
                 }
             });
+            let set = crate::waitset::WaitSet::new().expect("an epoll set, made before the filter");
+            let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().expect("pair");
+            theirs.send(b"x").expect("send");
+            allowed_ok(
+                mode,
+                "epoll_ctl + epoll_wait on a set made before",
+                move || {
+                    let mut set = set;
+                    set.watch_conn(Some(std::os::fd::AsFd::as_fd(&ours)), libc::EPOLLIN as u32);
+                    match set.wait(1000, false) {
+                        Ok(ready) if ready.conn == libc::EPOLLIN as u32 => {}
+                        _ => fail(4),
+                    }
+                },
+            );
             allowed_ok(mode, "bpf(BPF_MAP_LOOKUP_ELEM)", || {
                 // SAFETY: a lookup on a bad fd with a null attribute: the kernel refuses it with
                 // an errno, which is all this checks.

@@ -23,6 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::waitset::WaitSet;
 use ember_protocol::transport;
 use nix::{
     errno::Errno,
@@ -86,6 +87,8 @@ pub struct Link {
     send_by: Option<Instant>,
     /// Datagrams handed to the socket, since start (the bench counts them per process).
     pub datagrams_sent: u64,
+    /// What a wait waits for: the connection and the ring buffer of first-sample events.
+    wait_set: WaitSet,
 }
 
 /// Longest time facts wait in the queue for others to go with them: the relay needs a
@@ -113,6 +116,7 @@ impl Link {
         inherited: Option<OwnedFd>,
         backlog_max_bytes: usize,
         relay_uid: Option<u32>,
+        wait_set: WaitSet,
     ) -> Self {
         Self {
             target,
@@ -132,6 +136,7 @@ impl Link {
             inbox_refused: 0,
             send_by: None,
             datagrams_sent: 0,
+            wait_set,
         }
     }
 
@@ -365,63 +370,70 @@ impl Link {
         }
     }
 
-    /// Waits up to `timeout` for the connection to close or become writable; reports a close.
+    /// Waits at most `timeout` for the connection (see [`Link::wait_also`]), not for the ring
+    /// buffer of first-sample events.
     pub fn wait(&mut self, timeout: Duration) -> Event {
-        self.wait_also(timeout, None)
+        self.wait_for(timeout, false)
     }
 
-    /// [`Link::wait`] that also returns (`Nothing`) as soon as `also` is readable (the process
-    /// events' ring buffer).
-    pub fn wait_also(&mut self, timeout: Duration, also: Option<BorrowedFd<'_>>) -> Event {
+    /// Waits at most `timeout` (shorter while facts are held) for the connection to be readable,
+    /// writable when something is due, closed, or for the ring buffer of first-sample events
+    /// ([`Link::watch_ring`]) to hold events; reads what the relay sent into the inbox.
+    pub fn wait_also(&mut self, timeout: Duration) -> Event {
+        self.wait_for(timeout, true)
+    }
+
+    /// Adds the ring buffer of first-sample events to what [`Link::wait_also`] waits for.
+    pub fn watch_ring(&mut self, ring: BorrowedFd<'_>) -> std::io::Result<()> {
+        self.wait_set.add_ring(ring)
+    }
+
+    fn wait_for(&mut self, timeout: Duration, ring: bool) -> Event {
         let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         let Some(conn) = self.conn.as_ref() else {
-            match also {
-                Some(fd) => {
-                    let _ = poll(
-                        &mut [PollFd::new(fd, PollFlags::POLLIN)],
-                        PollTimeout::from(millis),
-                    );
+            self.wait_set.watch_conn(None, 0);
+            if let Err(err) = self.wait_set.wait(millis, ring) {
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::warn!(%err, "epoll_wait failed");
+                    std::thread::sleep(timeout);
                 }
-                None => std::thread::sleep(timeout),
             }
             return Event::Nothing;
         };
         // A full inbox is left on the socket until the drain loop takes it: backpressure.
-        let mut flags = PollFlags::empty();
+        let mut events = 0;
         if self.inbox.len() < MAX_INBOX {
-            flags |= PollFlags::POLLIN;
+            events |= libc::EPOLLIN as u32;
         }
         // Held facts: wake when they are due, not when the socket has room.
-        let hold_left = self.hold_left();
-        let millis = match hold_left {
+        let millis = match self.hold_left() {
             Some(Duration::ZERO) => {
-                flags |= PollFlags::POLLOUT;
+                events |= libc::EPOLLOUT as u32;
                 millis
             }
             Some(left) => millis.min(u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX)),
             None => millis,
         };
-        let mut fds = vec![PollFd::new(conn.as_fd(), flags)];
-        fds.extend(also.map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
-        match poll(&mut fds, PollTimeout::from(millis)) {
-            Ok(0) | Err(Errno::EINTR) => Event::Nothing,
-            Ok(_) => {
-                let revents = fds[0].revents().unwrap_or(PollFlags::empty());
-                if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
+        self.wait_set.watch_conn(Some(conn.as_fd()), events);
+        match self.wait_set.wait(millis, ring) {
+            Ok(ready) => {
+                let revents = ready.conn;
+                if revents & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                     return self.disconnect();
                 }
-                if revents.contains(PollFlags::POLLIN) {
+                if revents & libc::EPOLLIN as u32 != 0 {
                     if let Some(event) = self.read_inbox() {
                         return event;
                     }
                 }
-                if revents.contains(PollFlags::POLLOUT) {
+                if revents & libc::EPOLLOUT as u32 != 0 {
                     return self.flush();
                 }
                 Event::Nothing
             }
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => Event::Nothing,
             Err(err) => {
-                tracing::warn!(%err, "poll on the relay socket failed");
+                tracing::warn!(%err, "epoll_wait on the relay socket failed");
                 Event::Nothing
             }
         }
@@ -459,6 +471,7 @@ impl Link {
     }
 
     fn disconnect(&mut self) -> Event {
+        self.wait_set.forget_conn();
         if self.conn.take().is_some() {
             let queued_batches = self.queue.iter().filter(|m| m.batch.is_some()).count();
             if matches!(self.target, Target::Inherited) {
@@ -555,6 +568,7 @@ mod tests {
             None,
             300,
             None,
+            WaitSet::new().expect("epoll"),
         );
         // When a state message and five batches (sequence s carries s + 1 samples) are queued
         link.enqueue(message(1000, None));
@@ -595,6 +609,7 @@ mod tests {
             None,
             1000,
             None,
+            WaitSet::new().expect("epoll"),
         );
         link.enqueue(message(11, None));
         link.enqueue(batch(100, 7, 1));
@@ -621,7 +636,13 @@ mod tests {
     fn a_missing_relay_is_retried_after_a_doubling_backoff() {
         // Given a socket path nobody listens on
         let dir = TempDir::new("missing");
-        let mut link = Link::new(Target::Path(dir.0.join("relay.sock")), None, 1000, None);
+        let mut link = Link::new(
+            Target::Path(dir.0.join("relay.sock")),
+            None,
+            1000,
+            None,
+            WaitSet::new().expect("epoll"),
+        );
         let mut expected = BACKOFF_MIN;
         for _ in 0..8 {
             // When an attempt is due and fails
@@ -648,7 +669,13 @@ mod tests {
         let dir = TempDir::new("refusing");
         let path = dir.0.join("relay.sock");
         let listener = transport::listen(&path).expect("listen");
-        let mut link = Link::new(Target::Path(path), None, 1 << 20, None);
+        let mut link = Link::new(
+            Target::Path(path),
+            None,
+            1 << 20,
+            None,
+            WaitSet::new().expect("epoll"),
+        );
         let mut expected = BACKOFF_MIN;
         for round in 0..8 {
             // When the link connects (made due: no waiting in tests)...
@@ -698,7 +725,13 @@ mod tests {
         // Given a connection whose send buffer can never take 64 KiB
         let (ours, theirs) = transport::pair().expect("socketpair");
         transport::set_send_buffer(ours.as_fd(), 4096).expect("SO_SNDBUF");
-        let mut link = Link::new(Target::Inherited, Some(ours), 1 << 20, None);
+        let mut link = Link::new(
+            Target::Inherited,
+            Some(ours),
+            1 << 20,
+            None,
+            WaitSet::new().expect("epoll"),
+        );
         // When a large fact, a large batch and a small fact are queued
         link.enqueue(message(64 << 10, None));
         link.enqueue(message(
@@ -744,7 +777,13 @@ mod tests {
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         )
         .expect("O_NONBLOCK");
-        let mut link = Link::new(Target::Inherited, Some(ours), 1 << 20, None);
+        let mut link = Link::new(
+            Target::Inherited,
+            Some(ours),
+            1 << 20,
+            None,
+            WaitSet::new().expect("epoll"),
+        );
         // When two facts are queued and flushed at once
         link.enqueue(message(11, None));
         link.enqueue(message(12, None));
@@ -784,7 +823,13 @@ mod tests {
     fn an_inherited_connection_that_closes_ends_the_link() {
         // Given an inherited connection
         let (ours, theirs) = transport::pair().expect("socketpair");
-        let mut link = Link::new(Target::Inherited, Some(ours), 1 << 20, None);
+        let mut link = Link::new(
+            Target::Inherited,
+            Some(ours),
+            1 << 20,
+            None,
+            WaitSet::new().expect("epoll"),
+        );
         assert!(!link.ended());
         // When the relay closes it
         drop(theirs);

@@ -20,6 +20,7 @@ use ember_sampler_ebpf::{
     maps, programs, InterpCode, InterpCodeKey, InterpProc, InterpStack, MappingEntry, ProcMappings,
     SampleKey, UnwindRow, UnwindTableInfo, UserStack, DWARF_GLOBAL, MAX_PROC_MAPPINGS,
     OFF_CPU_MIN_GLOBAL, PIDNS_DEV_GLOBAL, PIDNS_INO_GLOBAL, TARGET_TGID_GLOBAL,
+    TASK_GROUP_LEADER_GLOBAL, TASK_START_BOOTTIME_GLOBAL,
 };
 
 use crate::{
@@ -299,8 +300,12 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         )?),
         None => None,
     };
+    // Before the BTF is hidden from aya below.
+    let task = task_offsets();
     hide_kernel_btf();
     let mut loader = EbpfLoader::new();
+    loader.override_global(TASK_GROUP_LEADER_GLOBAL, &task.group_leader, true);
+    loader.override_global(TASK_START_BOOTTIME_GLOBAL, &task.start_boottime, true);
     if let Some(min) = &config.off_cpu_min_ns {
         loader.override_global(OFF_CPU_MIN_GLOBAL, min, true);
     }
@@ -409,6 +414,33 @@ pub fn load_and_attach(config: &SamplerConfig) -> anyhow::Result<Loaded> {
         events,
         cpus: cpus.len(),
     })
+}
+
+/// Where `task_struct.group_leader` and `.start_boottime` lie (see [`crate::btf`]), so that the
+/// program reads a process's start time at its first sample; both 0 (the program then reads
+/// none, and the sampler reads /proc/PID/stat) when the kernel's BTF is not there (the systemd
+/// unit covers it) or does not have them.
+fn task_offsets() -> crate::btf::TaskOffsets {
+    match crate::btf::task_offsets() {
+        Ok(offsets) => {
+            tracing::info!(
+                group_leader = offsets.group_leader,
+                start_boottime = offsets.start_boottime,
+                "task_struct offsets from the kernel's BTF: start times from the first-sample event"
+            );
+            offsets
+        }
+        Err(err) => {
+            tracing::info!(
+                err = %anyhow::Error::from(err),
+                "no task_struct offsets: start times from /proc/PID/stat"
+            );
+            crate::btf::TaskOffsets {
+                group_leader: 0,
+                start_boottime: 0,
+            }
+        }
+    }
 }
 
 /// Where the kernel publishes its own BTF; aya 0.14's `EbpfLoader::new()` reads and parses it.

@@ -3,6 +3,7 @@
 //! Flags -> [`SamplerConfig`] -> load -> attach -> confine -> drain loop ([`DrainLoop`], in
 //! `drain_loop.rs`); nothing else lives here.
 
+mod btf;
 mod cgroups;
 mod clock;
 mod config;
@@ -21,6 +22,7 @@ mod procfs;
 mod rows;
 mod tracker;
 mod unwind;
+mod waitset;
 
 use std::{fs::File, os::fd::OwnedFd, path::PathBuf, rc::Rc, time::Duration};
 
@@ -37,6 +39,7 @@ use crate::{
     drain_loop::DrainLoop,
     link::{Link, Target},
     tracker::{state, Tracker},
+    waitset::WaitSet,
 };
 
 /// ember's privileged eBPF sampler. Samples every CPU with a CPU-clock perf event, aggregates
@@ -178,6 +181,8 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // Before the seccomp filter, which leaves out epoll_create1.
+    let wait_set = WaitSet::new().context("creating the drain loop's epoll set")?;
     let relay = confine(&config, parent)?;
     tracing::info!(
         cpus = loaded.cpus,
@@ -203,7 +208,7 @@ fn run(config: SamplerConfig) -> anyhow::Result<()> {
         unwind_rows: if dwarf { unwind_sizes.rows } else { 0 },
         unwind_tables: if dwarf { unwind_sizes.tables } else { 0 },
     };
-    let link = Link::new(target, inherited, config.backlog_max_bytes, relay);
+    let link = Link::new(target, inherited, config.backlog_max_bytes, relay, wait_set);
     let hello = state(SamplerMessage::Hello(hello), kallsyms.into_iter().collect());
     let tracker = Tracker::new(boot_time, max_open_files);
     DrainLoop::new(config, loaded, link, hello, tracker, boot_time).run()

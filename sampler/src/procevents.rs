@@ -178,6 +178,7 @@ fn parse(bytes: &[u8]) -> Option<ProcessEvent> {
         uid: u32::try_from(word(16, 4)?).ok()?,
         _pad: 0,
         cgroup_id: word(24, 8)?,
+        start_boottime_ns: word(32, 8)?,
     })
 }
 
@@ -209,6 +210,7 @@ mod tests {
         bytes.extend_from_slice(&1_000u32.to_ne_bytes());
         bytes.extend_from_slice(&0u32.to_ne_bytes());
         bytes.extend_from_slice(&0x1234u64.to_ne_bytes());
+        bytes.extend_from_slice(&5_000_000_123u64.to_ne_bytes());
         assert_eq!(
             parse(&bytes),
             Some(ProcessEvent {
@@ -218,8 +220,10 @@ mod tests {
                 uid: 1_000,
                 _pad: 0,
                 cgroup_id: 0x1234,
+                start_boottime_ns: 5_000_000_123,
             })
         );
+        assert_eq!(parse(&bytes[..32]), None);
         assert_eq!(parse(&bytes[..12]), None);
         assert_eq!(parse(&bytes[..16]), None);
     }

@@ -15,10 +15,11 @@
 //! What a process start costs here: one `/proc/<pid>` descriptor ([`ProcDir`]) through which
 //! maps, exe, cgroup, stat, status, environ (and comm, cmdline, perf map only when needed) are
 //! read, each in one pass; a mapped file is opened only for a (device, inode) the table does not
-//! hold. At a process's first sample the eBPF program reports its uid and cgroup id
+//! hold. At a process's first sample the eBPF program reports its uid, cgroup id and start time
 //! ([`Observed`]): its status file is then read only when it runs anonymous code (a perf map's
-//! owner and pid), and its cgroup file only when no process of that cgroup was read lately
-//! ([`crate::cgroups`]). Taking the file's identity from the maps line (kernel-written) is safe because the
+//! owner and pid), its cgroup file only when no process of that cgroup was read lately
+//! ([`crate::cgroups`]), and its stat file only when its group leader exited since that sample
+//! (or the start times are still being checked: [`crate::tracker::StartCheck`]). Taking the file's identity from the maps line (kernel-written) is safe because the
 //! table holds a descriptor of every file it names (checked against that identity when opened
 //! through `map_files/`, the exact object the process maps): while it is held the inode cannot
 //! be freed, so no other file can come to have its (device, inode), and a process mapping that
@@ -566,6 +567,7 @@ pub fn read_process(
         fresh,
         Observed::default(),
         &mut CgroupCache::with_nothing(),
+        &|| false,
     )
 }
 
@@ -577,11 +579,17 @@ pub struct Observed {
     pub uid: Option<u32>,
     /// Its cgroup v2 id (0 unknown): its cgroup file is taken from `cgroups` when known there.
     pub cgroup_id: u64,
+    /// Its group leader's `start_boottime`: its stat file is then not read for its start time,
+    /// unless its group leader exited since that sample (the pid may be another process's now).
+    pub start_boottime_ns: Option<u64>,
 }
 
 /// [`read_process`] with what the kernel observed of the process at its first sample: the
 /// status file is left unread unless the process runs anonymous code (a perf map's owner and
-/// pid come from it), the cgroup file when [`CgroupCache`] knows the observed cgroup.
+/// pid come from it), the cgroup file when [`CgroupCache`] knows the observed cgroup, the stat
+/// file when the start time was observed and `leader_exited` (asked after `/proc/<pid>` is
+/// open) says the process's group leader has not exited since: the directory then holds the
+/// process that was sampled, not a later one with its pid.
 pub fn read_process_observed(
     pid: u32,
     boot_time_unix_ns: u64,
@@ -589,6 +597,7 @@ pub fn read_process_observed(
     fresh: &mut Vec<u64>,
     observed: Observed,
     cgroups: &mut CgroupCache,
+    leader_exited: &dyn Fn() -> bool,
 ) -> std::io::Result<ReadProcess> {
     let dir = ProcDir::open(pid)?;
     let maps = parse_maps(dir.file(c"maps")?, MAPS_MAX_BYTES, MAX_MAPPINGS_PER_PROCESS)?;
@@ -621,13 +630,14 @@ pub fn read_process_observed(
             (text, cut)
         }
     };
-    let start_time_unix_ns = dir
-        .read_small(c"stat")
-        .ok()
-        .and_then(|stat| start_ticks(&stat))
-        .map_or(0, |ticks| {
-            boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks()))
-        });
+    let start_time_unix_ns = match observed.start_boottime_ns.filter(|_| !leader_exited()) {
+        Some(ns) => start_time_from_boottime(boot_time_unix_ns, ns),
+        None => dir
+            .read_small(c"stat")
+            .ok()
+            .and_then(|stat| start_ticks(&stat))
+            .map_or(0, |ticks| start_time_from_ticks(boot_time_unix_ns, ticks)),
+    };
     let ParsedMaps {
         mut mappings,
         omitted: mappings_omitted,
@@ -736,7 +746,22 @@ fn clock_ticks() -> u64 {
 /// the ignored processes are re-checked with it every drain.
 pub fn start_time_unix_ns(pid: u32, boot_time_unix_ns: u64) -> Option<u64> {
     let ticks = start_ticks(&read_small(format!("/proc/{pid}/stat")).ok()?)?;
-    Some(boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks())))
+    Some(start_time_from_ticks(boot_time_unix_ns, ticks))
+}
+
+/// A start time in /proc/PID/stat's ticks since boot, on the wall clock.
+fn start_time_from_ticks(boot_time_unix_ns: u64, ticks: u64) -> u64 {
+    boot_time_unix_ns.saturating_add(ticks.saturating_mul(1_000_000_000 / clock_ticks()))
+}
+
+/// A group leader's `start_boottime` (ns) as the same start time: cut to whole ticks first, as
+/// the kernel does for /proc/PID/stat (`nsec_to_clock_t`), so that both sources agree exactly:
+/// the start time is the process's identity across pid reuse everywhere.
+pub fn start_time_from_boottime(boot_time_unix_ns: u64, start_boottime_ns: u64) -> u64 {
+    start_time_from_ticks(
+        boot_time_unix_ns,
+        start_boottime_ns / (1_000_000_000 / clock_ticks()),
+    )
 }
 
 /// Field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat; the comm field may hold

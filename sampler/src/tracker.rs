@@ -95,6 +95,53 @@ pub struct Tracker {
     /// Pids whose facts are re-read at their next samples whatever their addresses (they were
     /// ignored and may have exec'd meanwhile).
     reread: HashSet<u32>,
+    /// Whether the start times the eBPF program reads are taken.
+    pub start_check: StartCheck,
+}
+
+/// The start times of the first-sample events (a group leader's `start_boottime`, read at
+/// offsets the loader found in the kernel's BTF) are checked against /proc/PID/stat's before
+/// they are used: the first [`START_CHECKS`] processes are read both ways, and any
+/// disagreement (a wrong offset, a time namespace) turns them off for good. The start time is
+/// the process's identity across pid reuse: one that differs from the /proc one would split or
+/// join processes.
+#[derive(Debug, Default)]
+pub struct StartCheck {
+    /// Processes whose two start times agreed.
+    pub agreed: u32,
+    /// One disagreed: the events' start times are never used.
+    pub refused: bool,
+}
+
+/// Processes read both ways before the events' start times are used.
+const START_CHECKS: u32 = 16;
+
+impl StartCheck {
+    fn trusted(&self) -> bool {
+        !self.refused && self.agreed >= START_CHECKS
+    }
+
+    /// Compares an observed start time with the one read from /proc for the same process.
+    fn compare(&mut self, pid: u32, observed: u64, read: u64) {
+        if observed == read {
+            self.agreed += 1;
+            if self.agreed == START_CHECKS {
+                tracing::info!(
+                    checked = START_CHECKS,
+                    "start times from the first-sample events agree with /proc: used from now on"
+                );
+            }
+        } else if !self.refused {
+            self.refused = true;
+            tracing::warn!(
+                pid,
+                observed,
+                read,
+                "a start time from the first-sample event differs from /proc/PID/stat's: \
+                 start times are read from /proc from now on"
+            );
+        }
+    }
 }
 
 impl Tracker {
@@ -109,6 +156,7 @@ impl Tracker {
             changed: Vec::new(),
             gone: Vec::new(),
             reread: HashSet::new(),
+            start_check: StartCheck::default(),
         }
     }
 
@@ -176,7 +224,7 @@ impl Tracker {
                 }
             };
             if stale {
-                out.extend(self.refresh(pid, sequence, Observed::default()));
+                out.extend(self.refresh(pid, sequence, Observed::default(), &|| false));
             }
         }
         out
@@ -187,8 +235,15 @@ impl Tracker {
     /// to send (before the batch that holds its samples) and whether its facts could be read.
     /// `reused` when these facts replace another process's (another start time): its samples
     /// not yet in a batch must be sent before them. `observed`: what the kernel saw of it at
-    /// that sample.
-    pub fn describe_now(&mut self, pid: u32, sequence: u64, observed: Observed) -> Described {
+    /// that sample; `leader_exited`: whether the process's group leader exited since then (its
+    /// observed start time is then not used: the pid may be another process's).
+    pub fn describe_now(
+        &mut self,
+        pid: u32,
+        sequence: u64,
+        observed: Observed,
+        leader_exited: &dyn Fn() -> bool,
+    ) -> Described {
         let errors = self.errors;
         let before = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
         if before.is_some() && procfs::is_exiting(pid) {
@@ -200,10 +255,26 @@ impl Tracker {
                 reused: false,
             };
         }
-        let messages = self.refresh(pid, sequence, observed);
+        let checking = observed
+            .start_boottime_ns
+            .filter(|_| !self.start_check.trusted() && !self.start_check.refused);
+        let observed = Observed {
+            start_boottime_ns: observed
+                .start_boottime_ns
+                .filter(|_| self.start_check.trusted()),
+            ..observed
+        };
+        let messages = self.refresh(pid, sequence, observed, leader_exited);
         self.reread.remove(&pid);
         let read = self.errors == errors;
         let now = self.procs.get(&pid).map(|t| t.info.start_time_unix_ns);
+        if let (Some(ns), Some(now), true) = (checking, now, read) {
+            // Only when the directory read was the sampled process's (see `read_process_observed`).
+            if !leader_exited() {
+                let observed = procfs::start_time_from_boottime(self.boot_time_unix_ns, ns);
+                self.start_check.compare(pid, observed, now);
+            }
+        }
         Described {
             messages,
             read,
@@ -211,7 +282,13 @@ impl Tracker {
         }
     }
 
-    fn refresh(&mut self, pid: u32, sequence: u64, observed: Observed) -> Vec<Outgoing> {
+    fn refresh(
+        &mut self,
+        pid: u32,
+        sequence: u64,
+        observed: Observed,
+        leader_exited: &dyn Fn() -> bool,
+    ) -> Vec<Outgoing> {
         let mut fresh = Vec::new();
         match procfs::read_process_observed(
             pid,
@@ -220,6 +297,7 @@ impl Tracker {
             &mut fresh,
             observed,
             &mut self.cgroups,
+            leader_exited,
         ) {
             Ok(read) => {
                 self.truncated += u64::from(read.truncated);

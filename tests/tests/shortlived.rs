@@ -66,23 +66,31 @@ fn launch(seconds: u32, rate: u32) -> Launched {
     }
 }
 
-/// The last `sampler status` line's facts-latency figures, for the log.
-fn facts_latency(stderr: &str) -> String {
+/// The last `sampler status` line.
+fn last_status(stderr: &str) -> Option<Value> {
     stderr
         .lines()
         .rev()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .find(|line| message(line) == "sampler status")
+}
+
+/// The last `sampler status` line's facts-latency figures, for the log.
+fn facts_latency(stderr: &str) -> String {
+    last_status(stderr)
         .map(|line| {
             let fields = &line;
             format!(
-                "facts read {} ms p50, {} ms p99, {} ms max over {} processes; {} process events, {} dropped",
+                "facts read {} ms p50, {} ms p99, {} ms max over {} processes; {} process events, \
+                 {} dropped; start times from the events: {} agreed with /proc, refused {}",
                 fields["facts_latency_p50_ms"],
                 fields["facts_latency_p99_ms"],
                 fields["facts_latency_max_ms"],
                 fields["facts_read"],
                 fields["process_events"],
                 fields["process_events_dropped"],
+                fields["start_times_agreed"],
+                fields["start_times_refused"],
             )
         })
         .unwrap_or_else(|| "no sampler status line".into())
@@ -145,6 +153,21 @@ fn short_lived_processes_are_symbolized() {
         named as f64 >= 0.95 * captured as f64,
         "only {named} of {captured} samples of the short-lived children have burn_outer or \
          burn_leaf named: their facts were not read while they ran"
+    );
+    // The start times the eBPF program read (task_struct offsets from the kernel's BTF) agreed
+    // with /proc/PID/stat's for the processes read both ways, so the sampler took them and
+    // stopped opening the stat file of each new process.
+    let status = last_status(&recorded.stderr).expect("a sampler status line");
+    assert_eq!(
+        status["start_times_refused"],
+        Value::Bool(false),
+        "a start time from a first-sample event differed from /proc/PID/stat's"
+    );
+    let agreed = status["start_times_agreed"].as_u64().unwrap_or(0);
+    assert!(
+        agreed >= 16,
+        "only {agreed} start times from the first-sample events were checked against /proc: \
+         the events carry none (no task_struct offsets from the kernel's BTF?)"
     );
 }
 
