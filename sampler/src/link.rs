@@ -510,6 +510,12 @@ impl Link {
 mod tests {
     use super::*;
 
+    /// A link to `target` over `conn` (if connected) holding at most `limit` bytes of backlog,
+    /// with a wait set of its own.
+    fn test_link(target: Target, conn: Option<OwnedFd>, limit: usize) -> Link {
+        Link::new(target, conn, limit, None, WaitSet::new().expect("epoll"))
+    }
+
     fn message(len: usize, batch: Option<BatchMark>) -> Outgoing {
         Outgoing {
             bytes: vec![0u8; len],
@@ -563,13 +569,7 @@ mod tests {
     #[test]
     fn a_full_backlog_drops_the_oldest_batches_counted_and_keeps_state_messages() {
         // Given a link with no relay and room for three 100-byte batches
-        let mut link = Link::new(
-            Target::Path("/nonexistent/ember.sock".into()),
-            None,
-            300,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Path("/nonexistent/ember.sock".into()), None, 300);
         // When a state message and five batches (sequence s carries s + 1 samples) are queued
         link.enqueue(message(1000, None));
         for sequence in 0..5 {
@@ -604,13 +604,7 @@ mod tests {
     #[test]
     fn prepend_replaces_the_state_of_the_previous_connection_and_keeps_batches() {
         // Given the state of an old connection queued between batches
-        let mut link = Link::new(
-            Target::Path("/nonexistent/ember.sock".into()),
-            None,
-            1000,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Path("/nonexistent/ember.sock".into()), None, 1000);
         link.enqueue(message(11, None));
         link.enqueue(batch(100, 7, 1));
         link.enqueue(message(12, None));
@@ -636,13 +630,7 @@ mod tests {
     fn a_missing_relay_is_retried_after_a_doubling_backoff() {
         // Given a socket path nobody listens on
         let dir = TempDir::new("missing");
-        let mut link = Link::new(
-            Target::Path(dir.0.join("relay.sock")),
-            None,
-            1000,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Path(dir.0.join("relay.sock")), None, 1000);
         let mut expected = BACKOFF_MIN;
         for _ in 0..8 {
             // When an attempt is due and fails
@@ -669,13 +657,7 @@ mod tests {
         let dir = TempDir::new("refusing");
         let path = dir.0.join("relay.sock");
         let listener = transport::listen(&path).expect("listen");
-        let mut link = Link::new(
-            Target::Path(path),
-            None,
-            1 << 20,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Path(path), None, 1 << 20);
         let mut expected = BACKOFF_MIN;
         for round in 0..8 {
             // When the link connects (made due: no waiting in tests)...
@@ -725,13 +707,7 @@ mod tests {
         // Given a connection whose send buffer can never take 64 KiB
         let (ours, theirs) = transport::pair().expect("socketpair");
         transport::set_send_buffer(ours.as_fd(), 4096).expect("SO_SNDBUF");
-        let mut link = Link::new(
-            Target::Inherited,
-            Some(ours),
-            1 << 20,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Inherited, Some(ours), 1 << 20);
         // When a large fact, a large batch and a small fact are queued
         link.enqueue(message(64 << 10, None));
         link.enqueue(message(
@@ -777,13 +753,7 @@ mod tests {
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         )
         .expect("O_NONBLOCK");
-        let mut link = Link::new(
-            Target::Inherited,
-            Some(ours),
-            1 << 20,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Inherited, Some(ours), 1 << 20);
         // When two facts are queued and flushed at once
         link.enqueue(message(11, None));
         link.enqueue(message(12, None));
@@ -823,13 +793,7 @@ mod tests {
     fn an_inherited_connection_that_closes_ends_the_link() {
         // Given an inherited connection
         let (ours, theirs) = transport::pair().expect("socketpair");
-        let mut link = Link::new(
-            Target::Inherited,
-            Some(ours),
-            1 << 20,
-            None,
-            WaitSet::new().expect("epoll"),
-        );
+        let mut link = test_link(Target::Inherited, Some(ours), 1 << 20);
         assert!(!link.ended());
         // When the relay closes it
         drop(theirs);
