@@ -19,8 +19,10 @@
 //! ([`Observed`]): its status file is then read only when it runs anonymous code (a perf map's
 //! owner and pid), its cgroup file only when no process of that cgroup was read lately
 //! ([`crate::cgroups`]), and its stat file only when its group leader exited since that sample
-//! (or the start times are still being checked: [`crate::tracker::StartCheck`]). Taking the file's identity from the maps line (kernel-written) is safe because the
-//! table holds a descriptor of every file it names (checked against that identity when opened
+//! (or the start times are still being checked: [`crate::tracker::StartCheck`]).
+//!
+//! Taking the file's identity from the maps line (kernel-written) is safe because the table
+//! holds a descriptor of every file it names (checked against that identity when opened
 //! through `map_files/`, the exact object the process maps): while it is held the inode cannot
 //! be freed, so no other file can come to have its (device, inode), and a process mapping that
 //! pair maps that very file, whatever was renamed, replaced or deleted under its path since.
