@@ -5,15 +5,20 @@
 //! The program writes to generation `CONTROL[0] & 1` (`CONTROL[0]` counts the flips). A drain
 //! flips it, waits for program runs that
 //! already read the old value to finish (a run takes microseconds), then reads and clears the old
-//! generation's counts and stacks, which nothing writes to any more.
+//! generation's counts and stacks, which nothing writes to any more. Its hash maps are read and
+//! cleared in batches ([`crate::bulk`]), a few system calls per map instead of three per entry.
 
 use std::{
     collections::{HashMap, HashSet},
+    mem::size_of,
     thread,
     time::Duration,
 };
 
-use aya::maps::MapError;
+use aya::{
+    maps::{HashMap as AyaHashMap, IterableMap as _, MapData, MapError},
+    Pod,
+};
 use ember_protocol::{
     split::{self, BatchHeader, SampleIn},
     Batch, InterpCodeWire, InterpFrameWire, InterpStackWire, Losses,
@@ -25,7 +30,7 @@ use ember_sampler_ebpf::{
 /// "No such entry": the stack the key names is not in the map.
 const ERRNO_ENOENT: i32 = 2;
 
-use crate::{clock::monotonic_ns, load::Loaded};
+use crate::{bulk, clock::monotonic_ns, load::Loaded};
 
 /// How long a flip waits for in-flight program runs on the old generation.
 const FLIP_GRACE: Duration = Duration::from_millis(5);
@@ -49,6 +54,9 @@ pub struct Drainer {
     epoch: u32,
     /// CLOCK_MONOTONIC when each generation became the one the program writes to.
     started_ns: [u64; 2],
+    /// Hash maps are read in batches ([`bulk`]); cleared for good once the kernel (before 5.6)
+    /// refuses the command, and the drain goes key by key.
+    bulk: bool,
 }
 
 impl Drainer {
@@ -57,6 +65,7 @@ impl Drainer {
             generation: 0,
             epoch: 0,
             started_ns: [monotonic_ns(), 0],
+            bulk: true,
         }
     }
 
@@ -78,32 +87,18 @@ impl Drainer {
         thread::sleep(FLIP_GRACE);
 
         let mut drained = Drained::default();
-        let counts = &mut loaded.counts[old as usize];
-        let keys: Vec<SampleKey> = counts.keys().filter_map(Result::ok).collect();
-        for key in keys {
-            match counts.get(&key, 0) {
-                Ok(count) => drained.rows.push((key, count)),
-                Err(_) => drained.read_errors += 1,
-            }
-            if counts.remove(&key).is_err() {
-                drained.read_errors += 1;
-            }
-        }
-        let ustacks = &mut loaded.ustacks[old as usize];
-        let hashes: Vec<u64> = ustacks.keys().filter_map(Result::ok).collect();
-        let mut walked: HashMap<u64, Vec<u64>> = HashMap::with_capacity(hashes.len());
-        for hash in hashes {
-            match ustacks.get(&hash, 0) {
-                Ok(stack) => {
+        let bulk = &mut self.bulk;
+        let errors = &mut drained.read_errors;
+        drained.rows = take_entries(&mut loaded.counts[old as usize], bulk, errors);
+        let walked: HashMap<u64, Vec<u64>> =
+            take_entries(&mut loaded.ustacks[old as usize], bulk, errors)
+                .into_iter()
+                .map(|(hash, stack)| {
                     let len = (stack.len as usize).min(stack.frames.len());
-                    walked.insert(hash, stack.frames[..len].to_vec());
-                }
-                Err(_) => drained.read_errors += 1,
-            }
-            if ustacks.remove(&hash).is_err() {
-                drained.read_errors += 1;
-            }
-        }
+                    (hash, stack.frames[..len].to_vec())
+                })
+                .collect();
+        // A stack trace map has no batch command: its entries go key by key.
         let stacks = &mut loaded.stacks[old as usize];
         let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
         for id in ids {
@@ -120,37 +115,21 @@ impl Drainer {
             }
         }
         adopt_walked(&mut drained, walked);
-        let interp_stacks = &mut loaded.interp_stacks[old as usize];
-        let hashes: Vec<u64> = interp_stacks.keys().filter_map(Result::ok).collect();
-        for hash in hashes {
-            match interp_stacks.get(&hash, 0) {
-                Ok(stack) => {
-                    drained
-                        .interp
-                        .stacks
-                        .insert(hash, interp_stack_wire(&stack));
-                }
-                Err(_) => drained.read_errors += 1,
-            }
-            if interp_stacks.remove(&hash).is_err() {
-                drained.read_errors += 1;
-            }
+        let bulk = &mut self.bulk;
+        let errors = &mut drained.read_errors;
+        let interp_stacks = take_entries(&mut loaded.interp_stacks[old as usize], bulk, errors);
+        let interp_codes = take_entries(&mut loaded.interp_codes[old as usize], bulk, errors);
+        for (hash, stack) in interp_stacks {
+            drained
+                .interp
+                .stacks
+                .insert(hash, interp_stack_wire(&stack));
         }
-        let interp_codes = &mut loaded.interp_codes[old as usize];
-        let keys: Vec<_> = interp_codes.keys().filter_map(Result::ok).collect();
-        for key in keys {
-            match interp_codes.get(&key, 0) {
-                Ok(code) => {
-                    drained.interp.codes.insert(
-                        (key.tgid, key.code),
-                        interp_code_wire(key.tgid, key.code, &code),
-                    );
-                }
-                Err(_) => drained.read_errors += 1,
-            }
-            if interp_codes.remove(&key).is_err() {
-                drained.read_errors += 1;
-            }
+        for (key, code) in interp_codes {
+            drained.interp.codes.insert(
+                (key.tgid, key.code),
+                interp_code_wire(key.tgid, key.code, &code),
+            );
         }
         Ok(drained)
     }
@@ -211,6 +190,49 @@ impl Drainer {
             .get(&counter::IGNORED, 0)
             .map_or(0, |values| values.iter().sum())
     }
+}
+
+/// Bytes of keys and values one batch call takes at most: a few calls drain a full counts map.
+const BULK_BYTES: usize = 256 << 10;
+
+/// Every entry of one of the old generation's hash maps, removed from it: in batches while
+/// `bulk` holds, else (and for what a refused batch left) key by key, three calls each. A
+/// failed lookup or removal is counted in `errors`.
+fn take_entries<K: Pod, V: Pod>(
+    map: &mut AyaHashMap<MapData, K, V>,
+    bulk: &mut bool,
+    errors: &mut u64,
+) -> Vec<(K, V)> {
+    let mut entries = Vec::new();
+    if *bulk {
+        let chunk = (BULK_BYTES / (size_of::<K>() + size_of::<V>())).max(64);
+        let (taken, result) = bulk::take_all::<K, V>(map.map(), chunk);
+        entries = taken;
+        match result {
+            Ok(()) => return entries,
+            // A bucket longer than the chunk (never seen): this map goes key by key this time.
+            Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {}
+            Err(err) => {
+                *bulk = false;
+                tracing::warn!(
+                    %err,
+                    "the kernel refused to read a map in batches (Linux 5.6 has the command); \
+                     reading maps key by key from now on"
+                );
+            }
+        }
+    }
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).collect();
+    for key in keys {
+        match map.get(&key, 0) {
+            Ok(value) => entries.push((key, value)),
+            Err(_) => *errors += 1,
+        }
+        if map.remove(&key).is_err() {
+            *errors += 1;
+        }
+    }
+    entries
 }
 
 /// An interpreter stack as the batch carries it: the frames used, as the kernel read them.

@@ -316,9 +316,11 @@ pub fn filter(mode: Mode) -> anyhow::Result<BpfProgram> {
         );
     }
     // BPF_MAP_LOOKUP_ELEM = 1, BPF_MAP_UPDATE_ELEM = 2, BPF_MAP_DELETE_ELEM = 3,
-    // BPF_MAP_GET_NEXT_KEY = 4: no program loads, no new maps (BPF_MAP_CREATE = 0), no attach.
+    // BPF_MAP_GET_NEXT_KEY = 4, and BPF_MAP_LOOKUP_AND_DELETE_BATCH = 25 (the drain empties the
+    // old generation's hash maps in batches): no program loads, no new maps (BPF_MAP_CREATE =
+    // 0), no attach, no batch updates or lookups that leave entries.
     let mut bpf = Vec::new();
-    for cmd in 1..=4u64 {
+    for cmd in [1, 2, 3, 4, crate::bulk::BPF_MAP_LOOKUP_AND_DELETE_BATCH] {
         bpf.push(SeccompRule::new(vec![eq(0, cmd)?])?);
     }
     rules.insert(libc::SYS_bpf, bpf);
@@ -478,6 +480,10 @@ mod tests {
             refused(mode, "bpf(BPF_PROG_LOAD)", || unsafe {
                 libc::syscall(libc::SYS_bpf, 5, 0, 0);
             });
+            // Of the batch commands only the drain's lookup-and-delete is allowed.
+            refused(mode, "bpf(BPF_MAP_UPDATE_BATCH)", || unsafe {
+                libc::syscall(libc::SYS_bpf, 26, 0, 0);
+            });
             refused(mode, "execve", || {
                 let path = c"/bin/true";
                 let argv = [path.as_ptr(), std::ptr::null()];
@@ -589,6 +595,17 @@ mod tests {
                 // SAFETY: a lookup on a bad fd with a null attribute: the kernel refuses it with
                 // an errno, which is all this checks.
                 unsafe { libc::syscall(libc::SYS_bpf, 1, 0, 0) };
+            });
+            allowed_ok(mode, "bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH)", || {
+                // SAFETY: as above: refused with an errno, which is all this checks.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_bpf,
+                        crate::bulk::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+                        0,
+                        0,
+                    )
+                };
             });
         }
         allowed_ok(Mode::Reconnecting, "socket(AF_UNIX) + connect", || {

@@ -4,6 +4,7 @@
 //! `drain_loop.rs`); nothing else lives here.
 
 mod btf;
+mod bulk;
 mod cgroups;
 mod clock;
 mod config;
