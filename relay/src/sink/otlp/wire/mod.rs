@@ -706,6 +706,55 @@ mod tests {
     }
 
     #[test]
+    fn a_request_is_written_into_its_body_alone_and_the_next_interval_into_the_same_buffer() {
+        use crate::symbolize::alloc::measure_all;
+        // Given an interval of 4,000 distinct stacks, built into its neutral request
+        let profile = profile(2, 2_000);
+        let samples = profile.samples();
+        let meta = request::Meta::of(&profile);
+        let request = request::build(&samples, &meta, SampleAttributes::default());
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            let settings = EncodeSettings {
+                version,
+                attributes: SampleAttributes::default(),
+                max_request_bytes: usize::MAX,
+            };
+            let mut encoder = Encoder::new(settings);
+            // When its bytes are measured and written
+            let (body, m) = measure_all(|| {
+                let len = version.encoded_len(&request);
+                encoder.buffer.body(len, |buf| version.write(&request, buf))
+            });
+            // Then what was allocated is the body (an eighth over) and the few bytes of the
+            // handle that shares it: no other form of the request was made on the way
+            let len = body.len();
+            assert!(len > 1 << 20, "{len} bytes: not an interval worth measuring");
+            let body_bytes = (len + len / 8) as u64;
+            assert!(
+                (body_bytes..=body_bytes + 64).contains(&m.allocated),
+                "{version}: writing a {len}-byte body allocated {} bytes",
+                m.allocated
+            );
+            drop(body);
+            // And when the exporter's encoder encodes one interval, sends it, then the next
+            let mut encoder = Encoder::new(settings);
+            let (first, m1) = measure_all(|| encoder.encode(&profile));
+            let len = first.requests[0].body.len();
+            drop(first);
+            let (second, m2) = measure_all(|| encoder.encode(&profile));
+            // Then the next one allocates no body: it is written where the last one was
+            assert_eq!(second.requests[0].body.len(), len);
+            assert!(
+                m2.allocated + len as u64 <= m1.allocated,
+                "{version}: the second interval allocated {} bytes, the first {}; a body is \
+                 {len}: it was allocated again",
+                m2.allocated,
+                m1.allocated
+            );
+        }
+    }
+
+    #[test]
     fn oversized_profiles_are_split_without_loss() {
         // Given a profile that encodes to far more than 64 KiB.
         let profile = profile(3, 400);
