@@ -37,7 +37,8 @@ fn add(bytes: i64) {
         {
             let _ = HIGH.try_with(|high| high.set(high.get().max(net.get())));
             if bytes > 0 {
-                let _ = ALLOCATED.try_with(|all| all.set(all.get().wrapping_add(bytes.unsigned_abs())));
+                let _ =
+                    ALLOCATED.try_with(|all| all.set(all.get().wrapping_add(bytes.unsigned_abs())));
             }
         }
     });

@@ -728,7 +728,10 @@ mod tests {
             // Then what was allocated is the body (an eighth over) and the few bytes of the
             // handle that shares it: no other form of the request was made on the way
             let len = body.len();
-            assert!(len > 1 << 20, "{len} bytes: not an interval worth measuring");
+            assert!(
+                len > 1 << 20,
+                "{len} bytes: not an interval worth measuring"
+            );
             let body_bytes = (len + len / 8) as u64;
             assert!(
                 (body_bytes..=body_bytes + 64).contains(&m.allocated),
