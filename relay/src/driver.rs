@@ -98,6 +98,9 @@ pub(crate) struct Driver {
     keep_window: bool,
     /// Samples of the window so far (whether or not it keeps them).
     window_samples: u64,
+    /// The last interval handed to the sinks: once none holds it any more, the pipeline
+    /// refills it as the next interval ([`Pipeline::recycle`]).
+    spent: Option<Arc<LabeledProfile>>,
     window_started: Instant,
     /// What the metrics endpoint serves: published by the loop, never waited on.
     metrics: Arc<Metrics>,
@@ -112,6 +115,7 @@ impl Driver {
         Self {
             keep_window,
             window_samples: 0,
+            spent: None,
             pipeline,
             sinks,
             window: LabeledProfile::default(),
@@ -219,6 +223,9 @@ impl Driver {
     /// Hands the interval so far to the sinks (unless it has no samples) and adds it to the
     /// window, whose time range grows by the interval's even when it had none.
     fn end_interval(&mut self) {
+        if let Some(spent) = self.spent.take().and_then(|p| Arc::try_unwrap(p).ok()) {
+            self.pipeline.recycle(spent);
+        }
         let interval = Arc::new(self.pipeline.take_interval());
         if !interval.is_empty() {
             self.sinks.interval(&interval);
@@ -235,11 +242,13 @@ impl Driver {
                 Err(shared) => {
                     self.window
                         .merge_with(&shared, |thread| Some(thread.clone()));
+                    self.spent = Some(shared);
                 }
             }
         } else {
             self.window
                 .observe(interval.start_unix_ns, interval.end_unix_ns);
+            self.spent = Some(interval);
         }
     }
 
@@ -409,6 +418,28 @@ mod tests {
         // And the sinks got only the interval with samples
         finish(ended);
         assert_eq!(*log.borrow(), [Call::Interval(5), Call::Finish(5)]);
+    }
+
+    #[test]
+    fn an_interval_no_sink_holds_any_more_is_refilled_as_the_next_one() {
+        // Given a driver whose window keeps no samples (no sink reads windows: OTLP alone) and
+        // whose sink lets each interval go once handed it (the exporter, once encoded)
+        let (sink, log) = recorder();
+        let mut sinks = Sinks::default();
+        sinks.push(sink);
+        let window = Some(Duration::from_secs(60));
+        let mut driver = Driver::new(sinks, FileLimits::default(), window);
+        for event in session_start() {
+            driver.handle(event);
+        }
+        // When an interval ends, the next one starts from empty
+        driver.handle(batch(1, 0, 1, 5));
+        assert_eq!(driver.pipeline.interval_row_capacity(), 0);
+        // And when the next one ends
+        driver.handle(batch(2, 0, 1, 5));
+        // Then the one after is the first, emptied: its tables' room is refilled, not regrown
+        assert!(driver.pipeline.interval_row_capacity() > 0);
+        assert_eq!(*log.borrow(), [Call::Interval(5), Call::Interval(5)]);
     }
 
     #[test]

@@ -805,6 +805,12 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
         left_out
     }
 
+    /// Rows the profile's value maps hold room for without growing: what a profile emptied by
+    /// [`Profile::clear`] keeps from its largest fill.
+    pub fn row_capacity(&self) -> usize {
+        self.cpu.capacity() + self.off_cpu.capacity()
+    }
+
     /// CPU samples in the profile.
     pub fn total_samples(&self) -> u64 {
         self.total_of(SampleKind::Cpu)

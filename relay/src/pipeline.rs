@@ -64,6 +64,11 @@ pub(crate) struct Pipeline {
     symbolized: SymbolizedProfile,
     /// Samples symbolized and labelled since the last [`Pipeline::take_interval`].
     interval: LabeledProfile,
+    /// An interval the sinks are done with, emptied, to be the next one ([`Pipeline::recycle`]).
+    spare: Option<LabeledProfile>,
+    /// The most rows an interval held lately, decaying by a sixteenth an interval: a spare
+    /// with room for far more is not kept.
+    interval_rows_peak: usize,
     /// Samples symbolized since start.
     samples: u64,
     /// Samples the sampler could not deliver, from its latest loss report.
@@ -713,10 +718,40 @@ impl Pipeline {
     }
 
     /// Takes the samples symbolized since the last call and the time the batches covered (with
-    /// or without samples), leaving an empty profile with the same frequency.
+    /// or without samples), leaving an empty profile with the same frequency: the spare handed
+    /// to [`Pipeline::recycle`], if any, else a new one.
     pub fn take_interval(&mut self) -> LabeledProfile {
         let frequency = self.interval.frequency_hz;
-        std::mem::replace(&mut self.interval, LabeledProfile::new(frequency))
+        let mut next = self.spare.take().unwrap_or_default();
+        next.frequency_hz = frequency;
+        self.interval_rows_peak = self
+            .interval
+            .sizes()
+            .rows
+            .max(self.interval_rows_peak - self.interval_rows_peak / 16);
+        std::mem::replace(&mut self.interval, next)
+    }
+
+    /// Rows the interval being filled has room for (what a recycled one brought).
+    #[cfg(test)]
+    pub fn interval_row_capacity(&self) -> usize {
+        self.interval.row_capacity()
+    }
+
+    /// Takes back an interval no sink holds any more, to be emptied and filled as the next one:
+    /// its tables keep their capacity, so an interval like the last grows none of them (under
+    /// churn, each second's tables were otherwise built from empty, rehashed as they doubled,
+    /// and freed). One far larger than intervals have been lately (more than twice the
+    /// decaying peak of their rows, and worth freeing) is dropped instead, so one exceptional
+    /// second does not pin its size.
+    pub fn recycle(&mut self, mut spent: LabeledProfile) {
+        const KEEP_ALWAYS_ROWS: usize = 4096;
+        let rows = spent.row_capacity();
+        if rows > KEEP_ALWAYS_ROWS && rows / 2 > self.interval_rows_peak {
+            return;
+        }
+        spent.clear();
+        self.spare = Some(spent);
     }
 }
 
@@ -902,7 +937,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::{fixtures::*, *};
-    use crate::model::FrameKind;
+    use crate::{
+        labels::labeled::LabeledThread,
+        model::{Frame, FrameKind, Thread},
+    };
 
     fn started() -> Pipeline {
         let mut pipeline = Pipeline::new();
@@ -1132,6 +1170,37 @@ mod tests {
         // And the interval was taken: the next one starts empty, the totals stay
         assert!(pipeline.take_interval().is_empty());
         assert_eq!(pipeline.samples(), 5);
+    }
+
+    #[test]
+    fn a_spent_interval_far_larger_than_intervals_have_been_is_not_kept() {
+        // Given a pipeline whose intervals have been small (a row or two)
+        let mut pipeline = started();
+        pipeline.handle(batch(1, 0, 1, 5));
+        let small = pipeline.take_interval();
+        assert!(small.row_capacity() > 0);
+        // When an interval with room for 10,000 rows is handed back
+        let thread = LabeledThread::from(Thread::bare((1, 1), "app", "app", "/app"));
+        let mut big = LabeledProfile::new(99);
+        for address in 0..10_000 {
+            let frame = Frame::bare("f", FrameKind::Native, address);
+            big.add_frames(&thread, [&frame], 1);
+        }
+        pipeline.recycle(big);
+        // Then it is dropped: the next interval starts with no room
+        drop(pipeline.take_interval());
+        assert_eq!(pipeline.interval_row_capacity(), 0);
+        // And one like those before is kept, emptied, and refilled as the next interval
+        pipeline.recycle(small);
+        drop(pipeline.take_interval());
+        assert!(pipeline.interval_row_capacity() > 0);
+        pipeline.handle(batch(2, 0, 1, 5));
+        let refilled = pipeline.take_interval();
+        assert_eq!(refilled.total_samples(), 5);
+        assert_eq!(
+            (refilled.start_unix_ns, refilled.end_unix_ns),
+            (2_000_000_000, 3_000_000_000)
+        );
     }
 
     #[test]

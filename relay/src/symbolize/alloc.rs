@@ -21,9 +21,27 @@ thread_local! {
     static NET: Cell<i64> = const { Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// The most [`NET`] has been, and the bytes allocated in all, since [`measure_all`] began
+    /// (unit tests only: not worth their cost per call in the executable).
+    static HIGH: Cell<i64> = const { Cell::new(0) };
+    static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+}
+
 fn add(bytes: i64) {
     // `try_with` fails only while the thread's locals are torn down: those calls go uncounted.
-    let _ = NET.try_with(|net| net.set(net.get().wrapping_add(bytes)));
+    let _ = NET.try_with(|net| {
+        net.set(net.get().wrapping_add(bytes));
+        #[cfg(test)]
+        {
+            let _ = HIGH.try_with(|high| high.set(high.get().max(net.get())));
+            if bytes > 0 {
+                let _ =
+                    ALLOCATED.try_with(|all| all.set(all.get().wrapping_add(bytes.unsigned_abs())));
+            }
+        }
+    });
 }
 
 fn signed(bytes: usize) -> i64 {
@@ -75,6 +93,38 @@ pub fn measure<T>(f: impl FnOnce() -> T) -> (T, i64) {
     (out, after.wrapping_sub(before))
 }
 
+/// What [`measure_all`] saw a closure do with the heap on this thread.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug)]
+pub struct Measured {
+    /// Bytes it left allocated (as [`measure`]).
+    pub left: i64,
+    /// The most it held at once along the way, above what the thread held when it began.
+    pub peak: i64,
+    /// Bytes it allocated in all (a `realloc` that grows counts its growth).
+    pub allocated: u64,
+}
+
+/// Runs `f`, returning its result and what it did with the heap ([`Measured`]).
+#[cfg(test)]
+pub fn measure_all<T>(f: impl FnOnce() -> T) -> (T, Measured) {
+    let before = NET.try_with(Cell::get).unwrap_or(0);
+    let _ = HIGH.try_with(|high| high.set(before));
+    let allocated = ALLOCATED.try_with(Cell::get).unwrap_or(0);
+    let out = f();
+    let after = NET.try_with(Cell::get).unwrap_or(before);
+    let high = HIGH.try_with(Cell::get).unwrap_or(before);
+    let measured = Measured {
+        left: after.wrapping_sub(before),
+        peak: high.wrapping_sub(before),
+        allocated: ALLOCATED
+            .try_with(Cell::get)
+            .unwrap_or(allocated)
+            .wrapping_sub(allocated),
+    };
+    (out, measured)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +138,10 @@ mod tests {
         assert!(freed <= -(1 << 20), "{freed}");
         let (_, temporary) = measure(|| vec![1u8; 4096].len());
         assert_eq!(temporary, 0);
+        let (_, m) = measure_all(|| {
+            let first = vec![1u8; 4096].len();
+            first + vec![2u8; 1024].len()
+        });
+        assert_eq!((m.left, m.peak, m.allocated), (0, 4096, 5120));
     }
 }

@@ -28,7 +28,7 @@ use super::{
     queue::Queue,
     stats::{self, DropReason, Snapshot, Stats},
     transport::{Outcome, Transport, TransportError, TransportSettings},
-    wire::{self, EncodeSettings},
+    wire::{EncodeSettings, Encoder},
     Encoded,
 };
 use crate::labels::labeled::LabeledProfile;
@@ -208,6 +208,8 @@ struct Shared {
 /// a time, [`Worker::report`] logs the counters; [`Worker::finish`] counts what is left.
 struct Worker {
     settings: Settings,
+    /// Keeps its body buffer from one profile to the next.
+    encoder: RefCell<Encoder>,
     stats: Arc<Stats>,
     shared: RefCell<Shared>,
     /// Something was queued, or closing began.
@@ -233,6 +235,7 @@ async fn run(
     };
     let _ = ready.send(Ok(()));
     let worker = Worker {
+        encoder: RefCell::new(Encoder::new(settings.encoding)),
         shared: RefCell::new(Shared {
             queue: Queue::new(settings.queue_bytes),
             closing: None,
@@ -283,12 +286,7 @@ impl Worker {
         let (stats, settings) = (&self.stats, &self.settings.encoding);
         stats.profiles.fetch_add(1, Relaxed);
         let before = stats::thread_cpu_ns();
-        let encoded = wire::encode(
-            profile,
-            settings.version,
-            settings.attributes,
-            settings.max_request_bytes,
-        );
+        let encoded = self.encoder.borrow_mut().encode(profile);
         stats
             .encode_cpu_ns
             .fetch_add(stats::thread_cpu_ns().saturating_sub(before), Relaxed);

@@ -4,8 +4,9 @@
 //! - [`config`]: the `exporters.otlp` file section, the `--otlp-*` flags and the
 //!   `OTEL_EXPORTER_OTLP_*` variables, resolved into [`exporter::Settings`].
 //! - [`request`]: the generation-neutral request (one dictionary per request).
-//! - [`wire`]: one generic encoder over the two generations ([`v1_9`], [`wire::v1_10`]), and the split
-//!   of a profile into requests that fit the size limit ([`encode`](encode())).
+//! - [`wire`]: one writer of the two generations ([`v1_9`], [`wire::v1_10`]) straight from the
+//!   neutral request, and the split of a profile into requests that fit the size limit
+//!   ([`wire::Encoder`], [`encode`](encode())).
 //! - [`exporter`]: the exporter thread: intake -> [`queue`] -> [`transport`] (TLS, gRPC, HTTP,
 //!   answers) with [`retry`], every outcome counted in [`stats`].
 //!

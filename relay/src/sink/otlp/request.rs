@@ -9,7 +9,9 @@
 //! stage (`service.name` always set, so nothing lands in Pyroscope's `unknown_service`). Sample attributes stay
 //! low-cardinality: the thread name, and pid / tid only when [`SampleAttributes`] asks for them.
 
-use std::{collections::HashMap as StdHashMap, sync::Arc};
+use std::{collections::HashMap as StdHashMap, hash::BuildHasher as _, sync::Arc};
+
+use hashbrown::HashTable;
 
 /// The builder's tables hash short keys (strings, small structs) millions of times per profile:
 /// foldhash, randomly seeded per map, is several times faster than std's SipHash here.
@@ -221,15 +223,21 @@ pub fn build(samples: &[LabeledSample<'_>], meta: &Meta, options: SampleAttribut
         )
     };
     let mut resources = Resources::default();
-    // (resource, stack, attributes) -> sample index, for merging.
-    let mut merge: HashMap<(usize, i32, Vec<i32>), usize> = HashMap::default();
+    // Samples as (hash, resource, index in its samples), found by (resource, stack, attributes):
+    // for merging, without a copy of the key.
+    let mut merge: HashTable<(u64, usize, usize)> = HashTable::new();
+    let hasher = foldhash::fast::RandomState::default();
+    // One sample's frames at a time, in a list reused from sample to sample.
+    let mut frames: Vec<&Frame> = Vec::new();
     for sample in samples {
         let thread = sample.thread;
         let index = resources.index_of(sample, meta);
         let Some(resource) = resources.list.get_mut(index) else {
             continue;
         };
-        let stack = b.stack(&sample.stack.to_vec());
+        frames.clear();
+        frames.extend(sample.stack.iter());
+        let stack = b.stack(&frames);
         let mut attributes = Vec::new();
         if options.thread_name && !thread.thread_name.is_empty() {
             attributes.push(b.attribute(
@@ -246,21 +254,26 @@ pub fn build(samples: &[LabeledSample<'_>], meta: &Meta, options: SampleAttribut
         attributes.sort_unstable();
         attributes.dedup();
         let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
-        match merge.entry((index, stack, attributes)) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let s = &mut resource.samples[*e.get()];
+        let hash = hasher.hash_one((index, stack, &attributes));
+        let same = |&(_, r, i): &(u64, usize, usize)| {
+            r == index
+                && resource
+                    .samples
+                    .get(i)
+                    .is_some_and(|s| s.stack == stack && s.attributes == attributes)
+        };
+        if let Some(&(_, _, i)) = merge.find(hash, same) {
+            if let Some(s) = resource.samples.get_mut(i) {
                 s.count = s.count.saturating_add(count);
             }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let (_, stack, attributes) = e.key().clone();
-                e.insert(resource.samples.len());
-                resource.samples.push(Sample {
-                    stack,
-                    attributes,
-                    count,
-                });
-            }
+            continue;
         }
+        merge.insert_unique(hash, (hash, index, resource.samples.len()), |e| e.0);
+        resource.samples.push(Sample {
+            stack,
+            attributes,
+            count,
+        });
     }
     Request {
         dictionary: b.finish(),
@@ -406,8 +419,16 @@ struct Builder {
     /// Keyed by the module's identity (its `Arc` address is not stable across sessions, so by
     /// content).
     mappings: HashMap<Module, i32>,
-    locations: HashMap<Location, i32>,
-    stacks: HashMap<Vec<i32>, i32>,
+    /// Location and stack indexes, found by the content of `dict`'s entry: the large tables of
+    /// a request under churn, so their keys are not copies of what `dict` holds.
+    locations: HashTable<i32>,
+    stacks: HashTable<i32>,
+    hasher: foldhash::fast::RandomState,
+    /// Location index by the address of its frame, for locations of one frame (frames of one
+    /// profile are interned: a frame in many stacks is one address).
+    location_by_ptr: HashMap<usize, i32>,
+    /// The stack being looked up, in a list reused from stack to stack.
+    scratch: Vec<i32>,
     // Fast paths keyed by `Arc` address (frames of one module, one symbol share their `Arc`s);
     // a miss falls back to the content-keyed tables above, so dedup never depends on them.
     mapping_by_ptr: HashMap<usize, i32>,
@@ -420,7 +441,7 @@ struct Builder {
 impl Default for Builder {
     fn default() -> Self {
         let empty: Arc<str> = Arc::from("");
-        Self {
+        let mut b = Self {
             dict: Dictionary {
                 strings: vec![Arc::clone(&empty)],
                 mappings: vec![Mapping::default()],
@@ -436,13 +457,22 @@ impl Default for Builder {
             attributes: HashMap::default(),
             functions: HashMap::from_iter([(Function::default(), 0)]),
             mappings: HashMap::default(),
-            locations: HashMap::from_iter([(Location::default(), 0)]),
-            stacks: HashMap::from_iter([(Vec::new(), 0)]),
+            locations: HashTable::new(),
+            stacks: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            location_by_ptr: HashMap::default(),
+            scratch: Vec::new(),
             mapping_by_ptr: HashMap::default(),
             function_by_ptr: HashMap::default(),
             unknown_by_mapping: HashMap::default(),
             frame_type: [None; FRAME_TYPES],
-        }
+        };
+        // The empty location and stack are index 0, found like any other.
+        let hash = b.hasher.hash_one(&b.dict.locations[0]);
+        b.locations.insert_unique(hash, 0, |_| hash);
+        let hash = b.hasher.hash_one(b.dict.stacks[0].as_slice());
+        b.stacks.insert_unique(hash, 0, |_| hash);
+        b
     }
 }
 
@@ -562,6 +592,21 @@ impl Builder {
     /// address), leaf first.
     fn location(&mut self, frames: &[&Frame]) -> i32 {
         let Some(last) = frames.last() else { return 0 };
+        // A frame alone is found by its address first: the samples borrow the profile's frames,
+        // so one address is one frame for the whole build.
+        let by_ptr = (frames.len() == 1).then(|| std::ptr::from_ref::<Frame>(*last) as usize);
+        if let Some(&i) = by_ptr.and_then(|key| self.location_by_ptr.get(&key)) {
+            return i;
+        }
+        let i = self.location_by_content(frames);
+        if let Some(key) = by_ptr {
+            self.location_by_ptr.insert(key, i);
+        }
+        i
+    }
+
+    fn location_by_content(&mut self, frames: &[&Frame]) -> i32 {
+        let Some(last) = frames.last() else { return 0 };
         let mapping = last.module.as_ref().map_or(0, |m| self.mapping_of(m));
         let lines = if last.is_unknown() {
             // One line named after the module (`[unknown] libfoo.so`, as the local files name
@@ -598,17 +643,32 @@ impl Builder {
             lines,
             attributes: vec![kind],
         };
-        if let Some(&i) = self.locations.get(&location) {
+        let (table, hasher) = (&self.dict.locations, &self.hasher);
+        let hash = hasher.hash_one(&location);
+        let found = self.locations.find(hash, |&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| table.get(i))
+                .is_some_and(|l| *l == location)
+        });
+        if let Some(&i) = found {
             return i;
         }
         let i = index(self.dict.locations.len());
-        self.dict.locations.push(location.clone());
-        self.locations.insert(location, i);
+        self.dict.locations.push(location);
+        let table = &self.dict.locations;
+        self.locations.insert_unique(hash, i, |&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| table.get(i))
+                .map_or(0, |l| hasher.hash_one(l))
+        });
         i
     }
 
     fn stack(&mut self, frames: &[&Frame]) -> i32 {
-        let mut indexes = Vec::with_capacity(frames.len());
+        let mut indexes = std::mem::take(&mut self.scratch);
+        indexes.clear();
         let mut start = 0;
         for (i, frame) in frames.iter().enumerate() {
             // An inlined frame belongs to the next frame's location when they share an address.
@@ -621,12 +681,31 @@ impl Builder {
                 start = i + 1;
             }
         }
-        if let Some(&i) = self.stacks.get(&indexes) {
-            return i;
-        }
-        let i = index(self.dict.stacks.len());
-        self.dict.stacks.push(indexes.clone());
-        self.stacks.insert(indexes, i);
+        let (table, hasher) = (&self.dict.stacks, &self.hasher);
+        let hash = hasher.hash_one(indexes.as_slice());
+        let found = self.stacks.find(hash, |&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| table.get(i))
+                .is_some_and(|s| *s == indexes)
+        });
+        let i = match found {
+            Some(&i) => i,
+            None => {
+                let i = index(self.dict.stacks.len());
+                // (an exact-size copy: the scratch list keeps its capacity for the next stack)
+                self.dict.stacks.push(indexes.clone());
+                let table = &self.dict.stacks;
+                self.stacks.insert_unique(hash, i, |&i| {
+                    usize::try_from(i)
+                        .ok()
+                        .and_then(|i| table.get(i))
+                        .map_or(0, |s| hasher.hash_one(s.as_slice()))
+                });
+                i
+            }
+        };
+        self.scratch = indexes;
         i
     }
 

@@ -4,27 +4,25 @@
 //! The two generations ([`v1_9`], [`v1_10`]) differ on the wire only in `Sample` (v1.9: values
 //! = 2, attribute indices = 3, link index = 4; v1.10: attribute indices = 2, link index = 3,
 //! values = 4). Everything around it (dictionary, resource, scope) is the same message, so one
-//! generic encoder ([`message`]) builds both: a [`Generation`] supplies only the message types
-//! that contain a `Sample` and how to fill them. A request is encoded wholly in the generation
-//! the exporter is configured for ([`ProtoVersion`]); nothing mixes them.
+//! writer ([`protobuf`]) writes both, straight from the neutral request: a generation supplies
+//! only the two field numbers that moved. A request is encoded wholly in the generation the
+//! exporter is configured for ([`ProtoVersion`]); nothing mixes them.
 //!
-//! [`split`] is the one place a profile becomes requests: the exporter sends what it yields and
-//! the debug exporter prints it, so both show the same split.
+//! [`Encoder::split`] is the one place a profile becomes requests: the exporter sends what it
+//! yields and the debug exporter prints it, so both show the same split. The exporter keeps one
+//! [`Encoder`], whose bodies are written into one buffer reused from interval to interval
+//! ([`buffer`]).
 
+mod buffer;
+mod protobuf;
 pub mod v1_10;
 pub mod v1_9;
 
 use std::fmt;
 
-use opentelemetry_proto::tonic::{
-    common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
-    profiles::v1development::{
-        Function, KeyValueAndUnit, Line, Link, Location, Mapping, ProfilesDictionary, Stack,
-        ValueType,
-    },
-    resource::v1::Resource,
-};
+use bytes::Bytes;
 
+use self::{buffer::BodyBuffer, protobuf::Export};
 use super::request::{self, Request, SampleAttributes};
 use crate::{
     labels::labeled::{LabeledProfile, LabeledSample},
@@ -52,11 +50,19 @@ impl ProtoVersion {
         }
     }
 
-    /// Encodes a neutral request in this generation.
-    pub fn encode(self, request: &Request) -> Vec<u8> {
+    /// Bytes `request` takes in this generation.
+    fn encoded_len(self, request: &Request) -> usize {
         match self {
-            Self::V1_9 => encode_as::<v1_9::V1_9>(request),
-            Self::V1_10 => encode_as::<v1_10::V1_10>(request),
+            Self::V1_9 => Export::<v1_9::V1_9>::new(request).encoded_len(),
+            Self::V1_10 => Export::<v1_10::V1_10>::new(request).encoded_len(),
+        }
+    }
+
+    /// Appends `request` in this generation to `buf`.
+    fn write(self, request: &Request, buf: &mut bytes::BytesMut) {
+        match self {
+            Self::V1_9 => Export::<v1_9::V1_9>::new(request).write(buf),
+            Self::V1_10 => Export::<v1_10::V1_10>::new(request).write(buf),
         }
     }
 }
@@ -113,308 +119,112 @@ pub struct Encoding {
 /// One request of a split profile: the neutral form and its bytes.
 pub struct Part {
     pub request: Request,
-    pub body: Vec<u8>,
+    pub body: Bytes,
     /// Over the limit on its own (a single sample bigger than the limit); sent anyway.
     pub oversized: bool,
 }
 
-/// Encodes `profile` into requests of at most `max_bytes` each (uncompressed). A request over the
-/// limit is split in halves by sample (each half gets its own dictionary) until every part fits;
-/// no sample is dropped to fit.
+/// Encodes `profile` into requests of at most `max_bytes` each (uncompressed), with an encoder of
+/// its own (see [`Encoder::encode`]).
 pub fn encode(
     profile: &LabeledProfile,
     version: ProtoVersion,
     attributes: SampleAttributes,
     max_bytes: usize,
 ) -> Encoding {
-    let settings = EncodeSettings {
+    Encoder::new(EncodeSettings {
         version,
         attributes,
         max_request_bytes: max_bytes,
-    };
-    let mut out = Encoding::default();
-    split(profile, &settings, |part| {
-        out.oversized += usize::from(part.oversized);
-        out.requests.push(Encoded {
-            samples: part.request.sample_count(),
-            body: part.body.into(),
-        });
-    });
-    out
+    })
+    .encode(profile)
 }
 
-/// Hands `each` the requests `profile` becomes under `settings`, in sample order (see
-/// [`encode`]). An empty profile becomes no request.
-pub fn split(profile: &LabeledProfile, settings: &EncodeSettings, mut each: impl FnMut(Part)) {
-    let meta = request::Meta::of(profile);
-    split_of(&profile.samples(), &meta, settings, &mut each);
-    // Off-CPU rows (`--off-cpu`) go in requests of their own, sample type off_cpu/nanoseconds.
-    let off_cpu = profile.samples_of(SampleKind::OffCpu);
-    let meta = request::Meta {
-        off_cpu: true,
-        ..meta
-    };
-    split_of(&off_cpu, &meta, settings, &mut each);
+/// Hands `each` the requests `profile` becomes under `settings`, with an encoder of its own (see
+/// [`Encoder::split`]).
+pub fn split(profile: &LabeledProfile, settings: &EncodeSettings, each: impl FnMut(Part)) {
+    Encoder::new(*settings).split(profile, each);
 }
 
-/// [`split`] of one kind of samples.
-fn split_of(
-    samples: &[LabeledSample<'_>],
-    meta: &request::Meta,
-    settings: &EncodeSettings,
-    each: &mut impl FnMut(Part),
-) {
-    if samples.is_empty() {
-        return;
-    }
-    let meta = meta.clone();
-    let mut pending: Vec<&[LabeledSample<'_>]> = vec![samples];
-    while let Some(part) = pending.pop() {
-        let request = request::build(part, &meta, settings.attributes);
-        let body = settings.version.encode(&request);
-        let over = body.len() > settings.max_request_bytes;
-        if over && part.len() > 1 {
-            let (first, second) = part.split_at(part.len() / 2);
-            // Second pushed first so parts come out in sample order.
-            pending.push(second);
-            pending.push(first);
-            continue;
+/// Turns profiles into request bodies under one set of [`EncodeSettings`], writing them into a
+/// buffer it keeps from one profile to the next: the exporter's one per thread.
+pub struct Encoder {
+    settings: EncodeSettings,
+    buffer: BodyBuffer,
+}
+
+impl Encoder {
+    pub fn new(settings: EncodeSettings) -> Self {
+        Self {
+            settings,
+            buffer: BodyBuffer::default(),
         }
-        each(Part {
-            request,
-            body,
-            oversized: over,
+    }
+
+    /// Encodes `profile` into requests of at most the settings' `max_request_bytes` each
+    /// (uncompressed). A request over the limit is split in halves by sample (each half gets its
+    /// own dictionary) until every part fits; no sample is dropped to fit.
+    pub fn encode(&mut self, profile: &LabeledProfile) -> Encoding {
+        let mut out = Encoding::default();
+        self.split(profile, |part| {
+            out.oversized += usize::from(part.oversized);
+            out.requests.push(Encoded {
+                samples: part.request.sample_count(),
+                body: part.body,
+            });
         });
+        out
     }
-}
 
-/// The profile fields every generation shares (everything of `Profile` but its samples).
-pub(crate) struct ProfileHeader {
-    pub sample_type: ValueType,
-    pub time_unix_nano: u64,
-    pub duration_nano: u64,
-    pub period_type: ValueType,
-    pub period: i64,
-}
+    /// Hands `each` the requests `profile` becomes, in sample order (see [`Encoder::encode`]).
+    /// An empty profile becomes no request.
+    pub fn split(&mut self, profile: &LabeledProfile, mut each: impl FnMut(Part)) {
+        let meta = request::Meta::of(profile);
+        let mut bytes = self.split_of(&profile.samples(), &meta, &mut each);
+        // Off-CPU rows (`--off-cpu`) go in requests of their own, sample type off_cpu/nanoseconds.
+        let off_cpu = profile.samples_of(SampleKind::OffCpu);
+        let meta = request::Meta {
+            off_cpu: true,
+            ..meta
+        };
+        bytes += self.split_of(&off_cpu, &meta, &mut each);
+        self.buffer.profile_done(bytes);
+    }
 
-/// What one wire generation supplies to the generic encoder: the message types that contain a
-/// `Sample` (whose layout is what differs) and how to fill them.
-pub(crate) trait Generation {
-    type Request: prost::Message;
-    type ResourceProfiles;
-    type Profile;
-    type Sample;
-
-    fn sample(sample: &request::Sample) -> Self::Sample;
-    fn profile(header: ProfileHeader, samples: Vec<Self::Sample>) -> Self::Profile;
-    fn resource_profiles(
-        resource: Resource,
-        scope: InstrumentationScope,
-        profile: Self::Profile,
-    ) -> Self::ResourceProfiles;
-    fn request(
-        resources: Vec<Self::ResourceProfiles>,
-        dictionary: ProfilesDictionary,
-    ) -> Self::Request;
-}
-
-/// Implements [`Generation`] for the uninhabited type `$generation`, with the
-/// `ExportProfilesServiceRequest`, `ResourceProfiles`, `ScopeProfiles`, `Profile` and `Sample`
-/// in scope where it is invoked. Their field names are the same in both generations (only
-/// `Sample`'s field numbers differ), so one body fills either.
-macro_rules! generation {
-    ($generation:ident) => {
-        impl $crate::sink::otlp::wire::Generation for $generation {
-            type Request = ExportProfilesServiceRequest;
-            type ResourceProfiles = ResourceProfiles;
-            type Profile = Profile;
-            type Sample = Sample;
-
-            fn sample(s: &$crate::sink::otlp::request::Sample) -> Sample {
-                Sample {
-                    stack_index: s.stack,
-                    values: vec![s.count],
-                    attribute_indices: s.attributes.clone(),
-                    link_index: 0,
-                    timestamps_unix_nano: Vec::new(),
-                }
-            }
-
-            fn profile(
-                h: $crate::sink::otlp::wire::ProfileHeader,
-                samples: Vec<Sample>,
-            ) -> Profile {
-                Profile {
-                    sample_type: Some(h.sample_type),
-                    samples,
-                    time_unix_nano: h.time_unix_nano,
-                    duration_nano: h.duration_nano,
-                    period_type: Some(h.period_type),
-                    period: h.period,
-                    ..Profile::default()
-                }
-            }
-
-            fn resource_profiles(
-                resource: opentelemetry_proto::tonic::resource::v1::Resource,
-                scope: opentelemetry_proto::tonic::common::v1::InstrumentationScope,
-                profile: Profile,
-            ) -> ResourceProfiles {
-                ResourceProfiles {
-                    resource: Some(resource),
-                    scope_profiles: vec![ScopeProfiles {
-                        scope: Some(scope),
-                        profiles: vec![profile],
-                        schema_url: String::new(),
-                    }],
-                    schema_url: String::new(),
-                }
-            }
-
-            fn request(
-                resource_profiles: Vec<ResourceProfiles>,
-                dictionary: opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary,
-            ) -> ExportProfilesServiceRequest {
-                ExportProfilesServiceRequest {
-                    resource_profiles,
-                    dictionary: Some(dictionary),
-                }
-            }
+    /// [`Encoder::split`] of one kind of samples; returns the bytes of the bodies.
+    fn split_of(
+        &mut self,
+        samples: &[LabeledSample<'_>],
+        meta: &request::Meta,
+        each: &mut impl FnMut(Part),
+    ) -> usize {
+        if samples.is_empty() {
+            return 0;
         }
-    };
-}
-use generation;
-
-/// The message of generation `G` for `request`.
-pub(crate) fn message<G: Generation>(request: &Request) -> G::Request {
-    let resources = request
-        .resources
-        .iter()
-        .map(|r| {
-            let samples = r.samples.iter().map(G::sample).collect();
-            G::resource_profiles(resource(r), scope(), G::profile(header(request), samples))
-        })
-        .collect();
-    G::request(resources, dictionary(&request.dictionary))
-}
-
-fn encode_as<G: Generation>(request: &Request) -> Vec<u8> {
-    prost::Message::encode_to_vec(&message::<G>(request))
-}
-
-fn header(request: &Request) -> ProfileHeader {
-    ProfileHeader {
-        sample_type: ValueType {
-            type_strindex: request.sample_type.0,
-            unit_strindex: request.sample_type.1,
-        },
-        time_unix_nano: request.time_unix_nano,
-        duration_nano: request.duration_nano,
-        period_type: ValueType {
-            type_strindex: request.period_type.0,
-            unit_strindex: request.period_type.1,
-        },
-        period: request.period,
-    }
-}
-
-fn resource(r: &request::ResourceProfile) -> Resource {
-    Resource {
-        attributes: r
-            .resource
-            .iter()
-            .map(|kv| KeyValue {
-                key: kv.key.to_string(),
-                value: Some(any_value(&kv.value)),
-                ..KeyValue::default()
-            })
-            .collect(),
-        ..Resource::default()
-    }
-}
-
-fn scope() -> InstrumentationScope {
-    InstrumentationScope {
-        name: super::SCOPE_NAME.to_owned(),
-        version: super::SCOPE_VERSION.to_owned(),
-        ..InstrumentationScope::default()
-    }
-}
-
-fn any_value(value: &request::Value) -> AnyValue {
-    AnyValue {
-        value: Some(match value {
-            request::Value::Str(s) => any_value::Value::StringValue(s.to_string()),
-            request::Value::Int(i) => any_value::Value::IntValue(*i),
-        }),
-    }
-}
-
-/// The dictionary, the same message in both generations. Index 0 of every table is the empty
-/// element (the attribute table's too, whatever the neutral form holds there).
-fn dictionary(d: &request::Dictionary) -> ProfilesDictionary {
-    ProfilesDictionary {
-        mapping_table: d.mappings.iter().map(mapping).collect(),
-        location_table: d.locations.iter().map(location).collect(),
-        function_table: d
-            .functions
-            .iter()
-            .map(|f| Function {
-                name_strindex: f.name,
-                system_name_strindex: f.system_name,
-                filename_strindex: f.filename,
-                start_line: 0,
-            })
-            .collect(),
-        link_table: vec![Link::default()],
-        string_table: d.strings.iter().map(|s| s.to_string()).collect(),
-        attribute_table: d
-            .attributes
-            .iter()
-            .enumerate()
-            .map(|(i, a)| match i {
-                0 => KeyValueAndUnit::default(),
-                _ => KeyValueAndUnit {
-                    key_strindex: a.key,
-                    value: Some(any_value(&a.value)),
-                    unit_strindex: 0,
-                },
-            })
-            .collect(),
-        stack_table: d
-            .stacks
-            .iter()
-            .map(|s| Stack {
-                location_indices: s.clone(),
-            })
-            .collect(),
-    }
-}
-
-fn mapping(m: &request::Mapping) -> Mapping {
-    Mapping {
-        memory_start: m.memory_start,
-        memory_limit: m.memory_limit,
-        file_offset: m.file_offset,
-        filename_strindex: m.filename,
-        attribute_indices: m.attributes.clone(),
-    }
-}
-
-fn location(l: &request::Location) -> Location {
-    Location {
-        mapping_index: l.mapping,
-        address: l.address,
-        lines: l
-            .lines
-            .iter()
-            .map(|line| Line {
-                function_index: line.function,
-                line: line.line,
-                column: 0,
-            })
-            .collect(),
-        attribute_indices: l.attributes.clone(),
+        let (version, max) = (self.settings.version, self.settings.max_request_bytes);
+        let mut bytes = 0;
+        let mut pending: Vec<&[LabeledSample<'_>]> = vec![samples];
+        while let Some(part) = pending.pop() {
+            let request = request::build(part, meta, self.settings.attributes);
+            // Measured before a byte is written: a part over the limit is never written.
+            let len = version.encoded_len(&request);
+            let over = len > max;
+            if over && part.len() > 1 {
+                let (first, second) = part.split_at(part.len() / 2);
+                // Second pushed first so parts come out in sample order.
+                pending.push(second);
+                pending.push(first);
+                continue;
+            }
+            let body = self.buffer.body(len, |buf| version.write(&request, buf));
+            bytes += body.len();
+            each(Part {
+                request,
+                body,
+                oversized: over,
+            });
+        }
+        bytes
     }
 }
 
@@ -891,6 +701,58 @@ mod tests {
                     ("gamma", 7)
                 ])],
                 "{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_is_written_into_its_body_alone_and_the_next_interval_into_the_same_buffer() {
+        use crate::symbolize::alloc::measure_all;
+        // Given an interval of 4,000 distinct stacks, built into its neutral request
+        let profile = profile(2, 2_000);
+        let samples = profile.samples();
+        let meta = request::Meta::of(&profile);
+        let request = request::build(&samples, &meta, SampleAttributes::default());
+        for version in [ProtoVersion::V1_9, ProtoVersion::V1_10] {
+            let settings = EncodeSettings {
+                version,
+                attributes: SampleAttributes::default(),
+                max_request_bytes: usize::MAX,
+            };
+            let mut encoder = Encoder::new(settings);
+            // When its bytes are measured and written
+            let (body, m) = measure_all(|| {
+                let len = version.encoded_len(&request);
+                encoder.buffer.body(len, |buf| version.write(&request, buf))
+            });
+            // Then what was allocated is the body (an eighth over) and the few bytes of the
+            // handle that shares it: no other form of the request was made on the way
+            let len = body.len();
+            assert!(
+                len > 1 << 20,
+                "{len} bytes: not an interval worth measuring"
+            );
+            let body_bytes = (len + len / 8) as u64;
+            assert!(
+                (body_bytes..=body_bytes + 64).contains(&m.allocated),
+                "{version}: writing a {len}-byte body allocated {} bytes",
+                m.allocated
+            );
+            drop(body);
+            // And when the exporter's encoder encodes one interval, sends it, then the next
+            let mut encoder = Encoder::new(settings);
+            let (first, m1) = measure_all(|| encoder.encode(&profile));
+            let len = first.requests[0].body.len();
+            drop(first);
+            let (second, m2) = measure_all(|| encoder.encode(&profile));
+            // Then the next one allocates no body: it is written where the last one was
+            assert_eq!(second.requests[0].body.len(), len);
+            assert!(
+                m2.allocated + len as u64 <= m1.allocated,
+                "{version}: the second interval allocated {} bytes, the first {}; a body is \
+                 {len}: it was allocated again",
+                m2.allocated,
+                m1.allocated
             );
         }
     }

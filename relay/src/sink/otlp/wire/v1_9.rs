@@ -1,4 +1,5 @@
-//! OTLP profiles **v1.9.0** as a `Generation` of the generic encoder. The messages that hold a
+//! OTLP profiles **v1.9.0**: its `Sample` field numbers, for the writer ([`super::protobuf`]),
+//! and the messages that read v1.9 bytes back (tests, the debug tools). The messages that hold a
 //! `Sample` are written by hand with prost derive from the field numbers of the v1.9.0 `.proto`
 //! files (no release of the `opentelemetry-proto` crate bundles v1.9); the rest are v1.10's.
 //!
@@ -92,4 +93,7 @@ pub struct Sample {
 /// The v1.9 generation.
 pub enum V1_9 {}
 
-super::generation!(V1_9);
+impl super::protobuf::Generation for V1_9 {
+    const VALUES: u32 = 2;
+    const ATTRIBUTE_INDICES: u32 = 3;
+}
