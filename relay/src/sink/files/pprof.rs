@@ -5,7 +5,7 @@
 //! distinct frame is one Location with one Line (inlined frames stay separate Locations, as in
 //! the model); Functions are unique by (name, file), Mappings by module, and kernel frames without
 //! a module share one `[kernel.kallsyms]` Mapping. Output is deterministic for a given profile.
-//! Rendering only: the files sink writes the result.
+//! Rendering only, into the writer the files sink gives (its file), compressed as encoded.
 
 use std::{
     collections::HashMap,
@@ -27,7 +27,7 @@ const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PprofError {
-    #[error("gzip-compressing the pprof profile failed")]
+    #[error("gzip-compressing the pprof profile (or writing it) failed")]
     Compress(#[source] io::Error),
 }
 
@@ -266,11 +266,19 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
 }
 
 /// The gzip-compressed pprof file content of `profile` (pprof files are gzipped on disk).
+#[cfg(test)]
 pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
+    let mut file = Vec::new();
+    encode_to(profile, &mut file)?;
+    Ok(file)
+}
+
+/// Writes the gzip-compressed pprof file of `profile` to `out` as it is compressed.
+pub fn encode_to(profile: &LabeledProfile, out: &mut dyn Write) -> Result<(), PprofError> {
     // Each sample is encoded as it is made (`Profile.sample` is field 2; a message's fields
     // may come in any order, and readers merge them) and compressed at once, then the tables
-    // after them: the uncompressed message is never held whole.
-    let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+    // after them: neither the uncompressed message nor the compressed file is held whole.
+    let mut gzip = GzEncoder::new(out, Compression::default());
     let mut sample_bytes = Vec::new();
     let mut failed = None;
     let rest = render_each(profile, |sample| {
@@ -285,7 +293,7 @@ pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
     }
     gzip.write_all(&rest.encode_to_vec())
         .map_err(PprofError::Compress)?;
-    gzip.finish().map_err(PprofError::Compress)
+    gzip.finish().map(drop).map_err(PprofError::Compress)
 }
 
 fn num_label(key: i64, num: u32) -> proto::Label {

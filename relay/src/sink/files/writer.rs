@@ -192,26 +192,26 @@ impl OutputSet {
                 name,
                 message: err.to_string(),
             };
-            let content = match format {
-                OutputFormat::Folded => Content::Folded(SampleKind::Cpu),
-                OutputFormat::OffCpuFolded => Content::Folded(SampleKind::OffCpu),
-                OutputFormat::Pprof => {
-                    Content::Bytes(pprof::encode(profile).map_err(|e| failed(&e))?)
+            // Each format is rendered straight into its file, one after another: what one
+            // render holds (its tables, inferno's frames) is freed before the next starts,
+            // and no file's content is ever held whole in memory.
+            let emit = |out: &mut dyn io::Write| -> io::Result<()> {
+                match format {
+                    OutputFormat::Folded => folded::write_of(profile, root, SampleKind::Cpu, out),
+                    OutputFormat::OffCpuFolded => {
+                        folded::write_of(profile, root, SampleKind::OffCpu, out)
+                    }
+                    OutputFormat::Pprof => pprof::encode_to(profile, out).map_err(io::Error::other),
+                    OutputFormat::Svg => {
+                        flamegraph::write_with(profile, root, out).map_err(io::Error::other)
+                    }
+                    OutputFormat::Speedscope => {
+                        speedscope::write(profile, out).map_err(io::Error::other)
+                    }
+                    OutputFormat::OffCpuSvg => {
+                        flamegraph::write_off_cpu(profile, root, out).map_err(io::Error::other)
+                    }
                 }
-                OutputFormat::Svg => {
-                    Content::Bytes(flamegraph::render_with(profile, root).map_err(|e| failed(&e))?)
-                }
-                OutputFormat::Speedscope => {
-                    Content::Bytes(speedscope::render(profile).map_err(|e| failed(&e))?)
-                }
-                OutputFormat::OffCpuSvg => Content::Bytes(
-                    flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?,
-                ),
-            };
-            let emit = |out: &mut dyn io::Write| match &content {
-                Content::Bytes(bytes) => out.write_all(bytes),
-                // Streamed from the profile: the text of every line is never held at once.
-                Content::Folded(kind) => folded::write_of(profile, root, *kind, out),
             };
             if !*in_place {
                 match publish(dir_fd, OsStr::new(name), path, *owner, emit) {
@@ -233,12 +233,6 @@ impl OutputSet {
         }
         Ok(())
     }
-}
-
-/// What an output file holds: rendered bytes, or folded lines streamed from the profile.
-enum Content {
-    Bytes(Vec<u8>),
-    Folded(SampleKind),
 }
 
 /// What became of a new version of an output file.
