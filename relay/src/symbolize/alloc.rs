@@ -21,9 +21,19 @@ thread_local! {
     static NET: Cell<i64> = const { Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// The highest [`NET`] this thread reached (tests only: [`peak`]).
+    static HIGH: Cell<i64> = const { Cell::new(0) };
+}
+
 fn add(bytes: i64) {
     // `try_with` fails only while the thread's locals are torn down: those calls go uncounted.
-    let _ = NET.try_with(|net| net.set(net.get().wrapping_add(bytes)));
+    let _ = NET.try_with(|net| {
+        net.set(net.get().wrapping_add(bytes));
+        #[cfg(test)]
+        let _ = HIGH.try_with(|high| high.set(high.get().max(net.get())));
+    });
 }
 
 fn signed(bytes: usize) -> i64 {
@@ -75,9 +85,31 @@ pub fn measure<T>(f: impl FnOnce() -> T) -> (T, i64) {
     (out, after.wrapping_sub(before))
 }
 
+/// Runs `f`, returning its result and the most heap bytes it held at once on this thread above
+/// what was held when it started (its transient peak; tests only).
+#[cfg(test)]
+pub fn peak<T>(f: impl FnOnce() -> T) -> (T, i64) {
+    let before = NET.try_with(Cell::get).unwrap_or(0);
+    let _ = HIGH.try_with(|high| high.set(before));
+    let out = f();
+    let high = HIGH.try_with(Cell::get).unwrap_or(before);
+    (out, high.wrapping_sub(before))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_is_the_most_held_at_once_not_what_is_left() {
+        // When a closure holds 1 MiB, frees it, then holds 64 KiB
+        let ((), high) = peak(|| {
+            drop(vec![0u8; 1 << 20]);
+            drop(vec![0u8; 1 << 16]);
+        });
+        // Then its peak is the 1 MiB, though it left nothing allocated
+        assert!((1 << 20..(1 << 20) + 4096).contains(&high), "{high}");
+    }
 
     #[test]
     fn counts_what_a_closure_leaves_allocated() {

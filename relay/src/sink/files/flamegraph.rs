@@ -48,7 +48,7 @@ pub fn write_with(
 /// [`write_with`] into memory, its lines pruned to what is drawn, or (`prune` false) every
 /// line as inferno reads a folded file: the tests compare both.
 #[cfg(test)]
-fn render_cpu(
+pub(super) fn render_cpu(
     profile: &LabeledProfile,
     root: FoldedRoot,
     prune: bool,

@@ -526,6 +526,114 @@ mod tests {
         fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
     }
 
+    /// A window like the churn soak's: `stacks` stacks each drawn once down a binary tree of
+    /// functions 16 to 23 levels deep (nearly all distinct), from a few processes.
+    fn churn_window(stacks: u32) -> LabeledProfile {
+        use crate::model::{Frame, FrameKind, SymbolizedSample, Thread};
+        let start = 1_700_000_000_000_000_000;
+        let mut profile = LabeledProfile::new(4999);
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..stacks {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let depth = 16 + (seed % 8) as usize;
+            let stack: Vec<Frame> = (0..depth)
+                .map(|level| {
+                    let side = (seed >> (8 + level)) & 1;
+                    let name = format!("walk_{level}_{side}");
+                    Frame::bare(&name, FrameKind::Native, 0x1000 + level as u64 * 16 + side)
+                })
+                .rev()
+                .collect();
+            let pid = i % 5 + 1;
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((pid, pid), "distinct", "distinct", "/bin/distinct"),
+                    stack: stack.into(),
+                    count: 1 + seed % 3,
+                },
+                start,
+                start + 60_000_000_000,
+            );
+        }
+        // (the rows' order is made once and kept: made here, not in what is measured)
+        let _ = profile.samples();
+        profile
+    }
+
+    /// The most heap the writer held at once writing `profile` to new files of `formats`, and
+    /// the size of each file written.
+    fn write_peak(formats: &[OutputFormat], profile: &LabeledProfile) -> (i64, Vec<u64>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut set = OutputSet::create_owned(&out, None, formats).unwrap();
+        let (written, peak) = crate::symbolize::alloc::peak(|| set.write(profile));
+        written.unwrap();
+        let sizes = set
+            .paths
+            .iter()
+            .map(|path| fs::metadata(path).unwrap().len())
+            .collect();
+        (peak, sizes)
+    }
+
+    #[test]
+    fn a_window_is_written_one_format_at_a_time_straight_into_its_files() {
+        // Given a window of 30,000 mostly distinct stacks, and what rendering each format in
+        // memory holds at most (its tables, then the whole file beside them)
+        let profile = churn_window(30_000);
+        let in_memory = |format| {
+            let render = || match format {
+                OutputFormat::Svg => flamegraph::render_cpu(&profile, FoldedRoot::Process, true)
+                    .unwrap()
+                    .len(),
+                OutputFormat::Pprof => pprof::encode(&profile).unwrap().len(),
+                OutputFormat::Speedscope => speedscope::render(&profile).unwrap().len(),
+                _ => folded::render_of(&profile, FoldedRoot::Process, SampleKind::Cpu).len(),
+            };
+            crate::symbolize::alloc::peak(render).1
+        };
+        let formats = [
+            OutputFormat::Svg,
+            OutputFormat::Pprof,
+            OutputFormat::Folded,
+            OutputFormat::Speedscope,
+        ];
+        // When each format is written alone, then all of them
+        let alone: Vec<(OutputFormat, i64, i64)> = formats
+            .iter()
+            .map(|&format| {
+                let (peak, sizes) = write_peak(&[format], &profile);
+                (format, peak, i64::try_from(sizes[0]).unwrap())
+            })
+            .collect();
+        let (all, sizes) = write_peak(&formats, &profile);
+        // Then they were written one after another: all of them held no more than the format
+        // that holds most does alone (and the buffers of the files, 64 KiB each)
+        let largest_alone = alone.iter().map(|&(_, peak, _)| peak).max().unwrap();
+        eprintln!("all: peak {all} B, largest alone {largest_alone} B, files {sizes:?}");
+        assert!(
+            all <= largest_alone + 4 * WRITE_BUFFER as i64,
+            "all formats held {all} B at once; the largest alone {largest_alone} B"
+        );
+        for (format, peak, size) in alone {
+            let rendered = in_memory(format);
+            eprintln!(
+                "{format:?}: peak {peak} B writing, {rendered} B rendering in memory, file {size} B"
+            );
+            // And each file's content was never held whole: writing it held less than
+            // rendering it into memory did, by at least half the file (speedscope's stacks are
+            // moved out of its tables into the document before it is serialized, so its file
+            // never was on top of its peak)
+            assert!(
+                format == OutputFormat::Speedscope || peak + size / 2 <= rendered,
+                "{format:?}: writing held {peak} B, rendering in memory {rendered} B, for a \
+                 file of {size} B"
+            );
+        }
+    }
+
     #[test]
     fn a_symlink_in_place_of_an_output_is_replaced_never_followed() {
         // Given an output directory holding a symlink named flamegraph.svg to another file
