@@ -85,7 +85,8 @@ fn write_cpu(
     options.colors = Palette::Multi(MultiPalette::Perl);
     // Colour by name hash, not at random: same input, same SVG.
     options.hash = true;
-    flamegraph::from_lines(&mut options, lines.lines(), out).map_err(FlamegraphError::Render)
+    flamegraph::from_lines(&mut options, in_inferno_order(&lines), out)
+        .map_err(FlamegraphError::Render)
 }
 
 /// The off-CPU flame graph (`flamegraph.offcpu.svg`): where threads blocked, each frame as wide
@@ -114,7 +115,8 @@ pub fn write_off_cpu(
     options.direction = Direction::Inverted;
     options.colors = Palette::Basic(BasicPalette::Io);
     options.hash = true;
-    flamegraph::from_lines(&mut options, lines.lines(), out).map_err(FlamegraphError::Render)
+    flamegraph::from_lines(&mut options, in_inferno_order(&lines), out)
+        .map_err(FlamegraphError::Render)
 }
 
 /// The folded lines inferno draws `kind`'s graph from, in one string whose lines it borrows
@@ -136,6 +138,19 @@ fn lines_for(
     }
     options.no_sort = true;
     folded::render_for_flamegraph(profile, root, kind, options.min_width)
+}
+
+/// The lines in an order inferno accepts from lines it does not sort itself (`no_sort`): it
+/// refuses a line whose stack sorts below the stack of the line before it ("unsorted input
+/// lines detected") and draws nothing. The pruned lines are not always in that order: a line
+/// cut to end at a narrow node `p;f` stays where its run began, after a sibling `p;f b;...`
+/// (`[unknown] libc.so.6` beside `[unknown]`), whose stack sorts above it. Sorted whole, as
+/// inferno sorts lines itself, each line's stack is at most the next line. A moved line only
+/// swaps places with such a sibling; every node keeps its width.
+fn in_inferno_order(lines: &str) -> Vec<&str> {
+    let mut ordered: Vec<&str> = lines.lines().map(str::trim).collect();
+    ordered.sort_unstable();
+    ordered
 }
 
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
@@ -341,6 +356,40 @@ mod tests {
             );
         }
         profile
+    }
+
+    #[test]
+    fn a_narrow_node_beside_a_sibling_whose_name_continues_its_own_is_drawn() {
+        // Given a wide stack through `f b` (as `[unknown] libc.so.6` beside `[unknown]`) and
+        // two stacks through a sibling `f` too narrow to draw, whose lines are pruned to one
+        // that ends at `f` and then sorts before `f b` to inferno, which refuses lines out of
+        // its order and draws nothing
+        let mut profile = LabeledProfile::new(99);
+        for (names, count) in [
+            (&["main", "f b", "g"][..], 100_000),
+            (&["main", "f", "h1"], 1),
+            (&["main", "f", "h2"], 1),
+        ] {
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((1, 1), "app", "app", "/usr/bin/app"),
+                    stack: names
+                        .iter()
+                        .rev()
+                        .map(|name| frame(name, FrameKind::Native))
+                        .collect::<Vec<_>>()
+                        .into(),
+                    count,
+                },
+                START,
+                START + 60_000_000_000,
+            );
+        }
+        // When drawn
+        let svg = render(&profile).expect("drawn");
+        // Then the wide stack is in it
+        let svg = text(&svg);
+        assert!(svg.contains(">f b<") && svg.contains(">g<"), "{svg}");
     }
 
     #[test]

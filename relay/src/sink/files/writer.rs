@@ -188,9 +188,9 @@ impl OutputSet {
         } = self;
         for ((format, file), path) in files.iter_mut().zip(paths.iter()) {
             let name = format.file_name();
-            let failed = |err: &dyn std::fmt::Display| OutputError::Write {
+            let failed = |err: &io::Error| OutputError::Write {
                 name,
-                message: err.to_string(),
+                message: with_causes(err),
             };
             // Each format is rendered straight into its file, one after another: what one
             // render holds (its tables, inferno's frames) is freed before the next starts,
@@ -233,6 +233,19 @@ impl OutputSet {
         }
         Ok(())
     }
+}
+
+/// `err` and each error it was caused by, `: ` between them (the log says why, not only what
+/// failed).
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut cause = err.source();
+    while let Some(err) = cause {
+        message.push_str(": ");
+        message.push_str(&err.to_string());
+        cause = err.source();
+    }
+    message
 }
 
 /// What became of a new version of an output file.
