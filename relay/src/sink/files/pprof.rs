@@ -186,12 +186,11 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
 
     // Off-CPU rows (`--off-cpu`) add a third sample type, `off_cpu` / `nanoseconds`; CPU rows
     // hold 0 there and off-CPU rows 0 in the CPU types (`go tool pprof -sample_index=off_cpu`).
-    let off_cpu_rows = profile.samples_of(SampleKind::OffCpu);
-    let off_cpu_type =
-        (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
+    let off_cpu_rows = profile.iter_of(SampleKind::OffCpu);
+    let off_cpu_type = (profile.iter_of(SampleKind::OffCpu).next().is_some())
+        .then(|| tables.value_type("off_cpu", "nanoseconds"));
     let rows = profile
-        .samples()
-        .into_iter()
+        .iter_of(SampleKind::Cpu)
         .map(|sample| {
             let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
             let mut value = vec![count, count.saturating_mul(period)];
@@ -200,7 +199,7 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
             }
             (sample, value)
         })
-        .chain(off_cpu_rows.into_iter().map(|sample| {
+        .chain(off_cpu_rows.map(|sample| {
             let ns = i64::try_from(sample.count).unwrap_or(i64::MAX);
             (sample, vec![0, 0, ns])
         }));
@@ -317,7 +316,7 @@ fn str_label(key: i64, str: i64) -> proto::Label {
 /// -top`).
 fn main_executable(profile: &LabeledProfile) -> Option<Arc<str>> {
     let mut by_executable: HashMap<Arc<str>, u64> = HashMap::new();
-    for sample in profile.samples() {
+    for sample in profile.iter_of(SampleKind::Cpu) {
         if !sample.thread.executable_path.is_empty() {
             *by_executable
                 .entry(Arc::clone(&sample.thread.executable_path))

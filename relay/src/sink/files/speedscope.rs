@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{text_safe, Frame, UNKNOWN},
+    model::{text_safe, Frame, SampleKind, UNKNOWN},
 };
 
 /// The `$schema` value speedscope recognises its format by.
@@ -113,11 +113,13 @@ pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, serde_json::Error> {
 
 /// Writes the speedscope JSON document of `profile` to `out` as it is serialized: only its
 /// tables are held, not its text.
-pub fn write(profile: &LabeledProfile, out: &mut dyn std::io::Write) -> Result<(), serde_json::Error> {
-    let samples = profile.samples();
+pub fn write(
+    profile: &LabeledProfile,
+    out: &mut dyn std::io::Write,
+) -> Result<(), serde_json::Error> {
     let mut frames = FrameTable::default();
     let mut processes: BTreeMap<u32, ProcessStacks> = BTreeMap::new();
-    for sample in &samples {
+    for sample in profile.iter_of(SampleKind::Cpu) {
         if sample.count == 0 {
             continue;
         }
