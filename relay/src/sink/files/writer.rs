@@ -16,7 +16,9 @@
 //!   truncated one); where that is refused (`record` writes after dropping its privileges to a
 //!   user that cannot create files in the invoking user's directory), the files are rewritten
 //!   in place through the descriptors opened at creation (truncate + write from offset 0, one
-//!   shared [`replace_with`]): nothing is ever reopened by name.
+//!   shared [`replace_with`]): nothing is ever reopened by name. There a render that fails
+//!   midway (each format is rendered straight into its file) leaves that file short, as a full
+//!   disk would.
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
