@@ -861,12 +861,17 @@ impl<T: Clone + Eq + std::hash::Hash + Ord> Profile<T> {
     /// The rows of one kind, in the order of [`Profile::samples`] (`count` holds nanoseconds
     /// for [`SampleKind::OffCpu`]).
     pub fn samples_of(&self, kind: SampleKind) -> Vec<SampleRef<'_, T>> {
+        self.iter_of(kind).collect()
+    }
+
+    /// [`Profile::samples_of`] one row at a time: a window's renderers walk its hundreds of
+    /// thousands of rows once, and a `Vec` of them all (40 bytes a row) added to what each held.
+    pub fn iter_of(&self, kind: SampleKind) -> impl Iterator<Item = SampleRef<'_, T>> + '_ {
         let values = self.values(kind);
         self.order[kind.index()]
             .get_or_init(|| self.sorted_rows(kind))
             .iter()
-            .filter_map(|&key| self.row(key, values.get(&key).copied().unwrap_or(0)))
-            .collect()
+            .filter_map(move |&key| self.row(key, values.get(&key).copied().unwrap_or(0)))
     }
 
     /// The rows of one kind in the order of [`Profile::samples`].

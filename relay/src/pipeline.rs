@@ -664,9 +664,10 @@ impl Pipeline {
         crate::heap::trim();
     }
 
-    /// A window of samples was freed: trim at the next chance.
+    /// A window of samples was freed: trim at the next chance, when the relay grew past the
+    /// level it keeps for the next window ([`crate::heap::window_worth_trimming`]).
     pub fn freed(&mut self) {
-        self.trim_due = true;
+        self.trim_due |= crate::heap::window_worth_trimming(crate::heap::resident_bytes());
     }
 
     /// Logs what the labels stage left out, when that changed.

@@ -125,9 +125,28 @@ pub fn measure_all<T>(f: impl FnOnce() -> T) -> (T, Measured) {
     (out, measured)
 }
 
+/// Runs `f`, returning its result and the most heap bytes it held at once on this thread above
+/// what was held when it started (its transient peak; [`measure_all`]'s `peak`).
+#[cfg(test)]
+pub fn peak<T>(f: impl FnOnce() -> T) -> (T, i64) {
+    let (out, measured) = measure_all(f);
+    (out, measured.peak)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_is_the_most_held_at_once_not_what_is_left() {
+        // When a closure holds 1 MiB, frees it, then holds 64 KiB
+        let ((), high) = peak(|| {
+            drop(vec![0u8; 1 << 20]);
+            drop(vec![0u8; 1 << 16]);
+        });
+        // Then its peak is the 1 MiB, though it left nothing allocated
+        assert!((1 << 20..(1 << 20) + 4096).contains(&high), "{high}");
+    }
 
     #[test]
     fn counts_what_a_closure_leaves_allocated() {

@@ -4,7 +4,8 @@
 //!
 //! Invariants: every profile gives a valid SVG; one without samples (which inferno refuses)
 //! gives a small SVG saying "no samples". Colours derive from function names, so rewriting the
-//! same profile gives the same file. Rendering only: the files sink writes the result.
+//! same profile gives the same file. Rendering only, into the writer the files sink gives (its
+//! file): the document is streamed there as inferno draws it.
 
 use super::FoldedRoot;
 use std::io;
@@ -24,33 +25,53 @@ const OFF_CPU_TITLE: &str = "ember off-CPU flamegraph";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FlamegraphError {
-    #[error("`inferno::flamegraph::from_lines` failed")]
+    #[error("`inferno::flamegraph::from_lines` failed (or writing what it drew)")]
     Render(#[source] io::Error),
 }
 
 /// The SVG document of `profile`.
 #[cfg(test)]
 pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, FlamegraphError> {
-    render_with(profile, FoldedRoot::Process)
+    render_cpu(profile, FoldedRoot::Process, true)
 }
 
-/// The SVG document of `profile`, its root frames named per `--folded-root`.
-pub fn render_with(profile: &LabeledProfile, root: FoldedRoot) -> Result<Vec<u8>, FlamegraphError> {
-    render_cpu(profile, root, true)
+/// Writes the SVG document of `profile`, its root frames named per `--folded-root`, to `out`
+/// as inferno draws it: the document is never held whole.
+pub fn write_with(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    out: &mut dyn io::Write,
+) -> Result<(), FlamegraphError> {
+    write_cpu(profile, root, true, out)
 }
 
-/// [`render_with`], its lines pruned to what is drawn, or (`prune` false) every line as
-/// inferno reads a folded file: the tests compare both.
-fn render_cpu(
+/// [`write_with`] into memory, its lines pruned to what is drawn, or (`prune` false) every
+/// line as inferno reads a folded file: the tests compare both.
+#[cfg(test)]
+pub(super) fn render_cpu(
     profile: &LabeledProfile,
     root: FoldedRoot,
     prune: bool,
 ) -> Result<Vec<u8>, FlamegraphError> {
+    let mut svg = Vec::new();
+    write_cpu(profile, root, prune, &mut svg)?;
+    Ok(svg)
+}
+
+/// [`write_with`], pruned or not (see [`render_cpu`]).
+fn write_cpu(
+    profile: &LabeledProfile,
+    root: FoldedRoot,
+    prune: bool,
+    out: &mut dyn io::Write,
+) -> Result<(), FlamegraphError> {
     let subtitle = subtitle(profile);
     let mut options = Options::default();
     let lines = lines_for(profile, root, SampleKind::Cpu, &mut options, prune);
     if lines.is_empty() {
-        return Ok(no_samples_svg(TITLE, &subtitle).into_bytes());
+        return out
+            .write_all(no_samples_svg(TITLE, &subtitle).as_bytes())
+            .map_err(FlamegraphError::Render);
     }
     options.title = TITLE.to_owned();
     options.subtitle = Some(subtitle);
@@ -64,19 +85,18 @@ fn render_cpu(
     options.colors = Palette::Multi(MultiPalette::Perl);
     // Colour by name hash, not at random: same input, same SVG.
     options.hash = true;
-    let mut svg = Vec::new();
-    flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
-        .map_err(FlamegraphError::Render)?;
-    Ok(svg)
+    flamegraph::from_lines(&mut options, in_inferno_order(&lines), out)
+        .map_err(FlamegraphError::Render)
 }
 
 /// The off-CPU flame graph (`flamegraph.offcpu.svg`): where threads blocked, each frame as wide
 /// as the nanoseconds spent blocked under it, in inferno's blue `io` palette so it is not taken
-/// for the CPU graph at a glance.
-pub fn render_off_cpu(
+/// for the CPU graph at a glance. Written to `out` as drawn.
+pub fn write_off_cpu(
     profile: &LabeledProfile,
     root: FoldedRoot,
-) -> Result<Vec<u8>, FlamegraphError> {
+    out: &mut dyn io::Write,
+) -> Result<(), FlamegraphError> {
     let mut options = Options::default();
     let lines = lines_for(profile, root, SampleKind::OffCpu, &mut options, true);
     let total = profile.total_of(SampleKind::OffCpu);
@@ -85,7 +105,9 @@ pub fn render_off_cpu(
         profile,
     );
     if lines.is_empty() {
-        return Ok(no_samples_svg(OFF_CPU_TITLE, &subtitle).into_bytes());
+        return out
+            .write_all(no_samples_svg(OFF_CPU_TITLE, &subtitle).as_bytes())
+            .map_err(FlamegraphError::Render);
     }
     options.title = OFF_CPU_TITLE.to_owned();
     options.subtitle = Some(subtitle);
@@ -93,10 +115,8 @@ pub fn render_off_cpu(
     options.direction = Direction::Inverted;
     options.colors = Palette::Basic(BasicPalette::Io);
     options.hash = true;
-    let mut svg = Vec::new();
-    flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
-        .map_err(FlamegraphError::Render)?;
-    Ok(svg)
+    flamegraph::from_lines(&mut options, in_inferno_order(&lines), out)
+        .map_err(FlamegraphError::Render)
 }
 
 /// The folded lines inferno draws `kind`'s graph from, in one string whose lines it borrows
@@ -118,6 +138,19 @@ fn lines_for(
     }
     options.no_sort = true;
     folded::render_for_flamegraph(profile, root, kind, options.min_width)
+}
+
+/// The lines in an order inferno accepts from lines it does not sort itself (`no_sort`): it
+/// refuses a line whose stack sorts below the stack of the line before it ("unsorted input
+/// lines detected") and draws nothing. The pruned lines are not always in that order: a line
+/// cut to end at a narrow node `p;f` stays where its run began, after a sibling `p;f b;...`
+/// (`[unknown] libc.so.6` beside `[unknown]`), whose stack sorts above it. Sorted whole, as
+/// inferno sorts lines itself, each line's stack is at most the next line. A moved line only
+/// swaps places with such a sibling; every node keeps its width.
+fn in_inferno_order(lines: &str) -> Vec<&str> {
+    let mut ordered: Vec<&str> = lines.lines().map(str::trim).collect();
+    ordered.sort_unstable();
+    ordered
 }
 
 /// "N samples at F Hz, from START to END UTC" (the range left out when unknown).
@@ -323,6 +356,40 @@ mod tests {
             );
         }
         profile
+    }
+
+    #[test]
+    fn a_narrow_node_beside_a_sibling_whose_name_continues_its_own_is_drawn() {
+        // Given a wide stack through `f b` (as `[unknown] libc.so.6` beside `[unknown]`) and
+        // two stacks through a sibling `f` too narrow to draw, whose lines are pruned to one
+        // that ends at `f` and then sorts before `f b` to inferno, which refuses lines out of
+        // its order and draws nothing
+        let mut profile = LabeledProfile::new(99);
+        for (names, count) in [
+            (&["main", "f b", "g"][..], 100_000),
+            (&["main", "f", "h1"], 1),
+            (&["main", "f", "h2"], 1),
+        ] {
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((1, 1), "app", "app", "/usr/bin/app"),
+                    stack: names
+                        .iter()
+                        .rev()
+                        .map(|name| frame(name, FrameKind::Native))
+                        .collect::<Vec<_>>()
+                        .into(),
+                    count,
+                },
+                START,
+                START + 60_000_000_000,
+            );
+        }
+        // When drawn
+        let svg = render(&profile).expect("drawn");
+        // Then the wide stack is in it
+        let svg = text(&svg);
+        assert!(svg.contains(">f b<") && svg.contains(">g<"), "{svg}");
     }
 
     #[test]

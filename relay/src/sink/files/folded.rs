@@ -82,7 +82,7 @@ impl Folded {
         let mut lines = StackTable::default();
         let mut counts: Vec<u64> = Vec::new();
         let mut ids: Vec<u32> = Vec::new();
-        for sample in profile.samples_of(kind) {
+        for sample in profile.iter_of(kind) {
             let name = match root {
                 FoldedRoot::Process => &*sample.thread.process_name,
                 FoldedRoot::Service => sample.thread.service_name(),

@@ -317,12 +317,12 @@ impl Sink for FilesSink {
     }
 }
 
-/// Hands the heap a written window freed back to the kernel: the writer's thread allocates from
-/// its own arena, which glibc would otherwise keep (and count in the relay's RSS) until reused.
+/// Hands the heap a written window freed back to the kernel when the relay grew past the level
+/// it keeps for the next window ([`crate::heap::window_worth_trimming`]): the writer's thread
+/// allocates from an arena glibc would otherwise keep (and count in the relay's RSS) until
+/// reused. Under it, the next window reuses that space and the RSS stays level.
 fn release_freed_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
-    unsafe {
-        libc::malloc_trim(0);
+    if crate::heap::window_worth_trimming(crate::heap::resident_bytes()) {
+        crate::heap::trim();
     }
 }

@@ -5,7 +5,7 @@
 //! distinct frame is one Location with one Line (inlined frames stay separate Locations, as in
 //! the model); Functions are unique by (name, file), Mappings by module, and kernel frames without
 //! a module share one `[kernel.kallsyms]` Mapping. Output is deterministic for a given profile.
-//! Rendering only: the files sink writes the result.
+//! Rendering only, into the writer the files sink gives (its file), compressed as encoded.
 
 use std::{
     collections::HashMap,
@@ -27,7 +27,7 @@ const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PprofError {
-    #[error("gzip-compressing the pprof profile failed")]
+    #[error("gzip-compressing the pprof profile (or writing it) failed")]
     Compress(#[source] io::Error),
 }
 
@@ -186,12 +186,11 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
 
     // Off-CPU rows (`--off-cpu`) add a third sample type, `off_cpu` / `nanoseconds`; CPU rows
     // hold 0 there and off-CPU rows 0 in the CPU types (`go tool pprof -sample_index=off_cpu`).
-    let off_cpu_rows = profile.samples_of(SampleKind::OffCpu);
-    let off_cpu_type =
-        (!off_cpu_rows.is_empty()).then(|| tables.value_type("off_cpu", "nanoseconds"));
+    let off_cpu_rows = profile.iter_of(SampleKind::OffCpu);
+    let off_cpu_type = (profile.iter_of(SampleKind::OffCpu).next().is_some())
+        .then(|| tables.value_type("off_cpu", "nanoseconds"));
     let rows = profile
-        .samples()
-        .into_iter()
+        .iter_of(SampleKind::Cpu)
         .map(|sample| {
             let count = i64::try_from(sample.count).unwrap_or(i64::MAX);
             let mut value = vec![count, count.saturating_mul(period)];
@@ -200,7 +199,7 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
             }
             (sample, value)
         })
-        .chain(off_cpu_rows.into_iter().map(|sample| {
+        .chain(off_cpu_rows.map(|sample| {
             let ns = i64::try_from(sample.count).unwrap_or(i64::MAX);
             (sample, vec![0, 0, ns])
         }));
@@ -266,11 +265,19 @@ fn render_each(profile: &LabeledProfile, mut each: impl FnMut(proto::Sample)) ->
 }
 
 /// The gzip-compressed pprof file content of `profile` (pprof files are gzipped on disk).
+#[cfg(test)]
 pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
+    let mut file = Vec::new();
+    encode_to(profile, &mut file)?;
+    Ok(file)
+}
+
+/// Writes the gzip-compressed pprof file of `profile` to `out` as it is compressed.
+pub fn encode_to(profile: &LabeledProfile, out: &mut dyn Write) -> Result<(), PprofError> {
     // Each sample is encoded as it is made (`Profile.sample` is field 2; a message's fields
     // may come in any order, and readers merge them) and compressed at once, then the tables
-    // after them: the uncompressed message is never held whole.
-    let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+    // after them: neither the uncompressed message nor the compressed file is held whole.
+    let mut gzip = GzEncoder::new(out, Compression::default());
     let mut sample_bytes = Vec::new();
     let mut failed = None;
     let rest = render_each(profile, |sample| {
@@ -285,7 +292,7 @@ pub fn encode(profile: &LabeledProfile) -> Result<Vec<u8>, PprofError> {
     }
     gzip.write_all(&rest.encode_to_vec())
         .map_err(PprofError::Compress)?;
-    gzip.finish().map_err(PprofError::Compress)
+    gzip.finish().map(drop).map_err(PprofError::Compress)
 }
 
 fn num_label(key: i64, num: u32) -> proto::Label {
@@ -309,7 +316,7 @@ fn str_label(key: i64, str: i64) -> proto::Label {
 /// -top`).
 fn main_executable(profile: &LabeledProfile) -> Option<Arc<str>> {
     let mut by_executable: HashMap<Arc<str>, u64> = HashMap::new();
-    for sample in profile.samples() {
+    for sample in profile.iter_of(SampleKind::Cpu) {
         if !sample.thread.executable_path.is_empty() {
             *by_executable
                 .entry(Arc::clone(&sample.thread.executable_path))

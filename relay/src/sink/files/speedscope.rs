@@ -12,7 +12,8 @@
 //!
 //! Invariants: every sample index is below `shared.frames.len()`; `samples` and `weights` have
 //! the same length (speedscope's importer refuses a file otherwise); a process whose samples
-//! add up to zero has no profile. Rendering only: the files sink writes the result.
+//! add up to zero has no profile. Rendering only, into the writer
+//! the files sink gives (its file), serialized as written.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,7 +21,7 @@ use serde::Serialize;
 
 use crate::{
     labels::labeled::LabeledProfile,
-    model::{text_safe, Frame, UNKNOWN},
+    model::{text_safe, Frame, SampleKind, UNKNOWN},
 };
 
 /// The `$schema` value speedscope recognises its format by.
@@ -103,11 +104,22 @@ struct ProcessStacks {
 }
 
 /// The speedscope JSON document of `profile`.
+#[cfg(test)]
 pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, serde_json::Error> {
-    let samples = profile.samples();
+    let mut document = Vec::new();
+    write(profile, &mut document)?;
+    Ok(document)
+}
+
+/// Writes the speedscope JSON document of `profile` to `out` as it is serialized: only its
+/// tables are held, not its text.
+pub fn write(
+    profile: &LabeledProfile,
+    out: &mut dyn std::io::Write,
+) -> Result<(), serde_json::Error> {
     let mut frames = FrameTable::default();
     let mut processes: BTreeMap<u32, ProcessStacks> = BTreeMap::new();
-    for sample in &samples {
+    for sample in profile.iter_of(SampleKind::Cpu) {
         if sample.count == 0 {
             continue;
         }
@@ -173,7 +185,7 @@ pub fn render(profile: &LabeledProfile) -> Result<Vec<u8>, serde_json::Error> {
         },
         profiles,
     };
-    serde_json::to_vec(&file)
+    serde_json::to_writer(out, &file)
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@
 //!   truncated one); where that is refused (`record` writes after dropping its privileges to a
 //!   user that cannot create files in the invoking user's directory), the files are rewritten
 //!   in place through the descriptors opened at creation (truncate + write from offset 0, one
-//!   shared [`replace_with`]): nothing is ever reopened by name.
+//!   shared [`replace_with`]): nothing is ever reopened by name. There a render that fails
+//!   midway (each format is rendered straight into its file) leaves that file short, as a full
+//!   disk would.
 //!
 //! `run --output-dir` uses the same code unprivileged (no SUDO_*).
 
@@ -188,30 +190,30 @@ impl OutputSet {
         } = self;
         for ((format, file), path) in files.iter_mut().zip(paths.iter()) {
             let name = format.file_name();
-            let failed = |err: &dyn std::fmt::Display| OutputError::Write {
+            let failed = |err: &io::Error| OutputError::Write {
                 name,
-                message: err.to_string(),
+                message: with_causes(err),
             };
-            let content = match format {
-                OutputFormat::Folded => Content::Folded(SampleKind::Cpu),
-                OutputFormat::OffCpuFolded => Content::Folded(SampleKind::OffCpu),
-                OutputFormat::Pprof => {
-                    Content::Bytes(pprof::encode(profile).map_err(|e| failed(&e))?)
+            // Each format is rendered straight into its file, one after another: what one
+            // render holds (its tables, inferno's frames) is freed before the next starts,
+            // and no file's content is ever held whole in memory.
+            let emit = |out: &mut dyn io::Write| -> io::Result<()> {
+                match format {
+                    OutputFormat::Folded => folded::write_of(profile, root, SampleKind::Cpu, out),
+                    OutputFormat::OffCpuFolded => {
+                        folded::write_of(profile, root, SampleKind::OffCpu, out)
+                    }
+                    OutputFormat::Pprof => pprof::encode_to(profile, out).map_err(io::Error::other),
+                    OutputFormat::Svg => {
+                        flamegraph::write_with(profile, root, out).map_err(io::Error::other)
+                    }
+                    OutputFormat::Speedscope => {
+                        speedscope::write(profile, out).map_err(io::Error::other)
+                    }
+                    OutputFormat::OffCpuSvg => {
+                        flamegraph::write_off_cpu(profile, root, out).map_err(io::Error::other)
+                    }
                 }
-                OutputFormat::Svg => {
-                    Content::Bytes(flamegraph::render_with(profile, root).map_err(|e| failed(&e))?)
-                }
-                OutputFormat::Speedscope => {
-                    Content::Bytes(speedscope::render(profile).map_err(|e| failed(&e))?)
-                }
-                OutputFormat::OffCpuSvg => Content::Bytes(
-                    flamegraph::render_off_cpu(profile, root).map_err(|e| failed(&e))?,
-                ),
-            };
-            let emit = |out: &mut dyn io::Write| match &content {
-                Content::Bytes(bytes) => out.write_all(bytes),
-                // Streamed from the profile: the text of every line is never held at once.
-                Content::Folded(kind) => folded::write_of(profile, root, *kind, out),
             };
             if !*in_place {
                 match publish(dir_fd, OsStr::new(name), path, *owner, emit) {
@@ -235,10 +237,17 @@ impl OutputSet {
     }
 }
 
-/// What an output file holds: rendered bytes, or folded lines streamed from the profile.
-enum Content {
-    Bytes(Vec<u8>),
-    Folded(SampleKind),
+/// `err` and each error it was caused by, `: ` between them (the log says why, not only what
+/// failed).
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut cause = err.source();
+    while let Some(err) = cause {
+        message.push_str(": ");
+        message.push_str(&err.to_string());
+        cause = err.source();
+    }
+    message
 }
 
 /// What became of a new version of an output file.
@@ -530,6 +539,114 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// A window like the churn soak's: `stacks` stacks each drawn once down a binary tree of
+    /// functions 16 to 23 levels deep (nearly all distinct), from a few processes.
+    fn churn_window(stacks: u32) -> LabeledProfile {
+        use crate::model::{Frame, FrameKind, SymbolizedSample, Thread};
+        let start = 1_700_000_000_000_000_000;
+        let mut profile = LabeledProfile::new(4999);
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..stacks {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let depth = 16 + (seed % 8) as usize;
+            let stack: Vec<Frame> = (0..depth)
+                .map(|level| {
+                    let side = (seed >> (8 + level)) & 1;
+                    let name = format!("walk_{level}_{side}");
+                    Frame::bare(&name, FrameKind::Native, 0x1000 + level as u64 * 16 + side)
+                })
+                .rev()
+                .collect();
+            let pid = i % 5 + 1;
+            profile.add(
+                SymbolizedSample {
+                    thread: Thread::bare((pid, pid), "distinct", "distinct", "/bin/distinct"),
+                    stack: stack.into(),
+                    count: 1 + seed % 3,
+                },
+                start,
+                start + 60_000_000_000,
+            );
+        }
+        // (the rows' order is made once and kept: made here, not in what is measured)
+        let _ = profile.samples();
+        profile
+    }
+
+    /// The most heap the writer held at once writing `profile` to new files of `formats`, and
+    /// the size of each file written.
+    fn write_peak(formats: &[OutputFormat], profile: &LabeledProfile) -> (i64, Vec<u64>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut set = OutputSet::create_owned(&out, None, formats).unwrap();
+        let (written, peak) = crate::symbolize::alloc::peak(|| set.write(profile));
+        written.unwrap();
+        let sizes = set
+            .paths
+            .iter()
+            .map(|path| fs::metadata(path).unwrap().len())
+            .collect();
+        (peak, sizes)
+    }
+
+    #[test]
+    fn a_window_is_written_one_format_at_a_time_straight_into_its_files() {
+        // Given a window of 30,000 mostly distinct stacks, and what rendering each format in
+        // memory holds at most (its tables, then the whole file beside them)
+        let profile = churn_window(30_000);
+        let in_memory = |format| {
+            let render = || match format {
+                OutputFormat::Svg => flamegraph::render_cpu(&profile, FoldedRoot::Process, true)
+                    .unwrap()
+                    .len(),
+                OutputFormat::Pprof => pprof::encode(&profile).unwrap().len(),
+                OutputFormat::Speedscope => speedscope::render(&profile).unwrap().len(),
+                _ => folded::render_of(&profile, FoldedRoot::Process, SampleKind::Cpu).len(),
+            };
+            crate::symbolize::alloc::peak(render).1
+        };
+        let formats = [
+            OutputFormat::Svg,
+            OutputFormat::Pprof,
+            OutputFormat::Folded,
+            OutputFormat::Speedscope,
+        ];
+        // When each format is written alone, then all of them
+        let alone: Vec<(OutputFormat, i64, i64)> = formats
+            .iter()
+            .map(|&format| {
+                let (peak, sizes) = write_peak(&[format], &profile);
+                (format, peak, i64::try_from(sizes[0]).unwrap())
+            })
+            .collect();
+        let (all, sizes) = write_peak(&formats, &profile);
+        // Then they were written one after another: all of them held no more than the format
+        // that holds most does alone (and the buffers of the files, 64 KiB each)
+        let largest_alone = alone.iter().map(|&(_, peak, _)| peak).max().unwrap();
+        eprintln!("all: peak {all} B, largest alone {largest_alone} B, files {sizes:?}");
+        assert!(
+            all <= largest_alone + 4 * WRITE_BUFFER as i64,
+            "all formats held {all} B at once; the largest alone {largest_alone} B"
+        );
+        for (format, peak, size) in alone {
+            let rendered = in_memory(format);
+            eprintln!(
+                "{format:?}: peak {peak} B writing, {rendered} B rendering in memory, file {size} B"
+            );
+            // And each file's content was never held whole: writing it held less than
+            // rendering it into memory did, by at least half the file (speedscope's stacks are
+            // moved out of its tables into the document before it is serialized, so its file
+            // never was on top of its peak)
+            assert!(
+                format == OutputFormat::Speedscope || peak + size / 2 <= rendered,
+                "{format:?}: writing held {peak} B, rendering in memory {rendered} B, for a \
+                 file of {size} B"
+            );
+        }
     }
 
     #[test]
