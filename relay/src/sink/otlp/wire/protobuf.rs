@@ -212,11 +212,11 @@ impl<G: Generation> Fields for ResourceProfiles<'_, G> {
         message(
             out,
             2,
-            &ScopeProfiles::<G> {
+            &ScopeProfiles(Profile::<G> {
                 request: self.request,
                 samples: &self.resource.samples,
                 generation: PhantomData,
-            },
+            }),
         );
         // schema_url (3): empty.
     }
@@ -254,24 +254,13 @@ impl Fields for Value {
     }
 }
 
-struct ScopeProfiles<'a, G> {
-    request: &'a Request,
-    samples: &'a [request::Sample],
-    generation: PhantomData<G>,
-}
+/// `ScopeProfiles`: ember's scope and its one `Profile`.
+struct ScopeProfiles<'a, G>(Profile<'a, G>);
 
 impl<G: Generation> Fields for ScopeProfiles<'_, G> {
     fn fields(&self, out: &mut impl Out) {
         message(out, 1, &Scope);
-        message(
-            out,
-            2,
-            &Profile::<G> {
-                request: self.request,
-                samples: self.samples,
-                generation: PhantomData,
-            },
-        );
+        message(out, 2, &self.0);
     }
 }
 
@@ -285,6 +274,7 @@ impl Fields for Scope {
     }
 }
 
+/// `Profile`: one resource's samples of the interval, with the request's times and types.
 struct Profile<'a, G> {
     request: &'a Request,
     samples: &'a [request::Sample],
